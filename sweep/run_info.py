@@ -1,0 +1,19 @@
+"""Run ids and the provenance values every row of a run carries."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timezone
+from typing import Any
+
+from sweep.provenance import git_sha, library_versions
+
+
+def new_run_id() -> str:
+    """Sortable and unique: UTC time plus a random suffix."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def provenance(cfg, lm, run_id: str) -> dict[str, Any]:
+    """The provenance columns of the results schema, for rows of ``lm`` written by this run."""
+    return {"run_id": run_id, **lm.provenance(), "seed": cfg.seed, "git_sha": git_sha(), **library_versions()}

@@ -1,0 +1,19 @@
+"""Results store: the declared Parquet schema, atomic writes, tolerant readers."""
+
+from sweep.store._io import atomic_write_parquet, files, read, scan, table_spec, write_table
+from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
+
+__all__ = [
+    "PROVENANCE",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "Column",
+    "Table",
+    "atomic_write_parquet",
+    "files",
+    "markdown",
+    "read",
+    "scan",
+    "table_spec",
+    "write_table",
+]

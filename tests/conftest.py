@@ -1,0 +1,42 @@
+"""Shared fixtures: the real conf/ composed and shrunk, tiny models for every family."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweep.families import FAMILIES
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_FAMILIES = sorted(FAMILIES)
+
+
+def compose(*overrides: str):
+    from sweep.config import compose as _compose
+
+    return _compose(list(overrides))
+
+
+def load(*overrides: str):
+    from sweep.models import load_model
+
+    cfg = compose(*overrides)
+    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+
+
+@pytest.fixture(scope="module", params=TINY_FAMILIES)
+def tiny(request):
+    """A tiny random model of each supported family (loaded once per module and family)."""
+    return load(f"model=tiny-{request.param}")
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """The installed console script, as a user runs it."""
+    exe = Path(sys.executable).with_name("sweep")
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("SWEEP_DEBUG", None)
+    return subprocess.run([str(exe), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

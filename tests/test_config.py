@@ -1,0 +1,120 @@
+"""The real conf/ composes; every validation error is one line naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, compose
+from sweep.cli import main
+from sweep.errors import ConfigError
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+GROUP_EXTRA = {"hf": ["model.path=org/name"], "gguf": ["model.path=x.gguf"], "jsonl": ["prompts.path=p.jsonl"]}
+
+
+@pytest.mark.parametrize("group", ["model", "gate", "prompts"])
+def test_every_group_option_composes_and_validates(group):
+    names = options(group)
+    assert names, f"conf/{group} is empty"
+    for name in names:
+        cfg = compose(f"{group}={name}", *GROUP_EXTRA.get(name, []))
+        section = getattr(cfg, group)
+        assert section.name is not None
+        if group != "model":
+            assert section.name == name
+
+
+def test_defaults_and_types():
+    cfg = compose()
+    assert cfg.model.name == "smollm2-135m" and cfg.model.source == "packaged"
+    assert cfg.gate.name == "full" and cfg.prompts.name == "chat"
+    assert isinstance(cfg.profile.gen_tokens, int) and isinstance(cfg.eas.alpha, float)
+    assert cfg.seed == 0  # seed 0 is a seed, not "no seed"
+
+
+def test_tiny_sizes_and_overrides():
+    cfg = compose("model=tiny-qwen3", "model.tiny.layers=6", "profile.topk=3", "seed=7")
+    assert cfg.model.family == "qwen3" and cfg.model.tiny.layers == 6
+    assert cfg.profile.topk == 3 and cfg.seed == 7
+
+
+def test_model_name_is_derived_from_path():
+    assert compose("model=hf", "model.path=Qwen/Qwen3-0.6B").model.name == "Qwen--Qwen3-0.6B"
+    assert compose("model=gguf", "model.path=/m/SmolLM2-135M.Q4.gguf").model.name == "SmolLM2-135M.Q4"
+
+
+BAD = [
+    (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-gemma3"),
+    (["gate=nope"], "gate=nope: unknown option; allowed: conformal, fixed, full, margin, saturation"),
+    (["prompts=nope"], "prompts=nope: unknown option; allowed: chat, humaneval, jsonl"),
+    (["profile.nope=1"], "profile.nope: unknown key in profile; allowed: gen_tokens, topk"),
+    (["+nope=1"], "nope: unknown key; allowed: model, gate, prompts"),
+    (["profile.gen_tokens=abc"], "profile.gen_tokens='abc': must be an integer"),
+    (["profile.gen_tokens=0"], "profile.gen_tokens=0: must be an integer in 1..4096"),
+    (["profile.gen_tokens=1.5"], "profile.gen_tokens=1.5: must be an integer"),
+    (["profile.topk=0"], "profile.topk=0: must be an integer in 1..1000"),
+    (["eas.alpha=1.5"], "eas.alpha=1.5: must be a number in [0, 1]"),
+    (["seed=-1"], "seed=-1: must be an integer >= 0"),
+    (["device=tpu"], "device=tpu: must be one of auto, cpu, cuda"),
+    (["dtype=int8"], "dtype=int8: must be one of float32, bfloat16, float16"),
+    (["prompts.n=0"], "prompts.n=0: must be an integer >= 1 or null (all)"),
+    (["prompts.chat_template=maybe"], "prompts.chat_template='maybe': must be true or false"),
+    (["model=hf"], "model.path: required for model=hf"),
+    (["model=gguf"], "model.path: required for model=gguf"),
+    (["prompts=jsonl"], "prompts.path: required for prompts=jsonl"),
+    (["model=tiny-llama", "model.family=gpt2"], "model.family=gpt2: must be one of llama, mistral, qwen2, qwen3, gemma3"),
+    (["model=tiny-llama", "model.tiny.kv_heads=3"], "model.tiny.kv_heads=3: must divide model.tiny.heads=4"),
+    (["model=tiny-llama", "model.tiny.head_dim=5"], "model.tiny.head_dim=5: must be an even integer >= 2"),
+    (["model.name=a/b"], "model.name=a/b: must be letters, digits"),
+    (["gate=fixed", "gate.exit_layer=0"], "gate.exit_layer=0: must be an integer >= 1"),
+    (["gate=fixed", "gate.exit_layer=null"], "gate.exit_layer: required for gate=fixed"),
+    (["gate=saturation", "gate.eps=0"], "gate.eps=0.0: must be a number > 0"),
+    (["gate=saturation", "gate.eps=-0.1"], "gate.eps=-0.1: must be a number > 0"),
+    (["gate=conformal", "gate.q=0"], "gate.q=0.0: must be a number in (0, 1]"),
+    (["gate=conformal", "gate.q=1.5"], "gate.q=1.5: must be a number in (0, 1]"),
+    (["gate=margin", "gate.theta=-1"], "gate.theta=-1.0: must be a number >= 0"),
+    (["gate.min_layer=0"], "gate.min_layer=0: must be an integer >= 1"),
+    (["profile.gen_tokens=[1,"], "cannot parse the overrides"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_config_is_one_clear_line(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        compose(*overrides)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("overrides", [o for o, _ in BAD[:6]])
+def test_cli_bad_config_exits_2_with_one_line(overrides, capsys, tmp_path):
+    code = main(["profile", f"results.root={tmp_path}", *overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("error: ")  # config errors come before any progress output
+    assert not any(tmp_path.iterdir()), "nothing may be written on bad input"
+
+
+def test_config_dir_env_must_point_at_a_conf(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWEEP_CONFIG_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match="SWEEP_CONFIG_DIR: no config.yaml"):
+        compose()
+
+
+def test_every_yaml_starts_with_the_command_that_uses_it():
+    for path in sorted((ROOT / "conf").rglob("*.yaml")):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("#") and "sweep" in first, f"{path} should start with a usage comment"
+
+
+def test_cli_config_prints_the_composed_config(capsys):
+    assert main(["config", "model=tiny-gemma3", "profile.gen_tokens=5"]) == 0
+    out = capsys.readouterr().out
+    assert "gen_tokens: 5" in out and "family: gemma3" in out

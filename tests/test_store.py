@@ -1,0 +1,116 @@
+"""The results store: schema enforced, atomic writes, tolerant reads, docs equal code."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ROOT
+from sweep.errors import SweepError
+from sweep.store import PROVENANCE, SCHEMA_VERSION, TABLES, files, markdown, read, scan, write_table
+
+PROV = {
+    "run_id": "r1", "model": "m-1", "model_source": "tiny", "model_hash": "sha256:x", "model_revision": None,
+    "family": "llama", "num_layers": 2, "device": "cpu", "dtype": "float32", "seed": 0, "git_sha": "abc",
+    "sweep_version": "0", "torch_version": "t", "transformers_version": "t", "python_version": "3",
+}
+
+
+def profile_rows(n: int = 4) -> dict:
+    return {
+        "prompt_id": ["p"] * n, "prompt_set": ["chat"] * n, "position": list(range(n)), "phase": ["prefill"] * n,
+        "layer": [1, 2] * (n // 2), "token_id": [5] * n, "delta": [0.5] * n, "margin": [1.0] * n,
+        "top1": [3] * n, "top1_final": [3] * n, "top1_match": [True] * n, "residual_inf": [0.1] * n,
+        "cos_hidden": [0.9] * n, "cos_logits": [0.8] * n, "topk_overlap": [0.7] * n, "topk": [10] * n,
+    }
+
+
+def test_round_trip_with_schema_version_and_partition(tmp_path):
+    path = write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
+    assert path == tmp_path / "profile" / "model=m-1" / "r1.parquet"
+    meta = pl.read_parquet_metadata(path)
+    assert meta["sweep.schema_version"] == str(SCHEMA_VERSION) and meta["sweep.table"] == "profile"
+    df = read("profile", tmp_path)
+    assert df.height == 4 and df.columns == [c.name for c in TABLES["profile"].columns]
+    assert df["schema_version"].unique().to_list() == [SCHEMA_VERSION]
+    assert df.schema["created_at"] == pl.Datetime("us", "UTC")
+    # a downstream user's plain polars read sees the same rows
+    assert pl.read_parquet(tmp_path / "profile" / "**" / "*.parquet", hive_partitioning=False).height == 4
+
+
+def test_failure_mid_write_leaves_no_readable_file(tmp_path, monkeypatch):
+    def half_write(self, file, **kwargs):
+        with open(file, "wb") as f:
+            f.write(b"PAR1 half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", half_write)
+    with pytest.raises(OSError, match="disk full"):
+        write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
+    left = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert left == [], f"left behind: {left}"
+    assert files("profile", tmp_path) == [] and read("profile", tmp_path).height == 0
+
+
+def test_a_crashed_writers_temp_file_is_never_read(tmp_path):
+    write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
+    stray = tmp_path / "profile" / "model=m-1" / ".r2.0123.tmp"
+    stray.write_bytes(b"PAR1 garbage")
+    (tmp_path / "profile" / "model=m-1" / ".hidden.parquet").write_bytes(b"PAR1 garbage")
+    assert read("profile", tmp_path).height == 4
+
+
+def test_columns_must_match_the_schema(tmp_path):
+    rows = profile_rows()
+    del rows["delta"]
+    with pytest.raises(SweepError, match=r"missing \['delta'\]"):
+        write_table("profile", rows, root=tmp_path, provenance=PROV, stem="r1")
+    rows = {**profile_rows(), "surprise": [1] * 4}
+    with pytest.raises(SweepError, match=r"unknown \['surprise'\]"):
+        write_table("profile", rows, root=tmp_path, provenance=PROV, stem="r1")
+    with pytest.raises(SweepError, match="has nulls but is declared not nullable"):
+        write_table("profile", profile_rows(), root=tmp_path, provenance={**PROV, "git_sha": None}, stem="r1")
+    assert files("profile", tmp_path) == []
+
+
+def test_older_files_without_newer_columns_still_load(tmp_path):
+    write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="new")
+    old = read("profile", tmp_path).drop("topk", "cos_logits").with_columns(run_id=pl.lit("old"))
+    target = tmp_path / "profile" / "model=m-1" / "old.parquet"
+    pq.write_table(old.to_arrow(), target)
+    df = read("profile", tmp_path).sort("run_id", "position")
+    assert df.height == 8
+    old_rows = df.filter(pl.col("run_id") == "old")
+    assert old_rows["topk"].null_count() == 4 and old_rows["cos_logits"].null_count() == 4
+    assert df.filter(pl.col("run_id") == "r1")["topk"].to_list() == [10] * 4
+
+
+def test_every_table_carries_provenance():
+    names = {c.name for c in PROVENANCE}
+    for table in TABLES.values():
+        assert names <= {c.name for c in table.columns}
+        assert table.columns[0].name == "schema_version"
+
+
+def test_schema_doc_equals_the_code():
+    doc = (ROOT / "docs" / "schema.md").read_text()
+    assert doc.strip() == markdown().strip(), "docs/schema.md is stale: run `sweep schema > docs/schema.md`"
+
+
+def test_empty_root_reads_as_empty_frame_with_schema(tmp_path):
+    df = scan("profile", tmp_path / "nothing").collect()
+    assert df.height == 0 and "delta" in df.columns
+
+
+def test_unknown_table_is_an_error(tmp_path):
+    with pytest.raises(SweepError, match="unknown results table 'nope'"):
+        read("nope", tmp_path)
+
+
+def test_created_at_is_utc_now(tmp_path):
+    write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
+    ts = read("profile", tmp_path)["created_at"][0]
+    assert abs((datetime.now(timezone.utc) - ts).total_seconds()) < 60
