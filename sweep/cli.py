@@ -17,6 +17,7 @@ USAGE = """usage: sweep <command> [key=value ...]
 
 commands:
   profile   per-layer trace of full-depth decoding, layer curve, EAS, oracle exits
+  bench     one early-exit trial: determinism self-check, gated vs full-depth, speedups
   config    print the composed configuration
   schema    print the results schema (docs/schema.md)
 
@@ -33,6 +34,16 @@ def _profile(overrides: list[str]) -> int:
     print(format_summary(trace, cfg.eas.alpha))
     print(f"trace: {path}")
     return 0
+
+
+def _bench(overrides: list[str]) -> int:
+    from sweep.bench import run_bench
+    from sweep.config import compose
+
+    path, row, summary = run_bench(compose(overrides))
+    print(summary)
+    print(f"row: {path}")
+    return 0 if row["status"] == "ok" else 1
 
 
 def _config(overrides: list[str]) -> int:
@@ -55,7 +66,7 @@ def _schema(overrides: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"profile": _profile, "config": _config, "schema": _schema}
+COMMANDS = {"profile": _profile, "bench": _bench, "config": _config, "schema": _schema}
 
 
 def _quiet_libraries() -> None:

@@ -18,6 +18,7 @@ class Family:
     model_types: tuple[str, ...]  # HF ``config.model_type`` values of this family
     config_class: str  # transformers config class used for tiny random models
     k_norm: bool  # keys pass through a per-head RMSNorm (``self_attn.k_norm``) before RoPE
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + weight): 1.0 for Gemma, 0.0 for the rest
 
 
 FAMILIES: dict[str, Family] = {
@@ -27,7 +28,7 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", ("mistral",), "MistralConfig", k_norm=False),
         Family("qwen2", ("qwen2",), "Qwen2Config", k_norm=False),
         Family("qwen3", ("qwen3",), "Qwen3Config", k_norm=True),
-        Family("gemma3", ("gemma3_text",), "Gemma3TextConfig", k_norm=True),
+        Family("gemma3", ("gemma3_text",), "Gemma3TextConfig", k_norm=True, norm_offset=1.0),
     )
 }
 

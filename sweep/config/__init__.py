@@ -2,6 +2,7 @@
 
 from sweep.config._compose import compose, compose_dict, config_dir, validate
 from sweep.config._schema import (
+    BenchConfig,
     Config,
     EasConfig,
     GateConfig,
@@ -13,6 +14,7 @@ from sweep.config._schema import (
 )
 
 __all__ = [
+    "BenchConfig",
     "Config",
     "EasConfig",
     "GateConfig",

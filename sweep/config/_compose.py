@@ -78,11 +78,13 @@ def _check_model(cfg: Config) -> None:
 
 
 def _check_gate(cfg: Config) -> None:
+    from sweep.gates import GATES
+
     g = cfg.gate
-    needs = {"fixed": "exit_layer", "saturation": "eps", "margin": "theta", "conformal": "q"}
-    key = needs.get(g.name)
-    if key is not None and getattr(g, key) is None:
-        raise ConfigError(f"gate.{key}: required for gate={g.name}")
+    gate = GATES.get(g.name, key="gate.name")
+    for key in gate.params:
+        if getattr(g, key) is None:
+            raise ConfigError(f"gate.{key}: required for gate={g.name}")
 
 
 def _derive_name(path: str | None) -> str:

@@ -15,6 +15,7 @@ import torch
 
 from sweep.errors import InputError
 from sweep.families import Family, family_for
+from sweep.models._kvfill import StackedKV
 
 
 class Adapter:
@@ -33,6 +34,7 @@ class Adapter:
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self._stacked_kv: StackedKV | None = None  # built on the first K/V fill
 
     @property
     def num_layers(self) -> int:
@@ -59,6 +61,35 @@ class Adapter:
         return z
 
     @contextlib.contextmanager
+    def capture_rope(self) -> Iterator[dict]:
+        """Record the (cos, sin) the model's own rotary embedding computes each forward.
+
+        Keys are the ``layer_type`` argument (Gemma3 computes one pair per type) or None.
+        """
+        captured: dict = {}
+
+        def keep(_module, args, kwargs, output):
+            layer_type = args[2] if len(args) > 2 else kwargs.get("layer_type")
+            captured[layer_type] = output
+
+        handle = self.decoder.rotary_emb.register_forward_hook(keep, with_kwargs=True)
+        try:
+            yield captured
+        finally:
+            handle.remove()
+
+    def fill_kv(self, h: torch.Tensor, cache, layers: range, rope: dict) -> None:
+        """Append K/V computed from ``h`` (batch, positions, hidden) to ``layers`` (0-based, a suffix).
+
+        The CALM-style propagation for layers a token skipped: each layer's input norm, K
+        and V projections (and K norm), RoPE on K; no attention, no MLP. ``rope`` comes
+        from ``capture_rope``. One matmul for all layers (see ``_kvfill``).
+        """
+        if self._stacked_kv is None:
+            self._stacked_kv = StackedKV(self)
+        self._stacked_kv.fill(h, cache, layers.start, layers.stop, rope)
+
+    @contextlib.contextmanager
     def capture_hidden(self) -> Iterator[list[torch.Tensor]]:
         """Collect ``[h_0, h_1, ..., h_L]`` (embedding output, then each layer's output).
 
@@ -76,3 +107,4 @@ class Adapter:
         finally:
             for h in handles:
                 h.remove()
+

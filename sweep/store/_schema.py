@@ -87,7 +87,68 @@ PROFILE = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (PROFILE,)}
+def _metric(name: str, unit: str, meaning: str, dtype: pl.DataType | None = None) -> Column:
+    return Column(name, dtype if dtype is not None else pl.Float64(), unit, meaning, nullable=True)
+
+
+TRIALS = Table(
+    name="trials",
+    partition_by=("model", "gate"),
+    unit_of_work="trial: one (model, gate, thresholds, bench settings) measured by the bench",
+    description=(
+        "One row per bench trial. Metrics compare the gated generation with the full-depth greedy "
+        "baseline on the same prompts, token by token, and time both interleaved in one process. "
+        "Timings cover decode steps (tokens 2..n); prefill is full depth on both sides and untimed. "
+        "Failed trials are rows too (status `failed`, metrics null, `error` set); a trial whose two "
+        "full-depth baselines (or any timed repeat) disagree is `nondeterministic`, never `ok`."
+    ),
+    columns=PROVENANCE
+    + (
+        Column("trial_id", pl.String(), "", "stable hash of the trial's config (model identity, gate, bench, prompts, device, dtype, seed)"),
+        Column("status", pl.String(), "", "ok | nondeterministic | failed"),
+        Column("error", pl.String(), "", "why a trial failed (one line); null otherwise", nullable=True),
+        Column("gate", pl.String(), "", "gate name (full, fixed, saturation, margin, conformal)"),
+        Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit"),
+        Column("exit_layer", pl.Int32(), "", "fixed gate's exit layer; null for other gates", nullable=True),
+        Column("eps", pl.Float64(), "ratio", "saturation gate's threshold on delta; null for other gates", nullable=True),
+        Column("theta", pl.Float64(), "logits", "margin gate's threshold on gamma; null for other gates", nullable=True),
+        Column("q", pl.Float64(), "", "conformal gate's calibration quantile; null for other gates", nullable=True),
+        Column("kv_policy", pl.String(), "", "propagate | full: K/V of skipped layers"),
+        Column("prompt_set", pl.String(), "", "chat | humaneval | jsonl"),
+        Column("n_prompts", pl.Int32(), "prompts", "prompts in the trial"),
+        Column("gen_tokens", pl.Int32(), "tokens", "greedy tokens generated per prompt"),
+        Column("warmup", pl.Int32(), "generations", "untimed warm-up generations per side"),
+        Column("repeats", pl.Int32(), "rounds", "timed rounds (each: every prompt, both sides, interleaved)"),
+        _metric("agreement", "fraction", "generated positions whose token equals the baseline's"),
+        _metric("prefix_agreement", "fraction", "mean over prompts of (positions before the first divergence) / gen_tokens"),
+        _metric("exact_match", "fraction", "prompts whose whole generation equals the baseline's"),
+        _metric("exit_rate", "fraction", "generated tokens that exited before layer L"),
+        _metric("mean_exit_layer", "layers", "mean exit layer over generated tokens (L when not exited)"),
+        _metric("layers_saved", "fraction", "1 - mean_exit_layer / L (layer compute skipped, before probe and K/V costs)"),
+        _metric("speedup_wall", "ratio", "median over repeats of baseline decode time / gated decode time (same prompts, interleaved)"),
+        _metric("speedup_model", "ratio", "speedup the measured cost model predicts from the gated run's exits and probes"),
+        _metric("baseline_ms_per_token", "ms", "median over repeats of full-depth decode ms per token"),
+        _metric("ms_per_token", "ms", "median over repeats of gated decode ms per token"),
+        _metric("probe_cost_layers", "layers", "one probe of this gate, in layer-equivalents (0 for full, fixed)"),
+        _metric("kv_cost_layers", "layers", "filling one skipped layer's K/V, in layer-equivalents (1 under kv_policy=full)"),
+        _metric("head_cost_layers", "layers", "final norm + lm_head on one position, in layer-equivalents"),
+        _metric("cost_layer_ms", "ms", "measured cost of one decoder layer in a decode step"),
+        _metric("cost_head_ms", "ms", "measured cost of final norm + lm_head on one position"),
+        _metric("cost_probe_ms", "ms", "measured cost of one probe of this gate"),
+        _metric("cost_kv_ms", "ms", "measured cost of the K/V fill of one skipped layer (propagate)"),
+        _metric("cost_overhead_ms", "ms", "rest of a full-depth decode step (embedding, mask, RoPE, framework)"),
+        Column("deterministic", pl.Boolean(), "", "two full-depth baselines and every timed repeat reproduced their tokens", nullable=True),
+        _metric("determinism_max_logit_diff", "logits", "max |logit difference| between the two full-depth baselines"),
+        _metric("calibration_ms", "ms", "mean per-prompt gate calibration time (conformal's tau), outside decode timing"),
+        _metric("bench_seconds", "s", "wall time of the whole trial"),
+        Column("prompt_ids", pl.List(pl.String()), "", "prompt ids, in order (the per-prompt lists below follow it)", nullable=True),
+        Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
+        Column("prompt_prefix_agreement", pl.List(pl.Float64()), "fraction", "prefix agreement per prompt", nullable=True),
+        Column("prompt_speedup_wall", pl.List(pl.Float64()), "ratio", "per prompt: median over repeats of baseline / gated decode time", nullable=True),
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (PROFILE, TRIALS)}
 
 
 def markdown() -> str:

@@ -1,0 +1,240 @@
+"""The deterministic early-exit bench: one trial of (model, gate, thresholds).
+
+Warm-up; the determinism self-check (two full-depth baselines must give identical
+tokens, their max logit difference is recorded); the gated run; timing of baseline and
+gated decoding interleaved over repeats (every timed run must reproduce its tokens
+too); then agreement, exits, wall-clock and cost-model speedups. A trial that fails
+the self-check is ``nondeterministic`` and never ``ok``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sweep.config import Config
+from sweep.costs import CostModel, cost_model
+from sweep.engine import Engine, Generation
+from sweep.gates import Gate, make_gate
+from sweep.models import LoadedModel, load_model
+from sweep.prompts import Prompt, read_prompts, tokenize_prompts
+
+log = logging.getLogger("sweep.bench")
+
+
+def trial_key(cfg: Config) -> dict[str, Any]:
+    """Everything that defines a trial's result (not where it is written, not the run)."""
+    return {
+        "model": dataclasses.asdict(cfg.model),
+        "gate": dataclasses.asdict(cfg.gate),
+        "bench": {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"},
+        "prompts": dataclasses.asdict(cfg.prompts),
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "seed": cfg.seed,
+    }
+
+
+def trial_id(cfg: Config) -> str:
+    """Stable hash of the trial's config: the same trial gets the same id on any machine."""
+    text = json.dumps(trial_key(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class _PromptRun:
+    prompt: Prompt
+    baseline: Generation
+    gated: Generation
+
+
+def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    """Load and check everything a trial needs; bad input fails here, before any work."""
+    items = read_prompts(cfg.prompts)
+    lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    gate = make_gate(cfg.gate, lm.num_layers)
+    room = getattr(lm.model.config, "max_position_embeddings", None)
+    prompts = tokenize_prompts(items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.bench.gen_tokens)
+    return lm, gate, prompts
+
+
+def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> dict[str, Any]:
+    """Measure one trial; returns the trial table's own columns (provenance aside)."""
+    t_start = time.perf_counter()
+    b = cfg.bench
+    costs = cost_model(lm, prompts[0].input_ids)
+    baseline, gated = Engine(lm), Engine(lm, gate, b.kv_policy)
+    for _ in range(b.warmup):
+        baseline.generate(prompts[0].input_ids, b.gen_tokens)
+        gated.generate(prompts[0].input_ids, b.gen_tokens)
+    runs, deterministic, max_diff = _reference_runs(baseline, gated, prompts, b.gen_tokens)
+    base_s, gated_s, repeats_ok = _timed_rounds(baseline, gated, runs, b.gen_tokens, b.repeats)
+    deterministic = deterministic and repeats_ok
+    row = _metrics(runs, base_s, gated_s, costs, gate, b.kv_policy, lm.num_layers)
+    row.update(
+        status="ok" if deterministic else "nondeterministic",
+        error=None if deterministic else "full-depth baselines or timed repeats did not reproduce their tokens",
+        deterministic=deterministic,
+        determinism_max_logit_diff=max_diff,
+        bench_seconds=time.perf_counter() - t_start,
+    )
+    return {**trial_fields(cfg, len(prompts)), **row}
+
+
+def trial_fields(cfg: Config, n_prompts: int) -> dict[str, Any]:
+    """The columns that describe the trial itself (known before it runs)."""
+    g, b = cfg.gate, cfg.bench
+    return {
+        "trial_id": trial_id(cfg),
+        "gate": g.name,
+        "min_layer": g.min_layer,
+        "exit_layer": g.exit_layer,
+        "eps": g.eps,
+        "theta": g.theta,
+        "q": g.q,
+        "kv_policy": b.kv_policy,
+        "prompt_set": cfg.prompts.name,
+        "n_prompts": n_prompts,
+        "gen_tokens": b.gen_tokens,
+        "warmup": b.warmup,
+        "repeats": b.repeats,
+    }
+
+
+def _reference_runs(baseline: Engine, gated: Engine, prompts: list[Prompt], n: int):
+    """Two full-depth baselines per prompt (the self-check), then the gated run."""
+    runs, deterministic, max_diff = [], True, 0.0
+    for prompt in prompts:
+        first = baseline.generate(prompt.input_ids, n, record=True)
+        second = baseline.generate(prompt.input_ids, n, record=True)
+        if first.tokens != second.tokens:
+            deterministic = False
+            log.warning("determinism self-check failed on %s: two full-depth baselines differ", prompt.id)
+        max_diff = max(max_diff, float((first.logits - second.logits).abs().max()))
+        runs.append(_PromptRun(prompt, first, gated.generate(prompt.input_ids, n)))
+    return runs, deterministic, max_diff
+
+
+def _timed_rounds(baseline: Engine, gated: Engine, runs: list[_PromptRun], n: int, repeats: int):
+    """Decode seconds [round][prompt] per side, interleaved, alternating which side goes first."""
+    base_s = [[0.0] * len(runs) for _ in range(repeats)]
+    gated_s = [[0.0] * len(runs) for _ in range(repeats)]
+    reproduced = True
+    for r in range(repeats):
+        for i, run in enumerate(runs):
+            sides = [(baseline, run.baseline.tokens, base_s), (gated, run.gated.tokens, gated_s)]
+            for engine, expected, out in sides if (r + i) % 2 == 0 else reversed(sides):
+                gen = engine.generate(run.prompt.input_ids, n)
+                reproduced &= gen.tokens == expected
+                out[r][i] = gen.decode_seconds
+    if not reproduced:
+        log.warning("a timed repeat did not reproduce its reference tokens")
+    return base_s, gated_s, reproduced
+
+
+def _metrics(runs, base_s, gated_s, costs: CostModel, gate: Gate, kv_policy: str, L: int) -> dict[str, Any]:
+    n = len(runs[0].baseline.tokens)
+    agree, prefix = [], []
+    for run in runs:
+        same = [a == b for a, b in zip(run.gated.tokens, run.baseline.tokens)]
+        agree.append(sum(same) / n)
+        prefix.append((same.index(False) if False in same else n) / n)
+    exits = [e for run in runs for e in run.gated.exit_layers]
+    steps = n - 1
+    base_round = [sum(r) for r in base_s]
+    gated_round = [sum(r) for r in gated_s]
+    per_prompt = [statistics.median(base_s[r][i] / gated_s[r][i] for r in range(len(base_s))) for i in range(len(runs))]
+    probe_ms = costs.probe_ms(gate)
+    return {
+        "agreement": statistics.fmean(agree),
+        "prefix_agreement": statistics.fmean(prefix),
+        "exact_match": statistics.fmean(a == 1.0 for a in agree),
+        "exit_rate": sum(e < L for e in exits) / len(exits),
+        "mean_exit_layer": statistics.fmean(exits),
+        "layers_saved": 1.0 - statistics.fmean(exits) / L,
+        "speedup_wall": statistics.median(b / g for b, g in zip(base_round, gated_round)),
+        "speedup_model": costs.speedup(
+            gate,
+            [e for run in runs for e in run.gated.exit_layers[1:]],
+            [p for run in runs for p in run.gated.probes[1:]],
+            kv_policy,
+        ),
+        "baseline_ms_per_token": statistics.median(base_round) * 1000 / (steps * len(runs)),
+        "ms_per_token": statistics.median(gated_round) * 1000 / (steps * len(runs)),
+        "probe_cost_layers": costs.layers(probe_ms),
+        "kv_cost_layers": costs.layers(costs.fill_ms(kv_policy)),
+        "head_cost_layers": costs.layers(costs.head_ms),
+        "cost_layer_ms": costs.layer_ms,
+        "cost_head_ms": costs.head_ms,
+        "cost_probe_ms": probe_ms,
+        "cost_kv_ms": costs.kv_ms,
+        "cost_overhead_ms": costs.overhead_ms,
+        "calibration_ms": statistics.fmean(run.gated.calibration_seconds for run in runs) * 1000,
+        "prompt_ids": [run.prompt.id for run in runs],
+        "prompt_agreement": agree,
+        "prompt_prefix_agreement": prefix,
+        "prompt_speedup_wall": per_prompt,
+    }
+
+
+def failed_row(cfg: Config, n_prompts: int, exc: BaseException) -> dict[str, Any]:
+    """A trial that raised: a row with its status and error, metrics null."""
+    from sweep.store import TABLES
+
+    row = {c.name: None for c in TABLES["trials"].columns if c.nullable}
+    row.update(trial_fields(cfg, n_prompts))
+    row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500])
+    return row
+
+
+def format_row(row: dict[str, Any], costs: CostModel | None = None) -> str:
+    """The readable summary `sweep bench` prints."""
+    params = "".join(f" {k}={row[k]}" for k in ("exit_layer", "eps", "theta", "q") if row.get(k) is not None)
+    lines = [
+        f"trial {row['trial_id']}: model={row['model']} gate={row['gate']}{params} min_layer={row['min_layer']} "
+        f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} repeats)",
+    ]
+    if row["status"] == "failed":
+        lines.append(f"status: failed ({row['error']})")
+        return "\n".join(lines)
+    lines += [
+        f"determinism: {'ok' if row['deterministic'] else 'FAILED'} (max |logit diff| between baselines {row['determinism_max_logit_diff']:.3g})",
+        f"agreement {row['agreement']:.3f}  prefix {row['prefix_agreement']:.3f}  exact match {row['exact_match']:.2f}  "
+        f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
+        f"layers saved {100 * row['layers_saved']:.1f}%",
+        f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
+        f"speedup_wall {row['speedup_wall']:.3f}x, speedup_model {row['speedup_model']:.3f}x",
+        f"costs in layer-equivalents: probe {row['probe_cost_layers']:.2f}, K/V fill {row['kv_cost_layers']:.2f}/layer, "
+        f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
+    ]
+    if costs is not None:
+        lines.append(costs.format())
+    lines.append(f"status: {row['status']}")
+    return "\n".join(lines)
+
+
+def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
+    """`sweep bench`: one trial, one Parquet row; returns (path, row, summary)."""
+    from sweep.run_info import new_run_id, provenance
+    from sweep.store import write_table
+
+    lm, gate, prompts = prepare(cfg)
+    log.info("bench %s on %s: %d prompts x %d tokens", gate.describe(), lm.name, len(prompts), cfg.bench.gen_tokens)
+    try:
+        row = run_trial(cfg, lm, gate, prompts)
+    except (RuntimeError, ValueError, torch.cuda.OutOfMemoryError) as exc:
+        log.error("trial failed: %s", exc)
+        row = failed_row(cfg, len(prompts), exc)
+    run_id = cfg.run_id or new_run_id()
+    prov = provenance(cfg, lm, run_id)
+    path = write_table("trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"])
+    costs = cost_model(lm, prompts[0].input_ids) if cfg.bench.cost_model and row["status"] != "failed" else None
+    return str(path), {**prov, **row}, format_row({**prov, **row}, costs)

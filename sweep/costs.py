@@ -1,0 +1,149 @@
+"""The cost model: what one layer, the exit probe, the K/V fill and the rest of a decode
+step cost on this model and device, measured, and what a gate's exits should save.
+
+Everything is measured on decode steps of the real model with a real KV cache (median
+of interleaved repeats, synchronised on GPU). Costs are kept in ms and expressed in
+layer-equivalents (ms / layer_ms), the unit the post-mortem's probe costs use.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from sweep.config import GateConfig
+from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
+from sweep.models import LoadedModel
+
+_CACHE: dict[tuple, "CostModel"] = {}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    layer_ms: float  # one decoder layer of a decode step
+    head_ms: float  # final norm + lm_head on one position (the logit lens)
+    lens_probe_ms: float  # a margin/conformal probe: lens + top-2 + decision
+    hidden_probe_ms: float  # a saturation probe: two norms of h + decision
+    kv_ms: float  # K/V fill of one skipped layer (kv_policy=propagate)
+    overhead_ms: float  # rest of a full-depth step: embedding, mask, RoPE, framework
+    step_ms: float  # a full-depth decode step, measured
+    num_layers: int
+
+    def layers(self, ms: float) -> float:
+        return ms / self.layer_ms
+
+    def probe_ms(self, gate: Gate) -> float:
+        return {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms}[gate.probe]
+
+    def fill_ms(self, kv_policy: str) -> float:
+        return self.kv_ms if kv_policy == "propagate" else self.layer_ms
+
+    def token_ms(self, gate: Gate, exit_layer: int, probes: int, kv_policy: str) -> float:
+        """Predicted ms of one decode step that exited at ``exit_layer`` after ``probes`` probes."""
+        L = self.num_layers
+        ms = self.overhead_ms + exit_layer * self.layer_ms + probes * self.probe_ms(gate)
+        if exit_layer < L:
+            ms += (L - exit_layer) * self.fill_ms(kv_policy)
+            if gate.probe != "lens":  # a lens probe's logits are the token's; other gates still pay the head
+                ms += self.head_ms
+        else:
+            ms += self.head_ms
+        return ms
+
+    def speedup(self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str) -> float:
+        """Predicted full-depth ms over gated ms, summed over the given decode steps."""
+        gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(exit_layers, probes))
+        return len(exit_layers) * self.step_ms / gated if gated else float("nan")
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def format(self) -> str:
+        rows = [
+            ("decoder layer", self.layer_ms),
+            ("final norm + lm_head", self.head_ms),
+            ("lens probe (margin, conformal)", self.lens_probe_ms),
+            ("hidden probe (saturation)", self.hidden_probe_ms),
+            ("K/V fill, one layer (propagate)", self.kv_ms),
+            ("step overhead", self.overhead_ms),
+            (f"full-depth step ({self.num_layers} layers)", self.step_ms),
+        ]
+        lines = [f"{'cost model':<34}{'ms':>9}{'layers':>9}"]
+        lines += [f"{name:<34}{ms:>9.3f}{self.layers(ms):>9.2f}" for name, ms in rows]
+        return "\n".join(lines)
+
+
+def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, repeats: int = 12) -> CostModel:
+    """The cost model of ``lm`` on its device, measured once per process."""
+    key = (id(lm.model), str(lm.device), lm.dtype)
+    if key not in _CACHE:
+        _CACHE[key] = _measure(lm, prompt_ids, repeats)
+    return _CACHE[key]
+
+
+@torch.inference_mode()
+def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostModel:
+    from sweep.engine import Engine
+
+    adapter, L = lm.adapter, lm.num_layers
+    sync = (lambda: torch.cuda.synchronize(lm.device)) if lm.device.type == "cuda" else (lambda: None)
+    lo = max(1, L // 4)
+    hi = max(lo + 1, (3 * L) // 4) if L > 1 else 1
+    engines = {"full": Engine(lm)}
+    if L > 1:
+        for layer in (lo, hi):
+            gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), L)
+            engines[layer] = Engine(lm, gate, "propagate")
+    cache = adapter.new_cache()
+    ids = torch.tensor([list(prompt_ids)], device=lm.device)
+    token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    times: dict = {k: [] for k in engines}
+    for r in range(repeats + 2):  # two warm-up rounds
+        for name, engine in engines.items():
+            with engine._hooks() as rope:
+                sync()
+                t0 = time.perf_counter()
+                logits = engine._decode_step(token, cache, rope)[0]
+                sync()
+                elapsed = time.perf_counter() - t0
+            token = logits.argmax(-1, keepdim=True)
+            if r >= 2:
+                times[name].append(elapsed * 1000)
+    step_ms = statistics.median(times["full"])
+    h = adapter.embed(token)[:, -1]
+    h_prev = h * 0.9
+    theta = torch.tensor(0.0)
+    head_ms = _median_ms(lambda: adapter.lens(h), sync)
+    lens_probe_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), sync)
+    hidden_probe_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), sync)
+    kv_ms = 0.0
+    if L > 1:
+        with adapter.capture_rope() as rope:
+            adapter.forward(token, cache)
+        skipped = range(lo, L)
+        copies = [copy.deepcopy(cache) for _ in range(5)]
+        kv_ms = _median_ms(lambda: adapter.fill_kv(h[:, None], copies.pop(), skipped, rope), sync, n=5, warm=0) / len(skipped)
+        layer_ms = (statistics.median(times[hi]) - statistics.median(times[lo])) / (hi - lo) + kv_ms
+    else:
+        layer_ms = step_ms - head_ms
+    layer_ms = max(layer_ms, 1e-6)
+    overhead_ms = max(step_ms - L * layer_ms - head_ms, 0.0)
+    return CostModel(layer_ms, head_ms, lens_probe_ms, hidden_probe_ms, kv_ms, overhead_ms, step_ms, L)
+
+
+def _median_ms(fn: Callable[[], object], sync: Callable[[], None], *, n: int = 30, warm: int = 3) -> float:
+    for _ in range(warm):
+        fn()
+    samples = []
+    for _ in range(n):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples)

@@ -1,0 +1,155 @@
+"""The exit rules. Each gate declares its signal, its decision, and what its probe costs.
+
+``decide`` sees one decode step after layer ``l`` (1-indexed) for a batch of rows:
+``h`` is h_l and ``h_prev`` is h_{l-1}, both (B, hidden); ``z`` is the logit lens
+z_l (B, vocab) when the gate's probe is ``lens``, else None. It returns a bool per row.
+``signal``/``threshold_ok`` are the same rule in vectorised form over any batch of
+positions, so the profile trace can replay a gate without running it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from sweep.errors import ConfigError
+from sweep.gates._registry import GATES, register
+
+if TYPE_CHECKING:
+    from sweep.config import GateConfig
+
+
+class Gate:
+    name: ClassVar[str]
+    params: ClassVar[tuple[str, ...]] = ()  # GateConfig fields the gate needs (besides min_layer)
+    probe: ClassVar[str] = "none"  # none | hidden (norms of h, O(hidden)) | lens (final norm + lm_head)
+
+    def __init__(self, cfg: GateConfig, num_layers: int) -> None:
+        if cfg.min_layer > num_layers:
+            raise ConfigError(f"gate.min_layer={cfg.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
+        self.cfg = cfg
+        self.num_layers = num_layers
+        self.min_layer = cfg.min_layer
+
+    def probe_layers(self) -> range:
+        """Layers after which the decision is taken (never after L: that is full depth)."""
+        return range(self.min_layer, self.num_layers)
+
+    def calibrate(self, lens_fn, hidden: list[torch.Tensor]) -> float:
+        """Per-prompt preparation from the prefill's hidden states [h_0..h_L]; returns seconds spent."""
+        return 0.0
+
+    def decide(self, layer: int, h: torch.Tensor, h_prev: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        parts = [f"{p}={getattr(self.cfg, p)}" for p in self.params] + [f"min_layer={self.min_layer}"]
+        return f"gate={self.name} " + " ".join(parts)
+
+
+@register
+class FullGate(Gate):
+    """Never exits: the full-depth baseline."""
+
+    name = "full"
+
+    def probe_layers(self) -> range:
+        return range(0)
+
+    def decide(self, layer, h, h_prev, z):
+        return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
+
+
+@register
+class FixedGate(Gate):
+    """Always exits after ``exit_layer``: the speedup ceiling and the cost model's yardstick."""
+
+    name = "fixed"
+    params = ("exit_layer",)
+
+    def __init__(self, cfg: GateConfig, num_layers: int) -> None:
+        super().__init__(cfg, num_layers)
+        assert cfg.exit_layer is not None
+        if not 1 <= cfg.exit_layer <= num_layers:
+            raise ConfigError(f"gate.exit_layer={cfg.exit_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
+        self.exit_layer = cfg.exit_layer
+
+    def probe_layers(self) -> range:
+        return range(self.exit_layer, self.exit_layer + 1) if self.exit_layer < self.num_layers else range(0)
+
+    def decide(self, layer, h, h_prev, z):
+        return torch.full((h.shape[0],), layer == self.exit_layer, dtype=torch.bool, device=h.device)
+
+
+def saturation_delta(h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
+    """||h_l - h_{l-1}||_2 / ||h_l||_2 per row, in float32."""
+    h32 = h.float()
+    return (h32 - h_prev.float()).norm(dim=-1) / h32.norm(dim=-1)
+
+
+def logit_margin(z: torch.Tensor) -> torch.Tensor:
+    """gamma: top1 - top2 of the logits, per row."""
+    top2 = z.float().topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
+@register
+class SaturationGate(Gate):
+    """Exit when the residual stream stops moving: delta < eps (free: no lm_head)."""
+
+    name = "saturation"
+    params = ("eps",)
+    probe = "hidden"
+
+    def decide(self, layer, h, h_prev, z):
+        return saturation_delta(h, h_prev) < self.cfg.eps
+
+
+@register
+class MarginGate(Gate):
+    """Exit when the logit lens is decisive: gamma_l >= theta (costs norm + lm_head per probe)."""
+
+    name = "margin"
+    params = ("theta",)
+    probe = "lens"
+
+    def decide(self, layer, h, h_prev, z):
+        return logit_margin(z) >= self.cfg.theta
+
+
+@register
+class ConformalGate(Gate):
+    """Exit when 2 * tau_l <= gamma_l: the lens's top-1 provably equals the final one if
+    ||z_l - z_L||_inf <= tau_l. tau_l is the q-quantile of that residual over the prompt's
+    prefill positions, so q = 1.0 makes it lossless on those positions ("miss, not lie").
+    """
+
+    name = "conformal"
+    params = ("q",)
+    probe = "lens"
+
+    def __init__(self, cfg: GateConfig, num_layers: int) -> None:
+        super().__init__(cfg, num_layers)
+        self.tau: torch.Tensor | None = None
+
+    def calibrate(self, lens_fn, hidden):
+        import time
+
+        t0 = time.perf_counter()
+        z_final = lens_fn(hidden[self.num_layers][0]).float()
+        tau = torch.full((self.num_layers + 1,), float("inf"))
+        for layer in self.probe_layers():
+            residual = (lens_fn(hidden[layer][0]).float() - z_final).abs().amax(dim=-1)
+            tau[layer] = torch.quantile(residual.cpu(), self.cfg.q)
+        self.tau = tau
+        return time.perf_counter() - t0
+
+    def decide(self, layer, h, h_prev, z):
+        assert self.tau is not None, "conformal gate used before calibrate()"
+        return 2.0 * self.tau[layer].item() <= logit_margin(z)
+
+
+def make_gate(cfg: GateConfig, num_layers: int) -> Gate:
+    """The gate ``cfg`` names, checked against a model of ``num_layers`` layers."""
+    return GATES.get(cfg.name, key="gate")(cfg, num_layers)
