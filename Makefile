@@ -17,6 +17,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 
 run: setup
 	$(BIN)/sweep profile model=smollm2-135m prompts=humaneval prompts.n=2 profile.gen_tokens=16 $(RUN_ARGS)
+	$(BIN)/sweep bench model=smollm2-135m gate=fixed gate.exit_layer=15 prompts.n=2 bench.gen_tokens=16 $(RUN_ARGS)
 
 test: setup
 	$(BIN)/pytest -m 'not gpu'
