@@ -86,17 +86,19 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
         determinism_max_logit_diff=max_diff,
         bench_seconds=time.perf_counter() - t_start,
     )
-    return {**trial_fields(cfg, len(prompts)), **row}
+    return {**trial_fields(cfg, len(prompts), gate), **row}
 
 
-def trial_fields(cfg: Config, n_prompts: int) -> dict[str, Any]:
-    """The columns that describe the trial itself (known before it runs)."""
+def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[str, Any]:
+    """The columns that describe the trial itself (known before it runs); layer indices as
+    the gate resolved them for the model when it is known."""
     g, b = cfg.gate, cfg.bench
     return {
         "trial_id": trial_id(cfg),
         "gate": g.name,
-        "min_layer": g.min_layer,
-        "exit_layer": g.exit_layer,
+        "min_layer": gate.min_layer if gate is not None else g.min_layer,
+        "min_depth": g.min_depth,
+        "exit_layer": getattr(gate, "exit_layer", g.exit_layer),
         "eps": g.eps,
         "theta": g.theta,
         "q": g.q,
@@ -185,12 +187,12 @@ def _metrics(runs, base_s, gated_s, costs: CostModel, gate: Gate, kv_policy: str
     }
 
 
-def failed_row(cfg: Config, n_prompts: int, exc: BaseException) -> dict[str, Any]:
+def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | None = None) -> dict[str, Any]:
     """A trial that raised: a row with its status and error, metrics null."""
     from sweep.store import TABLES
 
     row = {c.name: None for c in TABLES["trials"].columns if c.nullable}
-    row.update(trial_fields(cfg, n_prompts))
+    row.update(trial_fields(cfg, n_prompts, gate))
     row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500])
     return row
 
@@ -232,9 +234,10 @@ def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
         row = run_trial(cfg, lm, gate, prompts)
     except (RuntimeError, ValueError, torch.cuda.OutOfMemoryError) as exc:
         log.error("trial failed: %s", exc)
-        row = failed_row(cfg, len(prompts), exc)
+        row = failed_row(cfg, len(prompts), exc, gate)
     run_id = cfg.run_id or new_run_id()
     prov = provenance(cfg, lm, run_id)
+    row.update(sweep_name=None, worker_pid=None, worker_model_loads=None, trial_seconds=None)  # sweep-only columns
     path = write_table("trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"])
     costs = cost_model(lm, prompts[0].input_ids) if cfg.bench.cost_model and row["status"] != "failed" else None
     return str(path), {**prov, **row}, format_row({**prov, **row}, costs)

@@ -18,6 +18,7 @@ USAGE = """usage: sweep <command> [key=value ...]
 commands:
   profile   per-layer trace of full-depth decoding, layer curve, EAS, oracle exits
   bench     one early-exit trial: determinism self-check, gated vs full-depth, speedups
+  run       a sweep of bench trials on Ray Tune (grid or Optuna), on an embedded or a real cluster
   config    print the composed configuration
   schema    print the results schema (docs/schema.md)
 
@@ -46,6 +47,45 @@ def _bench(overrides: list[str]) -> int:
     return 0 if row["status"] == "ok" else 1
 
 
+def _run(overrides: list[str]) -> int:
+    from sweep.config import compose
+
+    from sweep.cluster_env import ray_environment
+
+    cfg = compose(overrides)
+    ray_environment(cfg.cluster)  # before Ray is imported
+    from sweep.tune import overhead_summary, run_sweep
+
+    outcome = run_sweep(cfg, overrides)
+    print(sweep_report(outcome))
+    if outcome.interrupted:
+        print(f"interrupted: resume with `sweep run {' '.join(overrides)} resume=true sweep.name={outcome.name}`", file=sys.stderr)
+        return 130
+    summary = overhead_summary(outcome)
+    if summary:
+        print(summary)
+    return 0
+
+
+def sweep_report(outcome) -> str:
+    """The table of this sweep's trials and their Pareto front (speedup_wall, agreement)."""
+    import polars as pl
+
+    from sweep.analysis import pareto_front
+
+    lines = [f"sweep {outcome.name}: {len(outcome.rows)} trials written, {outcome.skipped} skipped (rows exist); Tune state in {outcome.path}"]
+    if not outcome.rows:
+        return "\n".join(lines)
+    cols = ["model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", "status", "agreement", "speedup_wall", "speedup_model", "exit_rate"]
+    df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
+    df = df.sort("model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", nulls_last=True)
+    with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
+        lines += ["trials:", str(df)]
+        front = pareto_front(df, by=("model",))
+        lines += ["Pareto front (speedup_wall and agreement, both maximised; status ok):", str(front)]
+    return "\n".join(lines)
+
+
 def _config(overrides: list[str]) -> int:
     import yaml
 
@@ -66,7 +106,7 @@ def _schema(overrides: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"profile": _profile, "bench": _bench, "config": _config, "schema": _schema}
+COMMANDS = {"profile": _profile, "bench": _bench, "run": _run, "config": _config, "schema": _schema}
 
 
 def _quiet_libraries() -> None:

@@ -17,3 +17,22 @@ def new_run_id() -> str:
 def provenance(cfg, lm, run_id: str) -> dict[str, Any]:
     """The provenance columns of the results schema, for rows of ``lm`` written by this run."""
     return {"run_id": run_id, **lm.provenance(), "seed": cfg.seed, "git_sha": git_sha(), **library_versions()}
+
+
+def provenance_unloaded(cfg, run_id: str) -> dict[str, Any]:
+    """Provenance for a row whose model never loaded (a failed trial): what the config says."""
+    m = cfg.model
+    return {
+        "run_id": run_id,
+        "model": m.name or "model",
+        "model_source": m.source,
+        "model_hash": "unknown",
+        "model_revision": m.revision,
+        "family": m.family or "unknown",
+        "num_layers": 0,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "seed": cfg.seed,
+        "git_sha": git_sha(),
+        **library_versions(),
+    }

@@ -40,3 +40,30 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     full_env = {**os.environ, **(env or {})}
     full_env.pop("SWEEP_DEBUG", None)
     return subprocess.run([str(exe), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded Ray (127.0.0.1, token auth) shared by the in-process sweep tests."""
+    from sweep.cluster_env import ray_environment
+    from sweep.config import ClusterConfig
+
+    cluster = ClusterConfig()
+    ray_environment(cluster)
+    from sweep import tune as sweep_tune
+
+    started = sweep_tune.start_ray(cluster)
+    yield sweep_tune
+    if started:
+        sweep_tune.stop_ray()
+
+
+TINY_SWEEP = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+
+
+def sweep(tmp_path, *overrides):
+    """Run `sweep run` in-process on the session's embedded Ray."""
+    from sweep.tune import run_sweep
+
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", *overrides]
+    return run_sweep(compose(*args), args)

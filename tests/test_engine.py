@@ -228,6 +228,14 @@ def test_layer_indices_beyond_the_model_are_clear_errors(gate_cfg, message):
     assert message in str(info.value)
 
 
+def test_min_depth_resolves_against_the_models_depth():
+    assert make_gate(GateConfig(name="margin", min_depth=0.5, theta=1.0), 30).min_layer == 15
+    assert make_gate(GateConfig(name="margin", min_depth=0.01, theta=1.0), 30).min_layer == 1
+    assert make_gate(GateConfig(name="margin", min_depth=1.0, theta=1.0), 4).min_layer == 4
+    fixed = make_gate(GateConfig(name="fixed", min_depth=0.5), 30)
+    assert fixed.exit_layer == 15 and list(fixed.probe_layers()) == [15]
+
+
 def test_unknown_kv_policy_is_rejected():
     with pytest.raises(ValueError, match="kv_policy"):
         Engine(load("model=tiny-llama"), None, "none")

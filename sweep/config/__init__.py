@@ -3,25 +3,33 @@
 from sweep.config._compose import compose, compose_dict, config_dir, validate
 from sweep.config._schema import (
     BenchConfig,
+    ClusterConfig,
     Config,
     EasConfig,
     GateConfig,
     ModelConfig,
     ProfileConfig,
     PromptsConfig,
+    ResourcesConfig,
     ResultsConfig,
+    SearchConfig,
+    SweepConfig,
     TinyConfig,
 )
 
 __all__ = [
     "BenchConfig",
+    "ClusterConfig",
     "Config",
     "EasConfig",
     "GateConfig",
     "ModelConfig",
     "ProfileConfig",
     "PromptsConfig",
+    "ResourcesConfig",
     "ResultsConfig",
+    "SearchConfig",
+    "SweepConfig",
     "TinyConfig",
     "compose",
     "compose_dict",

@@ -43,7 +43,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     except MissingConfigException as exc:
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(_first_line(exc)) from None
+        raise ConfigError(_first_line(exc, exc.__cause__)) from None
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -110,11 +110,15 @@ def _missing_option(exc: Any) -> str:
     return _first_line(exc)
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, cause: BaseException | None = None) -> str:
     text = str(exc).strip()
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
         key = m.group(1)
+        deeper = re.search(r"full_key: (\S+)", str(cause or ""))
+        if deeper and deeper.group(1) != key:  # a new key inside a mapping such as search.objectives
+            new = deeper.group(1)
+            return f"{new}: not a key of {key}; add it with +{new}=VALUE"
         parent, _, leaf = key.rpartition(".")
         allowed = _keys_at(parent)
         where = f"in {parent}" if parent else "at the top level"

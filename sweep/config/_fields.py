@@ -59,6 +59,14 @@ def _split_optional(tp: Any) -> tuple[Any, bool]:
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
     """Return ``value`` as type ``tp`` or raise ConfigError naming ``key``."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        for option in options:
+            try:
+                return _coerce(option, value, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}={value!r}: must be " + " or ".join(_describe(o) for o in options))
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value

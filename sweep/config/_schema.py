@@ -50,6 +50,8 @@ class GateConfig:
 
     name: str = "full"  # a registered gate (sweep.gates); checked with the gate's own parameters
     min_layer: int = field(1, check=at_least(1), allowed="an integer >= 1")
+    # the same as a fraction of depth (min_layer = ceil(min_depth * L)), for sweeps over models of any depth
+    min_depth: float | None = field(None, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1] or null")
     exit_layer: int | None = field(None, check=at_least(1), allowed="an integer >= 1")
     eps: float | None = field(None, check=lambda v: v > 0, allowed="a number > 0")
     theta: float | None = field(None, check=lambda v: v >= 0, allowed="a number >= 0")
@@ -83,6 +85,48 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
+class SearchConfig:
+    """A sweep: sub-spaces of config paths in Hydra's sweep grammar, searched by grid or Optuna."""
+
+    name: str = "saturation-grid"
+    kind: Literal["grid", "optuna"] = "grid"
+    # each sub-space maps config paths (or the groups model/gate/prompts) to a value or a sweep
+    # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
+    spaces: list = field([], check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")
+    n_trials: int | None = field(None, check=in_range(1, 100000), allowed="an integer in 1..100000")
+    seed: int = field(0, check=at_least(0), allowed="an integer >= 0")
+    sampler: Literal["tpe", "random", "nsga2"] = "tpe"
+    objectives: dict = field({}, check=lambda v: len(v) > 0, allowed="a non-empty mapping of metric: max|min")
+    constraints: dict = field({}, allowed="a mapping of metric: minimum value")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    address: str | None = None  # null: embedded Ray on 127.0.0.1; auto or host:port: an existing cluster
+    auth: Literal["token", "disabled"] = "token"  # RAY_AUTH_MODE; must match the cluster's
+    num_cpus: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null (all)")
+    num_gpus: int | None = field(None, check=at_least(0), allowed="an integer >= 0 or null (all)")
+    dashboard: bool = False  # embedded only; it binds 127.0.0.1
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    cpu: float = field(1.0, check=lambda v: v > 0, allowed="a number > 0")
+    gpu: float | str = field(
+        "auto", check=lambda v: v == "auto" or (not isinstance(v, str) and v >= 0), allowed="auto or a number >= 0"
+    )  # auto: 1 where the cluster has GPUs, else 0
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    name: str | None = field(None, check=lambda v: bool(NAME_RE.match(v)), allowed="letters, digits, '.', '_' or '-'")
+    storage: str | None = None  # Ray Tune storage path; null = <results.root>/ray (shared storage on a cluster)
+    max_concurrent: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null (as many as fit)")
+    max_failures: int = field(2, check=at_least(0), allowed="an integer >= 0")
+    rerun: bool = False  # true: redo trials whose rows already exist
+
+
+@dataclass(frozen=True)
 class EasConfig:
     alpha: float = field(0.5, check=in_range(0, 1), allowed="a number in [0, 1]")
 
@@ -103,6 +147,11 @@ class Config:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     run_id: str | None = field(None, check=lambda v: bool(NAME_RE.match(v)), allowed="letters, digits, '.', '_' or '-'")
+    search: SearchConfig = SearchConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    sweep: SweepConfig = SweepConfig()
+    resume: bool = False  # `sweep run ... resume=true`: continue the interrupted sweep sweep.name
     profile: ProfileConfig = ProfileConfig()
     bench: BenchConfig = BenchConfig()
     eas: EasConfig = EasConfig()

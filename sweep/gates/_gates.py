@@ -9,6 +9,7 @@ positions, so the profile trace can replay a gate without running it.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -26,11 +27,14 @@ class Gate:
     probe: ClassVar[str] = "none"  # none | hidden (norms of h, O(hidden)) | lens (final norm + lm_head)
 
     def __init__(self, cfg: GateConfig, num_layers: int) -> None:
-        if cfg.min_layer > num_layers:
+        if cfg.min_depth is not None:
+            self.min_layer = max(1, math.ceil(cfg.min_depth * num_layers))
+        elif cfg.min_layer > num_layers:
             raise ConfigError(f"gate.min_layer={cfg.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
+        else:
+            self.min_layer = cfg.min_layer
         self.cfg = cfg
         self.num_layers = num_layers
-        self.min_layer = cfg.min_layer
 
     def probe_layers(self) -> range:
         """Layers after which the decision is taken (never after L: that is full depth)."""
@@ -45,6 +49,8 @@ class Gate:
 
     def describe(self) -> str:
         parts = [f"{p}={getattr(self.cfg, p)}" for p in self.params] + [f"min_layer={self.min_layer}"]
+        if self.cfg.exit_layer is not None and not self.params:
+            parts.insert(0, f"exit_layer={self.cfg.exit_layer}")
         return f"gate={self.name} " + " ".join(parts)
 
 
@@ -63,17 +69,16 @@ class FullGate(Gate):
 
 @register
 class FixedGate(Gate):
-    """Always exits after ``exit_layer``: the speedup ceiling and the cost model's yardstick."""
+    """Always exits after ``exit_layer`` (null: after min_layer): the speedup ceiling and the
+    cost model's yardstick."""
 
     name = "fixed"
-    params = ("exit_layer",)
 
     def __init__(self, cfg: GateConfig, num_layers: int) -> None:
         super().__init__(cfg, num_layers)
-        assert cfg.exit_layer is not None
-        if not 1 <= cfg.exit_layer <= num_layers:
+        if cfg.exit_layer is not None and not 1 <= cfg.exit_layer <= num_layers:
             raise ConfigError(f"gate.exit_layer={cfg.exit_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
-        self.exit_layer = cfg.exit_layer
+        self.exit_layer = cfg.exit_layer if cfg.exit_layer is not None else self.min_layer
 
     def probe_layers(self) -> range:
         return range(self.exit_layer, self.exit_layer + 1) if self.exit_layer < self.num_layers else range(0)

@@ -1,0 +1,59 @@
+"""Submit a sweep to a running Ray cluster through its job server.
+
+    python jobs/submit.py --address http://127.0.0.1:8265 -- \
+        model=smollm2-135m search=saturation-grid results.root=/shared/results
+
+Ships this project's directory (without .venv, results, git data) as the job's working
+directory, runs `sweep run OVERRIDES cluster=existing` there, prints the submission id,
+follows the logs until the job ends, and says where the rows are. results.root must be
+an absolute path on storage every node shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Submit `sweep run` to a Ray cluster's job server.")
+    parser.add_argument("--address", default=os.environ.get("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265"), help="the job server (dashboard) URL")
+    parser.add_argument("--auth", choices=("token", "disabled"), default="token", help="the cluster's RAY_AUTH_MODE")
+    parser.add_argument("--no-follow", action="store_true", help="print the submission id and return")
+    parser.add_argument("--python", default="python", help="the Python on the cluster's nodes")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for `sweep run` (after --)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
+
+    from sweep.cluster_env import ray_environment
+    from sweep.config import ClusterConfig, compose
+    from sweep.errors import ConfigError, SweepError
+
+    try:
+        roots = [o.split("=", 1)[1] for o in args.overrides if o.startswith("results.root=")]
+        if not roots or not os.path.isabs(roots[-1]):
+            raise ConfigError("results.root: pass an absolute path on storage shared by the cluster's nodes (results.root=/shared/results)")
+        compose([*args.overrides, "cluster=existing"])  # bad overrides fail here, not on the cluster
+        ray_environment(ClusterConfig(address=args.address, auth=args.auth))
+        from sweep.tune import follow_job, submit_job
+
+        submission_id = submit_job(args.address, args.overrides, ROOT, python=args.python)
+        print(f"submitted {submission_id} to {args.address}", flush=True)
+        if args.no_follow:
+            return 0
+        status = follow_job(args.address, submission_id, sys.stdout)
+    except SweepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"job {submission_id}: {status}; rows under {roots[-1]}/trials")
+    return 0 if status == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

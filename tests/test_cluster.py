@@ -1,0 +1,161 @@
+"""Fault tolerance and clusters, with real processes: an interrupted driver resumes, a
+killed worker's trial is retried, a two-node Ray cluster on 127.0.0.1 runs a sweep
+submitted through jobs/, and a node removed mid-sweep loses no trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from sweep.store import files, read
+
+SLOW_TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=64", "bench.repeats=15", "bench.warmup=0"]
+SWEEP = str(Path(sys.executable).with_name("sweep"))
+
+
+def env(**extra) -> dict:
+    e = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **extra}
+    e["PATH"] = f"{Path(sys.executable).parent}:{e.get('PATH', '')}"
+    e.pop("SWEEP_DEBUG", None)
+    return e
+
+
+def wait_for_rows(root: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while len(files("trials", root)) < n:
+        assert proc.poll() is None, f"sweep ended early: {proc.communicate()[1][-2000:]}"
+        assert time.time() < deadline, "timed out waiting for rows"
+        time.sleep(0.3)
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def assert_each_trial_once(root: Path, n: int) -> None:
+    df = read("trials", root)
+    assert df.height == n and df["trial_id"].n_unique() == n, df.select("trial_id", "status")
+    assert len(files("trials", root)) == n
+    assert set(df["status"]) == {"ok"}
+
+
+def test_an_interrupted_driver_resumes_without_losing_or_repeating_a_trial(tmp_path):
+    args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}"]
+    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(tmp_path, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted: resume with" in err
+    done_before = len(files("trials", tmp_path))
+    assert 2 <= done_before < 8
+    resumed = subprocess.run([*args, "resume=true"], env=env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming sweep saturation-grid-" in resumed.stderr
+    assert_each_trial_once(tmp_path, 8)
+
+
+def test_a_killed_worker_is_retried(tmp_path):
+    args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}", "sweep.max_failures=3"]
+    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(tmp_path, 1, proc)
+    victims = [p for p in descendants(proc.pid) if "ray::ImplicitFunc" in cmdline(p)]
+    assert victims, "no trial worker found"
+    os.kill(victims[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    assert "lost its worker; retrying it" in err
+    assert_each_trial_once(tmp_path, 8)
+    assert len(set(read("trials", tmp_path)["worker_pid"])) >= 2  # a new worker took over
+
+
+@pytest.fixture()
+def two_node_cluster():
+    """A head and one worker node on 127.0.0.1 (token auth), in a helper process."""
+    helper = ROOT / "tests" / "helpers" / "local_cluster.py"
+    proc = subprocess.Popen([sys.executable, str(helper), "1"], env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()[-2000:]
+    info = json.loads(line)
+    info["proc"] = proc
+    yield info
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_path):
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", two_node_cluster["dashboard"], "--",
+         "model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0", f"results.root={tmp_path}"],
+        env=env(), capture_output=True, text=True, timeout=600,
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert "submitted raysubmit_" in res.stdout and "SUCCEEDED" in res.stdout
+    assert f"rows under {tmp_path}/trials" in res.stdout
+    assert_each_trial_once(tmp_path, 8)
+    nodes = read("trials", tmp_path)["worker_pid"].n_unique()
+    assert nodes >= 2  # both nodes' workers ran trials
+
+
+def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
+    args = [SWEEP, "run", *SLOW_TRIALS, "cluster=existing", f"cluster.address={two_node_cluster['gcs']}", f"results.root={tmp_path}", "sweep.max_failures=3"]
+    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(tmp_path, 1, proc)
+    helper = two_node_cluster["proc"]
+    helper.stdin.write("remove-worker\n")
+    helper.stdin.flush()
+    assert helper.stdout.readline().strip() == "removed"
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-2000:]
+    assert_each_trial_once(tmp_path, 8)
+
+
+def test_jobs_submit_rejects_bad_input_before_contacting_a_cluster():
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", "model=tiny-llama", "results.root=results"],
+        env=env(), capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 2 and "results.root: pass an absolute path" in res.stderr
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", "model=nope", "results.root=/tmp/x"],
+        env=env(), capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 2 and "model=nope: unknown option" in res.stderr
+
+
+def test_jobs_submit_to_nothing_fails_fast(tmp_path):
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", "model=tiny-llama", f"results.root={tmp_path}"],
+        env=env(), capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 2 and "--address http://127.0.0.1:9: no Ray job server answers there" in res.stderr
+    assert time.perf_counter() - t0 < 60

@@ -1,0 +1,100 @@
+"""Search spaces: Hydra's sweep grammar to grids, Ray Tune domains and Optuna distributions."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT, compose
+from sweep.errors import ConfigError
+from sweep.search import Param, check_search, grid, parse_space, spaces
+
+SEARCHES = sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml"))
+
+
+def test_expressions_parse_to_typed_params():
+    params = {p.key: p for p in parse_space(
+        {
+            "gate.eps": "choice(0.05, 0.1)",
+            "gate.min_layer": "int(interval(2, 8))",
+            "gate.theta": "tag(log, interval(0.5, 20))",
+            "gate.q": "interval(0.5, 1.0)",
+            "gate.min_depth": "range(0.25, 1.0, step=0.25)",
+            "gate": "saturation",
+            "bench.kv_policy": "choice(propagate, full)",
+        },
+        "s",
+    )}
+    assert params["gate.eps"] == Param("gate.eps", "choice", (0.05, 0.1))
+    assert params["gate.min_layer"].integer and (params["gate.min_layer"].low, params["gate.min_layer"].high) == (2, 8)
+    assert params["gate.theta"].log and not params["gate.theta"].integer
+    assert params["gate.q"].kind == "interval" and not params["gate.q"].log
+    assert params["gate.min_depth"].values == (0.25, 0.5, 0.75)
+    assert params["gate"] == Param("gate", "fixed", ("saturation",))
+    assert params["bench.kv_policy"].values == ("propagate", "full")
+    # groups come first, as Hydra applies them
+    assert parse_space({"gate.eps": "0.1", "gate": "saturation"}, "s")[0].key == "gate"
+
+
+def test_grid_is_the_union_of_cross_products():
+    assert len(grid(compose("search=saturation-grid").search)) == 8
+    trials = grid(compose("search=gates-grid").search)
+    assert len(trials) == 1 + 4 + 3 + 1
+    assert trials[0] == ["gate=fixed", "gate.exit_layer=null", "gate.min_depth=0.5"]
+    assert {t[0] for t in trials} == {"gate=fixed", "gate=saturation", "gate=margin", "gate=conformal"}
+
+
+def test_one_function_maps_every_kind_to_tune_and_optuna(ray_session):
+    import optuna
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    d = ray_session.distributions
+    domain, dist = d(Param("k", "choice", (1, 2)))
+    assert isinstance(domain, Categorical) and dist == optuna.distributions.CategoricalDistribution([1, 2])
+    domain, dist = d(Param("k", "interval", low=2, high=8, integer=True))
+    assert isinstance(domain, Integer) and dist == optuna.distributions.IntDistribution(2, 8)
+    domain, dist = d(Param("k", "interval", low=0.01, high=1.0, log=True))
+    assert isinstance(domain, Float) and dist == optuna.distributions.FloatDistribution(0.01, 1.0, log=True)
+    assert d(Param("k", "fixed", ("x",)))[0] == "x"
+
+
+def test_define_by_run_suggests_composable_overrides(ray_session):
+    import optuna
+
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
+    space = ray_session.DefineByRun(spaces(compose("search=optuna-mo").search))
+    seen = set()
+    for _ in range(8):
+        overrides = space(study.ask())["trial"]
+        cfg = compose("model=tiny-llama", *overrides)
+        seen.add(cfg.gate.name)
+        assert 0.02 <= (cfg.gate.eps or 0.02) <= 0.6 and 0.1 <= cfg.gate.min_depth <= 0.75
+    assert seen == {"saturation", "margin"}
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_every_shipped_search_composes_with_the_real_conf(name):
+    cfg = compose(f"search={name}", "model=tiny-llama")
+    check_search(cfg.search)
+    for params in spaces(cfg.search):
+        corner = [f"{p.key}={p.values[0] if p.values else p.low}" for p in params]
+        compose("model=tiny-llama", *(c.replace("=None", "=null") for c in corner))
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["search.kind=grid", "search=optuna-mo"], "interval(...) is continuous; a grid needs choice(...) or range(...)"),
+        (["+search.objectives.speed=max"], "search.objectives.speed: not a metric"),
+        (["search.objectives={speed: max}"], "search.objectives.speed: not a key of search.objectives; add it with +search.objectives.speed=VALUE"),
+        (["search.objectives.agreement=up"], "search.objectives.agreement=up: must be max or min"),
+        (["search=optuna-constrained", "search.constraints.agreement=high"], "search.constraints.agreement=high: must be a number"),
+        (["search.spaces=[{gate.eps: 'interval(0.5, 0.1)'}]", "search.kind=optuna", "search.n_trials=2"], "interval needs low < high"),
+        (["search.spaces=[{gate.eps: 'tag(log, interval(0, 1))'}]", "search.kind=optuna", "search.n_trials=2"], "a log interval needs low > 0"),
+        (["search.spaces=[{gate.eps: 'choice(0.1,'}]"], "cannot parse"),
+        (["search=optuna-constrained", "+search.objectives.agreement=max"], "supported with a single objective"),
+    ],
+)
+def test_bad_search_configs_are_clear_errors(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        check_search(compose(*overrides).search)
+    assert message in str(info.value)

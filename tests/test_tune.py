@@ -1,0 +1,122 @@
+"""`sweep run` on a real embedded Ray: grids, Optuna, one model load per worker, rows,
+re-runs, resource checks, failed trials."""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+import pytest
+
+from conftest import TINY_SWEEP, compose, run_cli, sweep
+from sweep.errors import ConfigError
+from sweep.store import files, read
+
+
+def test_grid_sweep_writes_one_row_per_trial(ray_session, tmp_path):
+    outcome = sweep(tmp_path, "search=saturation-grid")
+    assert outcome.total == 8 and len(outcome.rows) == 8 and not outcome.interrupted
+    df = read("trials", tmp_path)
+    assert df.height == 8 and df["trial_id"].n_unique() == 8
+    assert df["status"].unique().to_list() == ["ok"]
+    assert sorted(df["eps"].unique().to_list()) == [0.05, 0.1, 0.2, 0.3]
+    assert df["sweep_name"].unique().to_list() == [outcome.name]
+    assert df["min_depth"].unique().sort().to_list() == [0.25, 0.5]
+    # one model load per worker process, however many trials it ran
+    per_worker = df.group_by("worker_pid").agg(pl.len().alias("trials"), pl.col("worker_model_loads").max().alias("loads"))
+    assert per_worker["loads"].to_list() == [1] * per_worker.height
+    assert per_worker["trials"].sum() == 8 and per_worker["trials"].max() > 1
+
+
+def test_rerun_skips_trials_whose_rows_exist(ray_session, tmp_path):
+    sweep(tmp_path, "search=margin-grid")
+    before = {p.name: p.stat().st_mtime_ns for p in files("trials", tmp_path)}
+    again = sweep(tmp_path, "search=margin-grid")
+    assert again.skipped == 6 and again.rows == []
+    assert {p.name: p.stat().st_mtime_ns for p in files("trials", tmp_path)} == before
+    redo = sweep(tmp_path, "search=margin-grid", "sweep.rerun=true")
+    assert len(redo.rows) == 6 and len(files("trials", tmp_path)) == 6  # rewritten, not duplicated
+
+
+def test_optuna_multi_objective_persists_its_study(ray_session, tmp_path):
+    import optuna
+
+    outcome = sweep(tmp_path, "search=optuna-mo", "search.n_trials=6")
+    df = read("trials", tmp_path)
+    assert df.height == 6 and set(df["gate"]) <= {"saturation", "margin"}
+    study = optuna.load_study(study_name="optuna-mo", storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path)))
+    assert len(study.directions) == 2
+    assert len(study.trials) == 6
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    assert {round(v, 9) for t in study.trials for v in [t.values[0]]} == {round(v, 9) for v in df["speedup_wall"]}
+
+
+def test_optuna_is_seeded(ray_session, tmp_path):
+    first = sweep(tmp_path / "a", "search=optuna-mo", "search.n_trials=3", "sweep.max_concurrent=1")
+    second = sweep(tmp_path / "b", "search=optuna-mo", "search.n_trials=3", "sweep.max_concurrent=1")
+    key = lambda rows: [(r["gate"], r["eps"], r["theta"], r["min_layer"]) for r in rows]  # noqa: E731
+    assert key(first.rows) == key(second.rows)
+
+
+def test_constrained_search_hands_agreement_to_the_sampler(ray_session, tmp_path):
+    import optuna
+
+    outcome = sweep(tmp_path, "search=optuna-constrained", "search.n_trials=3")
+    study = optuna.load_study(study_name="optuna-constrained", storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path)))
+    assert len(study.directions) == 1
+    for trial in study.trials:
+        assert trial.user_attrs["agreement"] == pytest.approx(
+            read("trials", tmp_path).filter(pl.col("speedup_wall") == trial.values[0])["agreement"][0]
+        )
+        assert trial.system_attrs["constraints:agreement"] == pytest.approx(0.98 - trial.user_attrs["agreement"])
+
+
+def test_failed_trials_are_rows(ray_session, tmp_path):
+    outcome = sweep(tmp_path, "search=saturation-grid", "search.spaces=[{gate: saturation, gate.eps: 0.1, gate.min_layer: 'choice(2, 9)'}]")
+    df = read("trials", tmp_path).sort("min_layer")
+    assert df["status"].to_list() == ["ok", "failed"]
+    assert "gate.min_layer=9: must be in 1..4" in df["error"][1]
+    assert df["agreement"][1] is None and df["model_hash"][1] == "unknown"
+    assert len(outcome.rows) == 2
+
+
+def test_gpu_request_on_a_cpu_cluster_fails_fast(ray_session, tmp_path):
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"resources.gpu=1.0: no node of this cluster has 1 GPU\(s\)"):
+        sweep(tmp_path, "resources.gpu=1")
+    with pytest.raises(ConfigError, match="resources.cpu=64: no node of this cluster has that many CPUs"):
+        sweep(tmp_path, "resources.cpu=64")
+    with pytest.raises(ConfigError, match="device=cuda: this sweep gives trials no GPU"):
+        sweep(tmp_path, "device=cuda", "resources.gpu=0")
+    assert time.perf_counter() - t0 < 30
+    assert not (tmp_path / "trials").exists()
+
+
+def test_bad_trial_values_fail_before_ray_runs_anything(ray_session, tmp_path):
+    with pytest.raises(ConfigError, match="gate.eps=-1.0: must be a number > 0"):
+        sweep(tmp_path, "search.spaces=[{gate: saturation, gate.eps: 'choice(0.1, -1)'}]")
+    assert not (tmp_path / "trials").exists() and not (tmp_path / "ray").exists()
+
+
+def test_cli_gpu_request_fails_within_seconds_on_its_own_embedded_ray(tmp_path):
+    t0 = time.perf_counter()
+    res = run_cli("run", *TINY_SWEEP, "resources.gpu=1", f"results.root={tmp_path}", timeout=120)
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "resources.gpu=1.0: no node of this cluster has 1 GPU(s)" in errors[0]
+    assert time.perf_counter() - t0 < 90
+
+
+def test_unreachable_cluster_address_fails_fast(tmp_path):
+    t0 = time.perf_counter()
+    res = run_cli("run", *TINY_SWEEP, "cluster=existing", "cluster.address=127.0.0.1:9", f"results.root={tmp_path}", timeout=120)
+    assert res.returncode == 2 and "cluster.address=127.0.0.1:9: nothing answers" in res.stderr
+    assert time.perf_counter() - t0 < 60
+
+
+def test_run_prints_progress_table_and_front(tmp_path):
+    res = run_cli("run", *TINY_SWEEP, "search=conformal-grid", f"results.root={tmp_path}", timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "sweep: [6/6] tiny-llama gate=conformal" in res.stderr
+    assert "Pareto front" in res.stdout and "orchestration overhead per trial" in res.stdout
+    assert read("trials", tmp_path).height == 6
