@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         roots = [o.split("=", 1)[1] for o in args.overrides if o.startswith("results.root=")]
         if not roots or not os.path.isabs(roots[-1]):
             raise ConfigError("results.root: pass an absolute path on storage shared by the cluster's nodes (results.root=/shared/results)")
-        compose([*args.overrides, "cluster=existing"])  # bad overrides fail here, not on the cluster
+        compose([*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"])  # bad overrides fail here, not on the cluster
         ray_environment(ClusterConfig(address=args.address, auth=args.auth))
         from sweep.tune import follow_job, submit_job
 
-        submission_id = submit_job(args.address, args.overrides, ROOT, python=args.python)
+        submission_id = submit_job(args.address, args.overrides, ROOT, auth=args.auth, python=args.python)
         print(f"submitted {submission_id} to {args.address}", flush=True)
         if args.no_follow:
             return 0

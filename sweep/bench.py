@@ -30,22 +30,30 @@ from sweep.prompts import Prompt, read_prompts, tokenize_prompts
 log = logging.getLogger("sweep.bench")
 
 
-def trial_key(cfg: Config) -> dict[str, Any]:
-    """Everything that defines a trial's result (not where it is written, not the run)."""
+def trial_key(cfg: Config, device: str | None = None) -> dict[str, Any]:
+    """Everything that defines a trial's result (not where it is written, not the run).
+
+    ``device`` is where the trial runs (cpu or cuda); by default ``cfg.device`` resolved
+    here, so `device=auto` on a laptop and on a GPU node give different trials.
+    """
+    if device is None:
+        from sweep.models import resolve_device
+
+        device = resolve_device(cfg.device).type
     return {
         "model": dataclasses.asdict(cfg.model),
         "gate": dataclasses.asdict(cfg.gate),
         "bench": {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"},
         "prompts": dataclasses.asdict(cfg.prompts),
-        "device": cfg.device,
+        "device": device,
         "dtype": cfg.dtype,
         "seed": cfg.seed,
     }
 
 
-def trial_id(cfg: Config) -> str:
+def trial_id(cfg: Config, device: str | None = None) -> str:
     """Stable hash of the trial's config: the same trial gets the same id on any machine."""
-    text = json.dumps(trial_key(cfg), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(trial_key(cfg, device), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -98,7 +106,7 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "gate": g.name,
         "min_layer": gate.min_layer if gate is not None else g.min_layer,
         "min_depth": g.min_depth,
-        "exit_layer": getattr(gate, "exit_layer", g.exit_layer),
+        "exit_layer": getattr(gate, "exit_layer", None) if gate is not None else (g.exit_layer if g.name == "fixed" else None),
         "eps": g.eps,
         "theta": g.theta,
         "q": g.q,
@@ -121,6 +129,7 @@ def _reference_runs(baseline: Engine, gated: Engine, prompts: list[Prompt], n: i
             deterministic = False
             log.warning("determinism self-check failed on %s: two full-depth baselines differ", prompt.id)
         max_diff = max(max_diff, float((first.logits - second.logits).abs().max()))
+        first.logits = None  # the logits served the self-check; a trial keeps tokens, not vocab-sized tensors
         runs.append(_PromptRun(prompt, first, gated.generate(prompt.input_ids, n)))
     return runs, deterministic, max_diff
 
@@ -232,7 +241,7 @@ def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
     log.info("bench %s on %s: %d prompts x %d tokens", gate.describe(), lm.name, len(prompts), cfg.bench.gen_tokens)
     try:
         row = run_trial(cfg, lm, gate, prompts)
-    except (RuntimeError, ValueError, torch.cuda.OutOfMemoryError) as exc:
+    except (RuntimeError, ValueError) as exc:  # CUDA out-of-memory is a RuntimeError
         log.error("trial failed: %s", exc)
         row = failed_row(cfg, len(prompts), exc, gate)
     run_id = cfg.run_id or new_run_id()

@@ -59,7 +59,9 @@ def _run(overrides: list[str]) -> int:
     outcome = run_sweep(cfg, overrides)
     print(sweep_report(outcome))
     if outcome.interrupted:
-        print(f"interrupted: resume with `sweep run {' '.join(overrides)} resume=true sweep.name={outcome.name}`", file=sys.stderr)
+        import shlex
+
+        print(f"interrupted: resume with `sweep run {shlex.join([*overrides, 'resume=true', f'sweep.name={outcome.name}'])}`", file=sys.stderr)
         return 130
     summary = overhead_summary(outcome)
     if summary:
@@ -73,7 +75,10 @@ def sweep_report(outcome) -> str:
 
     from sweep.analysis import pareto_front
 
-    lines = [f"sweep {outcome.name}: {len(outcome.rows)} trials written, {outcome.skipped} skipped (rows exist); Tune state in {outcome.path}"]
+    lines = [
+        f"sweep {outcome.name}: {len(outcome.rows)} trials written, {outcome.skipped} skipped (rows exist)",
+        f"rows: {outcome.root}/trials (one Parquet file per trial); Tune state and Optuna study: {outcome.path}",
+    ]
     if not outcome.rows:
         return "\n".join(lines)
     cols = ["model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", "status", "agreement", "speedup_wall", "speedup_model", "exit_rate"]
@@ -137,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as exc:
         if os.environ.get("SWEEP_DEBUG"):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -145,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: one line plus where, the traceback on request
         if os.environ.get("SWEEP_DEBUG"):
             raise
-        print(f"error: unexpected {type(exc).__name__} at {_where(exc)}: {exc} (set SWEEP_DEBUG=1 for the traceback)", file=sys.stderr)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: unexpected {type(exc).__name__} at {_where(exc)}: {first} (set SWEEP_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
 
 

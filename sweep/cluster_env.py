@@ -18,11 +18,13 @@ def is_loopback(address: str | None) -> bool:
 
 
 def ray_environment(cluster: ClusterConfig) -> None:
-    """Set the auth mode explicitly, and for a Ray on loopback, Ray's single-node mode.
+    """Set the auth mode explicitly, and for a Ray on loopback, Ray's single-machine mode.
 
-    In single-node mode every Ray server binds to 127.0.0.1 and clients connect over
-    127.0.0.1 (otherwise Ray's gRPC servers listen on all interfaces and clients rewrite
-    127.0.0.1 to the machine's address). Call before anything imports ``ray``.
+    That mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one Ray uses on macOS and
+    Windows) makes every Ray server bind to 127.0.0.1 and clients connect over 127.0.0.1;
+    otherwise Ray's gRPC servers listen on all interfaces and clients rewrite 127.0.0.1 to
+    the machine's address. Ray reads both variables at import (``sweep.tune.start_ray``
+    also sets the flag in an already imported Ray). Call before anything imports ``ray``.
     """
     os.environ["RAY_AUTH_MODE"] = cluster.auth
     if is_loopback(cluster.address):

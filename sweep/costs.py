@@ -47,11 +47,12 @@ class CostModel:
         """Predicted ms of one decode step that exited at ``exit_layer`` after ``probes`` probes."""
         L = self.num_layers
         ms = self.overhead_ms + exit_layer * self.layer_ms + probes * self.probe_ms(gate)
-        if exit_layer < L:
-            ms += (L - exit_layer) * self.fill_ms(kv_policy)
-            if gate.probe != "lens":  # a lens probe's logits are the token's; other gates still pay the head
-                ms += self.head_ms
-        else:
+        if exit_layer == L:
+            return ms + self.head_ms
+        ms += (L - exit_layer) * self.fill_ms(kv_policy)
+        if gate.probe != "lens":  # a lens probe's logits are the token's; other gates pay the head once
+            ms += self.head_ms
+        if kv_policy == "full":  # the forward runs on to the model's own final norm and lm_head
             ms += self.head_ms
         return ms
 
@@ -79,8 +80,8 @@ class CostModel:
 
 
 def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, repeats: int = 12) -> CostModel:
-    """The cost model of ``lm`` on its device, measured once per process."""
-    key = (id(lm.model), str(lm.device), lm.dtype)
+    """The cost model of ``lm`` on its device at this prompt's length, measured once per process."""
+    key = (id(lm.model), str(lm.device), lm.dtype, len(prompt_ids))
     if key not in _CACHE:
         _CACHE[key] = _measure(lm, prompt_ids, repeats)
     return _CACHE[key]
@@ -131,7 +132,8 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
         layer_ms = (statistics.median(times[hi]) - statistics.median(times[lo])) / (hi - lo) + kv_ms
     else:
         layer_ms = step_ms - head_ms
-    layer_ms = max(layer_ms, 1e-6)
+    # a noisy slope must not predict a full-depth step dearer than the one measured
+    layer_ms = min(max(layer_ms, 1e-6), max(step_ms - head_ms, 1e-6) / L)
     overhead_ms = max(step_ms - L * layer_ms - head_ms, 0.0)
     return CostModel(layer_ms, head_ms, lens_probe_ms, hidden_probe_ms, kv_ms, overhead_ms, step_ms, L)
 

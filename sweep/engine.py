@@ -66,8 +66,11 @@ class Engine:
         self._sync = lm.device.type == "cuda"
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], n_tokens: int, *, record: bool = False) -> Generation:
-        """Exactly ``n_tokens`` greedy tokens; ``record`` keeps logits and exit hidden states."""
+    def generate(self, prompt_ids: Sequence[int], n_tokens: int, *, record: bool = False, keep_cache: bool = False) -> Generation:
+        """Exactly ``n_tokens`` (>= 1) greedy tokens; ``record`` keeps the logits and exit hidden
+        states, ``keep_cache`` the final KV cache (both for checks, not for timing)."""
+        if n_tokens < 1:
+            raise ValueError(f"n_tokens={n_tokens}: must be >= 1")
         adapter, gate = self.adapter, self.gate
         cache = adapter.new_cache()
         ids = torch.tensor([list(prompt_ids)], device=self.lm.device)
@@ -105,7 +108,7 @@ class Engine:
             calibration_seconds=calibration,
             logits=torch.cat(out_logits, dim=0).float().cpu() if record else None,
             exit_hidden=hidden if record else [],
-            cache=cache if record else None,
+            cache=cache if keep_cache else None,
         )
 
     def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor):

@@ -11,6 +11,7 @@ A trial is a list of Hydra overrides on top of the sweep's own.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,13 +72,17 @@ def parse_space(space: dict[str, Any], where: str) -> list[Param]:
 
 
 def _frange(start, stop, step):
+    """Hydra's range(start, stop, step), without float drift (0.1 + 0.2 stays 0.3)."""
     if step == 0:
         raise ConfigError("search.spaces: range(...) step must not be 0")
-    out, value = [], start
-    while (step > 0 and value < stop) or (step < 0 and value > stop):
+    integer = all(isinstance(v, int) for v in (start, stop, step))
+    out, i = [], 0
+    while True:
+        value = start + i * step if integer else round(start + i * step, 12)
+        if (step > 0 and value >= stop) or (step < 0 and value <= stop):
+            return out
         out.append(value)
-        value = value + step
-    return out
+        i += 1
 
 
 def spaces(search: SearchConfig) -> list[list[Param]]:
@@ -85,11 +90,13 @@ def spaces(search: SearchConfig) -> list[list[Param]]:
 
 
 def as_override(key: str, value: Any) -> str:
-    """A Hydra override string for one parameter value."""
+    """A Hydra override string for one parameter value (strings quoted when Hydra needs it)."""
     if value is None:
         return f"{key}=null"
     if isinstance(value, bool):
         return f"{key}={str(value).lower()}"
+    if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_./-]+", value):
+        return f"{key}='{value}'"
     return f"{key}={value}"
 
 

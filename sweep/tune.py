@@ -30,7 +30,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sweep.config import ClusterConfig, Config, SearchConfig, compose
 from sweep.errors import ConfigError, SweepError
-from sweep.search import Param, check_search, grid, spaces
+from sweep.search import METRICS, Param, as_override, check_search, grid, spaces
 
 log = logging.getLogger("sweep.tune")
 
@@ -69,24 +69,19 @@ class DefineByRun:
             index = trial.suggest_categorical("subspace", list(range(len(self.subspaces))))
         overrides = []
         for param in self.subspaces[index]:
+            if param.kind == "fixed":
+                overrides.append(as_override(param.key, param.values[0]))
+                continue
             _, dist = distributions(param)
             name = f"s{index}:{param.key}"
-            if param.kind == "fixed":
-                value = param.values[0]
-            elif isinstance(dist, optuna.distributions.CategoricalDistribution):
+            if isinstance(dist, optuna.distributions.CategoricalDistribution):
                 value = trial.suggest_categorical(name, list(dist.choices))
             elif isinstance(dist, optuna.distributions.IntDistribution):
                 value = trial.suggest_int(name, dist.low, dist.high, log=dist.log)
             else:
                 value = trial.suggest_float(name, dist.low, dist.high, log=dist.log)
-            overrides.append(_override(param.key, value))
+            overrides.append(as_override(param.key, value))
         return {"trial": overrides}
-
-
-def _override(key: str, value: Any) -> str:
-    from sweep.search import as_override
-
-    return as_override(key, value)
 
 
 # ---------------------------------------------------------------- Ray
@@ -153,7 +148,7 @@ def trial_resources(cfg: Config) -> dict[str, float]:
     cpus_per_node = [n["Resources"].get("CPU", 0.0) for n in nodes]
     gpu = cfg.resources.gpu
     if gpu == "auto":
-        gpu = 1.0 if max(gpus_per_node, default=0) >= 1 else 0.0
+        gpu = 1.0 if max(gpus_per_node, default=0) >= 1 and cfg.device != "cpu" else 0.0
     if gpu > max(gpus_per_node, default=0.0):
         raise ConfigError(
             f"resources.gpu={cfg.resources.gpu}: no node of this cluster has {gpu:g} GPU(s) "
@@ -177,10 +172,6 @@ def _merge(base: list[str], trial: list[str]) -> list[str]:
     return [o for o in base if o.split("=", 1)[0].lstrip("+~") not in keys] + list(trial)
 
 
-def trial_overrides(base: list[str], trial: list[str]) -> list[str]:
-    return _merge(base, trial)
-
-
 def _trainable(config: dict, base: list[str] = (), context: dict | None = None) -> None:
     """One trial in a Ray worker: compose, bench (with this process's cached model), report."""
     from sweep.bench import failed_row, prepare, run_trial, trial_id
@@ -189,8 +180,12 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
 
     t0 = time.perf_counter()
     context = context or {}
-    cfg = compose(_merge(list(base), config["trial"]))
-    tid = trial_id(cfg)
+    try:
+        cfg = compose(_merge(list(base), config["trial"]))
+        tid = trial_id(cfg)
+    except SweepError as exc:  # a value the driver's checks could not foresee: no config, so no row
+        tune.report({**_metrics({"status": "failed"}), "error": str(exc), "cached": False})
+        return
     cached = context.get("done", {}).get(tid)
     if cached is not None:  # a row from an earlier run: report it again, do not redo the work
         tune.report({**_metrics(cached), "row_json": json.dumps(cached, default=str), "cached": True})
@@ -215,8 +210,6 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
 
 def _metrics(row: dict) -> dict:
     """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed)."""
-    from sweep.search import METRICS
-
     ok = row.get("status") == "ok"
     return {"status": row.get("status"), **{m: (row.get(m) if ok else None) for m in METRICS}}
 
@@ -228,6 +221,7 @@ def _metrics(row: dict) -> dict:
 class SweepOutcome:
     name: str
     path: str
+    root: str
     total: int
     skipped: int
     rows: list[dict] = field(default_factory=list)
@@ -240,6 +234,8 @@ def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
     from sweep.run_info import new_run_id
 
     check_search(cfg.search)
+    if cfg.sweep.storage is not None and "://" in cfg.sweep.storage:
+        raise ConfigError(f"sweep.storage={cfg.sweep.storage}: a filesystem path is needed (a shared mount on a cluster)")
     run_id = cfg.run_id or new_run_id()
     root = Path(cfg.results.root).expanduser().resolve()
     cfg = dataclasses.replace(cfg, results=dataclasses.replace(cfg.results, root=str(root)))
@@ -251,28 +247,33 @@ def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
         # inside a Ray job the working directory can be re-extracted under the driver; stand elsewhere
         storage.mkdir(parents=True, exist_ok=True)
         os.chdir(storage)
+    grid_trials = _check_values(cfg, base)  # bad values fail here, before Ray starts
     done = _done_rows(cfg)
-    planned, skipped = _plan(cfg, base, done)
     started = start_ray(cfg.cluster)
     try:
         resources = trial_resources(cfg)
+        device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and resources["gpu"] > 0) else "cpu"
+        planned, skipped = _select(grid_trials, done, device, cfg.results.root)
         total = len(planned) if planned is not None else cfg.search.n_trials
-        writer = RowWriter(str(root), total, base, run_id, name)
         if planned == [] and not cfg.resume:
             log.info("sweep %s: nothing to run", name)
-            return SweepOutcome(name, str(storage / name), 0, skipped)
+            return SweepOutcome(name, str(storage / name), str(root), 0, skipped)
+        writer = RowWriter(str(root), total, base, run_id, name)
         tuner = _tuner(cfg, base, planned, done, resources, storage, name, run_id, Progress(writer))
         log.info("sweep %s: %s trials on %s (%s per trial); Tune state in %s", name, total, _cluster_label(cfg.cluster), resources, storage / name)
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
         results = tuner.fit()
+        unfinished = 0
         for result in results:  # rows Tune holds that no callback wrote (trials finished before a restore)
             if result.metrics and "row_json" in result.metrics:
                 writer.write(json.loads(result.metrics["row_json"]))
-        interrupted = len(writer.rows) < (total or 0)  # Tune stops early only when interrupted
+            elif result.error is None and not (result.metrics and "status" in result.metrics):
+                unfinished += 1
+        interrupted = unfinished > 0 or len(results) < (total or 0)
     finally:
         if started:
             stop_ray()
-    return SweepOutcome(name, str(storage / name), total or 0, skipped, writer.rows, writer.overheads, interrupted)
+    return SweepOutcome(name, str(storage / name), str(root), total or 0, skipped, writer.rows, writer.overheads, interrupted)
 
 
 def _sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
@@ -300,24 +301,36 @@ def _done_rows(cfg: Config) -> dict[str, dict]:
     return {r["trial_id"]: r for r in rows.sort("created_at").iter_rows(named=True)}
 
 
-def _plan(cfg: Config, base: list[str], done: dict) -> tuple[list[list[str]] | None, int]:
-    """Grid trials still to run (each composed here, so bad values fail before Ray starts)."""
+def _check_values(cfg: Config, base: list[str]) -> list[tuple[list[str], Config]] | None:
+    """Compose every grid trial (returned with its config), or for Optuna both ends of every
+    interval and every choice, so that a bad value fails before Ray starts."""
+    if cfg.search.kind == "grid":
+        return [(trial, compose(_merge(base, trial))) for trial in grid(cfg.search)]
+    for params in spaces(cfg.search):
+        fixed = [as_override(p.key, p.values[0]) for p in params if p.kind == "fixed"]
+        for p in params:
+            values = p.values if p.kind == "choice" else (p.low, p.high) if p.kind == "interval" else ()
+            for value in values:
+                compose(_merge(base, [*fixed, as_override(p.key, value)]))
+    return None
+
+
+def _select(grid_trials, done: dict, device: str, root: str) -> tuple[list[list[str]] | None, int]:
+    """Grid trials still to run: not already done, each trial id once."""
     from sweep.bench import trial_id
 
-    if cfg.search.kind != "grid":
-        for params in spaces(cfg.search):  # compose one corner of each sub-space
-            corner = [_override(p.key, p.values[0] if p.values else p.low) for p in params]
-            compose(_merge(base, corner))
+    if grid_trials is None:
         return None, 0
-    todo, skipped = [], 0
-    for trial in grid(cfg.search):
-        tid = trial_id(compose(_merge(base, trial)))
+    todo, seen, skipped = [], set(), 0
+    for trial, trial_cfg in grid_trials:
+        tid = trial_id(trial_cfg, device)
         if tid in done:
             skipped += 1
-        else:
+        elif tid not in seen:
+            seen.add(tid)
             todo.append(trial)
     if skipped:
-        log.info("skipping %d trials whose rows exist under %s (sweep.rerun=true redoes them)", skipped, cfg.results.root)
+        log.info("skipping %d trials whose rows exist under %s (sweep.rerun=true redoes them)", skipped, root)
     return todo, skipped
 
 
@@ -330,7 +343,11 @@ def _tuner(cfg: Config, base, planned, done, resources, storage: Path, name: str
             raise ConfigError(f"sweep.name={name}: {path} holds no restorable Tune experiment")
         log.info("resuming sweep %s from %s", name, path)
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
-        tuner._local_tuner._run_config.callbacks = [callback]  # this run's writer, not the pickled one
+        # callbacks are restored from the pickled state; this run's writer must replace them
+        internal = getattr(tuner, "_local_tuner", None)
+        if internal is None or not hasattr(internal, "_run_config"):
+            raise SweepError("resume: this Ray release keeps a Tuner's callbacks elsewhere; sweep/tune.py needs updating")
+        internal._run_config.callbacks = [callback]
         return tuner
     run_config = tune.RunConfig(
         name=name,
@@ -426,6 +443,8 @@ class RowWriter:
 
     def result(self, key: str, result: dict) -> None:
         if "row_json" not in result:
+            if result.get("error"):
+                log.warning("[%d/%s] a trial could not be composed, so it has no row: %s", len(self._written), self.total, result["error"])
             return
         row = json.loads(result["row_json"])
         if self.write(row) and not result.get("cached"):
@@ -439,8 +458,13 @@ class RowWriter:
         from sweep.bench import failed_row
         from sweep.run_info import provenance_unloaded
 
-        cfg = compose(_merge(self.base, config["trial"]))
-        row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, RuntimeError(error)), "sweep_name": self.sweep_name}
+        try:
+            cfg = compose(_merge(self.base, config["trial"]))
+        except SweepError as exc:
+            log.warning("a trial errored and could not be composed (%s): %s", exc, error)
+            return
+        failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
+        row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure), "sweep_name": self.sweep_name}
         self.write(row)
         log.warning("[%d/%s] trial gave up after retries: %s", len(self._written), self.total, error)
 
@@ -476,7 +500,16 @@ class Progress(tune.Callback):
         log.warning("trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, trial.run_metadata.num_failures)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.writer.errored(trial.config, "the trial's worker failed more than sweep.max_failures times")
+        self.writer.errored(trial.config, _last_error(trial.error_file))
+
+
+def _last_error(path: str | None) -> str:
+    """The last line of a Tune trial's error file (the exception), or a placeholder."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "unknown error"
+    except (OSError, TypeError):
+        return "the worker died"
 
 
 def _describe(row: dict, cached: bool) -> str:
@@ -499,14 +532,16 @@ def overhead_summary(outcome: SweepOutcome) -> str:
 JOB_EXCLUDES = ["results", "**/__pycache__", "*.egg-info", ".pytest_cache", "outputs", "multirun"]
 
 
-def submit_job(dashboard: str, overrides: list[str], working_dir: Path, *, python: str = "python") -> str:
-    """Submit `sweep run OVERRIDES cluster=existing` to the cluster's job server, shipping
-    ``working_dir`` (the project, without venvs, results or git data); returns the id."""
+def submit_job(dashboard: str, overrides: list[str], working_dir: Path, *, auth: str = "token", python: str = "python") -> str:
+    """Submit `sweep run OVERRIDES cluster=existing cluster.auth=AUTH` to the cluster's job
+    server, shipping ``working_dir`` (the project, without venvs, results or git data, which
+    Ray leaves out by default or by JOB_EXCLUDES); returns the submission id."""
     import shlex
 
     from ray.job_submission import JobSubmissionClient
 
-    entrypoint = " ".join([python, "-m", "sweep.cli", "run", *map(shlex.quote, overrides), "cluster=existing"])
+    args = [*overrides, "cluster=existing", f"cluster.auth={auth}"]
+    entrypoint = " ".join([python, "-m", "sweep.cli", "run", *map(shlex.quote, args)])
     try:
         client = JobSubmissionClient(dashboard)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -538,7 +573,12 @@ def follow_job(dashboard: str, submission_id: str, out) -> str:
             out.write(lines)
             out.flush()
 
-    asyncio.run(tail())
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        raise SweepError(f"stopped following; job {submission_id} keeps running (`ray job stop {submission_id}` stops it)") from None
+    except (ConnectionError, OSError, RuntimeError) as exc:
+        raise SweepError(f"lost the job server while following {submission_id} ({str(exc).splitlines()[0]}); the job may still be running") from None
     while (status := client.get_job_status(submission_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
         time.sleep(1)
     return str(status.value if hasattr(status, "value") else status)

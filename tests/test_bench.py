@@ -112,6 +112,7 @@ def test_cost_model_flag_prints_the_table(tmp_path, capsys):
     "overrides,message",
     [
         (["gate=fixed", "gate.exit_layer=9"], "gate.exit_layer=9: must be in 1..4"),
+        (["gate=fixed", "gate.exit_layer=2", "gate.min_layer=3"], "gate.exit_layer=2: must be in 3..4"),
         (["gate=margin", "gate.min_layer=5"], "gate.min_layer=5: must be in 1..4"),
         (["gate=saturation", "gate.eps=0"], "gate.eps=0.0: must be a number > 0"),
         (["gate=conformal", "gate.q=2"], "gate.q=2.0: must be a number in (0, 1]"),
@@ -151,8 +152,10 @@ def test_cost_model_arithmetic():
     fixed = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=5), 10)
     # exit at 5 after 5 lens probes: overhead + 5 layers + 5 probes + 5 K/V fills; the probe's logits are the token's
     assert costs.token_ms(margin, 5, 5, "propagate") == pytest.approx(1 + 5 + 17.5 + 0.5)
-    # a saturation exit still pays the head; kv_policy=full runs the skipped layers
-    assert costs.token_ms(sat, 5, 5, "full") == pytest.approx(1 + 5 + 0.5 + 5 + 3)
+    # a saturation exit pays the head for its token; kv_policy=full also runs the skipped layers
+    # and the model's own final norm + lm_head
+    assert costs.token_ms(sat, 5, 5, "full") == pytest.approx(1 + 5 + 0.5 + 5 + 3 + 3)
+    assert costs.token_ms(sat, 5, 5, "propagate") == pytest.approx(1 + 5 + 0.5 + 0.5 + 3)
     # no exit: full depth plus every probe
     assert costs.token_ms(sat, 10, 9, "propagate") == pytest.approx(1 + 10 + 0.9 + 3)
     assert costs.speedup(fixed, [5, 5], [1, 1], "propagate") == pytest.approx(14 / (1 + 5 + 0.5 + 3))
@@ -169,7 +172,8 @@ def test_measured_cost_model_is_sane():
     for value in (costs.layer_ms, costs.head_ms, costs.lens_probe_ms, costs.hidden_probe_ms, costs.kv_ms, costs.step_ms):
         assert value > 0
     assert costs.lens_probe_ms >= costs.head_ms * 0.5
-    assert cost_model(lm, [1, 2, 3]) is costs  # measured once per process
+    assert cost_model(lm, list(range(2, 31))) is costs  # measured once per process and prompt length
+    assert cost_model(lm, [1, 2, 3]) is not costs
 
 
 def test_bench_console_script(tmp_path):

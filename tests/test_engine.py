@@ -64,7 +64,7 @@ def test_exits_and_tokens_equal_the_gate_applied_to_full_depth_states(tiny, prom
     gate = make_gate(GATE_CONFIGS[gate_name], tiny.num_layers)
     engine = Engine(tiny, gate, "full")
     for prompt in prompts:
-        gen = engine.generate(prompt.input_ids, N, record=True)
+        gen = engine.generate(prompt.input_ids, N, record=True, keep_cache=True)
         exits, picks, cache = replay(tiny, prompt.input_ids, gen.tokens, gate)
         assert gen.exit_layers == exits
         assert gen.tokens == picks
@@ -118,7 +118,7 @@ def rope_and_rotate(lm, h, position, layer_index):
 def test_propagated_entries_equal_the_projections_of_h_l(tiny, prompts, gate_name):
     gate = make_gate(GATE_CONFIGS[gate_name], tiny.num_layers)
     prompt = prompts[0]
-    gen = Engine(tiny, gate, "propagate").generate(prompt.input_ids, N, record=True)
+    gen = Engine(tiny, gate, "propagate").generate(prompt.input_ids, N, record=True, keep_cache=True)
     L, P = tiny.num_layers, len(prompt.input_ids)
     total = P + N - 1
     checked = 0
@@ -216,7 +216,8 @@ def test_conformal_tau_is_the_prefill_quantile():
 @pytest.mark.parametrize(
     "gate_cfg,message",
     [
-        (GateConfig(name="fixed", min_layer=1, exit_layer=5), "gate.exit_layer=5: must be in 1..4 (L=4 for this model)"),
+        (GateConfig(name="fixed", min_layer=1, exit_layer=5), "gate.exit_layer=5: must be in 1..4 (from gate.min_layer to L=4 for this model)"),
+        (GateConfig(name="fixed", min_layer=3, exit_layer=2), "gate.exit_layer=2: must be in 3..4"),
         (GateConfig(name="margin", min_layer=5, theta=1.0), "gate.min_layer=5: must be in 1..4 (L=4 for this model)"),
     ],
 )

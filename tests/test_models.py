@@ -120,3 +120,16 @@ def test_unreachable_hub_fails_fast(monkeypatch, tmp_path):
     with pytest.raises(InputError, match="cannot be reached; mount the model"):
         load("model=hf", "model.path=someorg/somemodel")
     assert time.perf_counter() - t0 < 30
+
+
+def test_the_model_cache_keeps_the_most_recent_few(monkeypatch):
+    from sweep.models import _loader
+
+    monkeypatch.setenv("SWEEP_MODEL_CACHE", "2")
+    monkeypatch.setattr(_loader, "_CACHE", {})
+    a = load("model=tiny-llama", "seed=21")
+    b = load("model=tiny-qwen2", "seed=21")
+    assert load("model=tiny-llama", "seed=21") is a  # a hit refreshes a
+    load("model=tiny-qwen3", "seed=21")  # evicts b, the least recently used
+    keys = [k[0].name for k in _loader._CACHE]
+    assert keys == ["tiny-llama", "tiny-qwen3"] and b is not None

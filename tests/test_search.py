@@ -35,6 +35,15 @@ def test_expressions_parse_to_typed_params():
     assert parse_space({"gate.eps": "0.1", "gate": "saturation"}, "s")[0].key == "gate"
 
 
+def test_ranges_do_not_drift_and_strings_are_quoted():
+    from sweep.search import as_override
+
+    assert parse_space({"gate.eps": "range(0.1, 0.45, step=0.1)"}, "s")[0].values == (0.1, 0.2, 0.3, 0.4)
+    assert parse_space({"gate.min_layer": "range(2, 9, step=3)"}, "s")[0].values == (2, 5, 8)
+    assert as_override("prompts.path", "/data/my prompts.jsonl") == "prompts.path='/data/my prompts.jsonl'"
+    assert as_override("model", "tiny-llama") == "model=tiny-llama" and as_override("gate.eps", None) == "gate.eps=null"
+
+
 def test_grid_is_the_union_of_cross_products():
     assert len(grid(compose("search=saturation-grid").search)) == 8
     trials = grid(compose("search=gates-grid").search)

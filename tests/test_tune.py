@@ -95,7 +95,18 @@ def test_gpu_request_on_a_cpu_cluster_fails_fast(ray_session, tmp_path):
 def test_bad_trial_values_fail_before_ray_runs_anything(ray_session, tmp_path):
     with pytest.raises(ConfigError, match="gate.eps=-1.0: must be a number > 0"):
         sweep(tmp_path, "search.spaces=[{gate: saturation, gate.eps: 'choice(0.1, -1)'}]")
+    with pytest.raises(ConfigError, match=r"gate.q=1.5: must be a number in \(0, 1\]"):  # an Optuna interval's far end
+        sweep(tmp_path, "search=optuna-mo", "search.spaces=[{gate: conformal, gate.q: 'interval(0.5, 1.5)'}]")
     assert not (tmp_path / "trials").exists() and not (tmp_path / "ray").exists()
+
+
+def test_duplicate_grid_points_run_once(ray_session, tmp_path):
+    outcome = sweep(tmp_path, "search.spaces=[{gate: saturation, gate.eps: 'choice(0.1, 0.1)'}, {gate: saturation, gate.eps: 0.1}]")
+    assert outcome.total == 1 and len(outcome.rows) == 1 and not outcome.interrupted
+
+
+def test_auto_gpu_is_none_for_cpu_trials(ray_session):
+    assert ray_session.trial_resources(compose("device=cpu"))["gpu"] == 0.0
 
 
 def test_cli_gpu_request_fails_within_seconds_on_its_own_embedded_ray(tmp_path):
@@ -119,4 +130,5 @@ def test_run_prints_progress_table_and_front(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "sweep: [6/6] tiny-llama gate=conformal" in res.stderr
     assert "Pareto front" in res.stdout and "orchestration overhead per trial" in res.stdout
+    assert f"rows: {tmp_path}/trials" in res.stdout
     assert read("trials", tmp_path).height == 6

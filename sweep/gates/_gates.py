@@ -76,8 +76,11 @@ class FixedGate(Gate):
 
     def __init__(self, cfg: GateConfig, num_layers: int) -> None:
         super().__init__(cfg, num_layers)
-        if cfg.exit_layer is not None and not 1 <= cfg.exit_layer <= num_layers:
-            raise ConfigError(f"gate.exit_layer={cfg.exit_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
+        if cfg.exit_layer is not None and not self.min_layer <= cfg.exit_layer <= num_layers:
+            raise ConfigError(
+                f"gate.exit_layer={cfg.exit_layer}: must be in {self.min_layer}..{num_layers} "
+                f"(from gate.min_layer to L={num_layers} for this model)"
+            )
         self.exit_layer = cfg.exit_layer if cfg.exit_layer is not None else self.min_layer
 
     def probe_layers(self) -> range:

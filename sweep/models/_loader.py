@@ -95,7 +95,9 @@ def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32
     dev = resolve_device(device)
     key = (mcfg, str(dev), dtype, seed if mcfg.source == "tiny" else None)
     if key in _CACHE:
+        _CACHE[key] = _CACHE.pop(key)  # most recently used last
         return _CACHE[key]
+    _evict(keep=max(int(os.environ.get("SWEEP_MODEL_CACHE", "2")), 1) - 1)
     t0 = time.perf_counter()
     loader = {"packaged": _load_packaged, "gguf": _load_gguf, "hf": _load_hf, "tiny": _load_tiny}[mcfg.source]
     model, tokenizer, content_hash, revision = loader(mcfg, DTYPES[dtype], seed)
@@ -119,6 +121,17 @@ def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32
     _LOADS.append(key)
     log.info("loaded %s (%s, %d layers, %s, %s) in %.1f s", lm.name, lm.family, lm.num_layers, lm.provenance()["device"], dtype, lm.load_seconds)
     return lm
+
+
+def _evict(keep: int) -> None:
+    """Drop the least recently used models until ``keep`` remain (a worker that serves a
+    sweep over several models holds at most $SWEEP_MODEL_CACHE of them, default 2)."""
+    while len(_CACHE) > keep:
+        oldest = next(iter(_CACHE))
+        lm = _CACHE.pop(oldest)
+        if lm.device.type == "cuda":
+            del lm
+            torch.cuda.empty_cache()
 
 
 def _load_tiny(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
