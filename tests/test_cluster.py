@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, descendants
 from sweep.store import files, read
 
 SLOW_TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=64", "bench.repeats=15", "bench.warmup=0"]
@@ -34,23 +34,6 @@ def wait_for_rows(root: Path, n: int, proc: subprocess.Popen, timeout: float = 2
         assert proc.poll() is None, f"sweep ended early: {proc.communicate()[1][-2000:]}"
         assert time.time() < deadline, "timed out waiting for rows"
         time.sleep(0.3)
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def cmdline(pid: int) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from conftest import descendants
 from sweep.cluster_env import is_loopback, ray_environment
 from sweep.config import ClusterConfig
 
@@ -42,25 +43,8 @@ def decode(hex_addr: str, v6: bool) -> str:
     return flat.hex()
 
 
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
 def test_every_embedded_ray_server_listens_on_loopback_only(ray_session):
-    sockets = listening_sockets(descendants(os.getpid()) | {os.getpid()})
+    sockets = listening_sockets(set(descendants(os.getpid())) | {os.getpid()})
     assert len(sockets) >= 3, sockets  # GCS, raylet, workers...
     exposed = [(pid, addr) for pid, addr in sockets if not addr.startswith("127.")]
     assert exposed == [], exposed
