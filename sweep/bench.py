@@ -162,7 +162,10 @@ def _metrics(runs, base_s, gated_s, costs: CostModel, gate: Gate, kv_policy: str
     steps = n - 1
     base_round = [sum(r) for r in base_s]
     gated_round = [sum(r) for r in gated_s]
-    per_prompt = [statistics.median(base_s[r][i] / gated_s[r][i] for r in range(len(base_s))) for i in range(len(runs))]
+    rounds = range(len(base_s))
+    per_prompt = [statistics.median(base_s[r][i] / gated_s[r][i] for r in rounds) for i in range(len(runs))]
+    base_ms = [statistics.median(base_s[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))]
+    gated_ms = [statistics.median(gated_s[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))]
     probe_ms = costs.probe_ms(gate)
     return {
         "agreement": statistics.fmean(agree),
@@ -193,6 +196,8 @@ def _metrics(runs, base_s, gated_s, costs: CostModel, gate: Gate, kv_policy: str
         "prompt_agreement": agree,
         "prompt_prefix_agreement": prefix,
         "prompt_speedup_wall": per_prompt,
+        "prompt_baseline_ms": base_ms,
+        "prompt_ms": gated_ms,
     }
 
 

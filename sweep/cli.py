@@ -19,6 +19,7 @@ commands:
   profile   per-layer trace of full-depth decoding, layer curve, EAS, oracle exits
   bench     one early-exit trial: determinism self-check, gated vs full-depth, speedups
   run       a sweep of bench trials on Ray Tune (grid or Optuna), on an embedded or a real cluster
+  analyze   Pareto fronts, knees, best speedup per agreement target, EAS; tables and a report
   config    print the composed configuration
   schema    print the results schema (docs/schema.md)
 
@@ -28,7 +29,8 @@ Overrides use Hydra's syntax, e.g. `sweep profile model=tiny-llama prompts.n=2`.
 
 def _profile(overrides: list[str]) -> int:
     from sweep.config import compose
-    from sweep.profile import format_summary, run_profile
+    from sweep.analysis import format_summary
+    from sweep.profile import run_profile
 
     cfg = compose(overrides)
     path, trace = run_profile(cfg)
@@ -91,6 +93,17 @@ def sweep_report(outcome) -> str:
     return "\n".join(lines)
 
 
+def _analyze(overrides: list[str]) -> int:
+    from sweep.config import compose
+    from sweep.report import run_analyze
+
+    path, verdicts = run_analyze(compose(overrides))
+    for line in verdicts:
+        print(line)
+    print(f"report: {path}")
+    return 0
+
+
 def _config(overrides: list[str]) -> int:
     import yaml
 
@@ -111,7 +124,7 @@ def _schema(overrides: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"profile": _profile, "bench": _bench, "run": _run, "config": _config, "schema": _schema}
+COMMANDS = {"profile": _profile, "bench": _bench, "run": _run, "analyze": _analyze, "config": _config, "schema": _schema}
 
 
 def _quiet_libraries() -> None:

@@ -13,7 +13,8 @@ from conftest import TINY_FAMILIES, compose, run_cli
 from sweep.cli import main
 from sweep.engine import greedy_decode
 from sweep.models._tiny import build_tiny
-from sweep.profile import eas_per_layer, eas_table, layer_curve, oracle_exits, oracle_summary, trace_prompt
+from sweep.analysis import eas_per_layer, eas_table, layer_curve, oracle_exits, oracle_summary
+from sweep.profile import trace_prompt
 from sweep.prompts import read_prompts, tokenize_prompts
 from sweep.store import read
 

@@ -2,6 +2,7 @@
 
 from sweep.config._compose import compose, compose_dict, config_dir, validate
 from sweep.config._schema import (
+    AnalysisConfig,
     BenchConfig,
     ClusterConfig,
     Config,
@@ -18,6 +19,7 @@ from sweep.config._schema import (
 )
 
 __all__ = [
+    "AnalysisConfig",
     "BenchConfig",
     "ClusterConfig",
     "Config",

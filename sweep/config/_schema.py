@@ -127,6 +127,14 @@ class SweepConfig:
 
 
 @dataclass(frozen=True)
+class AnalysisConfig:
+    targets: list = field([0.95, 0.98, 0.99, 1.0], check=lambda v: len(v) > 0 and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in v), allowed="a non-empty list of numbers in [0, 1]")
+    n_boot: int = field(1000, check=in_range(10, 100000), allowed="an integer in 10..100000")
+    seed: int = field(0, check=at_least(0), allowed="an integer >= 0")
+    out: str | None = None  # report directory; null = <results.root>/report
+
+
+@dataclass(frozen=True)
 class EasConfig:
     alpha: float = field(0.5, check=in_range(0, 1), allowed="a number in [0, 1]")
 
@@ -155,4 +163,5 @@ class Config:
     profile: ProfileConfig = ProfileConfig()
     bench: BenchConfig = BenchConfig()
     eas: EasConfig = EasConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
     results: ResultsConfig = ResultsConfig()

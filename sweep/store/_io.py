@@ -20,8 +20,9 @@ def table_spec(name: str) -> Table:
     return TABLES[name]
 
 
-def write_table(name: str, data: Mapping[str, Any] | pl.DataFrame, *, root: str | Path, provenance: Mapping[str, Any], stem: str) -> Path:
-    """Write one unit of work as ``<root>/<table>/<partitions>/<stem>.parquet``, atomically.
+def write_table(name: str, data: Mapping[str, Any] | pl.DataFrame, *, root: str | Path, provenance: Mapping[str, Any], stem: str = "") -> Path:
+    """Write one unit of work as ``<root>/<table>/<partitions>/<stem>.parquet``, atomically
+    (a derived, single-file table as ``<root>/<table>.parquet``, replaced each time).
 
     ``data`` holds the table's own columns; ``provenance`` the values shared by every
     row. The columns must be exactly the declared ones: a missing or unknown column is
@@ -40,13 +41,19 @@ def write_table(name: str, data: Mapping[str, Any] | pl.DataFrame, *, root: str 
     for c in table.columns:
         if not c.nullable and frame[c.name].null_count():
             raise SweepError(f"table {name}: column {c.name} has nulls but is declared not nullable")
+    if table.single_file:
+        return atomic_write_parquet(frame, Path(root) / f"{name}.parquet", metadata=_metadata(name))
     directory = Path(root) / name
     for key in table.partition_by:
         values = frame[key].unique()
         if len(values) != 1:
             raise SweepError(f"table {name}: one file must hold one {key} (got {len(values)})")
         directory = directory / f"{key}={values[0]}"
-    return atomic_write_parquet(frame, directory / f"{stem}.parquet", metadata={"sweep.schema_version": str(SCHEMA_VERSION), "sweep.table": name})
+    return atomic_write_parquet(frame, directory / f"{stem}.parquet", metadata=_metadata(name))
+
+
+def _metadata(name: str) -> dict[str, str]:
+    return {"sweep.schema_version": str(SCHEMA_VERSION), "sweep.table": name}
 
 
 def atomic_write_parquet(frame: pl.DataFrame, path: Path, *, metadata: dict[str, str]) -> Path:
@@ -71,7 +78,11 @@ def atomic_write_parquet(frame: pl.DataFrame, path: Path, *, metadata: dict[str,
 
 def files(name: str, root: str | Path) -> list[Path]:
     """Every finished file of a table (temporary and hidden files are never results)."""
-    base = Path(root) / table_spec(name).name
+    table = table_spec(name)
+    if table.single_file:
+        path = Path(root) / f"{name}.parquet"
+        return [path] if path.is_file() else []
+    base = Path(root) / table.name
     if not base.is_dir():
         return []
     return sorted(p for p in base.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(base).parts))

@@ -30,6 +30,7 @@ class Table:
     unit_of_work: str  # what one file holds
     description: str
     columns: tuple[Column, ...]
+    single_file: bool = False  # a derived table: one file <root>/<name>.parquet, replaced by each writer
 
     @property
     def schema(self) -> pl.Schema:
@@ -150,10 +151,89 @@ TRIALS = Table(
         Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
         Column("prompt_prefix_agreement", pl.List(pl.Float64()), "fraction", "prefix agreement per prompt", nullable=True),
         Column("prompt_speedup_wall", pl.List(pl.Float64()), "ratio", "per prompt: median over repeats of baseline / gated decode time", nullable=True),
+        Column("prompt_baseline_ms", pl.List(pl.Float64()), "ms", "per prompt: median over repeats of full-depth decode ms per token", nullable=True),
+        Column("prompt_ms", pl.List(pl.Float64()), "ms", "per prompt: median over repeats of gated decode ms per token", nullable=True),
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (PROFILE, TRIALS)}
+CONFIDENCE: tuple[Column, ...] = (
+    _metric("agreement_lo", "fraction", "lower end of the bootstrap interval of agreement (prompts resampled; level in ci_level)"),
+    _metric("agreement_hi", "fraction", "upper end of the bootstrap interval of agreement"),
+    _metric("speedup_lo", "ratio", "lower end of the bootstrap interval of the speedup (prompts resampled: sum of baseline ms / sum of gated ms)"),
+    _metric("speedup_hi", "ratio", "upper end of the bootstrap interval of the speedup"),
+    _metric("ci_level", "fraction", "confidence level of the intervals (0.95); null when the row has no per-prompt values"),
+)
+
+PARETO = Table(
+    name="pareto",
+    partition_by=(),
+    unit_of_work="`sweep analyze` run (replaced each time)",
+    description=(
+        "Written by `sweep analyze` beside the data as <results.root>/pareto.parquet: the trials on a Pareto front "
+        "of speedup_wall (max) against agreement (max), over `status == ok` rows. `scope` says which front: "
+        "`model` (all gates of a model) or `model+gate`. Every column of `trials`, plus the ones below."
+    ),
+    columns=TRIALS.columns
+    + (Column("scope", pl.String(), "", "model (front across gates) | model+gate (front of one gate)"),)
+    + CONFIDENCE,
+    single_file=True,
+)
+
+KNEES = Table(
+    name="knees",
+    partition_by=(),
+    unit_of_work="`sweep analyze` run (replaced each time)",
+    description=(
+        "Written by `sweep analyze` as <results.root>/knees.parquet: one row per front (scope, model, gate). The knee "
+        "by the chord method: both axes min-max normalised over the front, the point farthest from the line joining "
+        "the front's extremes (ties: higher agreement, then trial_id). With 12 or more front points, the Kneedle knee "
+        "(the `kneed` package: concave, decreasing) as a cross-check."
+    ),
+    columns=(
+        Column("schema_version", pl.Int32(), "", "version of this schema"),
+        Column("created_at", pl.Datetime("us", "UTC"), "UTC", "when the file was written"),
+        Column("scope", pl.String(), "", "model | model+gate"),
+        Column("model", pl.String(), "", "model label"),
+        Column("gate", pl.String(), "", "the gate, or `all` for a model's front across gates"),
+        Column("front_points", pl.Int32(), "trials", "trials on the front"),
+        Column("trial_id", pl.String(), "", "the knee trial (chord method)"),
+        Column("speedup_wall", pl.Float64(), "ratio", "the knee's speedup_wall"),
+        Column("agreement", pl.Float64(), "fraction", "the knee's agreement"),
+        Column("knee_gate", pl.String(), "", "the knee trial's gate"),
+        Column("knee_params", pl.String(), "", "the knee trial's gate parameters, as key=value text"),
+        Column("kneedle_trial_id", pl.String(), "", "the Kneedle knee (12+ points and kneed found one); else null", nullable=True),
+        Column("kneedle_speedup_wall", pl.Float64(), "ratio", "the Kneedle knee's speedup_wall", nullable=True),
+        Column("kneedle_agreement", pl.Float64(), "fraction", "the Kneedle knee's agreement", nullable=True),
+    ),
+    single_file=True,
+)
+
+TARGETS = Table(
+    name="targets",
+    partition_by=(),
+    unit_of_work="`sweep analyze` run (replaced each time)",
+    description=(
+        "Written by `sweep analyze` as <results.root>/targets.parquet: per model and agreement target, the `ok` trial "
+        "with the highest speedup_wall among those with agreement >= target (ties: higher agreement, then trial_id); "
+        "trial columns null when no trial reaches the target."
+    ),
+    columns=(
+        Column("schema_version", pl.Int32(), "", "version of this schema"),
+        Column("created_at", pl.Datetime("us", "UTC"), "UTC", "when the file was written"),
+        Column("model", pl.String(), "", "model label"),
+        Column("target", pl.Float64(), "fraction", "the agreement target"),
+        Column("trial_id", pl.String(), "", "the best trial, null when none reaches the target", nullable=True),
+        Column("gate", pl.String(), "", "its gate", nullable=True),
+        Column("params", pl.String(), "", "its gate parameters, as key=value text", nullable=True),
+        Column("speedup_wall", pl.Float64(), "ratio", "its speedup_wall", nullable=True),
+        Column("agreement", pl.Float64(), "fraction", "its agreement", nullable=True),
+        Column("exit_rate", pl.Float64(), "fraction", "its exit rate (0: no token exited, any speedup is timing noise)", nullable=True),
+    )
+    + CONFIDENCE,
+    single_file=True,
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (PROFILE, TRIALS, PARETO, KNEES, TARGETS)}
 
 
 def markdown() -> str:
@@ -181,7 +261,8 @@ def markdown() -> str:
             "",
             table.description,
             "",
-            f"One file per {table.unit_of_work}; partitioned by {', '.join(f'`{p}`' for p in table.partition_by)}.",
+            f"One file per {table.unit_of_work}; "
+            + (f"partitioned by {', '.join(f'`{p}`' for p in table.partition_by)}." if table.partition_by else "a single file beside the data."),
             "",
             "| column | type | unit | nullable | meaning |",
             "|---|---|---|---|---|",

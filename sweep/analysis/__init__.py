@@ -1,0 +1,52 @@
+"""Analysis for downstream teams: lazy polars over the results tables.
+
+Load every stored run, find Pareto fronts of speedup against agreement and their knees,
+the best trial at each agreement target, bootstrap confidence intervals over prompts, and
+the profile summaries (layer curve, EAS, oracle exits). ``sweep analyze`` writes them as
+tables and a report.
+"""
+
+from sweep.analysis._confidence import with_confidence
+from sweep.analysis._load import load_profiles, load_trials
+from sweep.analysis._pareto import (
+    TARGETS,
+    best_at_targets,
+    chord_knees,
+    fronts,
+    kneedle_knee,
+    knees_table,
+    ok_trials,
+    params_text,
+    pareto_front,
+)
+from sweep.analysis._profiles import (
+    S_VARIANTS,
+    eas_per_layer,
+    eas_table,
+    format_summary,
+    layer_curve,
+    oracle_exits,
+    oracle_summary,
+)
+
+__all__ = [
+    "S_VARIANTS",
+    "TARGETS",
+    "best_at_targets",
+    "chord_knees",
+    "eas_per_layer",
+    "eas_table",
+    "format_summary",
+    "fronts",
+    "kneedle_knee",
+    "knees_table",
+    "layer_curve",
+    "load_profiles",
+    "load_trials",
+    "ok_trials",
+    "oracle_exits",
+    "oracle_summary",
+    "params_text",
+    "pareto_front",
+    "with_confidence",
+]

@@ -1,0 +1,144 @@
+"""Pareto fronts of speedup against agreement, their knees, and the best trial per target."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+GATE_PARAMS = ("exit_layer", "eps", "theta", "q", "min_layer")
+TARGETS = (0.95, 0.98, 0.99, 1.0)
+
+
+def ok_trials(trials: pl.DataFrame | pl.LazyFrame, x: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
+    """Rows that count: ``status == ok`` with both metrics present."""
+    return trials.lazy().filter((pl.col("status") == "ok") & pl.col(x).is_not_null() & pl.col(y).is_not_null())
+
+
+def pareto_front(
+    trials: pl.DataFrame | pl.LazyFrame, x: str = "speedup_wall", y: str = "agreement", by: tuple[str, ...] = ()
+) -> pl.DataFrame:
+    """Rows of ``status == ok`` not dominated in (x max, y max), per group ``by``.
+
+    A row is dominated when another has x and y at least as large and one of them
+    strictly larger; rows tied on both are all kept. Sorted by group, then x descending.
+    A row survives iff its y is the largest among rows with its x, and larger than
+    every y among rows with a larger x.
+    """
+    keys = list(by)
+    ok = ok_trials(trials, x, y)
+    per_x = (
+        ok.group_by([*keys, x])
+        .agg(_y_at_x=pl.col(y).max())
+        .sort([*keys, x], descending=[False] * len(keys) + [True])
+        .with_columns(_y_beyond=_over(pl.col("_y_at_x").cum_max().shift(1), keys))
+    )
+    front = ok.join(per_x, on=[*keys, x], how="inner", nulls_equal=True).filter(
+        (pl.col(y) == pl.col("_y_at_x")) & (pl.col("_y_beyond").is_null() | (pl.col(y) > pl.col("_y_beyond")))
+    )
+    return front.drop("_y_at_x", "_y_beyond").sort([*keys, x, "trial_id"], descending=[False] * len(keys) + [True, False]).collect()
+
+
+def chord_knees(front: pl.DataFrame | pl.LazyFrame, by: tuple[str, ...], x: str = "speedup_wall", y: str = "agreement") -> pl.DataFrame:
+    """The knee of each front by the chord method, with the number of front points.
+
+    Both axes are min-max normalised within the front (an axis with no spread maps to
+    0.5); the knee is the point farthest from the line joining the front's extremes,
+    (0, 1) and (1, 0), i.e. with the largest |x_n + y_n - 1|. Ties go to the higher
+    agreement, then the smaller trial_id. A front of one point is its own knee.
+    """
+    keys = list(by)
+
+    def norm(col: str) -> pl.Expr:
+        lo, hi = _over(pl.col(col).min(), keys), _over(pl.col(col).max(), keys)
+        return pl.when(hi > lo).then((pl.col(col) - lo) / (hi - lo)).otherwise(0.5)
+
+    scored = front.lazy().with_columns(
+        _dist=(norm(x) + norm(y) - 1.0).abs() / math.sqrt(2.0),
+        front_points=_over(pl.len(), keys).cast(pl.Int32),
+    )
+    ranked = scored.sort([*keys, "_dist", y, "trial_id"], descending=[False] * len(keys) + [True, True, False])
+    first = ranked.unique(subset=keys, keep="first", maintain_order=True).sort(keys) if keys else ranked.head(1)
+    return first.drop("_dist").collect()
+
+
+def kneedle_knee(front: pl.DataFrame, x: str = "speedup_wall", y: str = "agreement", min_points: int = 12) -> dict | None:
+    """The Kneedle knee of one front (``kneed``, concave and decreasing), as its row; None
+    when the front has fewer than ``min_points`` points or Kneedle finds no knee."""
+    if front.height < min_points:
+        return None
+    from kneed import KneeLocator
+
+    pts = front.sort(x, "trial_id")
+    xs, ys = pts[x].to_list(), pts[y].to_list()
+    if len(set(xs)) < 3:
+        return None
+    knee = KneeLocator(xs, ys, curve="concave", direction="decreasing").knee
+    if knee is None:
+        return None
+    return pts.filter(pl.col(x) == knee).row(0, named=True)
+
+
+def knees_table(fronts: pl.DataFrame) -> pl.DataFrame:
+    """One knee row per (scope, model, gate) front, the Kneedle cross-check beside it."""
+    rows = []
+    for key, front in fronts.partition_by(["scope", "model", "gate_scope"], as_dict=True, maintain_order=True).items():
+        scope, model, gate = key
+        knee = chord_knees(front, by=()).row(0, named=True)
+        cross = kneedle_knee(front)
+        rows.append(
+            {
+                "scope": scope,
+                "model": model,
+                "gate": gate,
+                "front_points": front.height,
+                "trial_id": knee["trial_id"],
+                "speedup_wall": knee["speedup_wall"],
+                "agreement": knee["agreement"],
+                "knee_gate": knee["gate"],
+                "knee_params": params_text(knee),
+                "kneedle_trial_id": cross["trial_id"] if cross else None,
+                "kneedle_speedup_wall": cross["speedup_wall"] if cross else None,
+                "kneedle_agreement": cross["agreement"] if cross else None,
+            }
+        )
+    return pl.DataFrame(rows, schema_overrides={"front_points": pl.Int32}, infer_schema_length=None).sort("scope", "model", "gate")
+
+
+def fronts(trials: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Both fronts the report uses: per model across gates (scope ``model``, gate_scope
+    ``all``) and per (model, gate) (scope ``model+gate``)."""
+    across = pareto_front(trials, by=("model",)).with_columns(scope=pl.lit("model"), gate_scope=pl.lit("all"))
+    per_gate = pareto_front(trials, by=("model", "gate")).with_columns(scope=pl.lit("model+gate"), gate_scope=pl.col("gate"))
+    return pl.concat([across, per_gate], how="vertical_relaxed")
+
+
+def best_at_targets(
+    trials: pl.DataFrame | pl.LazyFrame, targets: tuple[float, ...] = TARGETS, by: tuple[str, ...] = ("model",)
+) -> pl.DataFrame:
+    """Per group and target: the ok trial with the highest speedup_wall among those with
+    agreement >= target (ties: higher agreement, then trial_id); null trial columns when
+    no trial reaches the target."""
+    keys = list(by)
+    ok = ok_trials(trials)
+    picks = []
+    for target in targets:
+        picks.append(
+            ok.filter(pl.col("agreement") >= target)
+            .sort([*keys, "speedup_wall", "agreement", "trial_id"], descending=[False] * len(keys) + [True, True, False])
+            .unique(subset=keys, keep="first", maintain_order=True)
+            .with_columns(target=pl.lit(float(target)))
+        )
+    groups = ok.select(keys).unique()
+    grid = groups.join(pl.LazyFrame({"target": [float(t) for t in targets]}), how="cross")
+    best = pl.concat(picks, how="vertical_relaxed")
+    return grid.join(best, on=[*keys, "target"], how="left").sort([*keys, "target"]).collect()
+
+
+def params_text(row: dict) -> str:
+    """A trial's gate parameters as `key=value` text (the ones it has)."""
+    return " ".join(f"{k}={row[k]:g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in GATE_PARAMS if row.get(k) is not None)
+
+
+def _over(expr: pl.Expr, keys: list[str]) -> pl.Expr:
+    return expr.over(keys) if keys else expr

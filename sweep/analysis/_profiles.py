@@ -1,0 +1,123 @@
+"""Summaries of profile traces: the layer curve, EAS (arXiv 2603.23701), oracle exits.
+
+Polars over the trace table, so they work on one run or on every stored run.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+S_VARIANTS = {"hidden": "cos_hidden", "logits": "cos_logits", "topk": "topk_overlap"}
+
+
+def layer_curve(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Per model and layer: median delta, logit-lens top-1 agreement, median margin."""
+    return (
+        trace.lazy()
+        .group_by("model", "layer")
+        .agg(
+            delta_median=pl.col("delta").median(),
+            top1_agreement=pl.col("top1_match").mean(),
+            margin_median=pl.col("margin").median(),
+            positions=pl.len(),
+        )
+        .sort("model", "layer")
+        .collect()
+    )
+
+
+def eas_table(trace: pl.DataFrame | pl.LazyFrame, alpha: float) -> pl.DataFrame:
+    """EAS per model for each similarity variant (arXiv 2603.23701).
+
+    S_l is the mean similarity over all traced positions, clipped to [0, 1];
+    w_l = (L - l) / L; A_l = S_l^alpha * w_l^(1 - alpha); EAS = mean of A_l, l = 1..L-1.
+    """
+    per_layer = eas_per_layer(trace, alpha)
+    return (
+        per_layer.lazy()
+        .filter(pl.col("layer") < pl.col("num_layers"))
+        .group_by("model", "variant")
+        .agg(eas=pl.col("a").mean(), layers=pl.len())
+        .with_columns(alpha=pl.lit(alpha), topk=pl.lit(_single_topk(trace)))
+        .sort("model", "variant")
+        .collect()
+    )
+
+
+def eas_per_layer(trace: pl.DataFrame | pl.LazyFrame, alpha: float) -> pl.DataFrame:
+    """S_l, w_l and A_l per model, variant and layer (the curve EAS averages)."""
+    means = (
+        trace.lazy()
+        .group_by("model", "layer")
+        .agg(pl.col("num_layers").first(), *[pl.col(c).mean().alias(v) for v, c in S_VARIANTS.items()])
+        .unpivot(index=["model", "layer", "num_layers"], on=list(S_VARIANTS), variable_name="variant", value_name="s")
+    )
+    w = (pl.col("num_layers") - pl.col("layer")) / pl.col("num_layers")
+    s = pl.col("s").clip(0.0, 1.0)
+    return (
+        means.with_columns(w=w, a=s.pow(alpha) * w.pow(1.0 - alpha), s=s)
+        .sort("model", "variant", "layer")
+        .collect()
+    )
+
+
+def oracle_exits(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Per traced position: the earliest layer whose top-1 equals the final top-1 and stays equal."""
+    last_miss = pl.when(~pl.col("top1_match")).then(pl.col("layer")).otherwise(0).max()
+    return (
+        trace.lazy()
+        .group_by("model", "run_id", "prompt_id", "position")
+        .agg(pl.col("phase").first(), pl.col("num_layers").first(), oracle_exit=last_miss + 1)
+        .sort("model", "run_id", "prompt_id", "position")
+        .collect()
+    )
+
+
+def oracle_summary(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Mean oracle exit layer and the fraction of positions that could exit before L."""
+    exits = oracle_exits(trace)
+    both = pl.concat([exits.with_columns(phase=pl.lit("all")), exits])
+    return (
+        both.lazy()
+        .group_by("model", "phase")
+        .agg(
+            mean_oracle_exit=pl.col("oracle_exit").mean(),
+            frac_before_L=(pl.col("oracle_exit") < pl.col("num_layers")).mean(),
+            positions=pl.len(),
+            num_layers=pl.col("num_layers").first(),
+        )
+        .sort("model", "phase")
+        .collect()
+    )
+
+
+def _single_topk(trace: pl.DataFrame | pl.LazyFrame) -> int | None:
+    ks = trace.lazy().select(pl.col("topk").unique()).collect()["topk"].to_list()
+    return ks[0] if len(ks) == 1 else None
+
+
+def format_summary(trace: pl.DataFrame, alpha: float) -> str:
+    """The text `sweep profile` prints: layer curve, EAS (variants, alpha, K), oracle exits."""
+    lines = []
+    for model in sorted(trace["model"].unique().to_list()):
+        sub = trace.filter(pl.col("model") == model)
+        curve = layer_curve(sub)
+        L = int(sub["num_layers"][0])
+        lines.append(f"model {model}: L={L}, {sub.select(pl.struct('run_id', 'prompt_id', 'position').n_unique()).item()} positions")
+        lines.append(f"{'layer':>5}  {'delta (median)':>14}  {'top-1 agree':>11}  {'margin (median)':>15}")
+        for row in curve.iter_rows(named=True):
+            lines.append(f"{row['layer']:>5}  {row['delta_median']:>14.4f}  {row['top1_agreement']:>11.3f}  {row['margin_median']:>15.3f}")
+        eas = {r["variant"]: r["eas"] for r in eas_table(sub, alpha).iter_rows(named=True)}
+        k = _single_topk(sub)
+        lines.append(
+            f"EAS (alpha={alpha:g}, K={k}, S averaged over all positions, A_l over l=1..{L - 1}): "
+            f"hidden-cosine {eas['hidden']:.4f}  logit-cosine {eas['logits']:.4f}  top-{k} overlap {eas['topk']:.4f}"
+        )
+        for r in oracle_summary(sub).iter_rows(named=True):
+            lines.append(
+                f"oracle exit ({r['phase']} positions, n={r['positions']}): mean layer {r['mean_oracle_exit']:.2f} of {L}; "
+                f"{100 * r['frac_before_L']:.1f}% could exit before layer {L}"
+            )
+    return "\n".join(lines)
+
+

@@ -1,0 +1,284 @@
+"""`sweep analyze`: the analysis tables beside the data, and a report with figures.
+
+Reads every trial and profile row under results.root; writes pareto.parquet,
+knees.parquet and targets.parquet there, and <results.root>/report/report.md with PNG
+figures: each model's trials with the Pareto front and its knee, the per-layer curves with
+the post-mortem's thresholds, EAS per layer, and the best speedup at each agreement target.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import polars as pl
+
+from sweep.analysis import (
+    eas_per_layer,
+    eas_table,
+    fronts,
+    knees_table,
+    layer_curve,
+    load_profiles,
+    load_trials,
+    ok_trials,
+    oracle_summary,
+    params_text,
+    with_confidence,
+    best_at_targets,
+)
+from sweep.errors import InputError
+
+log = logging.getLogger("sweep.report")
+
+EPS_LINES = (0.05, 0.1, 0.2, 0.3)  # the post-mortem's saturation thresholds
+THETA_LINES = (8, 14, 20)  # and its margin thresholds
+HEADLINE_TARGET = 0.98
+CI_ROWS = 20000  # above this many ok trials, intervals are computed for front and target rows only
+
+
+def run_analyze(cfg) -> tuple[Path, list[str]]:
+    """Compute and write everything; returns (report path, one verdict line per model)."""
+    from sweep.store import write_table
+
+    root = Path(cfg.results.root)
+    trials = load_trials(root).collect()
+    profiles = load_profiles(root)
+    has_profiles = profiles.select(pl.len()).collect().item() > 0
+    if trials.height == 0 and not has_profiles:
+        raise InputError(f"results.root={root}: no trials or profiles there to analyze (run `sweep run` or `sweep profile` first)")
+    a = cfg.analysis
+    ok = ok_trials(trials).collect()
+    if ok.height <= CI_ROWS:
+        ok = with_confidence(ok, n_boot=a.n_boot, seed=a.seed)
+    front = fronts(ok) if ok.height else pl.DataFrame()
+    if ok.height > CI_ROWS and front.height:
+        front = with_confidence(front, n_boot=a.n_boot, seed=a.seed)
+    knees = knees_table(front) if front.height else pl.DataFrame()
+    targets = _targets(ok, tuple(a.targets), a)
+    out = Path(a.out) if a.out else root / "report"
+    if front.height:
+        write_table("pareto", _declared(front.drop("gate_scope"), "pareto"), root=root, provenance={})
+        write_table("knees", knees, root=root, provenance={})
+        write_table("targets", targets, root=root, provenance={})
+    figures = _figures(ok, front, knees, profiles if has_profiles else None, cfg.eas.alpha, out)
+    verdicts = _verdicts(trials, targets, profiles if has_profiles else None, cfg.eas.alpha)
+    path = _markdown(out, trials, ok, knees, targets, profiles if has_profiles else None, cfg.eas.alpha, figures, verdicts)
+    return path, verdicts
+
+
+def _targets(ok: pl.DataFrame, targets: tuple[float, ...], a) -> pl.DataFrame:
+    if not ok.height:
+        return pl.DataFrame()
+    best = best_at_targets(ok, targets)
+    if "agreement_lo" not in best.columns:
+        best = with_confidence(best, n_boot=a.n_boot, seed=a.seed)
+    params = [params_text(r) if r["trial_id"] else None for r in best.iter_rows(named=True)]
+    return best.with_columns(params=pl.Series(params, dtype=pl.String)).select(
+        "model", "target", "trial_id", "gate", "params", "speedup_wall", "agreement", "exit_rate",
+        "agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level",
+    )
+
+
+def _declared(frame: pl.DataFrame, table: str) -> pl.DataFrame:
+    from sweep.store import TABLES
+
+    names = [c.name for c in TABLES[table].columns if c.name not in ("schema_version", "created_at")]
+    return frame.select(names)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _figures(ok, front, knees, profiles, alpha: float, out: Path) -> dict[str, list[str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out.mkdir(parents=True, exist_ok=True)
+    made: dict[str, list[str]] = {}
+    for model in sorted(ok["model"].unique().to_list()) if ok.height else []:
+        made.setdefault(model, []).append(_pareto_figure(ok, front, knees, model, out))
+    if profiles is not None:
+        curves = layer_curve(profiles)
+        per_layer = eas_per_layer(profiles, alpha)
+        for model in sorted(curves["model"].unique().to_list()):
+            made.setdefault(model, []).append(_layers_figure(curves.filter(pl.col("model") == model), model, out))
+        made.setdefault("_all", []).append(_eas_figure(per_layer, eas_table(profiles, alpha), alpha, out))
+    return made
+
+
+def _pareto_figure(ok, front, knees, model: str, out: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    rows = ok.filter(pl.col("model") == model)
+    fig, ax = plt.subplots(figsize=(8.5, 6))
+    for gate, sub in sorted(rows.partition_by("gate", as_dict=True).items()):
+        sub = sub.sort("speedup_wall")
+        xerr = yerr = None
+        if "speedup_lo" in sub.columns and sub["speedup_lo"].null_count() < sub.height:
+            xerr = [(sub["speedup_wall"] - sub["speedup_lo"].fill_null(sub["speedup_wall"])).clip(0).to_list(),
+                    (sub["speedup_hi"].fill_null(sub["speedup_wall"]) - sub["speedup_wall"]).clip(0).to_list()]
+            yerr = [(sub["agreement"] - sub["agreement_lo"].fill_null(sub["agreement"])).clip(0).to_list(),
+                    (sub["agreement_hi"].fill_null(sub["agreement"]) - sub["agreement"]).clip(0).to_list()]
+        ax.errorbar(sub["speedup_wall"].to_list(), sub["agreement"].to_list(), xerr=xerr, yerr=yerr, fmt="o", ms=5,
+                    alpha=0.75, capsize=2, elinewidth=0.8, label=f"{gate[0]} ({sub.height} trials)")
+    line = front.filter((pl.col("model") == model) & (pl.col("scope") == "model")).sort("speedup_wall")
+    if line.height:
+        ax.plot(line["speedup_wall"].to_list(), line["agreement"].to_list(), "-", color="black", lw=1.5, label="Pareto front (all gates)")
+    knee = knees.filter((pl.col("model") == model) & (pl.col("scope") == "model")) if knees.height else knees
+    if knee.height:
+        k = knee.row(0, named=True)
+        ax.plot([k["speedup_wall"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
+        ax.annotate(f"knee: {k['knee_gate']} {k['knee_params']}\n{k['speedup_wall']:.2f}x, agreement {k['agreement']:.3f}",
+                    (k["speedup_wall"], k["agreement"]), textcoords="offset points", xytext=(12, -28), fontsize=9, color="crimson")
+    ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
+    ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
+    ax.set_xlabel("speedup_wall (full-depth decode time / gated decode time)")
+    ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")
+    ax.set_title(f"{model}: {rows.height} ok trials, error bars: 95% bootstrap over prompts")
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=8)
+    name = f"pareto_{model}.png"
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def _layers_figure(curve: pl.DataFrame, model: str, out: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    curve = curve.sort("layer")
+    layers = curve["layer"].to_list()
+    fig, axes = plt.subplots(3, 1, figsize=(8.5, 9), sharex=True)
+    axes[0].plot(layers, curve["delta_median"].to_list(), "o-", ms=3, label="median saturation delta")
+    for eps in EPS_LINES:
+        axes[0].axhline(eps, ls=":", lw=1, color="grey")
+        axes[0].annotate(f"eps {eps}", (layers[-1], eps), fontsize=8, color="grey", ha="right", va="bottom")
+    axes[0].set_ylabel("||h_l - h_{l-1}|| / ||h_l||")
+    axes[1].plot(layers, curve["top1_agreement"].to_list(), "o-", ms=3, color="tab:green", label="logit-lens top-1 = final top-1")
+    axes[1].set_ylabel("top-1 agreement (fraction)")
+    axes[1].set_ylim(-0.03, 1.03)
+    axes[2].plot(layers, curve["margin_median"].to_list(), "o-", ms=3, color="tab:orange", label="median margin gamma_l")
+    for theta in THETA_LINES:
+        axes[2].axhline(theta, ls=":", lw=1, color="grey")
+        axes[2].annotate(f"theta {theta}", (layers[-1], theta), fontsize=8, color="grey", ha="right", va="bottom")
+    axes[2].set_ylabel("top1 - top2 (logits)")
+    axes[2].set_xlabel("layer l (1-indexed; layers 1..l ran)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"{model}: per-layer signals of full-depth decoding ({curve['positions'][0]} positions), post-mortem thresholds dotted")
+    name = f"layers_{model}.png"
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def _eas_figure(per_layer: pl.DataFrame, eas: pl.DataFrame, alpha: float, out: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    variants = {"hidden": "hidden-state cosine", "logits": "logit cosine (centred)", "topk": "top-K overlap"}
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.5), sharey=True)
+    score = {(r["model"], r["variant"]): r["eas"] for r in eas.iter_rows(named=True)}
+    for ax, (variant, label) in zip(axes, variants.items()):
+        sub = per_layer.filter(pl.col("variant") == variant)
+        for model in sorted(sub["model"].unique().to_list()):
+            m = sub.filter(pl.col("model") == model).sort("layer")
+            ax.plot(m["layer"].to_list(), m["a"].to_list(), "o-", ms=3, label=f"{model} (EAS {score[(model, variant)]:.3f})")
+        ax.set_title(f"A_l, S = {label}")
+        ax.set_xlabel("exit layer l")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel(f"A_l = S_l^{alpha:g} * w_l^{1 - alpha:g}")
+    fig.suptitle(f"Early-Exit Adaptability per layer (alpha={alpha:g}; EAS = mean of A_l over l < L)")
+    name = "eas.png"
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+# ---------------------------------------------------------------- text
+
+
+def _verdicts(trials: pl.DataFrame, targets: pl.DataFrame, profiles, alpha: float) -> list[str]:
+    lines = []
+    models = sorted(set(trials["model"].unique().to_list()) if trials.height else set())
+    for model in models:
+        rows = targets.filter((pl.col("model") == model) & (pl.col("target") == HEADLINE_TARGET)) if targets.height else targets
+        n_ok = trials.filter((pl.col("model") == model) & (pl.col("status") == "ok")).height
+        if not n_ok:
+            lines.append(f"{model}: no ok trials to judge")
+            continue
+        best = rows.row(0, named=True) if rows.height else None
+        if best is None or best["trial_id"] is None:
+            lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} ({n_ok} ok trials)")
+            continue
+        ci = f", 95% CI {best['speedup_lo']:.2f}-{best['speedup_hi']:.2f}x" if best.get("speedup_lo") is not None else ""
+        what = f"{best['speedup_wall']:.3f}x{ci}, {best['gate']} {best['params']}, exit rate {best['exit_rate']:.2f}"
+        if best["speedup_wall"] > 1.0 and best["exit_rate"] > 0 and (best.get("speedup_lo") is None or best["speedup_lo"] > 1.0):
+            lines.append(f"{model}: agreement >= {HEADLINE_TARGET} with a speedup: {what}")
+        else:
+            why = "no token exited, so the difference from 1x is timing noise" if best["exit_rate"] == 0 else "not above 1x"
+            lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} with a speedup > 1 (best there: {what}; {why}; {n_ok} ok trials)")
+    if profiles is not None:
+        eas = eas_table(profiles, alpha)
+        for model in sorted(set(eas["model"].to_list()) - set(models)):
+            e = {r["variant"]: r["eas"] for r in eas.filter(pl.col("model") == model).iter_rows(named=True)}
+            lines.append(f"{model}: profiled only; EAS hidden {e['hidden']:.3f}, logits {e['logits']:.3f}, top-K {e['topk']:.3f}")
+    return lines
+
+
+def _markdown(out: Path, trials, ok, knees, targets, profiles, alpha: float, figures: dict, verdicts: list[str]) -> Path:
+    lines = ["# Early-exit report", ""]
+    if trials.height:
+        runs = trials["run_id"].n_unique()
+        lines.append(f"{trials.height} trials from {runs} run(s); {ok.height} ok, "
+                     f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
+                     f"{trials.filter(pl.col('status') == 'failed').height} failed (fronts and targets use ok trials only).")
+        lines.append("")
+    lines += ["## Verdicts", ""] + [f"- {v}" for v in verdicts] + [""]
+    for model in sorted(set(figures) - {"_all"}):
+        lines += [f"## {model}", ""]
+        if targets.height and model in targets["model"].to_list():
+            lines += ["Best speedup at each agreement target (95% bootstrap intervals over prompts):", "",
+                      "| agreement >= | speedup_wall | CI | agreement | CI | gate | parameters | trial |", "|---|---|---|---|---|---|---|---|"]
+            for r in targets.filter(pl.col("model") == model).iter_rows(named=True):
+                if r["trial_id"] is None:
+                    lines.append(f"| {r['target']:g} | none | | | | | | |")
+                else:
+                    lines.append(f"| {r['target']:g} | {r['speedup_wall']:.3f} | {_ci(r, 'speedup')} | {r['agreement']:.3f} | {_ci(r, 'agreement')} | "
+                                 f"{r['gate']} | {r['params']} | `{r['trial_id']}` |")
+            lines.append("")
+        if knees.height and model in knees["model"].to_list():
+            lines += ["Knees of the fronts (chord method; Kneedle cross-check with 12+ points):", "",
+                      "| front | points | knee speedup | knee agreement | gate | parameters | Kneedle |", "|---|---|---|---|---|---|---|"]
+            for r in knees.filter(pl.col("model") == model).iter_rows(named=True):
+                kneedle = f"{r['kneedle_speedup_wall']:.3f}x / {r['kneedle_agreement']:.3f}" if r["kneedle_trial_id"] else "n/a"
+                lines.append(f"| {r['gate']} | {r['front_points']} | {r['speedup_wall']:.3f} | {r['agreement']:.3f} | {r['knee_gate']} | {r['knee_params']} | {kneedle} |")
+            lines.append("")
+        lines += [f"![{name}]({name})" for name in figures[model]] + [""]
+    if profiles is not None:
+        eas = eas_table(profiles, alpha)
+        oracle = oracle_summary(profiles)
+        lines += ["## Profiles: EAS and oracle exits", "", f"EAS (arXiv 2603.23701), alpha={alpha:g}, S averaged over all traced positions:", "",
+                  "| model | variant | EAS | K |", "|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['variant']} | {r['eas']:.4f} | {r['topk']} |" for r in eas.iter_rows(named=True)]
+        lines += ["", "| model | positions | mean oracle exit layer | could exit before L |", "|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['phase']} ({r['positions']}) | {r['mean_oracle_exit']:.2f} of {r['num_layers']} | {100 * r['frac_before_L']:.1f}% |"
+                  for r in oracle.iter_rows(named=True)]
+        lines += [""] + [f"![{name}]({name})" for name in figures.get("_all", [])] + [""]
+    path = out / "report.md"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".report.md.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)
+    return path
+
+
+def _ci(row: dict, metric: str) -> str:
+    lo, hi = row.get(f"{metric}_lo"), row.get(f"{metric}_hi")
+    return f"{lo:.3f}-{hi:.3f}" if lo is not None and hi is not None else ""
