@@ -130,7 +130,9 @@ def _pareto_figure(ok, front, knees, model: str, out: Path) -> str:
         k = knee.row(0, named=True)
         ax.plot([k["speedup_wall"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
         ax.annotate(f"knee: {k['knee_gate']} {k['knee_params']}\n{k['speedup_wall']:.2f}x, agreement {k['agreement']:.3f}",
-                    (k["speedup_wall"], k["agreement"]), textcoords="offset points", xytext=(12, -28), fontsize=9, color="crimson")
+                    (k["speedup_wall"], k["agreement"]), xytext=(0.97, 0.55), textcoords="axes fraction", ha="right", fontsize=9,
+                    color="crimson", arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 1},
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "crimson", "alpha": 0.9})
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
     ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
     ax.set_xlabel("speedup_wall (full-depth decode time / gated decode time)")
