@@ -83,7 +83,7 @@ def sweep_report(outcome) -> str:
     ]
     if not outcome.rows:
         return "\n".join(lines)
-    cols = ["model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", "status", "agreement", "speedup_wall", "speedup_model", "exit_rate"]
+    cols = ["model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", "status", "agreement", "speedup_wall", "speedup_model", "exit_rate", "trial_id"]
     df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
     df = df.sort("model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", nulls_last=True)
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
