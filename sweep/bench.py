@@ -103,6 +103,7 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
     g, b = cfg.gate, cfg.bench
     return {
         "trial_id": trial_id(cfg),
+        "source": "measured",
         "gate": g.name,
         "min_layer": gate.min_layer if gate is not None else g.min_layer,
         "min_depth": g.min_depth,

@@ -20,6 +20,7 @@ commands:
   bench     one early-exit trial: determinism self-check, gated vs full-depth, speedups
   run       a sweep of bench trials on Ray Tune (grid or Optuna), on an embedded or a real cluster
   analyze   Pareto fronts, knees, best speedup per agreement target, EAS; tables and a report
+  calibrate a gate threshold with a guarantee (Learn-then-Test), checked on held-out prompts
   config    print the composed configuration
   schema    print the results schema (docs/schema.md)
 
@@ -83,6 +84,8 @@ def sweep_report(outcome) -> str:
     ]
     if not outcome.rows:
         return "\n".join(lines)
+    if outcome.simulated is not None:
+        lines += _screen_report(outcome)
     cols = ["model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", "status", "agreement", "speedup_wall", "speedup_model", "exit_rate", "trial_id"]
     df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
     df = df.sort("model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", nulls_last=True)
@@ -101,6 +104,33 @@ def _analyze(overrides: list[str]) -> int:
     for line in verdicts:
         print(line)
     print(f"report: {path}")
+    return 0
+
+
+def _screen_report(outcome) -> list[str]:
+    import polars as pl
+
+    from sweep.screen import comparison, gap_by_gate
+
+    sim = outcome.simulated
+    lines = [
+        f"screen: {sim.height} settings simulated, {int(sim['on_front'].sum())} on the simulated front, "
+        f"{int(sim['selected'].sum())} run closed-loop (a grid of the same resolution: {sim.height} trials)"
+    ]
+    comp = comparison(sim, outcome.rows)
+    if comp.height:
+        with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
+            lines += ["simulated (teacher-forced) against measured (closed loop):", str(comp),
+                      "gap per gate (simulated - measured):", str(gap_by_gate(comp))]
+    return lines
+
+
+def _calibrate(overrides: list[str]) -> int:
+    from sweep.calibrate import format_calibration, run_calibrate
+    from sweep.config import compose
+
+    cfg = compose(overrides)
+    print(format_calibration(cfg, run_calibrate(cfg)))
     return 0
 
 
@@ -124,7 +154,15 @@ def _schema(overrides: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"profile": _profile, "bench": _bench, "run": _run, "analyze": _analyze, "config": _config, "schema": _schema}
+COMMANDS = {
+    "profile": _profile,
+    "bench": _bench,
+    "run": _run,
+    "analyze": _analyze,
+    "calibrate": _calibrate,
+    "config": _config,
+    "schema": _schema,
+}
 
 
 def _quiet_libraries() -> None:

@@ -43,18 +43,24 @@ class CostModel:
     def fill_ms(self, kv_policy: str) -> float:
         return self.kv_ms if kv_policy == "propagate" else self.layer_ms
 
-    def token_ms(self, gate: Gate, exit_layer: int, probes: int, kv_policy: str) -> float:
-        """Predicted ms of one decode step that exited at ``exit_layer`` after ``probes`` probes."""
+    def token_ms(self, gate: Gate, exit_layer, probes, kv_policy: str):
+        """Predicted ms of a decode step that exited at ``exit_layer`` after ``probes`` probes.
+
+        Numbers or tensors (a whole grid of simulated exits at once). A step that did not
+        exit pays the head; one that exited pays it unless a lens probe already computed
+        the token's logits, and under kv_policy=full also the model's own final head.
+        """
         L = self.num_layers
-        ms = self.overhead_ms + exit_layer * self.layer_ms + probes * self.probe_ms(gate)
-        if exit_layer == L:
-            return ms + self.head_ms
-        ms += (L - exit_layer) * self.fill_ms(kv_policy)
-        if gate.probe != "lens":  # a lens probe's logits are the token's; other gates pay the head once
-            ms += self.head_ms
-        if kv_policy == "full":  # the forward runs on to the model's own final norm and lm_head
-            ms += self.head_ms
-        return ms
+        exited = exit_layer < L
+        exited = exited.to(torch.float64) if isinstance(exited, torch.Tensor) else float(exited)
+        head_after_exit = (gate.probe != "lens") + (kv_policy == "full")
+        return (
+            self.overhead_ms
+            + exit_layer * self.layer_ms
+            + probes * self.probe_ms(gate)
+            + (L - exit_layer) * self.fill_ms(kv_policy)
+            + self.head_ms * ((1.0 - exited) + exited * head_after_exit)
+        )
 
     def speedup(self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str) -> float:
         """Predicted full-depth ms over gated ms, summed over the given decode steps."""

@@ -93,11 +93,21 @@ def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int,
     return pl.concat(frames, how="vertical")
 
 
+def traced_run(cfg, lm: LoadedModel, prompts: Sequence[Prompt], run_id: str, gen_tokens: int) -> tuple[pl.DataFrame, dict]:
+    """The trace table of ``prompts`` (every column but the shared provenance) and that provenance."""
+    from sweep.run_info import provenance
+
+    trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk)
+    prov = provenance(cfg, lm, run_id)
+    trace = trace.with_columns(prompt_set=pl.lit(cfg.prompts.name), **{k: pl.lit(v) for k, v in prov.items() if k in ("model", "num_layers", "run_id")})
+    return trace, prov
+
+
 def run_profile(cfg) -> tuple[str, pl.DataFrame]:
     """`sweep profile`: load, read prompts, trace each, write one Parquet table; returns (path, trace)."""
     from sweep.models import load_model
     from sweep.prompts import read_prompts, tokenize_prompts
-    from sweep.run_info import provenance, new_run_id
+    from sweep.run_info import new_run_id
     from sweep.store import write_table
 
     items = read_prompts(cfg.prompts)  # a bad prompts file fails before the model loads
@@ -105,10 +115,8 @@ def run_profile(cfg) -> tuple[str, pl.DataFrame]:
     room = getattr(lm.model.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.profile.gen_tokens)
     t0 = time.perf_counter()
-    trace = profile_prompts(lm, prompts, cfg.profile.gen_tokens, cfg.profile.topk)
     run_id = cfg.run_id or new_run_id()
-    prov = provenance(cfg, lm, run_id)
-    trace = trace.with_columns(prompt_set=pl.lit(cfg.prompts.name), **{k: pl.lit(v) for k, v in prov.items() if k in ("model", "num_layers", "run_id")})
+    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.profile.gen_tokens)
     path = write_table("profile", trace, root=cfg.results.root, provenance=prov, stem=run_id)
     log.info("profiled %d prompts in %.1f s; wrote %d rows to %s", len(prompts), time.perf_counter() - t0, trace.height, path)
     return str(path), trace

@@ -64,7 +64,51 @@ def run_analyze(cfg) -> tuple[Path, list[str]]:
     figures = _figures(ok, front, knees, profiles if has_profiles else None, cfg.eas.alpha, out)
     verdicts = _verdicts(trials, targets, profiles if has_profiles else None, cfg.eas.alpha)
     path = _markdown(out, trials, ok, knees, targets, profiles if has_profiles else None, cfg.eas.alpha, figures, verdicts)
+    _screen_section(root, ok, out, path)
     return path, verdicts
+
+
+def _screen_section(root: Path, ok: pl.DataFrame, out: Path, path: Path) -> None:
+    """Simulated against measured, when a screen left simulated rows: a table, the gap per
+    gate, and a figure pairing each simulated setting with its closed-loop trial."""
+    from sweep.screen import gap_by_gate
+    from sweep.store import scan
+
+    sim = scan("simulated", root).filter(pl.col("selected")).collect()
+    if not sim.height or not ok.height:
+        return
+    both = sim.join(ok.select("trial_id", "agreement", "speedup_wall"), on="trial_id", how="inner").with_columns(
+        agreement_gap=pl.col("agreement_tf") - pl.col("agreement"), speedup_gap=pl.col("speedup_model") - pl.col("speedup_wall")
+    )
+    if not both.height:
+        return
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.5, 6))
+    for gate, sub in sorted(both.partition_by("gate", as_dict=True).items()):
+        line = ax.plot(sub["speedup_wall"].to_list(), sub["agreement"].to_list(), "o", label=f"{gate[0]}: measured (closed loop)")[0]
+        ax.plot(sub["speedup_model"].to_list(), sub["agreement_tf"].to_list(), "o", mfc="none", color=line.get_color(), label=f"{gate[0]}: simulated (teacher-forced)")
+        for r in sub.iter_rows(named=True):
+            ax.plot([r["speedup_model"], r["speedup_wall"]], [r["agreement_tf"], r["agreement"]], "-", lw=0.7, color=line.get_color(), alpha=0.6)
+    ax.axvline(1.0, color="grey", ls="--", lw=1)
+    ax.set_xlabel("speedup (simulated: cost model; measured: speedup_wall)")
+    ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")
+    ax.set_title("Screen: each simulated setting (hollow) joined to its closed-loop trial (filled)")
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "screen.png", dpi=110)
+    plt.close(fig)
+    lines = ["", "## Simulated against measured (screen)", "",
+             "Teacher-forced replay on the profile trace against the closed loop (errors cascade through the cache there): "
+             "the gap is simulated minus measured.", "",
+             "| gate | trials | agreement gap (mean) | agreement gap (max) | speedup gap (mean) |", "|---|---|---|---|---|"]
+    lines += [f"| {r['gate']} | {r['trials']} | {r['agreement_gap_mean']:.3f} | {r['agreement_gap_max']:.3f} | {r['speedup_gap_mean']:.3f} |"
+              for r in gap_by_gate(both).iter_rows(named=True)]
+    lines += ["", "![screen.png](screen.png)", ""]
+    with open(path, "a") as f:
+        f.write("\n".join(lines))
 
 
 def _targets(ok: pl.DataFrame, targets: tuple[float, ...], a) -> pl.DataFrame:

@@ -126,5 +126,5 @@ def check_search(search: SearchConfig) -> None:
     if search.constraints and len(search.objectives) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     spaces(search)  # parse errors surface here, before Ray starts
-    if search.kind == "grid":
+    if search.kind in ("grid", "screen"):
         grid(search)

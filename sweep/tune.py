@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import polars as pl
 import ray
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
@@ -227,6 +228,7 @@ class SweepOutcome:
     rows: list[dict] = field(default_factory=list)
     overhead_s: list[float] = field(default_factory=list)
     interrupted: bool = False
+    simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
 
 
 def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
@@ -250,14 +252,17 @@ def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
     grid_trials = _check_values(cfg, base)  # bad values fail here, before Ray starts
     done = _done_rows(cfg)
     started = start_ray(cfg.cluster)
+    simulated = None
     try:
         resources = trial_resources(cfg)
         device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and resources["gpu"] > 0) else "cpu"
+        if cfg.search.kind == "screen" and not cfg.resume:
+            grid_trials, simulated = _screen(cfg, base, grid_trials, resources, device, name, run_id)
         planned, skipped = _select(grid_trials, done, device, cfg.results.root)
         total = len(planned) if planned is not None else cfg.search.n_trials
         if planned == [] and not cfg.resume:
             log.info("sweep %s: nothing to run", name)
-            return SweepOutcome(name, str(storage / name), str(root), 0, skipped)
+            return SweepOutcome(name, str(storage / name), str(root), 0, skipped, simulated=simulated)
         writer = RowWriter(str(root), total, base, run_id, name)
         tuner = _tuner(cfg, base, planned, done, resources, storage, name, run_id, Progress(writer))
         log.info("sweep %s: %s trials on %s (%s per trial); Tune state in %s", name, total, _cluster_label(cfg.cluster), resources, storage / name)
@@ -273,7 +278,7 @@ def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
     finally:
         if started:
             stop_ray()
-    return SweepOutcome(name, str(storage / name), str(root), total or 0, skipped, writer.rows, writer.overheads, interrupted)
+    return SweepOutcome(name, str(storage / name), str(root), total or 0, skipped, writer.rows, writer.overheads, interrupted, simulated)
 
 
 def _sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
@@ -303,9 +308,14 @@ def _done_rows(cfg: Config) -> dict[str, dict]:
 
 def _check_values(cfg: Config, base: list[str]) -> list[tuple[list[str], Config]] | None:
     """Compose every grid trial (returned with its config), or for Optuna both ends of every
-    interval and every choice, so that a bad value fails before Ray starts."""
+    interval and every choice, so that a bad value fails before Ray starts. A screen's dense
+    grid is composed the fast way (``sweep.screen.dense_settings``)."""
     if cfg.search.kind == "grid":
         return [(trial, compose(_merge(base, trial))) for trial in grid(cfg.search)]
+    if cfg.search.kind == "screen":
+        from sweep.screen import dense_settings
+
+        return dense_settings(cfg, base, _merge)
     for params in spaces(cfg.search):
         fixed = [as_override(p.key, p.values[0]) for p in params if p.kind == "fixed"]
         for p in params:
@@ -313,6 +323,69 @@ def _check_values(cfg: Config, base: list[str]) -> list[tuple[list[str], Config]
             for value in values:
                 compose(_merge(base, [*fixed, as_override(p.key, value)]))
     return None
+
+
+def _screen(cfg: Config, base: list[str], settings, resources: dict, device: str, name: str, run_id: str):
+    """Profile the model once (in a worker with the trials' resources), replay every setting
+    on the trace, write the simulated rows, and return the settings to run closed-loop."""
+    from sweep.bench import trial_id
+    from sweep.costs import CostModel
+    from sweep.screen import select
+    from sweep.simulate import signals_from_trace, simulate
+    from sweep.store import write_table
+
+    t0 = time.perf_counter()
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_screen_trace)
+    try:
+        result = ray.get(task.remote(base, run_id))
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
+        if cause is not None:
+            raise cause from None
+        raise
+    trace, prov = result["trace"], result["provenance"]
+    write_table("profile", trace, root=cfg.results.root, provenance=prov, stem=f"{run_id}-screen")
+    t1 = time.perf_counter()
+    signals = signals_from_trace(trace)
+    table = simulate([c.gate for _, c in settings], signals, CostModel(**result["costs"]), cfg.bench.kv_policy)
+    t2 = time.perf_counter()
+    first = settings[0][1]
+    table = table.with_columns(
+        trial_id=pl.Series([trial_id(c, device) for _, c in settings]),
+        min_depth=pl.Series([c.gate.min_depth for _, c in settings], dtype=pl.Float64),
+        model=pl.lit(prov["model"]),
+    )
+    table = select(table, cfg.search.neighbours)
+    rows = table.with_columns(
+        source=pl.lit("simulated"), sweep_name=pl.lit(name), trace_run_id=pl.lit(prov["run_id"]),
+        kv_policy=pl.lit(cfg.bench.kv_policy), prompt_set=pl.lit(first.prompts.name),
+        n_prompts=pl.lit(len(signals.prompt_ids)), gen_tokens=pl.lit(first.bench.gen_tokens), positions=pl.lit(signals.positions),
+    )
+    write_table("simulated", rows, root=cfg.results.root, provenance={k: v for k, v in prov.items() if k != "model"}, stem=name)
+    chosen = [s for s, keep in zip(settings, table["selected"].to_list()) if keep]
+    log.info(
+        "screen: traced %d prompts (%d decision positions) in %.1f s; simulated %d settings in %.2f s; %d on the simulated front, "
+        "%d run closed-loop (a grid of the same resolution: %d trials)",
+        len(signals.prompt_ids), signals.positions, t1 - t0, len(settings), t2 - t1, int(table["on_front"].sum()), len(chosen), len(settings),
+    )
+    return chosen, table
+
+
+def _screen_trace(base: list[str], run_id: str) -> dict:
+    """In a worker: the profile trace of the sweep's model and prompts at the bench's length,
+    and the cost model, on the device trials will use."""
+    import dataclasses as dc
+
+    from sweep.bench import prepare
+    from sweep.config import GateConfig
+    from sweep.costs import cost_model
+    from sweep.profile import traced_run
+
+    cfg = compose(base)
+    cfg = dc.replace(cfg, gate=GateConfig())  # the model's own depth decides every layer index later
+    lm, _, prompts = prepare(cfg)
+    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens)
+    return {"trace": trace, "provenance": prov, "costs": cost_model(lm, prompts[0].input_ids).as_dict()}
 
 
 def _select(grid_trials, done: dict, device: str, root: str) -> tuple[list[list[str]] | None, int]:

@@ -4,6 +4,7 @@ from sweep.config._compose import compose, compose_dict, config_dir, validate
 from sweep.config._schema import (
     AnalysisConfig,
     BenchConfig,
+    CalibrateConfig,
     ClusterConfig,
     Config,
     EasConfig,
@@ -21,6 +22,7 @@ from sweep.config._schema import (
 __all__ = [
     "AnalysisConfig",
     "BenchConfig",
+    "CalibrateConfig",
     "ClusterConfig",
     "Config",
     "EasConfig",

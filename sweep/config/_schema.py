@@ -89,7 +89,7 @@ class SearchConfig:
     """A sweep: sub-spaces of config paths in Hydra's sweep grammar, searched by grid or Optuna."""
 
     name: str = "saturation-grid"
-    kind: Literal["grid", "optuna"] = "grid"
+    kind: Literal["grid", "optuna", "screen"] = "grid"
     # each sub-space maps config paths (or the groups model/gate/prompts) to a value or a sweep
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
     spaces: list = field([], check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")
@@ -98,6 +98,7 @@ class SearchConfig:
     sampler: Literal["tpe", "random", "nsga2"] = "tpe"
     objectives: dict = field({}, check=lambda v: len(v) > 0, allowed="a non-empty mapping of metric: max|min")
     constraints: dict = field({}, allowed="a mapping of metric: minimum value")
+    neighbours: int = field(1, check=in_range(0, 100), allowed="an integer in 0..100")  # screen: knee neighbours run closed-loop
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,15 @@ class AnalysisConfig:
 
 
 @dataclass(frozen=True)
+class CalibrateConfig:
+    delta: float = field(0.1, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1]")
+    epsilon: float = field(0.1, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1]")
+    grid: str | None = None  # the threshold ladder in Hydra's grammar; null = the gate's default
+    split: float = field(0.5, check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
+    pvalue: Literal["hb", "hoeffding"] = "hb"
+
+
+@dataclass(frozen=True)
 class EasConfig:
     alpha: float = field(0.5, check=in_range(0, 1), allowed="a number in [0, 1]")
 
@@ -164,4 +174,5 @@ class Config:
     bench: BenchConfig = BenchConfig()
     eas: EasConfig = EasConfig()
     analysis: AnalysisConfig = AnalysisConfig()
+    calibrate: CalibrateConfig = CalibrateConfig()
     results: ResultsConfig = ResultsConfig()

@@ -25,6 +25,15 @@ class Gate:
     name: ClassVar[str]
     params: ClassVar[tuple[str, ...]] = ()  # GateConfig fields the gate needs (besides min_layer)
     probe: ClassVar[str] = "none"  # none | hidden (norms of h, O(hidden)) | lens (final norm + lm_head)
+    threshold: ClassVar[str | None] = None  # the swept parameter; None when there is none
+    aggressive: ClassVar[int] = 1  # +1: a larger threshold exits more often; -1: a smaller one does
+
+    @classmethod
+    def decisions(cls, signals, values: torch.Tensor) -> torch.Tensor:
+        """Vectorised rule over a profile trace: (K, T, L) booleans, True where the gate with
+        threshold ``values[k]`` would exit after layer l+1 at decision position t.
+        ``signals`` is a ``sweep.simulate.Signals``; layer and min_layer masking is the caller's."""
+        raise NotImplementedError
 
     def __init__(self, cfg: GateConfig, num_layers: int) -> None:
         if cfg.min_depth is not None:
@@ -66,6 +75,10 @@ class FullGate(Gate):
     def decide(self, layer, h, h_prev, z):
         return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
 
+    @classmethod
+    def decisions(cls, signals, values):
+        return torch.zeros((len(values), *signals.delta.shape), dtype=torch.bool)
+
 
 @register
 class FixedGate(Gate):
@@ -73,6 +86,8 @@ class FixedGate(Gate):
     cost model's yardstick."""
 
     name = "fixed"
+    threshold = "exit_layer"
+    aggressive = -1
 
     def __init__(self, cfg: GateConfig, num_layers: int) -> None:
         super().__init__(cfg, num_layers)
@@ -88,6 +103,12 @@ class FixedGate(Gate):
 
     def decide(self, layer, h, h_prev, z):
         return torch.full((h.shape[0],), layer == self.exit_layer, dtype=torch.bool, device=h.device)
+
+    @classmethod
+    def decisions(cls, signals, values):
+        layers = torch.arange(1, signals.num_layers + 1)
+        mask = layers[None, :] == values.long()[:, None]  # (K, L)
+        return mask[:, None, :].expand(len(values), *signals.delta.shape)
 
 
 def saturation_delta(h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
@@ -109,9 +130,14 @@ class SaturationGate(Gate):
     name = "saturation"
     params = ("eps",)
     probe = "hidden"
+    threshold = "eps"
 
     def decide(self, layer, h, h_prev, z):
         return saturation_delta(h, h_prev) < self.cfg.eps
+
+    @classmethod
+    def decisions(cls, signals, values):
+        return signals.delta[None] < values[:, None, None]
 
 
 @register
@@ -121,9 +147,15 @@ class MarginGate(Gate):
     name = "margin"
     params = ("theta",)
     probe = "lens"
+    threshold = "theta"
+    aggressive = -1
 
     def decide(self, layer, h, h_prev, z):
         return logit_margin(z) >= self.cfg.theta
+
+    @classmethod
+    def decisions(cls, signals, values):
+        return signals.margin[None] >= values[:, None, None]
 
 
 @register
@@ -136,6 +168,8 @@ class ConformalGate(Gate):
     name = "conformal"
     params = ("q",)
     probe = "lens"
+    threshold = "q"
+    aggressive = -1
 
     def __init__(self, cfg: GateConfig, num_layers: int) -> None:
         super().__init__(cfg, num_layers)
@@ -156,6 +190,12 @@ class ConformalGate(Gate):
     def decide(self, layer, h, h_prev, z):
         assert self.tau is not None, "conformal gate used before calibrate()"
         return 2.0 * self.tau[layer].item() <= logit_margin(z)
+
+    @classmethod
+    def decisions(cls, signals, values):
+        # tau per (q, prompt, layer): the q-quantile of each prompt's prefill residuals, as calibrate() does
+        tau = torch.stack([torch.quantile(r, values.to(r.dtype), dim=0) for r in signals.prefill_residual], dim=1)
+        return 2.0 * tau[:, signals.prompt_index, :] <= signals.margin[None]
 
 
 def make_gate(cfg: GateConfig, num_layers: int) -> Gate:

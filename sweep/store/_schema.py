@@ -106,6 +106,7 @@ TRIALS = Table(
     columns=PROVENANCE
     + (
         Column("trial_id", pl.String(), "", "stable hash of the trial's config (model identity, gate, bench, prompts, device, dtype, seed)"),
+        Column("source", pl.String(), "", "measured (a closed-loop bench trial; simulated settings are in the `simulated` table)", nullable=True),
         Column("status", pl.String(), "", "ok | nondeterministic | failed"),
         Column("error", pl.String(), "", "why a trial failed (one line); null otherwise", nullable=True),
         Column("gate", pl.String(), "", "gate name (full, fixed, saturation, margin, conformal)"),
@@ -153,6 +154,44 @@ TRIALS = Table(
         Column("prompt_speedup_wall", pl.List(pl.Float64()), "ratio", "per prompt: median over repeats of baseline / gated decode time", nullable=True),
         Column("prompt_baseline_ms", pl.List(pl.Float64()), "ms", "per prompt: median over repeats of full-depth decode ms per token", nullable=True),
         Column("prompt_ms", pl.List(pl.Float64()), "ms", "per prompt: median over repeats of gated decode ms per token", nullable=True),
+    ),
+)
+
+SIMULATED = Table(
+    name="simulated",
+    partition_by=("model",),
+    unit_of_work="`sweep run search=screen` (every setting of its dense grid)",
+    description=(
+        "Settings replayed on a profile trace instead of run: per decision position (each prompt's last prefill "
+        "position and its decode positions) the layer where the gate would exit, as the closed-loop engine decides; "
+        "agreement is teacher-forced (the trace's context is full depth, so errors that cascade through the cache in "
+        "a closed loop are not seen: it is optimistic). `trial_id` is the id the closed-loop trial of the same setting "
+        "has in `trials`, for joining simulated against measured."
+    ),
+    columns=PROVENANCE
+    + (
+        Column("trial_id", pl.String(), "", "the id of the closed-loop trial of this setting (join key with `trials`)"),
+        Column("source", pl.String(), "", "simulated"),
+        Column("sweep_name", pl.String(), "", "the screen sweep"),
+        Column("trace_run_id", pl.String(), "", "run_id of the profile trace replayed (in the `profile` table)"),
+        Column("gate", pl.String(), "", "gate name"),
+        Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit (resolved)"),
+        Column("min_depth", pl.Float64(), "fraction", "min_layer as a fraction of depth, when set", nullable=True),
+        Column("exit_layer", pl.Int32(), "", "fixed gate's exit layer; null for other gates", nullable=True),
+        Column("eps", pl.Float64(), "ratio", "saturation threshold; null for other gates", nullable=True),
+        Column("theta", pl.Float64(), "logits", "margin threshold; null for other gates", nullable=True),
+        Column("q", pl.Float64(), "", "conformal calibration quantile; null for other gates", nullable=True),
+        Column("kv_policy", pl.String(), "", "the K/V policy the predicted speedup assumes"),
+        Column("prompt_set", pl.String(), "", "chat | humaneval | jsonl"),
+        Column("n_prompts", pl.Int32(), "prompts", "prompts in the trace"),
+        Column("gen_tokens", pl.Int32(), "tokens", "generated tokens per prompt in the trace"),
+        Column("positions", pl.Int32(), "tokens", "decision positions replayed"),
+        Column("agreement_tf", pl.Float64(), "fraction", "teacher-forced agreement: exited top-1 equals the final top-1"),
+        Column("exit_rate", pl.Float64(), "fraction", "decision positions that exit before layer L"),
+        Column("mean_exit_layer", pl.Float64(), "layers", "mean exit layer (L when not exited)"),
+        Column("speedup_model", pl.Float64(), "ratio", "speedup the measured cost model predicts on decode positions"),
+        Column("on_front", pl.Boolean(), "", "on the simulated Pareto front (speedup_model against agreement_tf, per model)"),
+        Column("selected", pl.Boolean(), "", "run closed-loop: on the front or next to its knee"),
     ),
 )
 
@@ -233,7 +272,7 @@ TARGETS = Table(
     single_file=True,
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (PROFILE, TRIALS, PARETO, KNEES, TARGETS)}
+TABLES: dict[str, Table] = {t.name: t for t in (PROFILE, TRIALS, SIMULATED, PARETO, KNEES, TARGETS)}
 
 
 def markdown() -> str:

@@ -1,0 +1,176 @@
+"""Calibrated thresholds with a guarantee: Learn-then-Test (as CALM uses it).
+
+On calibration prompts, each threshold's risk is the mean per-prompt disagreement with
+full-depth greedy decoding, measured closed-loop. Thresholds are tested in a fixed
+sequence from the most conservative: H_j "risk(lambda_j) > delta" is rejected when its
+p-value is at most epsilon, and testing stops at the first threshold that is not. The last
+rejected threshold has risk <= delta with probability at least 1 - epsilon (fixed-sequence
+testing controls the family-wise error; prompts exchangeable). Held-out prompts then show
+the risk actually observed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from sweep.config import Config
+from sweep.errors import ConfigError
+from sweep.gates import GATES
+
+log = logging.getLogger("sweep.calibrate")
+
+# the default threshold ladders, swept from the most conservative end (see ``ordered``)
+LADDERS = {
+    "saturation": "range(0.02, 0.62, step=0.02)",
+    "margin": "range(0.5, 30.5, step=0.5)",
+    "conformal": "range(0.05, 1.0001, step=0.05)",
+}
+
+
+def hoeffding_p(risk: float, n: int, delta: float) -> float:
+    """Hoeffding's p-value for H: true risk > delta, from a mean of n losses in [0, 1]."""
+    return 1.0 if risk >= delta else math.exp(-2.0 * n * (delta - risk) ** 2)
+
+
+def hoeffding_bentkus_p(risk: float, n: int, delta: float) -> float:
+    """The Hoeffding-Bentkus p-value (Bates et al. 2021): min(exp(-n h1(min(risk, delta), delta)),
+    e * P(Binomial(n, delta) <= ceil(n * risk)))."""
+    r = min(risk, delta)
+    h1 = (r * math.log(r / delta) if r > 0 else 0.0) + ((1 - r) * math.log((1 - r) / (1 - delta)) if r < 1 else 0.0)
+    hoeffding = math.exp(-n * h1)
+    bentkus = math.e * binomial_cdf(math.ceil(n * risk - 1e-12), n, delta)
+    return min(1.0, hoeffding, bentkus)
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k), summed in log space (n up to many thousands)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p) for i in range(k + 1)]
+    top = max(logs)
+    return math.exp(top) * sum(math.exp(v - top) for v in logs)
+
+
+PVALUES: dict[str, Callable[[float, int, float], float]] = {"hoeffding": hoeffding_p, "hb": hoeffding_bentkus_p}
+
+
+def fixed_sequence(pvalues: Sequence[float], epsilon: float) -> int:
+    """Index of the last hypothesis rejected in order (p <= epsilon) before the first that is
+    not; -1 when the first is not."""
+    last = -1
+    for i, p in enumerate(pvalues):
+        if p > epsilon:
+            break
+        last = i
+    return last
+
+
+def ordered(gate_name: str, values: Sequence[float]) -> list[float]:
+    """Thresholds from the most conservative (exits least) to the most aggressive."""
+    cls = GATES.get(gate_name, key="gate")
+    return sorted(set(values), key=lambda v: cls.aggressive * v)
+
+
+@dataclass
+class Calibration:
+    gate: str
+    threshold: str
+    tested: list[float] = field(default_factory=list)
+    risks: list[float] = field(default_factory=list)
+    pvalues: list[float] = field(default_factory=list)
+    chosen: float | None = None
+    holdout_risk: float | None = None
+    holdout_exit_rate: float | None = None
+    n_cal: int = 0
+    n_holdout: int = 0
+    seconds: float = 0.0
+
+
+def split(items: list, fraction: float, seed: int) -> tuple[list, list]:
+    """A seeded split of the prompts into calibration and held-out sets."""
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    cut = max(1, min(len(order) - 1, round(fraction * len(order))))
+    return order[:cut], order[cut:]
+
+
+def run_calibrate(cfg: Config) -> Calibration:
+    """`sweep calibrate`: Learn-then-Test on calibration prompts, checked on held-out ones."""
+    from sweep.bench import prepare
+    from sweep.engine import Engine
+    from sweep.gates import make_gate
+    from sweep.search import parse_space
+
+    c = cfg.calibrate
+    cls = GATES.get(cfg.gate.name, key="gate")
+    if cls.threshold is None:
+        raise ConfigError(f"gate={cfg.gate.name}: has no threshold to calibrate; use saturation, margin, conformal or fixed")
+    ladder = c.grid if c.grid is not None else LADDERS.get(cls.name)
+    if ladder is None:
+        raise ConfigError(f"calibrate.grid: required for gate={cls.name} (e.g. 'range(1, 30)')")
+    (param,) = parse_space({f"gate.{cls.threshold}": ladder}, "calibrate.grid")
+    values = ordered(cls.name, param.grid_values())
+    lm, _, prompts = prepare(cfg)
+    if len(prompts) < 2:
+        raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
+    cal, held = split(prompts, c.split, cfg.seed)
+    n = cfg.bench.gen_tokens
+    baseline = {p.id: Engine(lm).generate(p.input_ids, n).tokens for p in prompts}
+    pvalue = PVALUES[c.pvalue]
+    result = Calibration(cls.name, cls.threshold, n_cal=len(cal), n_holdout=len(held))
+    t0 = time.perf_counter()
+
+    def risk(value: float, group) -> tuple[float, float]:
+        gate = make_gate(dataclasses.replace(cfg.gate, **{cls.threshold: value}), lm.num_layers)
+        engine = Engine(lm, gate, cfg.bench.kv_policy)
+        losses, exits = [], []
+        for p in group:
+            gen = engine.generate(p.input_ids, n)
+            losses.append(sum(a != b for a, b in zip(gen.tokens, baseline[p.id])) / n)
+            exits += [e < lm.num_layers for e in gen.exit_layers]
+        return sum(losses) / len(losses), sum(exits) / len(exits)
+
+    for value in values:
+        r, _ = risk(value, cal)
+        p = pvalue(r, len(cal), c.delta)
+        result.tested.append(float(value))
+        result.risks.append(r)
+        result.pvalues.append(p)
+        log.info("%s=%g: calibration risk %.4f, p-value %.3g %s", cls.threshold, value, r, p, "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)")
+        if p > c.epsilon:
+            break
+    last = fixed_sequence(result.pvalues, c.epsilon)
+    if last >= 0:
+        result.chosen = result.tested[last]
+        result.holdout_risk, result.holdout_exit_rate = risk(result.chosen, held)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def format_calibration(cfg: Config, r: Calibration) -> str:
+    c = cfg.calibrate
+    lines = [
+        f"calibrate gate={r.gate} on {cfg.model.name}: {r.n_cal} calibration and {r.n_holdout} held-out prompts x "
+        f"{cfg.bench.gen_tokens} tokens, kv_policy={cfg.bench.kv_policy}, {c.pvalue} p-values, delta={c.delta:g}, epsilon={c.epsilon:g}",
+        f"{'':>2}{r.threshold:>10}  {'risk (cal)':>11}  {'p-value':>9}",
+    ]
+    lines += [f"{'':>2}{v:>10g}  {risk:>11.4f}  {p:>9.3g}{'  <- chosen' if v == r.chosen else ''}" for v, risk, p in zip(r.tested, r.risks, r.pvalues)]
+    if r.chosen is None:
+        lines.append(f"no threshold certified: even the most conservative has p-value {r.pvalues[0]:.3g} > epsilon={c.epsilon:g}")
+    else:
+        lines.append(
+            f"chosen {r.threshold}={r.chosen:g}: disagreement risk <= {c.delta:g} with probability >= {1 - c.epsilon:g} "
+            f"(fixed-sequence Learn-then-Test; prompts exchangeable)"
+        )
+        verdict = "holds" if r.holdout_risk <= c.delta else "EXCEEDED"
+        lines.append(f"held-out check: observed disagreement {r.holdout_risk:.4f} on {r.n_holdout} prompts (exit rate {r.holdout_exit_rate:.3f}): {verdict}")
+    lines.append(f"calibration took {r.seconds:.1f} s")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""Learn-then-Test: p-values and fixed-sequence testing on synthetic losses with known
+answers, the guarantee's validity by simulation, and `sweep calibrate` end to end."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sweep.calibrate import binomial_cdf, fixed_sequence, hoeffding_bentkus_p, hoeffding_p, ordered, split
+from sweep.cli import main
+
+
+def test_hoeffding_p_values_by_hand():
+    assert hoeffding_p(0.0, 400, 0.1) == pytest.approx(math.exp(-8))
+    assert hoeffding_p(0.03, 400, 0.1) == pytest.approx(math.exp(-2 * 400 * 0.07**2))
+    assert hoeffding_p(0.1, 400, 0.1) == 1.0 and hoeffding_p(0.2, 400, 0.1) == 1.0
+
+
+def test_hoeffding_bentkus_by_hand_and_tighter():
+    # zero observed loss on 82 prompts, delta 0.1: exp(-n h1(0, 0.1)) = 0.9^82; the Bentkus term is e * 0.9^82
+    assert hoeffding_bentkus_p(0.0, 82, 0.1) == pytest.approx(0.9**82)
+    for risk in (0.0, 0.02, 0.05, 0.08):
+        assert hoeffding_bentkus_p(risk, 200, 0.1) <= hoeffding_p(risk, 200, 0.1)
+    assert binomial_cdf(0, 10, 0.5) == pytest.approx(0.5**10) and binomial_cdf(10, 10, 0.3) == 1.0
+    assert binomial_cdf(3, 10, 0.4) == pytest.approx(sum(math.comb(10, i) * 0.4**i * 0.6 ** (10 - i) for i in range(4)))
+
+
+def test_fixed_sequence_known_answers():
+    risks = [0.0, 0.01, 0.03, 0.08, 0.2]  # n = 400, delta = 0.1: p = 3e-4, 1.5e-3, 0.02, 0.73, 1
+    pvalues = [hoeffding_p(r, 400, 0.1) for r in risks]
+    assert fixed_sequence(pvalues, 0.05) == 2  # the most aggressive certified threshold
+    assert fixed_sequence(pvalues, 0.01) == 1
+    # testing stops at the first failure even if a later threshold would pass
+    assert fixed_sequence([1e-4, 0.5, 1e-4], 0.05) == 0
+    assert fixed_sequence([0.5, 1e-4], 0.05) == -1
+
+
+def test_the_guarantee_holds_by_simulation():
+    """Bernoulli losses with known true risks; the third threshold's risk exceeds delta.
+    Choosing it (or beyond) must happen with probability <= epsilon."""
+    rng = np.random.default_rng(0)
+    true = [0.02, 0.06, 0.12, 0.25]
+    delta, epsilon, n, reps = 0.1, 0.1, 200, 2000
+    bad = 0
+    for _ in range(reps):
+        risks = [rng.binomial(n, p) / n for p in true]
+        chosen = fixed_sequence([hoeffding_bentkus_p(r, n, delta) for r in risks], epsilon)
+        bad += chosen >= 2
+    assert bad / reps <= epsilon
+
+
+def test_thresholds_are_ordered_from_conservative_and_split_is_seeded():
+    assert ordered("saturation", [0.3, 0.1, 0.2]) == [0.1, 0.2, 0.3]  # larger eps exits more
+    assert ordered("margin", [8, 20, 14]) == [20, 14, 8]  # smaller theta exits more
+    assert ordered("conformal", [0.5, 1.0]) == [1.0, 0.5]
+    a, b = split(list(range(10)), 0.5, 3)
+    assert sorted(a + b) == list(range(10)) and len(a) == 5 and split(list(range(10)), 0.5, 3) == (a, b)
+
+
+def test_calibrate_command_on_a_tiny_model(capsys):
+    code = main(["calibrate", "model=tiny-qwen3", "model.tiny.init_std=0.02", "gate=margin", "gate.min_layer=1", "prompts.n=10",
+                 "bench.gen_tokens=6", "calibrate.delta=0.3", "calibrate.epsilon=0.3", "calibrate.grid='range(2.0, 0.0, step=-0.5)'"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "5 calibration and 5 held-out prompts" in out
+    assert "chosen theta=" in out and "held-out check: observed disagreement" in out
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["gate=full"], "gate=full: has no threshold to calibrate"),
+        (["gate=margin", "calibrate.delta=0"], "calibrate.delta=0.0: must be a number in (0, 1]"),
+        (["gate=margin", "calibrate.split=1"], "calibrate.split=1.0: must be a number in (0, 1)"),
+        (["gate=margin", "calibrate.pvalue=bonferroni"], "calibrate.pvalue=bonferroni: must be one of hb, hoeffding"),
+        (["gate=margin", "gate.min_layer=1", "prompts.n=1"], "prompts.n: calibration needs at least 2 prompts"),
+    ],
+)
+def test_bad_calibrate_input(overrides, message, capsys):
+    assert main(["calibrate", "model=tiny-llama", *overrides]) == 2
+    assert message in capsys.readouterr().err

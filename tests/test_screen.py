@@ -1,0 +1,35 @@
+"""`search=screen` on a real embedded Ray: profile once, simulate a dense grid, run only
+the simulated front (and the knee's neighbours) closed-loop, rows for both."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from conftest import sweep
+from sweep.store import read
+
+
+def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
+    outcome = sweep(tmp_path, "search=screen", "bench.gen_tokens=6")
+    sim = read("simulated", tmp_path)
+    assert sim.height == outcome.simulated.height > 100  # the dense grid, every setting simulated
+    assert set(sim["source"]) == {"simulated"} and set(sim["gate"]) == {"fixed", "saturation", "margin", "conformal"}
+    selected = sim.filter(pl.col("selected"))
+    assert 0 < selected.height <= sim.height / 4
+    trials = read("trials", tmp_path)
+    assert set(trials["trial_id"]) == set(selected["trial_id"])  # exactly the selected settings ran closed-loop
+    assert set(trials["source"]) == {"measured"}
+    assert sim.filter(pl.col("on_front"))["trial_id"].is_in(trials["trial_id"].to_list()).all()
+    profile = read("profile", tmp_path)
+    assert profile["run_id"].n_unique() == 1 and sim["trace_run_id"].unique().to_list() == profile["run_id"].unique().to_list()
+
+
+def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):
+    from sweep.screen import comparison, gap_by_gate
+
+    outcome = sweep(tmp_path, "search=screen", "bench.gen_tokens=6", "search.neighbours=0")
+    comp = comparison(outcome.simulated, outcome.rows)
+    assert comp.height == outcome.simulated["selected"].sum()
+    assert comp["agreement_gap"].is_between(-1, 1).all()
+    gaps = gap_by_gate(comp)
+    assert gaps["trials"].sum() == comp.height
