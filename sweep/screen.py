@@ -22,6 +22,7 @@ from sweep.gates import GATES
 from sweep.search import as_override, spaces
 
 log = logging.getLogger("sweep.screen")
+BASELINE = "full-depth"  # the reference point (1x, agreement 1) on every simulated front
 
 
 def dense_settings(cfg: Config, base: list[str], merge) -> list[tuple[list[str], Config]]:
@@ -50,7 +51,8 @@ def dense_settings(cfg: Config, base: list[str], merge) -> list[tuple[list[str],
 def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
     """Mark the settings to run closed-loop: the simulated front (speedup_model against
     agreement_tf, per model across gates) and the knee's ``neighbours`` on each side along
-    its gate's threshold."""
+    its gate's threshold. Full-depth decoding (speedup 1, agreement 1) is always available,
+    so it joins the front as a reference: settings predicted slower than it drop out."""
     from sweep.analysis import chord_knees, pareto_front
 
     # settings that resolve to the same gate on this model (min_depth 0.1 and 0.2 of 4 layers...) are one
@@ -58,7 +60,9 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
         _first=pl.col("trial_id") == pl.col("trial_id").first().over("model", "gate", "min_layer", "exit_layer", "eps", "theta", "q")
     )
     sim = table.filter("_first").rename({"speedup_model": "_x", "agreement_tf": "_y"}).with_columns(status=pl.lit("ok"))
-    front = pareto_front(sim, x="_x", y="_y", by=("model",))
+    baseline = sim.select("model").unique().with_columns(trial_id=pl.lit(BASELINE), _x=pl.lit(1.0), _y=pl.lit(1.0), status=pl.lit("ok"))
+    front = pareto_front(pl.concat([sim, baseline], how="diagonal_relaxed"), x="_x", y="_y", by=("model",))
+    front = front.filter(pl.col("trial_id") != BASELINE)
     chosen = set(front["trial_id"].to_list())
     for knee in chord_knees(front, by=("model",), x="_x", y="_y").iter_rows(named=True):
         gate = GATES.get(knee["gate"], key="gate")

@@ -33,3 +33,18 @@ def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):
     assert comp["agreement_gap"].is_between(-1, 1).all()
     gaps = gap_by_gate(comp)
     assert gaps["trials"].sum() == comp.height
+
+
+def test_selection_keeps_the_front_above_full_depth():
+    from sweep.screen import select
+
+    table = pl.DataFrame({
+        "trial_id": ["a", "b", "c", "d", "e"], "model": ["m"] * 5, "gate": ["saturation"] * 5, "min_layer": [8] * 5,
+        "exit_layer": [None] * 5, "eps": [0.1, 0.2, 0.3, 0.4, 0.05], "theta": [None] * 5, "q": [None] * 5,
+        "speedup_model": [1.2, 1.5, 2.0, 0.9, 0.95], "agreement_tf": [0.9, 0.6, 0.2, 1.0, 1.0],
+    }, schema_overrides={"exit_layer": pl.Int64, "theta": pl.Float64, "q": pl.Float64})
+    out = select(table, neighbours=0)
+    assert out.filter("on_front")["trial_id"].sort().to_list() == ["a", "b", "c"]  # d, e are slower than full depth
+    assert out.filter("selected")["trial_id"].sort().to_list() == ["a", "b", "c"]
+    wider = select(table, neighbours=1)  # the knee (b) and its threshold neighbours a and c
+    assert wider.filter("selected")["trial_id"].sort().to_list() == ["a", "b", "c"]
