@@ -23,6 +23,7 @@ import torch
 from sweep.config import Config
 from sweep.costs import CostModel, cost_model
 from sweep.engine import Engine, Generation
+from sweep.config import GATE_COLUMNS
 from sweep.gates import Gate, make_gate
 from sweep.models import LoadedModel, load_model
 from sweep.prompts import Prompt, read_prompts, tokenize_prompts
@@ -78,7 +79,7 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
     """Measure one trial; returns the trial table's own columns (provenance aside)."""
     t_start = time.perf_counter()
     b = cfg.bench
-    costs = cost_model(lm, prompts[0].input_ids)
+    costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
     baseline, gated = Engine(lm), Engine(lm, gate, b.kv_policy)
     for _ in range(b.warmup):
         baseline.generate(prompts[0].input_ids, b.gen_tokens)
@@ -111,6 +112,8 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "eps": g.eps,
         "theta": g.theta,
         "q": g.q,
+        "k": g.k,
+        "decay": g.decay,
         "kv_policy": b.kv_policy,
         "prompt_set": cfg.prompts.name,
         "n_prompts": n_prompts,
@@ -214,7 +217,7 @@ def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | Non
 
 def format_row(row: dict[str, Any], costs: CostModel | None = None) -> str:
     """The readable summary `sweep bench` prints."""
-    params = "".join(f" {k}={row[k]}" for k in ("exit_layer", "eps", "theta", "q") if row.get(k) is not None)
+    params = "".join(f" {k}={row[k]}" for k in GATE_COLUMNS if row.get(k) is not None)
     lines = [
         f"trial {row['trial_id']}: model={row['model']} gate={row['gate']}{params} min_layer={row['min_layer']} "
         f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} repeats)",
@@ -254,5 +257,5 @@ def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
     prov = provenance(cfg, lm, run_id)
     row.update(sweep_name=None, worker_pid=None, worker_model_loads=None, trial_seconds=None)  # sweep-only columns
     path = write_table("trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"])
-    costs = cost_model(lm, prompts[0].input_ids) if cfg.bench.cost_model and row["status"] != "failed" else None
+    costs = cost_model(lm, prompts[0].input_ids, gates=[gate]) if cfg.bench.cost_model and row["status"] != "failed" else None
     return str(path), {**prov, **row}, format_row({**prov, **row}, costs)

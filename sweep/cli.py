@@ -86,9 +86,11 @@ def sweep_report(outcome) -> str:
         return "\n".join(lines)
     if outcome.simulated is not None:
         lines += _screen_report(outcome)
-    cols = ["model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", "status", "agreement", "speedup_wall", "speedup_model", "exit_rate", "trial_id"]
+    from sweep.config import GATE_COLUMNS
+
+    cols = ["model", "gate", "min_layer", *GATE_COLUMNS, "status", "agreement", "speedup_wall", "speedup_model", "exit_rate", "trial_id"]
     df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
-    df = df.sort("model", "gate", "min_layer", "exit_layer", "eps", "theta", "q", nulls_last=True)
+    df = df.sort("model", "gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
         lines += ["trials:", str(df)]
         front = pareto_front(df, by=("model",))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -33,12 +33,16 @@ class CostModel:
     overhead_ms: float  # rest of a full-depth step: embedding, mask, RoPE, framework
     step_ms: float  # a full-depth decode step, measured
     num_layers: int
+    extra_probe_ms: dict = field(default_factory=dict)  # gate-specific probes measured on demand ("pca:64")
 
     def layers(self, ms: float) -> float:
         return ms / self.layer_ms
 
     def probe_ms(self, gate: Gate) -> float:
-        return {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms}[gate.probe]
+        known = {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms, **self.extra_probe_ms}
+        if gate.probe_key not in known:
+            raise KeyError(f"probe '{gate.probe_key}' not measured: cost_model(lm, prompt_ids, gates=[...]) measures it")
+        return known[gate.probe_key]
 
     def fill_ms(self, kv_policy: str) -> float:
         return self.kv_ms if kv_policy == "propagate" else self.layer_ms
@@ -85,12 +89,28 @@ class CostModel:
         return "\n".join(lines)
 
 
-def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, repeats: int = 12) -> CostModel:
-    """The cost model of ``lm`` on its device at this prompt's length, measured once per process."""
+def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Gate] = (), repeats: int = 12) -> CostModel:
+    """The cost model of ``lm`` on its device at this prompt's length, measured once per process;
+    the probes of ``gates`` that are not the standard three are measured too (once each)."""
     key = (id(lm.model), str(lm.device), lm.dtype, len(prompt_ids))
     if key not in _CACHE:
         _CACHE[key] = _measure(lm, prompt_ids, repeats)
-    return _CACHE[key]
+    costs = _CACHE[key]
+    for gate in gates:
+        if gate.probe_key not in ("none", "hidden", "lens") and gate.probe_key not in costs.extra_probe_ms:
+            costs.extra_probe_ms[gate.probe_key] = _measure_probe(lm, gate)
+    return costs
+
+
+def _measure_probe(lm: LoadedModel, gate: Gate) -> float:
+    """ms of one decision of ``gate`` on one position (its probe), on a real hidden state."""
+    sync = (lambda: torch.cuda.synchronize(lm.device)) if lm.device.type == "cuda" else (lambda: None)
+    gate.bind(lm.adapter)
+    with torch.inference_mode():
+        h = lm.adapter.embed(torch.tensor([[1]], device=lm.device))[:, -1]
+        h_prev = h * 0.9
+        z = lm.adapter.lens(h) if gate.probe == "lens" else None
+        return _median_ms(lambda: bool(gate.decide(gate.min_layer, h, h_prev, z).all()), sync)
 
 
 @torch.inference_mode()

@@ -61,6 +61,8 @@ class Engine:
         self.lm = lm
         self.adapter = lm.adapter
         self.gate = gate
+        if gate is not None:
+            gate.bind(lm.adapter)
         self.kv_policy = kv_policy
         self._step = _Step()
         self._sync = lm.device.type == "cuda"
@@ -78,6 +80,7 @@ class Engine:
             logits = adapter.forward(ids, cache)[:, -1]
             first, calibration = (logits, adapter.num_layers, 0, None), 0.0
         else:
+            gate.gen_tokens, gate.token_index = n_tokens, 0
             with adapter.capture_hidden() as hs:
                 logits = adapter.forward(ids, cache)[:, -1]
             calibration = gate.calibrate(adapter.lens, hs)
@@ -89,7 +92,9 @@ class Engine:
         with self._hooks() as rope:
             self._synchronize()
             t0 = time.perf_counter()
-            for _ in range(n_tokens - 1):
+            for step in range(1, n_tokens):
+                if gate is not None:
+                    gate.token_index = step
                 logits, exit_layer, n_probes, h = self._decode_step(token, cache, rope)
                 token = logits.argmax(-1, keepdim=True)
                 tokens.append(token)

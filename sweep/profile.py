@@ -16,13 +16,14 @@ import polars as pl
 import torch
 import torch.nn.functional as F
 
+from sweep.gates import cosine_prev, pca_basis, pca_delta
 from sweep.models import LoadedModel
 from sweep.prompts import Prompt
 
 log = logging.getLogger("sweep.profile")
 
 @torch.inference_mode()
-def trace_prompt(lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk: int) -> dict[str, np.ndarray]:
+def trace_prompt(lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk: int, pca_k: int = 64) -> dict[str, np.ndarray]:
     """Signals at every position of prompt + generated[:-1] and every layer 1..L.
 
     Position p's hidden states predict the token at p + 1, so the last generated token
@@ -40,12 +41,15 @@ def trace_prompt(lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk
     k = max(topk, 2)
     top_final = z_final.topk(topk, dim=-1).indices
     centered_final = z_final - z_final.mean(dim=-1, keepdim=True)
+    basis = pca_basis(adapter.lm_head.weight, min(pca_k, adapter.lm_head.weight.shape[1]))
     per_layer = []
     for layer in range(1, L + 1):
         h, h_prev = hs[layer][0], hs[layer - 1][0]
         normed = adapter.norm(h)
         z = adapter.head(normed).float()
         top = z.topk(k, dim=-1)
+        logp = torch.log_softmax(z, dim=-1)
+        top_p = logp.topk(2, dim=-1).values.exp()
         per_layer.append(
             {
                 "delta": ((h - h_prev).float().norm(dim=-1) / h.float().norm(dim=-1)),
@@ -56,6 +60,10 @@ def trace_prompt(lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk
                 # softmax ignores a constant shift of the logits, so compare them centred
                 "cos_logits": F.cosine_similarity(z - z.mean(dim=-1, keepdim=True), centered_final, dim=-1),
                 "topk_overlap": (top.indices[:, :topk, None] == top_final[:, None, :]).any(-1).sum(-1).float() / topk,
+                "prob_margin": top_p[:, 0] - top_p[:, 1],
+                "entropy": -(logp.exp() * logp).sum(dim=-1),
+                "cos_prev": cosine_prev(h, h_prev),
+                "pca_delta": pca_delta(normed, adapter.norm(h_prev), basis),
             }
         )
     T = len(ids)
@@ -71,12 +79,13 @@ def trace_prompt(lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk
         token_id=np.repeat(np.asarray(ids, dtype=np.int64), L),
         top1_final=np.repeat(top1_final, L),
         topk=np.full(T * L, topk, dtype=np.int32),
+        pca_k=np.full(T * L, basis.shape[0], dtype=np.int32),
     )
     cols["top1_match"] = cols["top1"] == cols["top1_final"]
     return cols
 
 
-def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int) -> pl.DataFrame:
+def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int, pca_k: int = 64) -> pl.DataFrame:
     """Greedy full-depth decoding, then the per-layer trace, for each prompt in order."""
     from sweep.engine import greedy_decode
 
@@ -85,7 +94,7 @@ def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int,
         t0 = time.perf_counter()
         generated = greedy_decode(lm, prompt.input_ids, gen_tokens)
         t1 = time.perf_counter()
-        frames.append(pl.DataFrame(trace_prompt(lm, prompt, generated, topk)))
+        frames.append(pl.DataFrame(trace_prompt(lm, prompt, generated, topk, pca_k)))
         log.info(
             "[%d/%d] %s: %d prompt + %d generated tokens; decode %.2f s, trace %.2f s",
             i, len(prompts), prompt.id, len(prompt.input_ids), gen_tokens, t1 - t0, time.perf_counter() - t1,
@@ -97,7 +106,7 @@ def traced_run(cfg, lm: LoadedModel, prompts: Sequence[Prompt], run_id: str, gen
     """The trace table of ``prompts`` (every column but the shared provenance) and that provenance."""
     from sweep.run_info import provenance
 
-    trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk)
+    trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k)
     prov = provenance(cfg, lm, run_id)
     trace = trace.with_columns(prompt_set=pl.lit(cfg.prompts.name), **{k: pl.lit(v) for k, v in prov.items() if k in ("model", "num_layers", "run_id")})
     return trace, prov

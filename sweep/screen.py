@@ -18,6 +18,7 @@ import polars as pl
 from sweep.config import Config, GateConfig, compose
 from sweep.config._fields import build
 from sweep.errors import ConfigError
+from sweep.config import GATE_COLUMNS
 from sweep.gates import GATES
 from sweep.search import as_override, spaces
 
@@ -57,7 +58,7 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
 
     # settings that resolve to the same gate on this model (min_depth 0.1 and 0.2 of 4 layers...) are one
     table = table.with_columns(
-        _first=pl.col("trial_id") == pl.col("trial_id").first().over("model", "gate", "min_layer", "exit_layer", "eps", "theta", "q")
+        _first=pl.col("trial_id") == pl.col("trial_id").first().over("model", "gate", "min_layer", *GATE_COLUMNS)
     )
     sim = table.filter("_first").rename({"speedup_model": "_x", "agreement_tf": "_y"}).with_columns(status=pl.lit("ok"))
     baseline = sim.select("model").unique().with_columns(trial_id=pl.lit(BASELINE), _x=pl.lit(1.0), _y=pl.lit(1.0), status=pl.lit("ok"))
@@ -89,10 +90,10 @@ def comparison(simulated: pl.DataFrame, measured: list[dict[str, Any]]) -> pl.Da
     ).filter(pl.col("status") == "ok")
     both = simulated.filter(pl.col("selected")).join(meas, on="trial_id", how="inner")
     return both.select(
-        "gate", "min_layer", "exit_layer", "eps", "theta", "q",
+        "gate", "min_layer", *GATE_COLUMNS,
         "agreement_tf", "agreement", (pl.col("agreement_tf") - pl.col("agreement")).alias("agreement_gap"),
         "speedup_model", "speedup_wall", (pl.col("speedup_model") - pl.col("speedup_wall")).alias("speedup_gap"),
-    ).sort("gate", "min_layer", "eps", "theta", "q", "exit_layer", nulls_last=True)
+    ).sort("gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
 
 
 def gap_by_gate(comp: pl.DataFrame) -> pl.DataFrame:

@@ -13,7 +13,7 @@ prefill position (the first generated token) and its decode positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -21,6 +21,7 @@ import torch
 
 from sweep.config import GateConfig
 from sweep.costs import CostModel
+from sweep.errors import ConfigError
 from sweep.gates import GATES, Gate, make_gate
 
 CHUNK = 256  # thresholds per tensor pass: (CHUNK, T, L) booleans at a time
@@ -37,6 +38,15 @@ class Signals:
     token_index: torch.Tensor  # (T,) 0 for a prompt's first generated token, then 1, 2, ...
     prefill_residual: list[torch.Tensor]  # per prompt, (P_i, L) sup-norm residuals of its prefill positions
     prompt_ids: list[str]
+    gen_tokens: int = 1  # tokens generated per prompt (N of CALM's decaying schedule)
+    extra: dict = field(default_factory=dict)  # (T, L) signals newer traces carry: prob_margin, entropy, cos_prev, pca_delta
+    pca_k: int | None = None
+
+    def need(self, name: str) -> torch.Tensor:
+        """A signal a gate replays; traces written before it existed say so."""
+        if name not in self.extra:
+            raise ConfigError(f"the profile trace has no '{name}' column (written before that signal existed); re-run `sweep profile`")
+        return self.extra[name]
 
     @property
     def num_layers(self) -> int:
@@ -72,7 +82,12 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
         torch.tensor(prefill.filter(pl.col("prompt_id") == p)["residual_inf"].to_numpy().reshape(-1, L), dtype=torch.float32)
         for p in prompt_ids
     ]
+    extra = {c: grid(c) for c in ("prob_margin", "entropy", "cos_prev", "pca_delta") if c in decide.columns and decide[c].null_count() == 0}
+    pca_k = int(decide["pca_k"][0]) if "pca_delta" in extra else None
     return Signals(
+        gen_tokens=int(token.max()) + 1,
+        extra=extra,
+        pca_k=pca_k,
         delta=grid("delta"),
         margin=grid("margin"),
         match=grid("top1_match", torch.bool),
@@ -83,7 +98,7 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
     )
 
 
-def exit_layers(gate_cls: type[Gate], signals: Signals, values: torch.Tensor, min_layer: int) -> torch.Tensor:
+def exit_layers(gate_cls: type[Gate], signals: Signals, values: torch.Tensor, min_layer: int, decay: float | None = None) -> torch.Tensor:
     """(K, T) exit layers (L = no exit) of a gate for each threshold value.
 
     The gate decides after layers min_layer..L-1, as the engine's hooks do; the first layer
@@ -92,7 +107,7 @@ def exit_layers(gate_cls: type[Gate], signals: Signals, values: torch.Tensor, mi
     L = signals.num_layers
     out = []
     for start in range(0, len(values), CHUNK):
-        mask = gate_cls.decisions(signals, values[start : start + CHUNK]).clone()
+        mask = gate_cls.decisions(signals, values[start : start + CHUNK], decay).clone()
         mask[..., : min_layer - 1] = False
         mask[..., L - 1 :] = False
         first = mask.to(torch.uint8).argmax(dim=-1) + 1
@@ -118,8 +133,10 @@ def simulate(
         cls = GATES.get(name, key="gate")
         gates = [make_gate(gate_cfgs[i], L) for i in members]
         values = torch.tensor([threshold_value(g) for g in gates])
+        if cls.name == "pca" and gates[0].cfg.k != signals.pca_k:
+            raise ConfigError(f"gate.k={gates[0].cfg.k}: the trace's pca signal has k={signals.pca_k} (profile.pca_k); replay at that k")
         # a fixed gate's only probe layer is its threshold, so its min_layer does not mask anything
-        exits = exit_layers(cls, signals, values, 1 if cls.name == "fixed" else gates[0].min_layer)
+        exits = exit_layers(cls, signals, values, 1 if cls.name == "fixed" else gates[0].min_layer, gates[0].cfg.decay)
         metrics = _metrics(gates, exits, signals, costs, kv_policy, decode)
         for j, i in enumerate(members):
             rows[i] = metrics[j]
@@ -152,9 +169,11 @@ def _metrics(gates: list[Gate], exits: torch.Tensor, signals: Signals, costs: Co
             "gate": gate.name,
             "min_layer": gate.min_layer,
             "exit_layer": getattr(gate, "exit_layer", None),
-            "eps": gate.cfg.eps if gate.name == "saturation" else None,
-            "theta": gate.cfg.theta if gate.name == "margin" else None,
+            "eps": gate.cfg.eps if "eps" in gate.params else None,
+            "theta": gate.cfg.theta if "theta" in gate.params else None,
             "q": gate.cfg.q if gate.name == "conformal" else None,
+            "k": gate.cfg.k if gate.name == "pca" else None,
+            "decay": gate.cfg.decay,
             "agreement_tf": float(agree[j].mean()),
             "exit_rate": float((e < L).float().mean()),
             "mean_exit_layer": float(e.float().mean()),

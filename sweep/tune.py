@@ -31,6 +31,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sweep.config import ClusterConfig, Config, SearchConfig, compose
 from sweep.errors import ConfigError, SweepError
+from sweep.gates import GATES
 from sweep.search import METRICS, Param, as_override, check_search, grid, spaces
 
 log = logging.getLogger("sweep.tune")
@@ -336,8 +337,9 @@ def _screen(cfg: Config, base: list[str], settings, resources: dict, device: str
 
     t0 = time.perf_counter()
     task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_screen_trace)
+    probes = sorted({c.gate for _, c in settings if GATES.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens")}, key=str)
     try:
-        result = ray.get(task.remote(base, run_id))
+        result = ray.get(task.remote(base, run_id, probes))
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
         if cause is not None:
@@ -371,21 +373,23 @@ def _screen(cfg: Config, base: list[str], settings, resources: dict, device: str
     return chosen, table
 
 
-def _screen_trace(base: list[str], run_id: str) -> dict:
+def _screen_trace(base: list[str], run_id: str, probe_gates: list = ()) -> dict:
     """In a worker: the profile trace of the sweep's model and prompts at the bench's length,
-    and the cost model, on the device trials will use."""
+    and the cost model (with the probes of ``probe_gates``), on the device trials will use."""
     import dataclasses as dc
 
     from sweep.bench import prepare
     from sweep.config import GateConfig
     from sweep.costs import cost_model
+    from sweep.gates import make_gate
     from sweep.profile import traced_run
 
     cfg = compose(base)
     cfg = dc.replace(cfg, gate=GateConfig())  # the model's own depth decides every layer index later
     lm, _, prompts = prepare(cfg)
     trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens)
-    return {"trace": trace, "provenance": prov, "costs": cost_model(lm, prompts[0].input_ids).as_dict()}
+    gates = [make_gate(g, lm.num_layers) for g in probe_gates]
+    return {"trace": trace, "provenance": prov, "costs": cost_model(lm, prompts[0].input_ids, gates=gates).as_dict()}
 
 
 def _select(grid_trials, done: dict, device: str, root: str) -> tuple[list[list[str]] | None, int]:
@@ -586,7 +590,9 @@ def _last_error(path: str | None) -> str:
 
 
 def _describe(row: dict, cached: bool) -> str:
-    params = " ".join(f"{k}={row[k]}" for k in ("exit_layer", "eps", "theta", "q") if row.get(k) is not None)
+    from sweep.config import GATE_COLUMNS
+
+    params = " ".join(f"{k}={row[k]}" for k in GATE_COLUMNS if row.get(k) is not None)
     head = f"{row['model']} gate={row['gate']} {params} min_layer={row['min_layer']}".replace("  ", " ")
     if row["status"] == "failed":
         return f"{head}: failed ({row.get('error')})"

@@ -51,7 +51,7 @@ def test_model_name_is_derived_from_path():
 
 BAD = [
     (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-gemma3"),
-    (["gate=nope"], "gate=nope: unknown option; allowed: conformal, fixed, full, margin, saturation"),
+    (["gate=nope"], "gate=nope: unknown option; allowed: conformal, cosine, entropy, fixed, full, margin, pca, saturation, softmax"),
     (["prompts=nope"], "prompts=nope: unknown option; allowed: chat, humaneval, jsonl"),
     (["profile.nope=1"], "profile.nope: unknown key in profile; allowed: gen_tokens, topk"),
     (["+nope=1"], "nope: unknown key; allowed: model, gate, prompts"),

@@ -22,6 +22,10 @@ GATE_CONFIGS = {
     "saturation": GateConfig(name="saturation", min_layer=2, eps=0.8),
     "margin": GateConfig(name="margin", min_layer=1, theta=0.4),
     "conformal": GateConfig(name="conformal", min_layer=1, q=0.3),
+    "softmax": GateConfig(name="softmax", min_layer=1, theta=0.03, decay=4.0),
+    "cosine": GateConfig(name="cosine", min_layer=2, eps=0.2),
+    "entropy": GateConfig(name="entropy", min_layer=1, theta=4.3),
+    "pca": GateConfig(name="pca", min_layer=2, eps=0.7, k=8),
 }
 
 
@@ -42,7 +46,10 @@ def replay(lm, prompt_ids, tokens, gate):
     cache = a.new_cache()
     steps = [list(prompt_ids)] + [[t] for t in tokens[:-1]]
     exits, picks = [], []
+    gate.bind(a)
+    gate.gen_tokens = len(tokens)
     for i, ids in enumerate(steps):
+        gate.token_index = i
         with a.capture_hidden() as hs:
             logits = a.forward(torch.tensor([ids]), cache)[:, -1]
         if i == 0:
@@ -81,7 +88,7 @@ def test_the_suite_exercises_exits(tiny, prompts):
     residual dwarfs their margins, like the post-mortem's real ones); it is exercised on
     a model whose lens converges in the test below.
     """
-    for name in ("fixed", "saturation", "margin"):
+    for name in ("fixed", "saturation", "margin", "softmax", "cosine", "entropy", "pca"):
         gate = make_gate(GATE_CONFIGS[name], tiny.num_layers)
         exits = [e for p in prompts for e in Engine(tiny, gate, "propagate").generate(p.input_ids, N).exit_layers]
         assert any(e < tiny.num_layers for e in exits), f"{name} never exits on tiny-{tiny.family}"

@@ -13,7 +13,9 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
     outcome = sweep(tmp_path, "search=screen", "bench.gen_tokens=6")
     sim = read("simulated", tmp_path)
     assert sim.height == outcome.simulated.height > 100  # the dense grid, every setting simulated
-    assert set(sim["source"]) == {"simulated"} and set(sim["gate"]) == {"fixed", "saturation", "margin", "conformal"}
+    from sweep.gates import GATES
+
+    assert set(sim["source"]) == {"simulated"} and set(sim["gate"]) == set(GATES.names()) - {"full"}
     selected = sim.filter(pl.col("selected"))
     assert 0 < selected.height <= sim.height / 4
     trials = read("trials", tmp_path)
@@ -41,8 +43,9 @@ def test_selection_keeps_the_front_above_full_depth():
     table = pl.DataFrame({
         "trial_id": ["a", "b", "c", "d", "e"], "model": ["m"] * 5, "gate": ["saturation"] * 5, "min_layer": [8] * 5,
         "exit_layer": [None] * 5, "eps": [0.1, 0.2, 0.3, 0.4, 0.05], "theta": [None] * 5, "q": [None] * 5,
+        "k": [None] * 5, "decay": [None] * 5,
         "speedup_model": [1.2, 1.5, 2.0, 0.9, 0.95], "agreement_tf": [0.9, 0.6, 0.2, 1.0, 1.0],
-    }, schema_overrides={"exit_layer": pl.Int64, "theta": pl.Float64, "q": pl.Float64})
+    }, schema_overrides={"exit_layer": pl.Int64, "theta": pl.Float64, "q": pl.Float64, "k": pl.Int64, "decay": pl.Float64})
     out = select(table, neighbours=0)
     assert out.filter("on_front")["trial_id"].sort().to_list() == ["a", "b", "c"]  # d, e are slower than full depth
     assert out.filter("selected")["trial_id"].sort().to_list() == ["a", "b", "c"]

@@ -23,6 +23,10 @@ SETTINGS = {
     "saturation": [GateConfig(name="saturation", min_layer=m, eps=e) for m in (1, 2) for e in (0.55, 0.75, 0.95)],
     "margin": [GateConfig(name="margin", min_layer=m, theta=t) for m in (1, 3) for t in (0.25, 0.45, 1.5)],
     "conformal": [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.05, 0.5, 1.0)],
+    "softmax": [GateConfig(name="softmax", min_layer=1, theta=t, decay=d) for t in (0.02, 0.05, 0.3) for d in (None, 4.0)],
+    "cosine": [GateConfig(name="cosine", min_layer=2, eps=e, decay=d) for e in (0.1, 0.2, 0.4) for d in (None, 2.0)],
+    "entropy": [GateConfig(name="entropy", min_layer=1, theta=t) for t in (3.5, 4.3, 5.0)],
+    "pca": [GateConfig(name="pca", min_layer=2, eps=e, k=8) for e in (0.5, 0.7, 0.9)],
 }
 
 
@@ -34,7 +38,7 @@ def test_every_gate_is_simulated():
 def traced(tiny):
     cfg = compose("prompts=chat", "prompts.n=2").prompts
     prompts = tokenize_prompts(read_prompts(cfg), cfg, tiny.tokenizer)
-    trace = profile_prompts(tiny, prompts, N, topk=3).with_columns(
+    trace = profile_prompts(tiny, prompts, N, topk=3, pca_k=8).with_columns(
         model=pl.lit(tiny.name), run_id=pl.lit("r"), num_layers=pl.lit(tiny.num_layers)
     )
     return prompts, signals_from_trace(trace)
@@ -57,7 +61,7 @@ def test_simulation_equals_the_closed_loop_until_the_first_divergence(tiny, trac
     compared = 0
     for cfg in SETTINGS[gate_name]:
         gate = make_gate(cfg, L)
-        sim = exit_layers(type(gate), sig, torch.tensor([threshold_value(gate)]), 1 if gate_name == "fixed" else gate.min_layer)[0]
+        sim = exit_layers(type(gate), sig, torch.tensor([threshold_value(gate)]), 1 if gate_name == "fixed" else gate.min_layer, cfg.decay)[0]
         for prompt in prompts:
             gen = Engine(tiny, gate, "full").generate(prompt.input_ids, N)
             rows = (sig.prompt_index == order[prompt.id]).nonzero().flatten()
@@ -74,7 +78,8 @@ def test_simulation_equals_the_closed_loop_until_the_first_divergence(tiny, trac
 def test_simulate_rows_and_predicted_speedup(traced, tiny):
     _, sig = traced
     L = tiny.num_layers
-    costs = CostModel(layer_ms=1.0, head_ms=2.0, lens_probe_ms=2.2, hidden_probe_ms=0.05, kv_ms=0.1, overhead_ms=0.5, step_ms=L + 2.5, num_layers=L)
+    costs = CostModel(layer_ms=1.0, head_ms=2.0, lens_probe_ms=2.2, hidden_probe_ms=0.05, kv_ms=0.1, overhead_ms=0.5, step_ms=L + 2.5,
+                      num_layers=L, extra_probe_ms={"pca:8": 0.3})
     cfgs = [c for group in SETTINGS.values() for c in group]
     table = simulate(cfgs, sig, costs)
     assert table.height == len(cfgs)
@@ -85,6 +90,24 @@ def test_simulate_rows_and_predicted_speedup(traced, tiny):
     expected = costs.step_ms / costs.token_ms(make_gate(cfgs[2], L), 2, 1, "propagate")  # exit at 2 after one probe, every step
     assert fixed["speedup_model"] == pytest.approx(expected)
     assert table["agreement_tf"].is_between(0, 1).all()
+
+
+def test_a_pca_replay_needs_the_traces_k(traced):
+    from sweep.errors import ConfigError
+
+    _, sig = traced
+    with pytest.raises(ConfigError, match="gate.k=16: the trace's pca signal has k=8"):
+        simulate([GateConfig(name="pca", eps=0.5, k=16, min_layer=1)], sig, None)
+
+
+def test_old_traces_without_new_signals_say_so(traced):
+    from dataclasses import replace
+
+    from sweep.errors import ConfigError
+
+    _, sig = traced
+    with pytest.raises(ConfigError, match="no 'entropy' column"):
+        simulate([GateConfig(name="entropy", theta=1.0, min_layer=1)], replace(sig, extra={}), None)
 
 
 def test_probe_counts_follow_the_engine():

@@ -25,6 +25,7 @@ def profile_rows(n: int = 4) -> dict:
         "layer": [1, 2] * (n // 2), "token_id": [5] * n, "delta": [0.5] * n, "margin": [1.0] * n,
         "top1": [3] * n, "top1_final": [3] * n, "top1_match": [True] * n, "residual_inf": [0.1] * n,
         "cos_hidden": [0.9] * n, "cos_logits": [0.8] * n, "topk_overlap": [0.7] * n, "topk": [10] * n,
+        "prob_margin": [0.5] * n, "entropy": [1.0] * n, "cos_prev": [0.9] * n, "pca_delta": [0.2] * n, "pca_k": [64] * n,
     }
 
 

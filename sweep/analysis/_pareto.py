@@ -6,7 +6,9 @@ import math
 
 import polars as pl
 
-GATE_PARAMS = ("exit_layer", "eps", "theta", "q", "min_layer")
+from sweep.config import GATE_COLUMNS
+
+GATE_PARAMS = (*GATE_COLUMNS, "min_layer")
 TARGETS = (0.95, 0.98, 0.99, 1.0)
 
 

@@ -15,6 +15,8 @@ from sweep.config._fields import at_least, field, in_range
 from sweep.families import FAMILIES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+# the gate parameters results carry as columns (min_layer aside), in display order
+GATE_COLUMNS = ("exit_layer", "eps", "theta", "q", "k", "decay")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class GateConfig:
     eps: float | None = field(None, check=lambda v: v > 0, allowed="a number > 0")
     theta: float | None = field(None, check=lambda v: v >= 0, allowed="a number >= 0")
     q: float | None = field(None, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1]")
+    k: int | None = field(None, check=in_range(1, 65536), allowed="an integer >= 1")  # pca: principal directions
+    decay: float | None = field(None, check=lambda v: v >= 0, allowed="a number >= 0 or null")  # CALM's tau (softmax, cosine)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class PromptsConfig:
 class ProfileConfig:
     gen_tokens: int = field(32, check=in_range(1, 4096), allowed="an integer in 1..4096")
     topk: int = field(10, check=in_range(1, 1000), allowed="an integer in 1..1000")
+    pca_k: int = field(64, check=in_range(1, 65536), allowed="an integer >= 1")  # the pca signal's directions
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 ``decide`` sees one decode step after layer ``l`` (1-indexed) for a batch of rows:
 ``h`` is h_l and ``h_prev`` is h_{l-1}, both (B, hidden); ``z`` is the logit lens
 z_l (B, vocab) when the gate's probe is ``lens``, else None. It returns a bool per row.
-``signal``/``threshold_ok`` are the same rule in vectorised form over any batch of
-positions, so the profile trace can replay a gate without running it.
+``decisions`` is the same rule vectorised over a profile trace and a grid of thresholds,
+so a trace can replay a gate without running it. ``token_index`` is the generated token
+being decided (0 for the first), set by the engine for thresholds that change over a
+generation (CALM's decaying schedule).
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ class Gate:
     aggressive: ClassVar[int] = 1  # +1: a larger threshold exits more often; -1: a smaller one does
 
     @classmethod
-    def decisions(cls, signals, values: torch.Tensor) -> torch.Tensor:
+    def decisions(cls, signals, values: torch.Tensor, decay: float | None = None) -> torch.Tensor:
         """Vectorised rule over a profile trace: (K, T, L) booleans, True where the gate with
         threshold ``values[k]`` would exit after layer l+1 at decision position t.
-        ``signals`` is a ``sweep.simulate.Signals``; layer and min_layer masking is the caller's."""
+        ``signals`` is a ``sweep.simulate.Signals``; layer and min_layer masking is the caller's;
+        ``decay`` is CALM's schedule for the gates that take one."""
         raise NotImplementedError
 
     def __init__(self, cfg: GateConfig, num_layers: int) -> None:
+        self.token_index = 0
+        self.gen_tokens = 1
         if cfg.min_depth is not None:
             self.min_layer = max(1, math.ceil(cfg.min_depth * num_layers))
         elif cfg.min_layer > num_layers:
@@ -48,6 +53,14 @@ class Gate:
     def probe_layers(self) -> range:
         """Layers after which the decision is taken (never after L: that is full depth)."""
         return range(self.min_layer, self.num_layers)
+
+    def bind(self, adapter) -> None:
+        """Called once per engine with the model's adapter (a gate that needs model weights)."""
+
+    @property
+    def probe_key(self) -> str:
+        """Which measured probe cost applies (``CostModel.probe_ms``)."""
+        return self.probe
 
     def calibrate(self, lens_fn, hidden: list[torch.Tensor]) -> float:
         """Per-prompt preparation from the prefill's hidden states [h_0..h_L]; returns seconds spent."""
@@ -76,7 +89,7 @@ class FullGate(Gate):
         return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
 
     @classmethod
-    def decisions(cls, signals, values):
+    def decisions(cls, signals, values, decay=None):
         return torch.zeros((len(values), *signals.delta.shape), dtype=torch.bool)
 
 
@@ -105,7 +118,7 @@ class FixedGate(Gate):
         return torch.full((h.shape[0],), layer == self.exit_layer, dtype=torch.bool, device=h.device)
 
     @classmethod
-    def decisions(cls, signals, values):
+    def decisions(cls, signals, values, decay=None):
         layers = torch.arange(1, signals.num_layers + 1)
         mask = layers[None, :] == values.long()[:, None]  # (K, L)
         return mask[:, None, :].expand(len(values), *signals.delta.shape)
@@ -136,7 +149,7 @@ class SaturationGate(Gate):
         return saturation_delta(h, h_prev) < self.cfg.eps
 
     @classmethod
-    def decisions(cls, signals, values):
+    def decisions(cls, signals, values, decay=None):
         return signals.delta[None] < values[:, None, None]
 
 
@@ -154,7 +167,7 @@ class MarginGate(Gate):
         return logit_margin(z) >= self.cfg.theta
 
     @classmethod
-    def decisions(cls, signals, values):
+    def decisions(cls, signals, values, decay=None):
         return signals.margin[None] >= values[:, None, None]
 
 
@@ -192,10 +205,20 @@ class ConformalGate(Gate):
         return 2.0 * self.tau[layer].item() <= logit_margin(z)
 
     @classmethod
-    def decisions(cls, signals, values):
+    def decisions(cls, signals, values, decay=None):
         # tau per (q, prompt, layer): the q-quantile of each prompt's prefill residuals, as calibrate() does
         tau = torch.stack([torch.quantile(r, values.to(r.dtype), dim=0) for r in signals.prefill_residual], dim=1)
         return 2.0 * tau[:, signals.prompt_index, :] <= signals.margin[None]
+
+
+def decayed(threshold: float, token_index, gen_tokens: int, tau: float | None):
+    """CALM's decaying threshold (Schuster et al. 2022): clip(0.9 * threshold + 0.1 * exp(-tau * t / N), 0, 1)
+    for the t-th of N generated tokens; the threshold itself when tau is None."""
+    if tau is None:
+        return threshold
+    if isinstance(token_index, torch.Tensor):
+        return (0.9 * threshold + 0.1 * torch.exp(-tau * token_index / gen_tokens)).clamp(0.0, 1.0)
+    return min(max(0.9 * threshold + 0.1 * math.exp(-tau * token_index / gen_tokens), 0.0), 1.0)
 
 
 def make_gate(cfg: GateConfig, num_layers: int) -> Gate:

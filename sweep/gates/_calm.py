@@ -1,0 +1,105 @@
+"""CALM's confidence signals (Schuster et al. 2022, arXiv 2207.07061) as gates: softmax
+response (top-1 minus top-2 probability), hidden-state saturation as a cosine, and the
+entropy of the early-exit distribution. softmax and cosine take CALM's decaying threshold
+schedule (``gate.decay`` = its tau; null keeps the threshold fixed)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sweep.errors import ConfigError
+from sweep.gates._gates import Gate, decayed
+from sweep.gates._registry import register
+
+
+def prob_margin(z: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 softmax probability, per row."""
+    top2 = F.softmax(z.float(), dim=-1).topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
+def entropy(z: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(z) in nats, per row."""
+    logp = F.log_softmax(z.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def cosine_prev(h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
+    """cos(h_l, h_{l-1}) per row, in float32."""
+    return F.cosine_similarity(h.float(), h_prev.float(), dim=-1)
+
+
+class _Decaying(Gate):
+    """A gate whose threshold may follow CALM's decaying schedule over the generation."""
+
+    def __init__(self, cfg, num_layers: int) -> None:
+        super().__init__(cfg, num_layers)
+        if cfg.decay is not None and cfg.decay < 0:
+            raise ConfigError(f"gate.decay={cfg.decay}: must be >= 0 (CALM's tau) or null")
+
+    def level(self, base: float):
+        return decayed(base, self.token_index, self.gen_tokens, self.cfg.decay)
+
+    @classmethod
+    def levels(cls, signals, values: torch.Tensor, decay: float | None) -> torch.Tensor:
+        """(K, T, 1) thresholds per position, decayed over each prompt's generation."""
+        t = signals.token_index.to(torch.float64)[None, :, None]
+        return decayed(values.to(torch.float64)[:, None, None], t, signals.gen_tokens, decay) if decay is not None else values[:, None, None]
+
+
+@register
+class SoftmaxGate(_Decaying):
+    """Exit when the lens's softmax is decisive: p_top1 - p_top2 >= theta (theta in [0, 1])."""
+
+    name = "softmax"
+    params = ("theta",)
+    probe = "lens"
+    threshold = "theta"
+    aggressive = -1
+
+    def __init__(self, cfg, num_layers: int) -> None:
+        super().__init__(cfg, num_layers)
+        if not 0 <= cfg.theta <= 1:
+            raise ConfigError(f"gate.theta={cfg.theta}: must be in [0, 1] for gate=softmax (a probability margin)")
+
+    def decide(self, layer, h, h_prev, z):
+        return prob_margin(z) >= self.level(self.cfg.theta)
+
+    @classmethod
+    def decisions(cls, signals, values, decay=None):
+        return signals.need("prob_margin")[None] >= cls.levels(signals, values, decay)
+
+
+@register
+class CosineGate(_Decaying):
+    """Exit when the residual stream stops turning: cos(h_l, h_{l-1}) >= 1 - eps."""
+
+    name = "cosine"
+    params = ("eps",)
+    probe = "hidden"
+    threshold = "eps"
+
+    def decide(self, layer, h, h_prev, z):
+        return cosine_prev(h, h_prev) >= self.level(1.0 - self.cfg.eps)
+
+    @classmethod
+    def decisions(cls, signals, values, decay=None):
+        return signals.need("cos_prev")[None] >= cls.levels(signals, 1.0 - values, decay)
+
+
+@register
+class EntropyGate(Gate):
+    """Exit when the lens's distribution is peaked: its entropy <= theta (nats)."""
+
+    name = "entropy"
+    params = ("theta",)
+    probe = "lens"
+    threshold = "theta"
+
+    def decide(self, layer, h, h_prev, z):
+        return entropy(z) <= self.cfg.theta
+
+    @classmethod
+    def decisions(cls, signals, values, decay=None):
+        return signals.need("entropy")[None] <= values[:, None, None]
