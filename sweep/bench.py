@@ -22,6 +22,7 @@ import torch
 
 from sweep.config import Config
 from sweep.costs import CostModel, cost_model
+from sweep.errors import ConfigError
 from sweep.engine import Engine, Generation
 from sweep.config import GATE_COLUMNS
 from sweep.gates import Gate, make_gate
@@ -75,12 +76,24 @@ def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     return lm, gate, prompts
 
 
+def gated_engine(cfg: Config, lm: LoadedModel, gate: Gate):
+    """What the trial measures against full depth: early exit under the gate, or lossless
+    self-speculation drafting with the fixed gate's layers."""
+    if cfg.bench.mode == "self_speculative":
+        from sweep.speculative import SelfSpeculative
+
+        if gate.name != "fixed":
+            raise ConfigError(f"bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K (not gate={gate.name})")
+        return SelfSpeculative(lm, gate.exit_layer, cfg.bench.draft_len)
+    return Engine(lm, gate, cfg.bench.kv_policy)
+
+
 def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> dict[str, Any]:
     """Measure one trial; returns the trial table's own columns (provenance aside)."""
     t_start = time.perf_counter()
     b = cfg.bench
     costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
-    baseline, gated = Engine(lm), Engine(lm, gate, b.kv_policy)
+    baseline, gated = Engine(lm), gated_engine(cfg, lm, gate)
     for _ in range(b.warmup):
         baseline.generate(prompts[0].input_ids, b.gen_tokens)
         gated.generate(prompts[0].input_ids, b.gen_tokens)
@@ -88,6 +101,8 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
     base_s, gated_s, repeats_ok = _timed_rounds(baseline, gated, runs, b.gen_tokens, b.repeats)
     deterministic = deterministic and repeats_ok
     row = _metrics(runs, base_s, gated_s, costs, gate, b.kv_policy, lm.num_layers)
+    speculation = {"acceptance_rate": None, "mean_accepted_length": None, "tokens_per_verification": None}
+    row.update(_speculation(runs) if b.mode == "self_speculative" else speculation)
     row.update(
         status="ok" if deterministic else "nondeterministic",
         error=None if deterministic else "full-depth baselines or timed repeats did not reproduce their tokens",
@@ -96,6 +111,20 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
         bench_seconds=time.perf_counter() - t_start,
     )
     return {**trial_fields(cfg, len(prompts), gate), **row}
+
+
+def _speculation(runs) -> dict[str, Any]:
+    """Self-speculation's own metrics, over the reference runs; no cost-model prediction."""
+    gens = [run.gated for run in runs]
+    drafted, accepted = sum(g.drafted for g in gens), sum(g.accepted for g in gens)
+    lengths = [a for g in gens for a in g.accepted_lengths]
+    rounds = sum(g.rounds for g in gens)
+    return {
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_length": statistics.fmean(lengths) if lengths else None,
+        "tokens_per_verification": sum(len(g.tokens) - 1 for g in gens) / rounds if rounds else None,
+        "speedup_model": None,
+    }
 
 
 def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[str, Any]:
@@ -115,6 +144,8 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "k": g.k,
         "decay": g.decay,
         "kv_policy": b.kv_policy,
+        "mode": b.mode,
+        "draft_len": b.draft_len if b.mode == "self_speculative" else None,
         "prompt_set": cfg.prompts.name,
         "n_prompts": n_prompts,
         "gen_tokens": b.gen_tokens,
@@ -231,10 +262,15 @@ def format_row(row: dict[str, Any], costs: CostModel | None = None) -> str:
         f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
         f"layers saved {100 * row['layers_saved']:.1f}%",
         f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
-        f"speedup_wall {row['speedup_wall']:.3f}x, speedup_model {row['speedup_model']:.3f}x",
+        f"speedup_wall {row['speedup_wall']:.3f}x" + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else ""),
         f"costs in layer-equivalents: probe {row['probe_cost_layers']:.2f}, K/V fill {row['kv_cost_layers']:.2f}/layer, "
         f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
     ]
+    if row.get("mode") == "self_speculative":
+        lines.append(
+            f"self-speculation: draft_len {row['draft_len']}, acceptance rate {row['acceptance_rate']:.3f}, "
+            f"mean accepted {row['mean_accepted_length']:.2f}, tokens per verification {row['tokens_per_verification']:.2f}"
+        )
     if costs is not None:
         lines.append(costs.format())
     lines.append(f"status: {row['status']}")

@@ -22,7 +22,7 @@ import torch
 from sweep.gates import Gate
 from sweep.models import LoadedModel
 
-KV_POLICIES = ("propagate", "full")
+KV_POLICIES = ("propagate", "full", "none")  # none: skipped layers get no K/V (self-speculation's drafts)
 
 
 class _Exit(Exception):
@@ -134,8 +134,9 @@ class Engine:
         try:
             logits = self.adapter.forward(token, cache)[:, -1]
         except _Exit:
-            start = step.exit_layer  # 0-based index of the first skipped layer
-            self.adapter.fill_kv(step.h, cache, range(start, self.adapter.num_layers), rope)
+            if self.kv_policy == "propagate":
+                start = step.exit_layer  # 0-based index of the first skipped layer
+                self.adapter.fill_kv(step.h, cache, range(start, self.adapter.num_layers), rope)
             logits = None
         if step.exit_layer is None:
             return logits, self.adapter.num_layers, step.probes, None
@@ -159,7 +160,7 @@ class Engine:
     def _hook(self, layer: int):
         gate, step, lens = self.gate, self._step, self.adapter.lens
         lens_probe = gate.probe == "lens"
-        propagate = self.kv_policy == "propagate"
+        unwind = self.kv_policy != "full"
 
         def after_layer(_module, args, output):
             if step.exit_layer is not None:  # kv_policy=full: already exited, layers run on for the cache
@@ -170,7 +171,7 @@ class Engine:
             step.probes += 1
             if bool(gate.decide(layer, last, prev, z).all()):
                 step.exit_layer, step.h, step.z = layer, h, z
-                if propagate:
+                if unwind:
                     raise _Exit
 
         return after_layer

@@ -43,3 +43,9 @@ def test_lossy_gates_produce_rows(overrides):
     row = trial(*overrides, "gate.min_layer=8")
     assert row["status"] == "ok" and 0.0 <= row["agreement"] <= 1.0
     assert row["probe_cost_layers"] > 0 and 8 <= row["mean_exit_layer"] <= 30
+
+
+def test_self_speculation_is_lossless_on_the_real_model():
+    row = trial("gate=fixed", "gate.exit_layer=15", "bench.mode=self_speculative", "bench.draft_len=3")
+    assert row["status"] == "ok" and row["agreement"] == 1.0 and row["exact_match"] == 1.0
+    assert 0 <= row["acceptance_rate"] <= 1

@@ -87,6 +87,8 @@ class BenchConfig:
     repeats: int = field(3, check=in_range(1, 1000), allowed="an integer in 1..1000")
     kv_policy: Literal["propagate", "full"] = "propagate"
     cost_model: bool = False  # print the measured cost model
+    mode: Literal["early_exit", "self_speculative"] = "early_exit"
+    draft_len: int = field(4, check=in_range(1, 64), allowed="an integer in 1..64")  # self_speculative: drafts per verification
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,67 @@
+"""Lossless self-speculation: greedy output equals full depth token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import compose, load
+from sweep.bench import prepare, run_trial
+from sweep.engine import Engine
+from sweep.errors import ConfigError
+from sweep.prompts import read_prompts, tokenize_prompts
+from sweep.speculative import SelfSpeculative
+
+FULL_ATTENTION = ["llama", "qwen2", "qwen3"]
+
+
+@pytest.mark.parametrize("family", FULL_ATTENTION)
+def test_output_equals_full_depth_for_every_draft_shape(family):
+    lm = load(f"model=tiny-{family}")
+    cfg = compose("prompts=chat", "prompts.n=2").prompts
+    for prompt in tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer):
+        baseline = Engine(lm).generate(prompt.input_ids, 17).tokens
+        for exit_layer in (1, 2, 3):
+            for draft_len in (1, 2, 5):
+                gen = SelfSpeculative(lm, exit_layer, draft_len).generate(prompt.input_ids, 17)
+                assert gen.tokens == baseline, (exit_layer, draft_len)
+                assert 0 <= gen.accepted <= gen.drafted and gen.rounds >= 1
+                assert gen.tokens_per_verification == pytest.approx(16 / gen.rounds)
+
+
+def test_perfect_drafts_are_all_accepted():
+    """Drafting with all but the last layer of a model whose last layer changes nothing."""
+    import torch
+
+    lm = load("model=tiny-llama", "seed=5")
+    last = lm.adapter.layers[-1]
+    saved = {k: v.clone() for k, v in last.state_dict().items()}
+    try:
+        with torch.no_grad():
+            last.self_attn.o_proj.weight.zero_()
+            last.mlp.down_proj.weight.zero_()
+        prompt = list(range(3, 40))
+        gen = SelfSpeculative(lm, 3, 4).generate(prompt, 21)
+        assert gen.tokens == Engine(lm).generate(prompt, 21).tokens
+        assert gen.acceptance_rate == 1.0 and gen.tokens_per_verification == 5.0
+    finally:
+        last.load_state_dict(saved)
+
+
+def test_sliding_window_models_are_refused():
+    with pytest.raises(ConfigError, match="sliding-window attention layers"):
+        SelfSpeculative(load("model=tiny-gemma3"), 2, 3)
+
+
+def test_bench_rows_for_self_speculation(tmp_path):
+    cfg = compose("model=tiny-qwen2", "gate=fixed", "gate.exit_layer=2", "bench.mode=self_speculative", "bench.draft_len=3",
+                  "prompts.n=2", "bench.gen_tokens=10", "bench.repeats=1", "bench.warmup=0", f"results.root={tmp_path}")
+    row = run_trial(cfg, *prepare(cfg))
+    assert row["status"] == "ok" and row["agreement"] == 1.0 and row["exact_match"] == 1.0
+    assert 0 <= row["acceptance_rate"] <= 1 and row["tokens_per_verification"] >= 1 and row["speedup_model"] is None
+    assert row["mode"] == "self_speculative" and row["draft_len"] == 3
+
+
+def test_self_speculation_needs_the_fixed_gate(tmp_path):
+    cfg = compose("model=tiny-qwen2", "gate=margin", "gate.min_layer=1", "bench.mode=self_speculative", "prompts.n=1")
+    with pytest.raises(ConfigError, match="bench.mode=self_speculative: drafts with gate=fixed"):
+        run_trial(cfg, *prepare(cfg))
