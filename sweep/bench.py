@@ -93,14 +93,23 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
     t_start = time.perf_counter()
     b = cfg.bench
     costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
-    baseline, gated = Engine(lm), gated_engine(cfg, lm, gate)
-    for _ in range(b.warmup):
-        baseline.generate(prompts[0].input_ids, b.gen_tokens)
-        gated.generate(prompts[0].input_ids, b.gen_tokens)
-    runs, deterministic, max_diff = _reference_runs(baseline, gated, prompts, b.gen_tokens)
-    base_s, gated_s, repeats_ok = _timed_rounds(baseline, gated, runs, b.gen_tokens, b.repeats)
-    deterministic = deterministic and repeats_ok
+    if b.batch_size > 1:
+        runs, base_s, gated_s, deterministic, max_diff, steps = _batched(cfg, lm, gate, prompts)
+        prompts = [run.prompt for run in runs]
+    else:
+        baseline, gated = Engine(lm), gated_engine(cfg, lm, gate)
+        for _ in range(b.warmup):
+            baseline.generate(prompts[0].input_ids, b.gen_tokens)
+            gated.generate(prompts[0].input_ids, b.gen_tokens)
+        runs, deterministic, max_diff = _reference_runs(baseline, gated, prompts, b.gen_tokens)
+        base_s, gated_s, repeats_ok = _timed_rounds(baseline, gated, runs, b.gen_tokens, b.repeats)
+        deterministic = deterministic and repeats_ok
     row = _metrics(runs, base_s, gated_s, costs, gate, b.kv_policy, lm.num_layers)
+    if b.batch_size > 1:  # the batch runs to its deepest sequence: the step's layers are the max over the batch
+        row["speedup_model"] = costs.speedup(gate, steps[0], steps[1], b.kv_policy)
+        row["step_layers_saved"] = 1.0 - statistics.fmean(steps[0]) / lm.num_layers
+    else:
+        row["step_layers_saved"] = 1.0 - statistics.fmean(e for run in runs for e in run.gated.exit_layers[1:]) / lm.num_layers
     speculation = {"acceptance_rate": None, "mean_accepted_length": None, "tokens_per_verification": None}
     row.update(_speculation(runs) if b.mode == "self_speculative" else speculation)
     row.update(
@@ -111,6 +120,28 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
         bench_seconds=time.perf_counter() - t_start,
     )
     return {**trial_fields(cfg, len(prompts), gate), **row}
+
+
+def _batched(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]):
+    """A batched trial's runs in the single-sequence layout, plus the per-step (layers, probes)."""
+    from sweep.batching import batched_runs
+
+    b = cfg.bench
+    if b.mode != "early_exit":
+        raise ConfigError("bench.batch_size: batches are measured for bench.mode=early_exit only")
+    r = batched_runs(lm, gate, prompts, b.gen_tokens, b.kv_policy, b.warmup, b.repeats, b.batch_size)
+    runs = []
+    for g, (base, gated) in enumerate(zip(r.baseline, r.gated)):
+        for row in range(b.batch_size):
+            prompt = r.prompts[g * b.batch_size + row]
+            runs.append(_PromptRun(
+                prompt,
+                Generation(base.tokens[row], base.exit_layers[row], [0] * b.gen_tokens, 0.0),
+                Generation(gated.tokens[row], gated.exit_layers[row], [0, *gated.probes], 0.0),
+            ))
+    layers = [layer for gen in r.gated for layer in gen.step_layers]
+    probes = [p for gen in r.gated for p in gen.probes]
+    return runs, r.base_s, r.gated_s, r.deterministic, None, (layers, probes)
 
 
 def _speculation(runs) -> dict[str, Any]:
@@ -145,6 +176,7 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "decay": g.decay,
         "kv_policy": b.kv_policy,
         "mode": b.mode,
+        "batch_size": b.batch_size,
         "draft_len": b.draft_len if b.mode == "self_speculative" else None,
         "prompt_set": cfg.prompts.name,
         "n_prompts": n_prompts,
@@ -251,13 +283,15 @@ def format_row(row: dict[str, Any], costs: CostModel | None = None) -> str:
     params = "".join(f" {k}={row[k]}" for k in GATE_COLUMNS if row.get(k) is not None)
     lines = [
         f"trial {row['trial_id']}: model={row['model']} gate={row['gate']}{params} min_layer={row['min_layer']} "
-        f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} repeats)",
+        f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} repeats"
+        + (f", batches of {row['batch_size']})" if (row.get("batch_size") or 1) > 1 else ")"),
     ]
     if row["status"] == "failed":
         lines.append(f"status: failed ({row['error']})")
         return "\n".join(lines)
     lines += [
-        f"determinism: {'ok' if row['deterministic'] else 'FAILED'} (max |logit diff| between baselines {row['determinism_max_logit_diff']:.3g})",
+        f"determinism: {'ok' if row['deterministic'] else 'FAILED'}"
+        + (f" (max |logit diff| between baselines {row['determinism_max_logit_diff']:.3g})" if row["determinism_max_logit_diff"] is not None else " (tokens compared)"),
         f"agreement {row['agreement']:.3f}  prefix {row['prefix_agreement']:.3f}  exact match {row['exact_match']:.2f}  "
         f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
         f"layers saved {100 * row['layers_saved']:.1f}%",

@@ -47,6 +47,9 @@ class _Step:
     h: torch.Tensor | None = None
     z: torch.Tensor | None = None
     probes: int = 0
+    rows: torch.Tensor | None = None  # batches: each sequence's exit layer (L = still running)
+    h_rows: torch.Tensor | None = None  # batches: each exited sequence's h at its exit
+    z_rows: torch.Tensor | None = None
 
     def reset(self) -> None:
         self.exit_layer, self.h, self.z, self.probes = None, None, None, 0

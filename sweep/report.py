@@ -65,7 +65,53 @@ def run_analyze(cfg) -> tuple[Path, list[str]]:
     verdicts = _verdicts(trials, targets, profiles if has_profiles else None, cfg.eas.alpha)
     path = _markdown(out, trials, ok, knees, targets, profiles if has_profiles else None, cfg.eas.alpha, figures, verdicts)
     _screen_section(root, ok, out, path)
+    _batching_section(ok, out, path)
     return path, verdicts
+
+
+def _batching_section(ok: pl.DataFrame, out: Path, path: Path) -> None:
+    """How the saving decays with batch size, for settings measured at several batch sizes."""
+    from sweep.config import GATE_COLUMNS
+
+    if "batch_size" not in ok.columns or ok["batch_size"].n_unique() < 2:
+        return
+    keys = ["model", "gate", "min_layer", *GATE_COLUMNS, "kv_policy"]
+    rows = ok.filter(pl.col("batch_size").is_not_null()).with_columns(
+        setting=pl.concat_str([pl.col("model"), pl.lit(" "), pl.col("gate"), pl.lit(" "), pl.struct(keys).map_elements(
+            lambda r: " ".join(f"{k}={r[k]:g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in (*GATE_COLUMNS, "min_layer") if r[k] is not None),
+            return_dtype=pl.String)])
+    )
+    groups = rows.group_by("setting").agg(pl.col("batch_size").n_unique().alias("sizes")).filter(pl.col("sizes") > 1)["setting"].to_list()
+    if not groups:
+        return
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    table = ["", "## The batching effect", "", "A batch saves compute only once every sequence has exited (per-sequence decisions, max over the batch).", "",
+             "| setting | batch | speedup_wall | speedup_model | decode layers saved | agreement |", "|---|---|---|---|---|---|"]
+    for setting in sorted(groups):
+        sub = rows.filter(pl.col("setting") == setting).sort("batch_size")
+        b = sub["batch_size"].to_list()
+        line = axes[0].plot(b, sub["speedup_wall"].to_list(), "o-", label=setting)[0]
+        axes[0].plot(b, sub["speedup_model"].to_list(), "x--", color=line.get_color(), alpha=0.7)
+        axes[1].plot(b, sub["step_layers_saved"].to_list(), "o-", color=line.get_color())
+        axes[2].plot(b, sub["agreement"].to_list(), "o-", color=line.get_color())
+        table += [f"| {setting} | {r['batch_size']} | {_num(r['speedup_wall'])} | {_num(r['speedup_model'])} | {_num(r['step_layers_saved'])} | {_num(r['agreement'])} |"
+                  for r in sub.iter_rows(named=True)]
+    for ax, label in zip(axes, ("speedup (o measured wall, x cost model)", "decode-step layers saved (fraction)", "agreement (fraction)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (sequences)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].axhline(1.0, color="grey", ls="--", lw=1)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("The batching effect: early exit saves compute only when every sequence of the batch has exited")
+    fig.tight_layout()
+    fig.savefig(out / "batching.png", dpi=110)
+    plt.close(fig)
+    table += ["", "![batching.png](batching.png)", ""]
+    with open(path, "a") as f:
+        f.write("\n".join(table))
 
 
 def _screen_section(root: Path, ok: pl.DataFrame, out: Path, path: Path) -> None:
@@ -323,6 +369,10 @@ def _markdown(out: Path, trials, ok, knees, targets, profiles, alpha: float, fig
     tmp.write_text("\n".join(lines))
     tmp.replace(path)
     return path
+
+
+def _num(value, fmt: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, fmt)
 
 
 def _ci(row: dict, metric: str) -> str:

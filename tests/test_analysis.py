@@ -211,3 +211,13 @@ def test_the_readme_polars_example_runs(tmp_path, monkeypatch, capsys):
     exec(compile(block, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "speedup_wall" in out and "tiny-llama" in out
+
+
+def test_the_report_shows_the_batching_effect(tmp_path, capsys):
+    for size in (1, 2, 4):
+        assert main(["bench", "model=tiny-llama", "gate=saturation", "gate.eps=0.8", "gate.min_layer=2", f"bench.batch_size={size}",
+                     "prompts.n=4", "bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0", f"results.root={tmp_path}"]) == 0
+    assert main(["analyze", f"results.root={tmp_path}"]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## The batching effect" in report and (tmp_path / "report" / "batching.png").stat().st_size > 10_000
+    assert report.count("| tiny-llama saturation eps=0.8 min_layer=2 |") == 3

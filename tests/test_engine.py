@@ -200,7 +200,7 @@ def test_conformal_exits_where_the_certificate_holds():
 
 def test_conformal_decision_rule():
     gate = make_gate(GateConfig(name="conformal", min_layer=1, q=1.0), 4)
-    gate.tau = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0])
+    gate.tau = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]])
     z = torch.tensor([[3.0, 1.0, 0.0], [2.5, 1.0, 0.0], [2.0, 0.0, 0.0]])  # margins 2.0, 1.5, 2.0
     assert gate.decide(2, z, z, z).tolist() == [True, False, True]  # exit iff 2 * tau <= margin
 
@@ -217,7 +217,7 @@ def test_conformal_tau_is_the_prefill_quantile():
         z_final = a.lens(hs[-1][0])
         for layer in range(1, lm.num_layers):
             residual = (a.lens(hs[layer][0]) - z_final).abs().amax(-1)
-            assert gate.tau[layer].item() == pytest.approx(torch.quantile(residual, 0.5).item(), rel=1e-6)
+            assert gate.tau[0, layer].item() == pytest.approx(torch.quantile(residual, 0.5).item(), rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,7 @@ class BenchConfig:
     cost_model: bool = False  # print the measured cost model
     mode: Literal["early_exit", "self_speculative"] = "early_exit"
     draft_len: int = field(4, check=in_range(1, 64), allowed="an integer in 1..64")  # self_speculative: drafts per verification
+    batch_size: int = field(1, check=in_range(1, 256), allowed="an integer in 1..256")  # sequences decoded together
 
 
 @dataclass(frozen=True)

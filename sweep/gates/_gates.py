@@ -192,17 +192,17 @@ class ConformalGate(Gate):
         import time
 
         t0 = time.perf_counter()
-        z_final = lens_fn(hidden[self.num_layers][0]).float()
-        tau = torch.full((self.num_layers + 1,), float("inf"))
+        z_final = lens_fn(hidden[self.num_layers]).float()  # (B, P, vocab): one tau per sequence
+        tau = torch.full((z_final.shape[0], self.num_layers + 1), float("inf"))
         for layer in self.probe_layers():
-            residual = (lens_fn(hidden[layer][0]).float() - z_final).abs().amax(dim=-1)
-            tau[layer] = torch.quantile(residual.cpu(), self.cfg.q)
+            residual = (lens_fn(hidden[layer]).float() - z_final).abs().amax(dim=-1)
+            tau[:, layer] = torch.quantile(residual.cpu(), self.cfg.q, dim=-1)
         self.tau = tau
         return time.perf_counter() - t0
 
     def decide(self, layer, h, h_prev, z):
         assert self.tau is not None, "conformal gate used before calibrate()"
-        return 2.0 * self.tau[layer].item() <= logit_margin(z)
+        return 2.0 * self.tau[:, layer].to(z.device) <= logit_margin(z)
 
     @classmethod
     def decisions(cls, signals, values, decay=None):

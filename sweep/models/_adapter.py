@@ -85,9 +85,12 @@ class Adapter:
         and V projections (and K norm), RoPE on K; no attention, no MLP. ``rope`` comes
         from ``capture_rope``. One matmul for all layers (see ``_kvfill``).
         """
+        self.stacked_kv().fill(h, cache, layers.start, layers.stop, rope)
+
+    def stacked_kv(self) -> StackedKV:
         if self._stacked_kv is None:
             self._stacked_kv = StackedKV(self)
-        self._stacked_kv.fill(h, cache, layers.start, layers.stop, rope)
+        return self._stacked_kv
 
     @contextlib.contextmanager
     def capture_hidden(self) -> Iterator[list[torch.Tensor]]:

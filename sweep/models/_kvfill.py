@@ -43,6 +43,21 @@ class StackedKV:
 
     def fill(self, h: torch.Tensor, cache, start: int, stop: int, rope: dict) -> None:
         """Append K/V of layers start..stop-1 (0-based) for the positions of ``h`` (B, T, hidden)."""
+        k, v = self.project(h, start, stop, rope)
+        for i, layer in enumerate(range(start, stop)):
+            cache.update(k[:, :, i].transpose(1, 2), v[:, :, i].transpose(1, 2), layer)
+
+    def overwrite_last(self, h: torch.Tensor, rows: torch.Tensor, cache, start: int, stop: int, rope: dict) -> None:
+        """Replace the last position's K/V of layers start..stop-1 for batch ``rows`` with the
+        projections of ``h`` (len(rows), 1, hidden): a row that exited earlier than the batch."""
+        k, v = self.project(h, start, stop, {key: (c[rows] if c.shape[0] > 1 else c, s[rows] if s.shape[0] > 1 else s) for key, (c, s) in rope.items()})
+        for i, layer in enumerate(range(start, stop)):
+            entry = cache.layers[layer]
+            entry.keys[rows, :, -1:, :] = k[:, :, i].transpose(1, 2)
+            entry.values[rows, :, -1:, :] = v[:, :, i].transpose(1, 2)
+
+    def project(self, h: torch.Tensor, start: int, stop: int, rope: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (with K norm and RoPE) and V of layers start..stop-1 for ``h``: (B, T, J, kv_heads, head_dim) each."""
         B, T, _ = h.shape
         J = stop - start
         x = h.float()
@@ -55,9 +70,7 @@ class StackedKV:
             kf = k.float()
             k = (kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + self.eps) * self.k_scale[start:stop]).to(h.dtype)
         cos, sin = self._rope(rope, start, stop)
-        k = k * cos + _rotate_half(k) * sin
-        for i, layer in enumerate(range(start, stop)):
-            cache.update(k[:, :, i].transpose(1, 2), v[:, :, i].transpose(1, 2), layer)
+        return k * cos + _rotate_half(k) * sin, v
 
     def _rope(self, rope: dict, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) broadcastable to (B, T, J, kv_heads, head_dim)."""
