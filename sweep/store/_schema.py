@@ -93,6 +93,20 @@ PROFILE = Table(
     ),
 )
 
+# a gate setting, as trials and simulated rows carry it
+GATE_FIELDS: tuple[Column, ...] = (
+    Column("gate", pl.String(), "", "gate name (full, fixed, saturation, margin, conformal, softmax, cosine, entropy, pca)"),
+    Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit (resolved from min_depth when set)"),
+    Column("min_depth", pl.Float64(), "fraction", "min_layer as a fraction of depth, when the setting gave it that way", nullable=True),
+    Column("exit_layer", pl.Int32(), "", "fixed gate's exit layer (min_layer when unset); null for other gates", nullable=True),
+    Column("eps", pl.Float64(), "ratio", "threshold of saturation (delta), cosine (1 - cos) and pca (projection change); null for other gates", nullable=True),
+    Column("theta", pl.Float64(), "", "threshold of margin (logits), softmax (probability) and entropy (nats); null for other gates", nullable=True),
+    Column("q", pl.Float64(), "", "conformal gate's calibration quantile; null for other gates", nullable=True),
+    Column("k", pl.Int32(), "directions", "pca gate's principal directions; null for other gates", nullable=True),
+    Column("decay", pl.Float64(), "", "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed", nullable=True),
+)
+
+
 def _metric(name: str, unit: str, meaning: str, dtype: pl.DataType | None = None) -> Column:
     return Column(name, dtype if dtype is not None else pl.Float64(), unit, meaning, nullable=True)
 
@@ -114,15 +128,9 @@ TRIALS = Table(
         Column("source", pl.String(), "", "measured (a closed-loop bench trial; simulated settings are in the `simulated` table)", nullable=True),
         Column("status", pl.String(), "", "ok | nondeterministic | failed"),
         Column("error", pl.String(), "", "why a trial failed (one line); null otherwise", nullable=True),
-        Column("gate", pl.String(), "", "gate name (full, fixed, saturation, margin, conformal)"),
-        Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit (resolved from min_depth when set)"),
-        Column("min_depth", pl.Float64(), "fraction", "min_layer as a fraction of depth, when the trial set it that way", nullable=True),
-        Column("exit_layer", pl.Int32(), "", "fixed gate's exit layer (min_layer when unset); null for other gates", nullable=True),
-        Column("eps", pl.Float64(), "ratio", "threshold of saturation (delta), cosine (1 - cos) and pca (projection change); null for other gates", nullable=True),
-        Column("theta", pl.Float64(), "", "threshold of margin (logits), softmax (probability) and entropy (nats); null for other gates", nullable=True),
-        Column("q", pl.Float64(), "", "conformal gate's calibration quantile; null for other gates", nullable=True),
-        Column("k", pl.Int32(), "directions", "pca gate's principal directions; null for other gates", nullable=True),
-        Column("decay", pl.Float64(), "", "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed", nullable=True),
+    )
+    + GATE_FIELDS
+    + (
         Column("kv_policy", pl.String(), "", "propagate | full: K/V of skipped layers"),
         Column("mode", pl.String(), "", "early_exit | self_speculative (draft with layers 1..exit_layer, verify with the full model)", nullable=True),
         Column("draft_len", pl.Int32(), "tokens", "self_speculative: tokens drafted per verification; null otherwise", nullable=True),
@@ -188,15 +196,9 @@ SIMULATED = Table(
         Column("source", pl.String(), "", "simulated"),
         Column("sweep_name", pl.String(), "", "the screen sweep"),
         Column("trace_run_id", pl.String(), "", "run_id of the profile trace replayed (in the `profile` table)"),
-        Column("gate", pl.String(), "", "gate name"),
-        Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit (resolved)"),
-        Column("min_depth", pl.Float64(), "fraction", "min_layer as a fraction of depth, when set", nullable=True),
-        Column("exit_layer", pl.Int32(), "", "fixed gate's exit layer; null for other gates", nullable=True),
-        Column("eps", pl.Float64(), "ratio", "threshold of saturation, cosine and pca; null for other gates", nullable=True),
-        Column("theta", pl.Float64(), "", "threshold of margin, softmax and entropy; null for other gates", nullable=True),
-        Column("q", pl.Float64(), "", "conformal calibration quantile; null for other gates", nullable=True),
-        Column("k", pl.Int32(), "directions", "pca gate's principal directions; null for other gates", nullable=True),
-        Column("decay", pl.Float64(), "", "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed", nullable=True),
+    )
+    + GATE_FIELDS
+    + (
         Column("kv_policy", pl.String(), "", "the K/V policy the predicted speedup assumes"),
         Column("prompt_set", pl.String(), "", "chat | humaneval | jsonl"),
         Column("n_prompts", pl.Int32(), "prompts", "prompts in the trace"),
