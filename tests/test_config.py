@@ -82,7 +82,7 @@ BAD = [
     (["resources.gpu=lots"], "resources.gpu=lots: must be auto or a number >= 0"),
     (["resources.cpu=0"], "resources.cpu=0.0: must be a number > 0"),
     (["cluster.auth=none"], "cluster.auth=none: must be one of token, disabled"),
-    (["search=nope"], "search=nope: unknown option; allowed: conformal-grid, gates-grid, margin-grid, optuna-constrained, optuna-mo, saturation-grid"),
+    (["search=nope"], "search=nope: unknown option; allowed: batching-grid, conformal-grid, gates-grid, margin-grid, optuna-constrained, optuna-mo, saturation-grid, screen, self-spec-grid"),
     (["search.kind=random"], "search.kind=random: must be one of grid, optuna"),
     (["search.n_trials=0"], "search.n_trials=0: must be an integer in 1..100000"),
     (["sweep.max_failures=-1"], "sweep.max_failures=-1: must be an integer >= 0"),

@@ -246,4 +246,4 @@ def test_min_depth_resolves_against_the_models_depth():
 
 def test_unknown_kv_policy_is_rejected():
     with pytest.raises(ValueError, match="kv_policy"):
-        Engine(load("model=tiny-llama"), None, "none")
+        Engine(load("model=tiny-llama"), None, "bogus")
