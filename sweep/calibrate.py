@@ -73,6 +73,18 @@ def fixed_sequence(pvalues: Sequence[float], epsilon: float) -> int:
     return last
 
 
+def certifiable_risk(n: int, delta: float, epsilon: float, pvalue: Callable[[float, int, float], float]) -> float | None:
+    """The largest calibration risk (mean loss over n prompts) whose p-value is still <= epsilon,
+    found by bisection (p-values grow with the risk); None when even a risk of 0 is not enough."""
+    if pvalue(0.0, n, delta) > epsilon:
+        return None
+    lo, hi = 0.0, delta
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if pvalue(mid, n, delta) <= epsilon else (lo, mid)
+    return lo
+
+
 def ordered(gate_name: str, values: Sequence[float]) -> list[float]:
     """Thresholds from the most conservative (exits least) to the most aggressive."""
     cls = GATES.get(gate_name, key="gate")
@@ -163,6 +175,11 @@ def format_calibration(cfg: Config, r: Calibration) -> str:
         f"{'':>2}{r.threshold:>10}  {'risk (cal)':>11}  {'p-value':>9}",
     ]
     lines += [f"{'':>2}{v:>10g}  {risk:>11.4f}  {p:>9.3g}{'  <- chosen' if v == r.chosen else ''}" for v, risk, p in zip(r.tested, r.risks, r.pvalues)]
+    bar = certifiable_risk(r.n_cal, c.delta, c.epsilon, PVALUES[c.pvalue])
+    if bar is None:
+        lines.append(f"with {r.n_cal} calibration prompts no threshold can be certified at delta={c.delta:g}, epsilon={c.epsilon:g}, even at zero risk: use more prompts")
+    else:
+        lines.append(f"with {r.n_cal} calibration prompts a threshold is certified when its calibration risk is <= {bar:.4f}")
     if r.chosen is None:
         lines.append(f"no threshold certified: even the most conservative has p-value {r.pvalues[0]:.3g} > epsilon={c.epsilon:g}")
     else:

@@ -76,7 +76,9 @@ def _batching_section(ok: pl.DataFrame, out: Path, path: Path) -> None:
     if "batch_size" not in ok.columns or ok["batch_size"].n_unique() < 2:
         return
     keys = ["model", "gate", "min_layer", *GATE_COLUMNS, "kv_policy"]
-    rows = ok.filter(pl.col("batch_size").is_not_null()).with_columns(
+    # self-speculative trials (batch 1, agreement 1 by construction) are not part of this comparison
+    early_exit = pl.col("mode").fill_null("early_exit") == "early_exit" if "mode" in ok.columns else pl.lit(True)
+    rows = ok.filter(pl.col("batch_size").is_not_null() & early_exit).with_columns(
         setting=pl.concat_str([pl.col("model"), pl.lit(" "), pl.col("gate"), pl.lit(" "), pl.struct(keys).map_elements(
             lambda r: " ".join(f"{k}={r[k]:g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in (*GATE_COLUMNS, "min_layer") if r[k] is not None),
             return_dtype=pl.String)])
@@ -165,7 +167,7 @@ def _targets(ok: pl.DataFrame, targets: tuple[float, ...], a) -> pl.DataFrame:
         best = with_confidence(best, n_boot=a.n_boot, seed=a.seed)
     params = [params_text(r) if r["trial_id"] else None for r in best.iter_rows(named=True)]
     return best.with_columns(params=pl.Series(params, dtype=pl.String)).select(
-        "model", "target", "trial_id", "gate", "params", "speedup_wall", "agreement", "exit_rate",
+        "model", "target", "trial_id", "gate", "params", "mode", "speedup_wall", "agreement", "exit_rate",
         "agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level",
     )
 
@@ -245,10 +247,12 @@ def _layers_figure(curve: pl.DataFrame, model: str, out: Path) -> str:
     layers = curve["layer"].to_list()
     fig, axes = plt.subplots(3, 1, figsize=(8.5, 9), sharex=True)
     axes[0].plot(layers, curve["delta_median"].to_list(), "o-", ms=3, label="median saturation delta")
+    if curve["pca_delta_median"].null_count() < curve.height:
+        axes[0].plot(layers, curve["pca_delta_median"].to_list(), "s-", ms=3, color="tab:purple", label="median pca_delta (lm_head subspace)")
     for eps in EPS_LINES:
         axes[0].axhline(eps, ls=":", lw=1, color="grey")
         axes[0].annotate(f"eps {eps}", (layers[-1], eps), fontsize=8, color="grey", ha="right", va="bottom")
-    axes[0].set_ylabel("||h_l - h_{l-1}|| / ||h_l||")
+    axes[0].set_ylabel("relative change per layer")
     axes[1].plot(layers, curve["top1_agreement"].to_list(), "o-", ms=3, color="tab:green", label="logit-lens top-1 = final top-1")
     axes[1].set_ylabel("top-1 agreement (fraction)")
     axes[1].set_ylim(-0.03, 1.03)
@@ -314,7 +318,12 @@ def _verdicts(trials: pl.DataFrame, targets: pl.DataFrame, profiles, alpha: floa
         if best["speedup_wall"] > 1.0 and best["exit_rate"] > 0 and (best.get("speedup_lo") is None or best["speedup_lo"] > 1.0):
             lines.append(f"{model}: agreement >= {HEADLINE_TARGET} with a speedup: {what}")
         else:
-            why = "no token exited, so the difference from 1x is timing noise" if best["exit_rate"] == 0 else "not above 1x"
+            if best.get("mode") == "self_speculative":
+                why = "lossless self-speculation, but drafting and verifying cost more than the accepted drafts save"
+            elif best["exit_rate"] == 0:
+                why = "no token exited, so the difference from 1x is timing noise"
+            else:
+                why = "not above 1x"
             lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} with a speedup > 1 (best there: {what}; {why}; {n_ok} ok trials)")
     if profiles is not None:
         eas = eas_table(profiles, alpha)

@@ -17,6 +17,7 @@ from sweep.analysis import (
     knees_table,
     load_trials,
     pareto_front,
+    params_text,
     with_confidence,
 )
 from sweep.cli import main
@@ -221,3 +222,37 @@ def test_the_report_shows_the_batching_effect(tmp_path, capsys):
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## The batching effect" in report and (tmp_path / "report" / "batching.png").stat().st_size > 10_000
     assert report.count("| tiny-llama saturation eps=0.8 min_layer=2 |") == 3
+
+
+def test_self_speculative_trials_stay_out_of_the_batching_section(tmp_path, capsys):
+    common = ["model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "prompts.n=2", "bench.gen_tokens=6", "bench.repeats=1",
+              "bench.warmup=0", f"results.root={tmp_path}"]
+    assert main(["bench", *common, "bench.batch_size=2"]) == 0
+    assert main(["bench", *common, "bench.mode=self_speculative", "bench.draft_len=2"]) == 0  # batch 1, same gate columns
+    assert main(["analyze", f"results.root={tmp_path}"]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## The batching effect" not in report  # one early-exit batch size only: nothing to compare
+    targets = read("targets", tmp_path).filter(pl.col("target") == 1.0)
+    assert targets["mode"].to_list() == ["self_speculative"]  # lossless, so it is the only one at agreement 1
+    assert targets["params"][0] == "exit_layer=2 min_layer=1 mode=self_speculative draft_len=2"
+
+
+def test_params_text_names_mode_and_batch_size():
+    row = {"eps": 0.2, "min_layer": 8, "mode": "early_exit", "batch_size": 1}
+    assert params_text(row) == "eps=0.2 min_layer=8"
+    assert params_text({**row, "batch_size": 4}) == "eps=0.2 min_layer=8 batch_size=4"
+    assert params_text({"exit_layer": 15, "min_layer": 15, "mode": "self_speculative", "draft_len": 4}) == (
+        "exit_layer=15 min_layer=15 mode=self_speculative draft_len=4")
+
+
+def test_the_verdict_on_a_slower_self_speculative_best():
+    from sweep.report import _verdicts
+
+    trials_df = pl.DataFrame({"model": ["m"], "status": ["ok"]})
+    targets = pl.DataFrame({"model": ["m"], "target": [0.98], "trial_id": ["t1"], "gate": ["fixed"], "params": ["exit_layer=23"],
+                            "mode": ["self_speculative"], "speedup_wall": [0.38], "agreement": [1.0], "exit_rate": [0.0],
+                            "speedup_lo": [0.33], "speedup_hi": [0.42]})
+    (line,) = _verdicts(trials_df, targets, None, 0.5)
+    assert "lossless self-speculation, but drafting and verifying cost more" in line and "timing noise" not in line
+    (line,) = _verdicts(trials_df, targets.with_columns(mode=pl.lit("early_exit")), None, 0.5)
+    assert "no token exited, so the difference from 1x is timing noise" in line

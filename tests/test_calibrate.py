@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from sweep.calibrate import binomial_cdf, fixed_sequence, hoeffding_bentkus_p, hoeffding_p, ordered, split
+from sweep.calibrate import binomial_cdf, certifiable_risk, fixed_sequence, hoeffding_bentkus_p, hoeffding_p, ordered, split
 from sweep.cli import main
 
 
@@ -35,6 +35,16 @@ def test_fixed_sequence_known_answers():
     # testing stops at the first failure even if a later threshold would pass
     assert fixed_sequence([1e-4, 0.5, 1e-4], 0.05) == 0
     assert fixed_sequence([0.5, 1e-4], 0.05) == -1
+
+
+def test_certifiable_risk_known_answers():
+    # Hoeffding: exp(-2 n (delta - r)^2) = epsilon  =>  r = delta - sqrt(ln(1/epsilon) / 2n)
+    assert certifiable_risk(400, 0.1, 0.05, hoeffding_p) == pytest.approx(0.1 - math.sqrt(math.log(20) / 800), abs=1e-9)
+    # HB at zero loss is 0.9^n: 0.9^21 = 0.109 > 0.1 (nothing can be certified), 0.9^22 = 0.098
+    assert certifiable_risk(21, 0.1, 0.1, hoeffding_bentkus_p) is None
+    assert 0.0 <= certifiable_risk(22, 0.1, 0.1, hoeffding_bentkus_p) < 1e-3  # only (almost) zero loss passes
+    bar = certifiable_risk(128, 0.1, 0.1, hoeffding_bentkus_p)
+    assert hoeffding_bentkus_p(bar, 128, 0.1) <= 0.1 < hoeffding_bentkus_p(bar + 1e-6, 128, 0.1)
 
 
 def test_the_guarantee_holds_by_simulation():
@@ -65,6 +75,7 @@ def test_calibrate_command_on_a_tiny_model(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "5 calibration and 5 held-out prompts" in out
+    assert "with 5 calibration prompts a threshold is certified when its calibration risk is <= " in out
     assert "chosen theta=" in out and "held-out check: observed disagreement" in out
 
 

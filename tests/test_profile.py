@@ -121,7 +121,8 @@ def hand_trace(cos_hidden, top1_match, L=3):
             rows.append(
                 dict(model="m", run_id="r", prompt_id="p", position=pos, phase="decode" if pos else "prefill",
                      layer=layer, num_layers=L, cos_hidden=cs[layer - 1], cos_logits=cs[layer - 1] / 2,
-                     topk_overlap=0.5, top1_match=ms[layer - 1], delta=0.1 * layer, margin=float(pos + layer), topk=10)
+                     topk_overlap=0.5, top1_match=ms[layer - 1], delta=0.1 * layer, pca_delta=0.05 * layer * (pos + 1),
+                     margin=float(pos + layer), topk=10)
             )
     return pl.DataFrame(rows)
 
@@ -167,6 +168,7 @@ def test_layer_curve_hand_computed():
     assert curve["layer"].to_list() == [1, 2, 3]
     assert curve["top1_agreement"].to_list() == [0.5, 1.0, 1.0]
     assert curve["delta_median"].to_list() == pytest.approx([0.1, 0.2, 0.3])
+    assert curve["pca_delta_median"].to_list() == pytest.approx([0.075, 0.15, 0.225])  # positions 0 and 1: 0.05 l and 0.1 l
     assert curve["margin_median"].to_list() == [1.5, 2.5, 3.5]
 
 
@@ -176,6 +178,7 @@ def test_profile_command_on_every_tiny_family(family, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "EAS (alpha=0.5, K=10" in out and "oracle exit (all positions" in out
+    assert "pca_delta (median)" in out
     assert f"trace: {tmp_path}/profile/model=tiny-{family}/t1.parquet" in out
     df = read("profile", tmp_path)
     lm_prompts = df.select("prompt_id", "position").unique().height

@@ -138,8 +138,14 @@ def best_at_targets(
 
 
 def params_text(row: dict) -> str:
-    """A trial's gate parameters as `key=value` text (the ones it has)."""
-    return " ".join(f"{k}={row[k]:g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in GATE_PARAMS if row.get(k) is not None)
+    """A trial's gate parameters as `key=value` text (the ones it has), then its bench mode,
+    draft_len and batch_size where they are not the default."""
+    parts = [f"{k}={row[k]:g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in GATE_PARAMS if row.get(k) is not None]
+    if row.get("mode") == "self_speculative":
+        parts += ["mode=self_speculative", f"draft_len={row.get('draft_len')}"]
+    if (row.get("batch_size") or 1) > 1:
+        parts.append(f"batch_size={row['batch_size']}")
+    return " ".join(parts)
 
 
 def _over(expr: pl.Expr, keys: list[str]) -> pl.Expr:

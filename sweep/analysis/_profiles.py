@@ -11,12 +11,14 @@ S_VARIANTS = {"hidden": "cos_hidden", "logits": "cos_logits", "topk": "topk_over
 
 
 def layer_curve(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
-    """Per model and layer: median delta, logit-lens top-1 agreement, median margin."""
+    """Per model and layer: median delta (and the pca probe's pca_delta beside it), logit-lens
+    top-1 agreement, median margin."""
     return (
         trace.lazy()
         .group_by("model", "layer")
         .agg(
             delta_median=pl.col("delta").median(),
+            pca_delta_median=pl.col("pca_delta").median(),
             top1_agreement=pl.col("top1_match").mean(),
             margin_median=pl.col("margin").median(),
             positions=pl.len(),
@@ -104,9 +106,10 @@ def format_summary(trace: pl.DataFrame, alpha: float) -> str:
         curve = layer_curve(sub)
         L = int(sub["num_layers"][0])
         lines.append(f"model {model}: L={L}, {sub.select(pl.struct('run_id', 'prompt_id', 'position').n_unique()).item()} positions")
-        lines.append(f"{'layer':>5}  {'delta (median)':>14}  {'top-1 agree':>11}  {'margin (median)':>15}")
+        lines.append(f"{'layer':>5}  {'delta (median)':>14}  {'pca_delta (median)':>18}  {'top-1 agree':>11}  {'margin (median)':>15}")
         for row in curve.iter_rows(named=True):
-            lines.append(f"{row['layer']:>5}  {row['delta_median']:>14.4f}  {row['top1_agreement']:>11.3f}  {row['margin_median']:>15.3f}")
+            pca = "" if row["pca_delta_median"] is None else f"{row['pca_delta_median']:.4f}"
+            lines.append(f"{row['layer']:>5}  {row['delta_median']:>14.4f}  {pca:>18}  {row['top1_agreement']:>11.3f}  {row['margin_median']:>15.3f}")
         eas = {r["variant"]: r["eas"] for r in eas_table(sub, alpha).iter_rows(named=True)}
         k = _single_topk(sub)
         lines.append(

@@ -281,10 +281,11 @@ TARGETS = Table(
         Column("target", pl.Float64(), "fraction", "the agreement target"),
         Column("trial_id", pl.String(), "", "the best trial, null when none reaches the target", nullable=True),
         Column("gate", pl.String(), "", "its gate", nullable=True),
-        Column("params", pl.String(), "", "its gate parameters, as key=value text", nullable=True),
+        Column("params", pl.String(), "", "its gate parameters (and bench mode, draft_len, batch_size when not the default), as key=value text", nullable=True),
+        Column("mode", pl.String(), "", "its bench mode: early_exit | self_speculative", nullable=True),
         Column("speedup_wall", pl.Float64(), "ratio", "its speedup_wall", nullable=True),
         Column("agreement", pl.Float64(), "fraction", "its agreement", nullable=True),
-        Column("exit_rate", pl.Float64(), "fraction", "its exit rate (0: no token exited, any speedup is timing noise)", nullable=True),
+        Column("exit_rate", pl.Float64(), "fraction", "its exit rate (0 in early_exit mode: no token exited, any speedup is timing noise)", nullable=True),
     )
     + CONFIDENCE,
     single_file=True,
