@@ -135,7 +135,12 @@ def run_calibrate(cfg: Config) -> Calibration:
         raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
     cal, held = split(prompts, c.split, cfg.seed)
     n = cfg.bench.gen_tokens
-    baseline = {p.id: Engine(lm).generate(p.input_ids, n).tokens for p in prompts}
+    log.info("full-depth baselines: %d prompts x %d tokens", len(prompts), n)
+    full = Engine(lm)
+    baseline = {}
+    for i, p in enumerate(prompts, 1):
+        baseline[p.id] = full.generate(p.input_ids, n).tokens
+        _progress("baselines", i, len(prompts))
     pvalue = PVALUES[c.pvalue]
     result = Calibration(cls.name, cls.threshold, n_cal=len(cal), n_holdout=len(held))
     t0 = time.perf_counter()
@@ -144,8 +149,9 @@ def run_calibrate(cfg: Config) -> Calibration:
         gate = make_gate(dataclasses.replace(cfg.gate, **{cls.threshold: value}), lm.num_layers)
         engine = Engine(lm, gate, cfg.bench.kv_policy)
         losses, exits = [], []
-        for p in group:
+        for i, p in enumerate(group, 1):
             gen = engine.generate(p.input_ids, n)
+            _progress(f"{cls.threshold}={value:g}", i, len(group))
             losses.append(sum(a != b for a, b in zip(gen.tokens, baseline[p.id])) / n)
             exits += [e < lm.num_layers for e in gen.exit_layers]
         return sum(losses) / len(losses), sum(exits) / len(exits)
@@ -165,6 +171,13 @@ def run_calibrate(cfg: Config) -> Calibration:
         result.holdout_risk, result.holdout_exit_rate = risk(result.chosen, held)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _progress(what: str, done: int, total: int) -> None:
+    """A progress line at every tenth of a long loop (and at its end)."""
+    step = max(1, total // 10)
+    if total >= 20 and (done % step == 0 or done == total):
+        log.info("%s: %d/%d prompts", what, done, total)
 
 
 def format_calibration(cfg: Config, r: Calibration) -> str:

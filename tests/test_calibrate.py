@@ -3,6 +3,7 @@ answers, the guarantee's validity by simulation, and `sweep calibrate` end to en
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -92,3 +93,13 @@ def test_calibrate_command_on_a_tiny_model(capsys):
 def test_bad_calibrate_input(overrides, message, capsys):
     assert main(["calibrate", "model=tiny-llama", *overrides]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_calibrate_reports_progress_on_long_loops(caplog):
+    caplog.set_level(logging.INFO, logger="sweep")
+    code = main(["calibrate", "model=tiny-llama", "gate=saturation", "gate.min_layer=2", "prompts=humaneval", "prompts.n=40",
+                 "bench.gen_tokens=2", "calibrate.delta=0.5", "calibrate.epsilon=0.5", "calibrate.grid='range(0.01, 0.03, step=0.01)'"])
+    assert code == 0
+    text = caplog.text
+    assert "full-depth baselines: 40 prompts x 2 tokens" in text and "baselines: 4/40 prompts" in text and "baselines: 40/40 prompts" in text
+    assert "eps=0.01: 20/20 prompts" in text  # the calibration half, threshold by threshold
