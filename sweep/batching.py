@@ -28,6 +28,11 @@ class BatchGeneration:
     exit_layers: list[list[int]]  # per sequence, per generated token (L = full depth)
     step_layers: list[int] = field(default_factory=list)  # layers the batch ran per decode step (max over sequences)
     probes: list[int] = field(default_factory=list)  # probe layers evaluated per decode step
+    # per decode step, work a single sequence never does: a second head (the exited rows' lens
+    # when the batch ran on to the model's own head) and K/V overwrites (layers, summed over
+    # the groups of rows that exited before the batch stopped)
+    extra_heads: list[int] = field(default_factory=list)
+    extra_fill_layers: list[int] = field(default_factory=list)
     decode_seconds: float = 0.0
 
 
@@ -70,6 +75,9 @@ class BatchEngine(Engine):
                 exit_rows.append(exits)
                 out.step_layers.append(ran)
                 out.probes.append(probes)
+                out.extra_heads.append(int(ran == L and bool((exits < L).any()) and self._step.z_rows is None))
+                early = {int(e) for e in exits.tolist() if e < ran} if self.kv_policy == "propagate" else set()
+                out.extra_fill_layers.append(sum(ran - e for e in early))
             self._synchronize()
             out.decode_seconds = time.perf_counter() - t0
         out.tokens = torch.cat(tokens, dim=1).tolist()

@@ -106,7 +106,7 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
         deterministic = deterministic and repeats_ok
     row = _metrics(runs, base_s, gated_s, costs, gate, b.kv_policy, lm.num_layers)
     if b.batch_size > 1:  # the batch runs to its deepest sequence: the step's layers are the max over the batch
-        row["speedup_model"] = costs.speedup(gate, steps[0], steps[1], b.kv_policy)
+        row["speedup_model"] = costs.speedup(gate, *steps[:2], b.kv_policy, *steps[2:])
         row["step_layers_saved"] = 1.0 - statistics.fmean(steps[0]) / lm.num_layers
     else:
         row["step_layers_saved"] = 1.0 - statistics.fmean(e for run in runs for e in run.gated.exit_layers[1:]) / lm.num_layers
@@ -141,7 +141,9 @@ def _batched(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]):
             ))
     layers = [layer for gen in r.gated for layer in gen.step_layers]
     probes = [p for gen in r.gated for p in gen.probes]
-    return runs, r.base_s, r.gated_s, r.deterministic, None, (layers, probes)
+    heads = [h for gen in r.gated for h in gen.extra_heads]
+    fills = [f for gen in r.gated for f in gen.extra_fill_layers]
+    return runs, r.base_s, r.gated_s, r.deterministic, None, (layers, probes, heads, fills)
 
 
 def _speculation(runs) -> dict[str, Any]:

@@ -66,9 +66,14 @@ class CostModel:
             + self.head_ms * ((1.0 - exited) + exited * head_after_exit)
         )
 
-    def speedup(self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str) -> float:
-        """Predicted full-depth ms over gated ms, summed over the given decode steps."""
+    def speedup(
+        self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str,
+        extra_heads: Sequence[int] = (), extra_fill_layers: Sequence[int] = (),
+    ) -> float:
+        """Predicted full-depth ms over gated ms, summed over the given decode steps; a batch's
+        steps add the heads and K/V fills no single sequence pays (see BatchGeneration)."""
         gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(exit_layers, probes))
+        gated += sum(extra_heads) * self.head_ms + sum(extra_fill_layers) * self.fill_ms(kv_policy)
         return len(exit_layers) * self.step_ms / gated if gated else float("nan")
 
     def as_dict(self) -> dict[str, float]:

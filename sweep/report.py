@@ -265,7 +265,7 @@ def _layers_figure(curve: pl.DataFrame, model: str, out: Path) -> str:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=8)
-    fig.suptitle(f"{model}: per-layer signals of full-depth decoding ({curve['positions'][0]} positions), post-mortem thresholds dotted")
+    fig.suptitle(f"{model}: per-layer signals of full-depth decoding ({curve['positions'][0]} positions), post-mortem thresholds dotted", fontsize=10)
     name = f"layers_{model}.png"
     fig.tight_layout()
     fig.savefig(out / name, dpi=110)

@@ -70,3 +70,30 @@ def test_a_batch_needs_enough_prompts():
     cfg = compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "bench.batch_size=8", "prompts.n=4", "bench.gen_tokens=4")
     with pytest.raises(ConfigError, match="bench.batch_size=8: needs at least 8 prompts"):
         run_trial(cfg, *prepare(cfg))
+
+
+def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
+    """A step where some sequences exited but the batch ran on to L computes the model's head
+    for the batch and the exited rows' own lens: the cost model charges both."""
+    from sweep.costs import cost_model
+
+    tiny = load("model=tiny-llama")
+    cfg = compose("prompts=chat", "prompts.n=4").prompts
+    batch = common_length([p.input_ids for p in tokenize_prompts(read_prompts(cfg), cfg, tiny.tokenizer)])
+    L = tiny.num_layers
+    gate = make_gate(GateConfig(name="saturation", min_layer=2, eps=0.5), L)  # some sequences exit, some run to L
+    gen = BatchEngine(tiny, gate, "propagate").generate_batch(batch, 8)
+    partial = [int(ran == L and any(row[step] < L for row in gen.exit_layers)) for step, ran in enumerate(gen.step_layers, start=1)]
+    assert gen.extra_heads == partial and any(partial), "the fixture should have partly exited steps"
+    early = [sum(ran - e for e in {row[step] for row in gen.exit_layers} if e < ran) for step, ran in enumerate(gen.step_layers, start=1)]
+    assert gen.extra_fill_layers == early
+    costs = cost_model(tiny, batch[0], gates=[gate])
+    plain = costs.speedup(gate, gen.step_layers, gen.probes, "propagate")
+    charged = costs.speedup(gate, gen.step_layers, gen.probes, "propagate", gen.extra_heads, gen.extra_fill_layers)
+    assert charged < plain
+    gated = sum(costs.token_ms(gate, e, p, "propagate") for e, p in zip(gen.step_layers, gen.probes))
+    extra = sum(partial) * costs.head_ms + sum(early) * costs.fill_ms("propagate")
+    assert charged == pytest.approx(len(gen.step_layers) * costs.step_ms / (gated + extra))
+    # a fixed gate exits every sequence at once: nothing extra
+    fixed = BatchEngine(tiny, make_gate(GateConfig(name="fixed", exit_layer=2), L), "propagate").generate_batch(batch, 8)
+    assert set(fixed.extra_heads) == {0} and set(fixed.extra_fill_layers) == {0}

@@ -148,7 +148,7 @@ TRIALS = Table(
         _metric("layers_saved", "fraction", "1 - mean_exit_layer / L (layer compute skipped, before probe and K/V costs)"),
         _metric("step_layers_saved", "fraction", "decoder-layer work skipped on decode steps: 1 - mean layers run per step / L (a batch runs to its deepest sequence)"),
         _metric("speedup_wall", "ratio", "median over repeats of baseline decode time / gated decode time (same prompts, interleaved)"),
-        _metric("speedup_model", "ratio", "speedup the measured cost model predicts from the gated run's exits and probes on decode steps (tokens 2..n, as timed)"),
+        _metric("speedup_model", "ratio", "speedup the measured cost model predicts from the gated run's exits and probes on decode steps (tokens 2..n, as timed); batches: from the layers each step ran, plus the second head and K/V overwrites of partly exited steps"),
         _metric("baseline_ms_per_token", "ms", "median over repeats of full-depth decode ms per token"),
         _metric("ms_per_token", "ms", "median over repeats of gated decode ms per token"),
         _metric("probe_cost_layers", "layers", "one probe of this gate, in layer-equivalents (0 for full, fixed)"),
