@@ -30,7 +30,7 @@ class BatchGeneration:
     probes: list[int] = field(default_factory=list)  # probe layers evaluated per decode step
     # per decode step, work a single sequence never does: a second head (the exited rows' lens
     # when the batch ran on to the model's own head) and K/V overwrites (layers, summed over
-    # the groups of rows that exited before the batch stopped)
+    # the rows that exited before the batch stopped: one fill from the earliest of them)
     extra_heads: list[int] = field(default_factory=list)
     extra_fill_layers: list[int] = field(default_factory=list)
     decode_seconds: float = 0.0
@@ -76,8 +76,8 @@ class BatchEngine(Engine):
                 out.step_layers.append(ran)
                 out.probes.append(probes)
                 out.extra_heads.append(int(ran == L and bool((exits < L).any()) and self._step.z_rows is None))
-                early = {int(e) for e in exits.tolist() if e < ran} if self.kv_policy == "propagate" else set()
-                out.extra_fill_layers.append(sum(ran - e for e in early))
+                early = [int(e) for e in exits.tolist() if e < ran] if self.kv_policy == "propagate" else []
+                out.extra_fill_layers.append(ran - min(early) if early else 0)  # one fill from the earliest exit
             self._synchronize()
             out.decode_seconds = time.perf_counter() - t0
         out.tokens = torch.cat(tokens, dim=1).tolist()
@@ -127,11 +127,10 @@ class BatchEngine(Engine):
         L, stacked = self.adapter.num_layers, self.adapter.stacked_kv()
         if ran < L:  # layers no sequence ran: append for the whole batch
             stacked.fill(self._step.h_rows, cache, ran, L, rope)
-        for layer in sorted(set(exits.tolist())):
-            rows = (exits == layer).nonzero().flatten()
-            if layer < ran:  # rows that exited before the batch stopped: replace what the batch computed
-                dev = rows.to(self.lm.device)
-                stacked.overwrite_last(self._step.h_rows[dev], dev, cache, layer, ran, rope)
+        early = (exits < ran).nonzero().flatten()  # rows that exited before the batch stopped: replace what it computed
+        if len(early):
+            dev = early.to(self.lm.device)
+            stacked.overwrite_last(self._step.h_rows[dev], dev, exits[early].to(self.lm.device), cache, ran, rope)
 
     def _hook(self, layer: int):
         gate, step, lens = self.gate, self._step, self.adapter.lens

@@ -47,14 +47,19 @@ class StackedKV:
         for i, layer in enumerate(range(start, stop)):
             cache.update(k[:, :, i].transpose(1, 2), v[:, :, i].transpose(1, 2), layer)
 
-    def overwrite_last(self, h: torch.Tensor, rows: torch.Tensor, cache, start: int, stop: int, rope: dict) -> None:
-        """Replace the last position's K/V of layers start..stop-1 for batch ``rows`` with the
-        projections of ``h`` (len(rows), 1, hidden): a row that exited earlier than the batch."""
-        k, v = self.project(h, start, stop, {key: (c[rows] if c.shape[0] > 1 else c, s[rows] if s.shape[0] > 1 else s) for key, (c, s) in rope.items()})
-        for i, layer in enumerate(range(start, stop)):
-            entry = cache.layers[layer]
-            entry.keys[rows, :, -1:, :] = k[:, :, i].transpose(1, 2)
-            entry.values[rows, :, -1:, :] = v[:, :, i].transpose(1, 2)
+    def overwrite_last(self, h: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, cache, stop: int, rope: dict) -> None:
+        """Replace the last position's K/V of layers starts[i]..stop-1 of batch row rows[i] with
+        the projections of h[i] (len(rows), 1, hidden): rows that exited earlier than the batch
+        stopped. One matmul over the suffix from the earliest start serves every row."""
+        lo = int(starts.min())
+        k, v = self.project(h, lo, stop, {key: (c[rows] if c.shape[0] > 1 else c, s[rows] if s.shape[0] > 1 else s) for key, (c, s) in rope.items()})
+        for i, layer in enumerate(range(lo, stop)):
+            sel = (starts <= layer).nonzero().flatten()
+            if len(sel) == 0:
+                continue
+            entry, target = cache.layers[layer], rows[sel]
+            entry.keys[target, :, -1:, :] = k[sel, :, i].transpose(1, 2)
+            entry.values[target, :, -1:, :] = v[sel, :, i].transpose(1, 2)
 
     def project(self, h: torch.Tensor, start: int, stop: int, rope: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """K (with K norm and RoPE) and V of layers start..stop-1 for ``h``: (B, T, J, kv_heads, head_dim) each."""
