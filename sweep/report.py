@@ -100,8 +100,10 @@ def _batching_section(ok: pl.DataFrame, out: Path, path: Path) -> None:
         axes[2].plot(b, sub["agreement"].to_list(), "o-", color=line.get_color())
         table += [f"| {setting} | {r['batch_size']} | {_num(r['speedup_wall'])} | {_num(r['speedup_model'])} | {_num(r['step_layers_saved'])} | {_num(r['agreement'])} |"
                   for r in sub.iter_rows(named=True)]
+    sizes = sorted(rows.filter(pl.col("setting").is_in(groups))["batch_size"].unique().to_list())
     for ax, label in zip(axes, ("speedup (o measured wall, x cost model)", "decode-step layers saved (fraction)", "agreement (fraction)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_xlabel("batch size (sequences)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
