@@ -55,10 +55,7 @@ class BatchEngine(Engine):
             logits = adapter.forward(ids, cache)[:, -1]
             exits = torch.full((B,), L)
         else:
-            gate.gen_tokens, gate.token_index = n_tokens, 0
-            with adapter.capture_hidden() as hs:
-                logits = adapter.forward(ids, cache)[:, -1]
-            gate.calibrate(adapter.lens, hs)  # per sequence (conformal: one tau per row)
+            logits, hs, _ = self._gated_prefill(ids, cache, n_tokens)
             logits, exits = self._decide_rows(gate, [h[:, -1] for h in hs], logits)
         token = logits.argmax(-1, keepdim=True)
         tokens, exit_rows = [token], [exits]
@@ -75,14 +72,22 @@ class BatchEngine(Engine):
                 exit_rows.append(exits)
                 out.step_layers.append(ran)
                 out.probes.append(probes)
-                out.extra_heads.append(int(ran == L and bool((exits < L).any()) and self._step.z_rows is None))
-                early = [int(e) for e in exits.tolist() if e < ran] if self.kv_policy == "propagate" else []
-                out.extra_fill_layers.append(ran - min(early) if early else 0)  # one fill from the earliest exit
             self._synchronize()
             out.decode_seconds = time.perf_counter() - t0
         out.tokens = torch.cat(tokens, dim=1).tolist()
         out.exit_layers = torch.stack(exit_rows, dim=1).tolist()
+        self._extra_work(out, exit_rows[1:])
         return out
+
+    def _extra_work(self, out: BatchGeneration, step_exits: list[torch.Tensor]) -> None:
+        """Per decode step, after the timed loop: a second head when some rows exited but the
+        batch ran on to L (their lens, unless a lens probe already gave it), and one K/V
+        overwrite from the earliest exit below where the batch stopped (kv_policy=propagate)."""
+        L, lens_probe = self.adapter.num_layers, self.gate is not None and self.gate.probe == "lens"
+        for ran, exits in zip(out.step_layers, step_exits):
+            out.extra_heads.append(int(ran == L and bool((exits < L).any()) and not lens_probe))
+            early = exits[exits < ran]
+            out.extra_fill_layers.append(ran - int(early.min()) if self.kv_policy == "propagate" and len(early) else 0)
 
     def _decide_rows(self, gate: Gate, hidden: list[torch.Tensor], logits: torch.Tensor):
         """Per-row first exit over captured hidden states [h_0..h_L] (each (B, hidden))."""

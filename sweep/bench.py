@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from sweep.config import Config
 from sweep.costs import CostModel, cost_model
 from sweep.errors import ConfigError

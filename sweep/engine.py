@@ -83,10 +83,7 @@ class Engine:
             logits = adapter.forward(ids, cache)[:, -1]
             first, calibration = (logits, adapter.num_layers, 0, None), 0.0
         else:
-            gate.gen_tokens, gate.token_index = n_tokens, 0
-            with adapter.capture_hidden() as hs:
-                logits = adapter.forward(ids, cache)[:, -1]
-            calibration = gate.calibrate(adapter.lens, hs)
+            logits, hs, calibration = self._gated_prefill(ids, cache, n_tokens)
             first = self._decide_prefill(hs, logits)
             del hs
         out_logits, exits, probes, hidden = [first[0]], [first[1]], [first[2]], [first[3]]
@@ -118,6 +115,16 @@ class Engine:
             exit_hidden=hidden if record else [],
             cache=cache if keep_cache else None,
         )
+
+    def _gated_prefill(self, ids: torch.Tensor, cache, n_tokens: int):
+        """Prefill under the gate: the last position's logits, every layer's hidden states
+        [h_0..h_L], and the seconds the gate's per-prompt calibration took (conformal: its tau,
+        one per batch row)."""
+        gate, adapter = self.gate, self.adapter
+        gate.gen_tokens, gate.token_index = n_tokens, 0
+        with adapter.capture_hidden() as hs:
+            logits = adapter.forward(ids, cache)[:, -1]
+        return logits, hs, gate.calibrate(adapter.lens, hs)
 
     def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor):
         """The gate's decision for the first token, from the prefill's last position."""
