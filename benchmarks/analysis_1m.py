@@ -32,6 +32,10 @@ def synthetic(n: int, seed: int = 0) -> pl.DataFrame:
         "agreement": agreement,
         "eps": rng.random(n),
         "min_layer": rng.integers(1, 30, n),
+        "exit_rate": rng.random(n),
+        "step_layers_saved": np.where(rng.random(n) < 0.1, 0.0, rng.random(n)),  # a tenth skipped nothing
+        "kv_policy": rng.choice(["propagate", "full"], n, p=[0.9, 0.1]),
+        "mode": "early_exit",
     })
 
 

@@ -5,8 +5,14 @@ Each sequence of the batch decides after each layer like the single-sequence eng
 sequence that has decided keeps its token from its own exit layer, but the batch's forward
 only stops once every sequence has decided. Under kv_policy=propagate a sequence's K/V in
 the layers it skipped are its own propagation from h_l, also in layers the batch still ran
-(they are overwritten); under full they are the computed ones. Prompts of a batch share one
-length (``common_length``), so no padding or attention mask is needed.
+(they are overwritten); under full they are the computed ones.
+
+Every batch size decodes the same, untruncated prompts: a batch is left-padded to its longest
+prompt (``left_pad``), with an attention mask (0 on padding, passed to the model's own forward,
+which builds its causal, sliding-window and padding masks from it) and each row's own position
+ids (0 at its first real token), so RoPE, the cache's K/V fill and the gates see each row exactly
+as they would see it alone; the last position is real in every row, so decisions never look at
+padding, and conformal calibration leaves padded positions out.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Sequence
 import torch
 
 from sweep.engine import _Exit, Engine
+from sweep.estimators import Timings
 from sweep.gates import Gate
 from sweep.models import LoadedModel
 
@@ -34,39 +41,71 @@ class BatchGeneration:
     extra_heads: list[int] = field(default_factory=list)
     extra_fill_layers: list[int] = field(default_factory=list)
     decode_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # prefill, calibration and the first token's decision, as Generation's
 
 
-def common_length(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
-    """The last ``min(len)`` tokens of each prompt: one length for the whole batch."""
-    n = min(len(p) for p in prompts)
-    return [list(p)[-n:] for p in prompts]
+@dataclass
+class Padded:
+    """A left-padded batch: ``ids`` and ``mask`` (B, longest), ``positions`` (B, longest) each
+    row's own position ids (0 at its first real token; 0 on padding), ``lengths`` (B,) the
+    prompts' own lengths. ``mask`` is None when every prompt has the same length (nothing to mask)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor | None
+    positions: torch.Tensor
+    lengths: torch.Tensor
+
+
+PAD_ID = 0  # any valid id: padded positions are masked out of every real position's attention
+
+
+def left_pad(prompts: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> Padded:
+    """Each prompt whole, right-aligned to the longest one."""
+    lengths = torch.tensor([len(p) for p in prompts])
+    if int(lengths.min()) < 1:
+        raise ValueError("left_pad: empty prompt")
+    n = int(lengths.max())
+    pads = n - lengths
+    ids = torch.tensor([[PAD_ID] * int(pad) + list(p) for p, pad in zip(prompts, pads)], device=device)
+    real = torch.arange(n)[None, :] >= pads[:, None]
+    positions = (torch.arange(n)[None, :] - pads[:, None]).clamp(min=0)
+    mask = None if bool((pads == 0).all()) else real.long().to(device)
+    return Padded(ids, mask, positions.to(device), lengths)
 
 
 class BatchEngine(Engine):
-    """Greedy decoding of a batch of equal-length prompts under one gate (None = full depth)."""
+    """Greedy decoding of a batch of prompts (any lengths: left-padded) under one gate (None = full depth)."""
 
     @torch.inference_mode()
     def generate_batch(self, prompts: Sequence[Sequence[int]], n_tokens: int) -> BatchGeneration:
         adapter, gate, L = self.adapter, self.gate, self.adapter.num_layers
         cache = adapter.new_cache()
-        ids = torch.tensor([list(p) for p in prompts], device=self.lm.device)
-        B = ids.shape[0]
+        dev = self.lm.device
+        batch = left_pad(prompts, dev)
+        B, P = batch.ids.shape
+        # the mask of the whole generation, sliced per step (cached + new positions); None without padding
+        mask = None if batch.mask is None else torch.cat([batch.mask, batch.mask.new_ones((B, n_tokens))], dim=1)
+        next_pos = batch.lengths.to(dev)[:, None]  # the first generated token's position, per row
+        self._synchronize()
+        t_prefill = time.perf_counter()
         if gate is None:
-            logits = adapter.forward(ids, cache)[:, -1]
+            logits = adapter.forward(batch.ids, cache, attention_mask=batch.mask, position_ids=batch.positions)[:, -1]
             exits = torch.full((B,), L)
         else:
-            logits, hs, _ = self._gated_prefill(ids, cache, n_tokens)
+            logits, hs, _ = self._gated_prefill(batch.ids, cache, n_tokens, batch.mask, batch.positions)
             logits, exits = self._decide_rows(gate, [h[:, -1] for h in hs], logits)
         token = logits.argmax(-1, keepdim=True)
+        self._synchronize()
         tokens, exit_rows = [token], [exits]
-        out = BatchGeneration(tokens=[], exit_layers=[])
+        out = BatchGeneration(tokens=[], exit_layers=[], prefill_seconds=time.perf_counter() - t_prefill)
         with self._hooks() as rope:
             self._synchronize()
             t0 = time.perf_counter()
             for step in range(1, n_tokens):
                 if gate is not None:
                     gate.token_index = step
-                logits, exits, ran, probes = self._batch_step(token, cache, rope, B)
+                inputs = {"attention_mask": None if mask is None else mask[:, : P + step], "position_ids": next_pos + (step - 1)}
+                logits, exits, ran, probes = self._batch_step(token, cache, rope, B, inputs)
                 token = logits.argmax(-1, keepdim=True)
                 tokens.append(token)
                 exit_rows.append(exits)
@@ -104,14 +143,14 @@ class BatchEngine(Engine):
                 out[rows] = lens[rows.to(lens.device)].to(out.dtype)
         return out, exits
 
-    def _batch_step(self, token: torch.Tensor, cache, rope: dict, B: int):
+    def _batch_step(self, token: torch.Tensor, cache, rope: dict, B: int, inputs: dict):
         L, step = self.adapter.num_layers, self._step
         step.reset()
         step.rows = torch.full((B,), L)
         step.h_rows = None
         step.z_rows = None
         try:
-            logits = self.adapter.forward(token, cache)[:, -1]
+            logits = self.adapter.forward(token, cache, **inputs)[:, -1]
             ran = L
         except _Exit:
             logits = None
@@ -172,27 +211,25 @@ class BatchEngine(Engine):
 
 @dataclass
 class BatchedRuns:
-    """A batched trial's reference runs and timings, laid out per sequence like single ones."""
+    """A batched trial's reference runs and timings; timings per batch (the unit timed)."""
 
-    prompts: list  # Prompt objects (input_ids cut to their batch's common length)
+    prompts: list  # Prompt objects, as given (whole: a batch is left-padded, never cut)
+    prompt_input_tokens: list[int]  # per prompt: the tokens it was decoded from (its own length, padding excluded)
     baseline: list[BatchGeneration]  # per batch
     gated: list[BatchGeneration]  # per batch
-    base_s: list[list[float]]  # [round][sequence]: the batch's decode seconds / batch size
-    gated_s: list[list[float]]
-    deterministic: bool
+    timings: Timings  # [round][batch] seconds per side
 
 
-def batched_runs(lm: LoadedModel, gate: Gate, prompts: list, n: int, kv_policy: str, warmup: int, repeats: int, size: int) -> BatchedRuns:
+def batched_runs(lm: LoadedModel, gate: Gate, prompts: list, n: int, kv_policy: str, warmup: int, repeats: int, size: int) -> tuple[BatchedRuns, bool]:
     """Batches of ``size`` consecutive prompts: two full-depth baselines per batch (the
-    self-check), the gated run, then both timed interleaved over ``repeats`` rounds."""
-    import dataclasses
-
+    self-check), the gated run, then both timed interleaved over ``repeats`` rounds; and
+    whether every run reproduced its reference tokens."""
     from sweep.errors import ConfigError
 
     groups = [prompts[i : i + size] for i in range(0, len(prompts) - size + 1, size)]
     if not groups:
         raise ConfigError(f"bench.batch_size={size}: needs at least {size} prompts (prompts.n)")
-    inputs = [common_length([p.input_ids for p in g]) for g in groups]
+    inputs = [[list(p.input_ids) for p in g] for g in groups]
     baseline, gated = BatchEngine(lm), BatchEngine(lm, gate, kv_policy)
     for _ in range(warmup):
         baseline.generate_batch(inputs[0], n)
@@ -203,15 +240,14 @@ def batched_runs(lm: LoadedModel, gate: Gate, prompts: list, n: int, kv_policy: 
         deterministic &= first.tokens == second.tokens
         base_ref.append(first)
         gated_ref.append(gated.generate_batch(ids, n))
-    base_s = [[0.0] * (len(groups) * size) for _ in range(repeats)]
-    gated_s = [[0.0] * (len(groups) * size) for _ in range(repeats)]
+    t = Timings.empty(repeats, len(groups))
     for r in range(repeats):
         for g, ids in enumerate(inputs):
-            sides = [(baseline, base_ref[g], base_s), (gated, gated_ref[g], gated_s)]
-            for engine, ref, out in sides if (r + g) % 2 == 0 else reversed(sides):
+            sides = [(baseline, base_ref[g], t.base_decode, t.base_prefill), (gated, gated_ref[g], t.gated_decode, t.gated_prefill)]
+            for engine, ref, decode, prefill in sides if (r + g) % 2 == 0 else reversed(sides):
                 gen = engine.generate_batch(ids, n)
                 deterministic &= gen.tokens == ref.tokens
-                for row in range(size):
-                    out[r][g * size + row] = gen.decode_seconds / size
-    cut = [dataclasses.replace(p, input_ids=tuple(ids)) for g, group in enumerate(groups) for p, ids in zip(group, inputs[g])]
-    return BatchedRuns(cut, base_ref, gated_ref, base_s, gated_s, deterministic)
+                decode[r][g] = gen.decode_seconds
+                prefill[r][g] = gen.prefill_seconds
+    used = [p for group in groups for p in group]
+    return BatchedRuns(used, [len(p.input_ids) for p in used], base_ref, gated_ref, t), deterministic

@@ -22,6 +22,7 @@ from sweep.config import Config
 from sweep.costs import CostModel, cost_model
 from sweep.errors import ConfigError
 from sweep.engine import Engine, Generation
+from sweep.estimators import Timings, mean_agreement
 from sweep.config import GATE_COLUMNS
 from sweep.gates import Gate, make_gate
 from sweep.models import LoadedModel, load_model
@@ -92,7 +93,7 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
     b = cfg.bench
     costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
     if b.batch_size > 1:
-        runs, base_s, gated_s, deterministic, max_diff, steps = _batched(cfg, lm, gate, prompts)
+        runs, timings, deterministic, max_diff, steps = _batched(cfg, lm, gate, prompts)
         prompts = [run.prompt for run in runs]
     else:
         baseline, gated = Engine(lm), gated_engine(cfg, lm, gate)
@@ -100,11 +101,12 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
             baseline.generate(prompts[0].input_ids, b.gen_tokens)
             gated.generate(prompts[0].input_ids, b.gen_tokens)
         runs, deterministic, max_diff = _reference_runs(baseline, gated, prompts, b.gen_tokens)
-        base_s, gated_s, repeats_ok = _timed_rounds(baseline, gated, runs, b.gen_tokens, b.repeats)
+        timings, repeats_ok = _timed_rounds(baseline, gated, runs, b.gen_tokens, b.repeats)
         deterministic = deterministic and repeats_ok
-    row = _metrics(runs, base_s, gated_s, costs, gate, b.kv_policy, lm.num_layers)
+    row = _metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers)
     if b.batch_size > 1:  # the batch runs to its deepest sequence: the step's layers are the max over the batch
         row["speedup_model"] = costs.speedup(gate, *steps[:2], b.kv_policy, *steps[2:])
+        row["speedup_e2e_model"] = costs.speedup_e2e(gate, *steps[:2], b.kv_policy, row["prompt_input_tokens"], *steps[2:])
         row["step_layers_saved"] = 1.0 - statistics.fmean(steps[0]) / lm.num_layers
     else:
         row["step_layers_saved"] = 1.0 - statistics.fmean(e for run in runs for e in run.gated.exit_layers[1:]) / lm.num_layers
@@ -127,7 +129,7 @@ def _batched(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]):
     b = cfg.bench
     if b.mode != "early_exit":
         raise ConfigError("bench.batch_size: batches are measured for bench.mode=early_exit only")
-    r = batched_runs(lm, gate, prompts, b.gen_tokens, b.kv_policy, b.warmup, b.repeats, b.batch_size)
+    r, deterministic = batched_runs(lm, gate, prompts, b.gen_tokens, b.kv_policy, b.warmup, b.repeats, b.batch_size)
     runs = []
     for g, (base, gated) in enumerate(zip(r.baseline, r.gated)):
         for row in range(b.batch_size):
@@ -141,7 +143,7 @@ def _batched(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]):
     probes = [p for gen in r.gated for p in gen.probes]
     heads = [h for gen in r.gated for h in gen.extra_heads]
     fills = [f for gen in r.gated for f in gen.extra_fill_layers]
-    return runs, r.base_s, r.gated_s, r.deterministic, None, (layers, probes, heads, fills)
+    return runs, r.timings, deterministic, None, (layers, probes, heads, fills)
 
 
 def _speculation(runs) -> dict[str, Any]:
@@ -155,6 +157,7 @@ def _speculation(runs) -> dict[str, Any]:
         "mean_accepted_length": statistics.fmean(lengths) if lengths else None,
         "tokens_per_verification": sum(len(g.tokens) - 1 for g in gens) / rounds if rounds else None,
         "speedup_model": None,
+        "speedup_e2e_model": None,
     }
 
 
@@ -202,23 +205,25 @@ def _reference_runs(baseline: Engine, gated: Engine, prompts: list[Prompt], n: i
 
 
 def _timed_rounds(baseline: Engine, gated: Engine, runs: list[_PromptRun], n: int, repeats: int):
-    """Decode seconds [round][prompt] per side, interleaved, alternating which side goes first."""
-    base_s = [[0.0] * len(runs) for _ in range(repeats)]
-    gated_s = [[0.0] * len(runs) for _ in range(repeats)]
+    """Decode and prefill seconds [round][prompt] per side, interleaved, alternating which side
+    goes first; whether every timed run reproduced its reference tokens."""
+    t = Timings.empty(repeats, len(runs))
     reproduced = True
     for r in range(repeats):
         for i, run in enumerate(runs):
-            sides = [(baseline, run.baseline.tokens, base_s), (gated, run.gated.tokens, gated_s)]
-            for engine, expected, out in sides if (r + i) % 2 == 0 else reversed(sides):
+            sides = [(baseline, run.baseline.tokens, t.base_decode, t.base_prefill), (gated, run.gated.tokens, t.gated_decode, t.gated_prefill)]
+            for engine, expected, decode, prefill in sides if (r + i) % 2 == 0 else reversed(sides):
                 gen = engine.generate(run.prompt.input_ids, n)
                 reproduced &= gen.tokens == expected
-                out[r][i] = gen.decode_seconds
+                decode[r][i] = gen.decode_seconds
+                prefill[r][i] = gen.prefill_seconds
     if not reproduced:
         log.warning("a timed repeat did not reproduce its reference tokens")
-    return base_s, gated_s, reproduced
+    return t, reproduced
 
 
-def _metrics(runs, base_s, gated_s, costs: CostModel, gate: Gate, kv_policy: str, L: int) -> dict[str, Any]:
+def _metrics(runs, t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: int) -> dict[str, Any]:
+    """The trial's figures; ``t`` is per prompt (single sequences) or per batch."""
     n = len(runs[0].baseline.tokens)
     agree, prefix = [], []
     for run in runs:
@@ -226,30 +231,26 @@ def _metrics(runs, base_s, gated_s, costs: CostModel, gate: Gate, kv_policy: str
         agree.append(sum(same) / n)
         prefix.append((same.index(False) if False in same else n) / n)
     exits = [e for run in runs for e in run.gated.exit_layers]
+    decode_exits = [e for run in runs for e in run.gated.exit_layers[1:]]  # the first token saves nothing
+    decode_probes = [p for run in runs for p in run.gated.probes[1:]]
     steps = n - 1
-    base_round = [sum(r) for r in base_s]
-    gated_round = [sum(r) for r in gated_s]
-    rounds = range(len(base_s))
-    per_prompt = [statistics.median(base_s[r][i] / gated_s[r][i] for r in rounds) for i in range(len(runs))]
-    base_ms = [statistics.median(base_s[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))]
-    gated_ms = [statistics.median(gated_s[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))]
+    rounds = range(len(t.base_decode))
+    per_unit = len(t.base_decode[0]) == len(runs)  # per prompt; else per batch (no per-prompt timings)
+    lengths = [len(run.prompt.input_ids) for run in runs]
     probe_ms = costs.probe_ms(gate)
-    return {
-        "agreement": statistics.fmean(agree),
+    row = {
+        "agreement": mean_agreement(agree),
         "prefix_agreement": statistics.fmean(prefix),
         "exact_match": statistics.fmean(a == 1.0 for a in agree),
         "exit_rate": sum(e < L for e in exits) / len(exits),
         "mean_exit_layer": statistics.fmean(exits),
-        "layers_saved": 1.0 - statistics.fmean(exits) / L,
-        "speedup_wall": statistics.median(b / g for b, g in zip(base_round, gated_round)),
-        "speedup_model": costs.speedup(
-            gate,
-            [e for run in runs for e in run.gated.exit_layers[1:]],
-            [p for run in runs for p in run.gated.probes[1:]],
-            kv_policy,
-        ),
-        "baseline_ms_per_token": statistics.median(base_round) * 1000 / (steps * len(runs)),
-        "ms_per_token": statistics.median(gated_round) * 1000 / (steps * len(runs)),
+        "layers_saved": 1.0 - statistics.fmean(decode_exits) / L,
+        "speedup_wall": t.speedup(),
+        "speedup_e2e_wall": t.speedup_e2e(),
+        "speedup_model": costs.speedup(gate, decode_exits, decode_probes, kv_policy),
+        "speedup_e2e_model": costs.speedup_e2e(gate, decode_exits, decode_probes, kv_policy, lengths),
+        "baseline_ms_per_token": statistics.median(sum(r) for r in t.base_decode) * 1000 / (steps * len(runs)),
+        "ms_per_token": statistics.median(sum(r) for r in t.gated_decode) * 1000 / (steps * len(runs)),
         "probe_cost_layers": costs.layers(probe_ms),
         "kv_cost_layers": costs.layers(costs.fill_ms(kv_policy)),
         "head_cost_layers": costs.layers(costs.head_ms),
@@ -258,14 +259,18 @@ def _metrics(runs, base_s, gated_s, costs: CostModel, gate: Gate, kv_policy: str
         "cost_probe_ms": probe_ms,
         "cost_kv_ms": costs.kv_ms,
         "cost_overhead_ms": costs.overhead_ms,
+        "cost_prefill_ms": statistics.fmean(costs.prefill_at(p) for p in lengths),
+        "cost_calibration_ms": statistics.fmean(costs.calibration_ms(gate, p) for p in lengths),
         "calibration_ms": statistics.fmean(run.gated.calibration_seconds for run in runs) * 1000,
         "prompt_ids": [run.prompt.id for run in runs],
+        "prompt_input_tokens": lengths,
         "prompt_agreement": agree,
         "prompt_prefix_agreement": prefix,
-        "prompt_speedup_wall": per_prompt,
-        "prompt_baseline_ms": base_ms,
-        "prompt_ms": gated_ms,
+        "prompt_speedup_wall": [statistics.median(t.base_decode[r][i] / t.gated_decode[r][i] for r in rounds) for i in range(len(runs))] if per_unit else None,
+        "prompt_baseline_ms": [statistics.median(t.base_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))] if per_unit else None,
+        "prompt_ms": [statistics.median(t.gated_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))] if per_unit else None,
     }
+    return {**row, **t.columns()}
 
 
 def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | None = None) -> dict[str, Any]:
@@ -296,7 +301,9 @@ def format_row(row: dict[str, Any], costs: CostModel | None = None) -> str:
         f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
         f"layers saved {100 * row['layers_saved']:.1f}%",
         f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
-        f"speedup_wall {row['speedup_wall']:.3f}x" + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else ""),
+        f"speedup_wall {row['speedup_wall']:.3f}x" + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else "")
+        + f"; end to end (prefill and calibration included) {row['speedup_e2e_wall']:.3f}x"
+        + (f", model {row['speedup_e2e_model']:.3f}x" if row["speedup_e2e_model"] is not None else ""),
         f"costs in layer-equivalents: probe {row['probe_cost_layers']:.2f}, K/V fill {row['kv_cost_layers']:.2f}/layer, "
         f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
     ]

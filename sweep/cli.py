@@ -88,13 +88,15 @@ def sweep_report(outcome) -> str:
         lines += _screen_report(outcome)
     from sweep.config import GATE_COLUMNS
 
-    cols = ["model", "gate", "min_layer", *GATE_COLUMNS, "status", "agreement", "speedup_wall", "speedup_model", "exit_rate", "trial_id"]
+    cols = ["model", "gate", "min_layer", *GATE_COLUMNS, "kv_policy", "mode", "status", "agreement", "speedup_wall", "speedup_model",
+            "speedup_e2e_wall", "exit_rate", "step_layers_saved", "trial_id"]
     df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
     df = df.sort("model", "gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
         lines += ["trials:", str(df)]
-        front = pareto_front(df, by=("model",))
-        lines += ["Pareto front (speedup_wall and agreement, both maximised; status ok):", str(front)]
+        front = pareto_front(df, by=("model",)).select("model", "gate", "min_layer", *GATE_COLUMNS, "agreement", "speedup", "speedup_noise", "trial_id")
+        lines += ["Pareto front (speedup and agreement, both maximised; status ok; speedup = speedup_wall, or 1 where no "
+                  "compute was skipped, its measured ratio then in speedup_noise):", str(front)]
     return "\n".join(lines)
 
 

@@ -20,8 +20,6 @@ from sweep.config import GateConfig
 from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
 from sweep.models import LoadedModel
 
-_CACHE: dict[tuple, "CostModel"] = {}
-
 
 @dataclass(frozen=True)
 class CostModel:
@@ -33,6 +31,9 @@ class CostModel:
     overhead_ms: float  # rest of a full-depth step: embedding, mask, RoPE, framework
     step_ms: float  # a full-depth decode step, measured
     num_layers: int
+    prefill_ms: float = 0.0  # a full-depth prefill of the measured prompt (prompt_tokens long)
+    prefill_lens_ms: float = 0.0  # the logit lens and its sup-norm residual over every position of that prompt
+    prompt_tokens: int = 1
     extra_probe_ms: dict = field(default_factory=dict)  # gate-specific probes measured on demand ("pca:64")
 
     def layers(self, ms: float) -> float:
@@ -66,15 +67,43 @@ class CostModel:
             + self.head_ms * ((1.0 - exited) + exited * head_after_exit)
         )
 
+    def decode_ms(
+        self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str,
+        extra_heads: Sequence[int] = (), extra_fill_layers: Sequence[int] = (),
+    ) -> float:
+        """Predicted gated ms of the given decode steps; a batch's steps add the heads and K/V
+        fills no single sequence pays (see BatchGeneration)."""
+        gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(exit_layers, probes))
+        return gated + sum(extra_heads) * self.head_ms + sum(extra_fill_layers) * self.fill_ms(kv_policy)
+
     def speedup(
         self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str,
         extra_heads: Sequence[int] = (), extra_fill_layers: Sequence[int] = (),
     ) -> float:
-        """Predicted full-depth ms over gated ms, summed over the given decode steps; a batch's
-        steps add the heads and K/V fills no single sequence pays (see BatchGeneration)."""
-        gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(exit_layers, probes))
-        gated += sum(extra_heads) * self.head_ms + sum(extra_fill_layers) * self.fill_ms(kv_policy)
+        """Predicted full-depth ms over gated ms, summed over the given decode steps."""
+        gated = self.decode_ms(gate, exit_layers, probes, kv_policy, extra_heads, extra_fill_layers)
         return len(exit_layers) * self.step_ms / gated if gated else float("nan")
+
+    def prefill_at(self, prompt_tokens: int) -> float:
+        """Predicted ms of a full-depth prefill of ``prompt_tokens`` tokens (linear in length
+        from the measured prompt: an approximation that ignores attention's quadratic term)."""
+        return self.prefill_ms * prompt_tokens / self.prompt_tokens
+
+    def calibration_ms(self, gate: Gate, prompt_tokens: int) -> float:
+        """Predicted ms of the gate's per-prompt calibration: one lens and residual over every
+        prompt position per lens pass it declares (conformal: its probed layers and layer L)."""
+        return gate.calibration_lenses() * self.prefill_lens_ms * prompt_tokens / self.prompt_tokens
+
+    def speedup_e2e(
+        self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str,
+        prompt_tokens: Sequence[int], extra_heads: Sequence[int] = (), extra_fill_layers: Sequence[int] = (),
+    ) -> float:
+        """Predicted end-to-end speedup of whole requests: every prompt's prefill (and, on the
+        gated side, its calibration) plus the given decode steps."""
+        prefill = sum(self.prefill_at(p) for p in prompt_tokens)
+        calibration = sum(self.calibration_ms(gate, p) for p in prompt_tokens)
+        gated = prefill + calibration + self.decode_ms(gate, exit_layers, probes, kv_policy, extra_heads, extra_fill_layers)
+        return (prefill + len(exit_layers) * self.step_ms) / gated if gated else float("nan")
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -88,6 +117,8 @@ class CostModel:
             ("K/V fill, one layer (propagate)", self.kv_ms),
             ("step overhead", self.overhead_ms),
             (f"full-depth step ({self.num_layers} layers)", self.step_ms),
+            (f"prefill, {self.prompt_tokens} tokens", self.prefill_ms),
+            (f"lens over {self.prompt_tokens} positions", self.prefill_lens_ms),
         ]
         lines = [f"{'cost model':<34}{'ms':>9}{'layers':>9}"]
         lines += [f"{name:<34}{ms:>9.3f}{self.layers(ms):>9.2f}" for name, ms in rows]
@@ -95,12 +126,12 @@ class CostModel:
 
 
 def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Gate] = (), repeats: int = 12) -> CostModel:
-    """The cost model of ``lm`` on its device at this prompt's length, measured once per process;
-    the probes of ``gates`` that are not the standard three are measured too (once each)."""
-    key = (id(lm.model), str(lm.device), lm.dtype, len(prompt_ids))
-    if key not in _CACHE:
-        _CACHE[key] = _measure(lm, prompt_ids, repeats)
-    costs = _CACHE[key]
+    """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
+    model (kept with it: a model the model cache evicted takes its costs along, never leaving
+    them to a later model); the probes of ``gates`` that are not the standard three are
+    measured too (once each)."""
+    key = ("cost_model", str(lm.device), lm.dtype, len(prompt_ids))
+    costs = lm.adapter.derived(key, lambda: _measure(lm, prompt_ids, repeats))
     for gate in gates:
         if gate.probe_key not in ("none", "hidden", "lens") and gate.probe_key not in costs.extra_probe_ms:
             costs.extra_probe_ms[gate.probe_key] = _measure_probe(lm, gate)
@@ -131,9 +162,14 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
         for layer in (lo, hi):
             gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), L)
             engines[layer] = Engine(lm, gate, "propagate")
-    cache = adapter.new_cache()
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
-    token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), sync, n=3, warm=1)
+    with adapter.capture_hidden() as hs:
+        cache = adapter.new_cache()
+        token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    h_all, z_final = hs[max(1, L // 2)], adapter.lens(hs[L]).float()
+    del hs
+    prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), sync, n=3, warm=1)
     times: dict = {k: [] for k in engines}
     for r in range(repeats + 2):  # two warm-up rounds
         for name, engine in engines.items():
@@ -166,7 +202,8 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
     # a noisy slope must not predict a full-depth step dearer than the one measured
     layer_ms = min(max(layer_ms, 1e-6), max(step_ms - head_ms, 1e-6) / L)
     overhead_ms = max(step_ms - L * layer_ms - head_ms, 0.0)
-    return CostModel(layer_ms, head_ms, lens_probe_ms, hidden_probe_ms, kv_ms, overhead_ms, step_ms, L)
+    return CostModel(layer_ms, head_ms, lens_probe_ms, hidden_probe_ms, kv_ms, overhead_ms, step_ms, L,
+                     prefill_ms=prefill_ms, prefill_lens_ms=prefill_lens_ms, prompt_tokens=len(prompt_ids))
 
 
 def _median_ms(fn: Callable[[], object], sync: Callable[[], None], *, n: int = 30, warm: int = 3) -> float:

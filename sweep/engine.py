@@ -36,6 +36,9 @@ class Generation:
     probes: list[int]  # gate evaluations per generated token
     decode_seconds: float  # steps 2..n (prefill excluded), synchronised on GPU
     calibration_seconds: float = 0.0
+    # the request before the first decode step: prefill, the gate's calibration and the first
+    # token's decision (synchronised on GPU); prefill + decode is the whole request
+    prefill_seconds: float = 0.0
     logits: torch.Tensor | None = None  # (n, vocab) logits each token was taken from, when recorded
     exit_hidden: list[torch.Tensor | None] = field(default_factory=list)  # h_l of exited steps, when recorded
     cache: object | None = None  # the final KV cache, when recorded
@@ -79,6 +82,8 @@ class Engine:
         adapter, gate = self.adapter, self.gate
         cache = adapter.new_cache()
         ids = torch.tensor([list(prompt_ids)], device=self.lm.device)
+        self._synchronize()
+        t_prefill = time.perf_counter()
         if gate is None:
             logits = adapter.forward(ids, cache)[:, -1]
             first, calibration = (logits, adapter.num_layers, 0, None), 0.0
@@ -86,8 +91,10 @@ class Engine:
             logits, hs, calibration = self._gated_prefill(ids, cache, n_tokens)
             first = self._decide_prefill(hs, logits)
             del hs
-        out_logits, exits, probes, hidden = [first[0]], [first[1]], [first[2]], [first[3]]
         token = first[0].argmax(-1, keepdim=True)
+        self._synchronize()
+        prefill_seconds = time.perf_counter() - t_prefill
+        out_logits, exits, probes, hidden = [first[0]], [first[1]], [first[2]], [first[3]]
         tokens = [token]
         with self._hooks() as rope:
             self._synchronize()
@@ -111,20 +118,25 @@ class Engine:
             probes=probes,
             decode_seconds=seconds,
             calibration_seconds=calibration,
+            prefill_seconds=prefill_seconds,
             logits=torch.cat(out_logits, dim=0).float().cpu() if record else None,
             exit_hidden=hidden if record else [],
             cache=cache if keep_cache else None,
         )
 
-    def _gated_prefill(self, ids: torch.Tensor, cache, n_tokens: int):
+    def _gated_prefill(self, ids: torch.Tensor, cache, n_tokens: int, attention_mask: torch.Tensor | None = None,
+                       position_ids: torch.Tensor | None = None):
         """Prefill under the gate: the last position's logits, every layer's hidden states
         [h_0..h_L], and the seconds the gate's per-prompt calibration took (conformal: its tau,
-        one per batch row)."""
+        one per batch row, from that row's real positions: ``attention_mask`` marks them in a
+        left-padded batch)."""
         gate, adapter = self.gate, self.adapter
         gate.gen_tokens, gate.token_index = n_tokens, 0
         with adapter.capture_hidden() as hs:
-            logits = adapter.forward(ids, cache)[:, -1]
-        return logits, hs, gate.calibrate(adapter.lens, hs)
+            logits = adapter.forward(ids, cache, attention_mask=attention_mask, position_ids=position_ids)[:, -1]
+        if attention_mask is None:
+            return logits, hs, gate.calibrate(adapter.lens, hs)
+        return logits, hs, gate.calibrate(adapter.lens, hs, mask=attention_mask.bool())
 
     def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor):
         """The gate's decision for the first token, from the prefill's last position."""

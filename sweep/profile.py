@@ -1,8 +1,11 @@
 """Per-layer profile of full-depth decoding: the trace table `sweep profile` writes.
 
 ``trace_prompt`` turns one prompt and its greedy continuation into per-(position,
-layer) signals from one teacher-forced forward pass; the summaries of a trace (layer
-curve, EAS, oracle exit) are polars functions in ``sweep.analysis``.
+layer) signals; the summaries of a trace (layer curve, EAS, oracle exit) are polars
+functions in ``sweep.analysis``. The hidden states are captured while decoding the way the
+engine decodes (prefill, then one token per step through the KV cache), not by one forward
+over the whole sequence: in bf16/fp16 the two differ by a rounding step that moves signals
+across thresholds, and the trace must hold the states the engine's gates see.
 """
 
 from __future__ import annotations
@@ -16,52 +19,83 @@ import polars as pl
 import torch
 import torch.nn.functional as F
 
-from sweep.gates import cosine_prev, pca_basis, pca_delta
+from sweep.gates import cosine_prev, entropy, lens_residual, lm_head_basis, logit_margin, pca_delta, prob_margin, saturation_delta
 from sweep.models import LoadedModel
 from sweep.prompts import Prompt
 
 log = logging.getLogger("sweep.profile")
 
+
 @torch.inference_mode()
-def trace_prompt(lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk: int, pca_k: int = 64) -> dict[str, np.ndarray]:
+def decode_states(
+    lm: LoadedModel, prompt_ids: Sequence[int], *, generated: Sequence[int] | None = None, n_tokens: int | None = None
+) -> tuple[list[int], list[torch.Tensor]]:
+    """Full-depth greedy decoding with every layer's residual stream captured: the prefill, then
+    one step per token through the KV cache, exactly the forwards the engine runs (kv_policy=full
+    up to its first divergence). Feeds ``generated`` when given, else decodes ``n_tokens`` greedy
+    tokens. Returns the tokens and [h_0..h_L], each (1, P + n - 1, hidden): the last token is not fed.
+    """
+    adapter, L = lm.adapter, lm.num_layers
+    n = len(generated) if generated is not None else n_tokens
+    if n is None or n < 1:
+        raise ValueError(f"decode_states: {n} tokens; at least 1 (pass generated or n_tokens)")
+    cache = adapter.new_cache()
+    tokens: list[int] = []
+    steps: list[list[torch.Tensor]] = []
+    feed = list(prompt_ids)
+    for step in range(n):
+        with adapter.capture_hidden() as hs:
+            logits = adapter.forward(torch.tensor([feed], device=lm.device), cache)[:, -1]
+        assert len(hs) == L + 1, f"captured {len(hs)} hidden states for {L} layers"
+        token = int(generated[step]) if generated is not None else int(logits.argmax(-1))
+        tokens.append(token)
+        steps.append(hs)  # step 0 fed the prompt, step s > 0 fed tokens[s - 1]
+        feed = [token]
+    return tokens, [torch.cat([hs[layer] for hs in steps], dim=1) for layer in range(L + 1)]
+
+
+@torch.inference_mode()
+def trace_prompt(
+    lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk: int, pca_k: int = 64, *, states: list[torch.Tensor] | None = None
+) -> dict[str, np.ndarray]:
     """Signals at every position of prompt + generated[:-1] and every layer 1..L.
 
     Position p's hidden states predict the token at p + 1, so the last generated token
-    is not fed. Rows are ordered by position, then layer.
+    is not fed. Rows are ordered by position, then layer. The states are ``decode_states``'
+    (computed here unless given): the ones the engine decides on. Every gate signal comes from
+    its one definition in ``sweep.gates`` (the function the gate's ``decide`` calls), so a
+    replay of this trace decides as the engine does, in any dtype.
     """
     adapter = lm.adapter
     ids = list(prompt.input_ids) + list(generated[:-1])
-    x = torch.tensor([ids], device=lm.device)
-    with adapter.capture_hidden() as hs:
-        lm.model(input_ids=x, use_cache=False, logits_to_keep=1)
+    hs = states if states is not None else decode_states(lm, prompt.input_ids, generated=generated)[1]
     L = adapter.num_layers
-    assert len(hs) == L + 1, f"captured {len(hs)} hidden states for {L} layers"
+    assert len(hs) == L + 1 and hs[0].shape[1] == len(ids), f"states for {hs[0].shape[1]} positions, {len(ids)} fed"
     n_final = adapter.norm(hs[L][0])
     z_final = adapter.head(n_final).float()
     k = max(topk, 2)
     top_final = z_final.topk(topk, dim=-1).indices
     centered_final = z_final - z_final.mean(dim=-1, keepdim=True)
-    basis = pca_basis(adapter.lm_head.weight, min(pca_k, adapter.lm_head.weight.shape[1]))
+    basis = lm_head_basis(adapter, min(pca_k, adapter.lm_head.weight.shape[1]))
     per_layer = []
     for layer in range(1, L + 1):
         h, h_prev = hs[layer][0], hs[layer - 1][0]
         normed = adapter.norm(h)
-        z = adapter.head(normed).float()
+        z_raw = adapter.head(normed)  # the lens in the model's dtype, as the engine's probe sees it
+        z = z_raw.float()
         top = z.topk(k, dim=-1)
-        logp = torch.log_softmax(z, dim=-1)
-        top_p = logp.topk(2, dim=-1).values.exp()
         per_layer.append(
             {
-                "delta": ((h - h_prev).float().norm(dim=-1) / h.float().norm(dim=-1)),
-                "margin": top.values[:, 0] - top.values[:, 1],
+                "delta": saturation_delta(h, h_prev),
+                "margin": logit_margin(z_raw),
                 "top1": z.argmax(dim=-1),  # argmax, like top1_final, so ties break the same way
-                "residual_inf": (z - z_final).abs().amax(dim=-1),
+                "residual_inf": lens_residual(z_raw, z_final),
                 "cos_hidden": F.cosine_similarity(normed.float(), n_final.float(), dim=-1),
                 # softmax ignores a constant shift of the logits, so compare them centred
                 "cos_logits": F.cosine_similarity(z - z.mean(dim=-1, keepdim=True), centered_final, dim=-1),
                 "topk_overlap": (top.indices[:, :topk, None] == top_final[:, None, :]).any(-1).sum(-1).float() / topk,
-                "prob_margin": top_p[:, 0] - top_p[:, 1],
-                "entropy": -(logp.exp() * logp).sum(dim=-1),
+                "prob_margin": prob_margin(z_raw),
+                "entropy": entropy(z_raw),
                 "cos_prev": cosine_prev(h, h_prev),
                 "pca_delta": pca_delta(normed, adapter.norm(h_prev), basis),
             }
@@ -86,15 +120,15 @@ def trace_prompt(lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk
 
 
 def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int, pca_k: int = 64) -> pl.DataFrame:
-    """Greedy full-depth decoding, then the per-layer trace, for each prompt in order."""
-    from sweep.engine import greedy_decode
-
+    """Greedy full-depth decoding with every layer's states captured, then the per-layer trace,
+    for each prompt in order."""
     frames = []
     for i, prompt in enumerate(prompts, start=1):
         t0 = time.perf_counter()
-        generated = greedy_decode(lm, prompt.input_ids, gen_tokens)
+        generated, states = decode_states(lm, prompt.input_ids, n_tokens=gen_tokens)
         t1 = time.perf_counter()
-        frames.append(pl.DataFrame(trace_prompt(lm, prompt, generated, topk, pca_k)))
+        frames.append(pl.DataFrame(trace_prompt(lm, prompt, generated, topk, pca_k, states=states)))
+        del states
         log.info(
             "[%d/%d] %s: %d prompt + %d generated tokens; decode %.2f s, trace %.2f s",
             i, len(prompts), prompt.id, len(prompt.input_ids), gen_tokens, t1 - t0, time.perf_counter() - t1,

@@ -14,6 +14,8 @@ from pathlib import Path
 import polars as pl
 
 from sweep.analysis import (
+    KNEE_MIN_POINTS,
+    best_at_targets,
     eas_per_layer,
     eas_table,
     fronts,
@@ -25,7 +27,6 @@ from sweep.analysis import (
     oracle_summary,
     params_text,
     with_confidence,
-    best_at_targets,
 )
 from sweep.errors import InputError
 
@@ -48,22 +49,23 @@ def run_analyze(cfg) -> tuple[Path, list[str]]:
     if trials.height == 0 and not has_profiles:
         raise InputError(f"results.root={root}: no trials or profiles there to analyze (run `sweep run` or `sweep profile` first)")
     a = cfg.analysis
-    ok = ok_trials(trials).collect()
+    conf = {"metric": a.speedup, "n_boot": a.n_boot, "seed": a.seed, "min_prompts": a.ci_min_prompts}
+    ok = ok_trials(trials, a.speedup).collect()
     if ok.height <= CI_ROWS:
-        ok = with_confidence(ok, n_boot=a.n_boot, seed=a.seed)
-    front = fronts(ok) if ok.height else pl.DataFrame()
-    if ok.height > CI_ROWS and front.height:
-        front = with_confidence(front, n_boot=a.n_boot, seed=a.seed)
+        ok = with_confidence(ok, **conf)
+    front = fronts(ok, a.speedup) if ok.height else pl.DataFrame()
+    if ok.height > CI_ROWS and front.height:  # intervals are seeded per trial: the same as on all rows
+        front = with_confidence(front, **conf)
     knees = knees_table(front) if front.height else pl.DataFrame()
-    targets = _targets(ok, tuple(a.targets), a)
+    targets = _targets(ok, tuple(a.targets), conf)
     out = Path(a.out) if a.out else root / "report"
     if front.height:
         write_table("pareto", _declared(front.drop("gate_scope"), "pareto"), root=root, provenance={})
         write_table("knees", knees, root=root, provenance={})
         write_table("targets", targets, root=root, provenance={})
     figures = _figures(ok, front, knees, profiles if has_profiles else None, cfg.eas.alpha, out)
-    verdicts = _verdicts(trials, targets, profiles if has_profiles else None, cfg.eas.alpha)
-    path = _markdown(out, trials, ok, knees, targets, profiles if has_profiles else None, cfg.eas.alpha, figures, verdicts)
+    verdicts = _verdicts(trials, targets, profiles if has_profiles else None, cfg.eas.alpha, a.ci_min_prompts)
+    path = _markdown(out, trials, ok, front, knees, targets, profiles if has_profiles else None, cfg.eas.alpha, figures, verdicts, a.ci_min_prompts)
     _screen_section(root, ok, out, path)
     _batching_section(ok, out, path)
     return path, verdicts
@@ -80,7 +82,7 @@ def _batching_section(ok: pl.DataFrame, out: Path, path: Path) -> None:
     early_exit = pl.col("mode").fill_null("early_exit") == "early_exit"
     rows = ok.filter(pl.col("batch_size").is_not_null() & early_exit).with_columns(
         setting=pl.concat_str([pl.col("model"), pl.lit(" "), pl.col("gate"), pl.lit(" "), pl.struct(keys).map_elements(
-            lambda r: " ".join(f"{k}={r[k]:g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in (*GATE_COLUMNS, "min_layer") if r[k] is not None),
+            lambda r: " ".join(f"{k}={r[k]:g}" if isinstance(r[k], float) else f"{k}={r[k]}" for k in (*GATE_COLUMNS, "min_layer", "kv_policy") if r[k] is not None),
             return_dtype=pl.String)])
     )
     groups = rows.group_by("setting").agg(pl.col("batch_size").n_unique().alias("sizes")).filter(pl.col("sizes") > 1)["setting"].to_list()
@@ -161,24 +163,26 @@ def _screen_section(root: Path, ok: pl.DataFrame, out: Path, path: Path) -> None
         f.write("\n".join(lines))
 
 
-def _targets(ok: pl.DataFrame, targets: tuple[float, ...], a) -> pl.DataFrame:
+def _targets(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict) -> pl.DataFrame:
     if not ok.height:
         return pl.DataFrame()
-    best = best_at_targets(ok, targets)
+    best = best_at_targets(ok, targets, metric=conf["metric"])
     if "agreement_lo" not in best.columns:
-        best = with_confidence(best, n_boot=a.n_boot, seed=a.seed)
+        best = with_confidence(best.filter(pl.col("trial_id").is_not_null()), **conf).join(
+            best.select("model", "target"), on=["model", "target"], how="right")
     params = [params_text(r) if r["trial_id"] else None for r in best.iter_rows(named=True)]
     return best.with_columns(params=pl.Series(params, dtype=pl.String)).select(
-        "model", "target", "trial_id", "gate", "params", "mode", "speedup_wall", "agreement", "exit_rate",
-        "agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level",
-    )
+        _declared_names("targets")).sort("model", "target")
+
+
+def _declared_names(table: str) -> list[str]:
+    from sweep.store import TABLES
+
+    return [c.name for c in TABLES[table].columns if c.name not in ("schema_version", "created_at")]
 
 
 def _declared(frame: pl.DataFrame, table: str) -> pl.DataFrame:
-    from sweep.store import TABLES
-
-    names = [c.name for c in TABLES[table].columns if c.name not in ("schema_version", "created_at")]
-    return frame.select(names)
+    return frame.select(_declared_names(table))
 
 
 # ---------------------------------------------------------------- figures
@@ -205,33 +209,39 @@ def _pareto_figure(ok, front, knees, model: str, out: Path) -> str:
     import matplotlib.pyplot as plt
 
     rows = ok.filter(pl.col("model") == model)
+    metric = rows["speedup_metric"][0]
     fig, ax = plt.subplots(figsize=(8.5, 6))
-    for gate, sub in sorted(rows.partition_by("gate", as_dict=True).items()):
-        sub = sub.sort("speedup_wall")
+    for gate, sub in sorted(rows.filter(pl.col("skipped_compute")).partition_by("gate", as_dict=True).items()):
+        sub = sub.sort("speedup")
         xerr = yerr = None
         if "speedup_lo" in sub.columns and sub["speedup_lo"].null_count() < sub.height:
-            xerr = [(sub["speedup_wall"] - sub["speedup_lo"].fill_null(sub["speedup_wall"])).clip(0).to_list(),
-                    (sub["speedup_hi"].fill_null(sub["speedup_wall"]) - sub["speedup_wall"]).clip(0).to_list()]
+            xerr = [(sub["speedup"] - sub["speedup_lo"].fill_null(sub["speedup"])).clip(0).to_list(),
+                    (sub["speedup_hi"].fill_null(sub["speedup"]) - sub["speedup"]).clip(0).to_list()]
             yerr = [(sub["agreement"] - sub["agreement_lo"].fill_null(sub["agreement"])).clip(0).to_list(),
                     (sub["agreement_hi"].fill_null(sub["agreement"]) - sub["agreement"]).clip(0).to_list()]
-        ax.errorbar(sub["speedup_wall"].to_list(), sub["agreement"].to_list(), xerr=xerr, yerr=yerr, fmt="o", ms=5,
+        ax.errorbar(sub["speedup"].to_list(), sub["agreement"].to_list(), xerr=xerr, yerr=yerr, fmt="o", ms=5,
                     alpha=0.75, capsize=2, elinewidth=0.8, label=f"{gate[0]} ({sub.height} trials)")
-    line = front.filter((pl.col("model") == model) & (pl.col("scope") == "model")).sort("speedup_wall")
+    idle = rows.filter(~pl.col("skipped_compute"))
+    if idle.height:
+        ax.plot(idle["speedup"].to_list(), idle["agreement"].to_list(), "D", mfc="none", mec="dimgrey", ms=8, ls="none",
+                label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise")
+    line = front.filter((pl.col("model") == model) & (pl.col("scope") == "model")).sort("speedup")
     if line.height:
-        ax.plot(line["speedup_wall"].to_list(), line["agreement"].to_list(), "-", color="black", lw=1.5, label="Pareto front (all gates)")
+        ax.plot(line["speedup"].to_list(), line["agreement"].to_list(), "-", color="black", lw=1.5, label="Pareto front (all gates)")
     knee = knees.filter((pl.col("model") == model) & (pl.col("scope") == "model")) if knees.height else knees
     if knee.height:
         k = knee.row(0, named=True)
-        ax.plot([k["speedup_wall"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
-        ax.annotate(f"knee: {k['knee_gate']} {k['knee_params']}\n{k['speedup_wall']:.2f}x, agreement {k['agreement']:.3f}",
-                    (k["speedup_wall"], k["agreement"]), xytext=(0.97, 0.55), textcoords="axes fraction", ha="right", fontsize=9,
+        ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
+        ax.annotate(f"knee: {k['knee_gate']} {k['knee_params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
+                    (k["speedup"], k["agreement"]), xytext=(0.97, 0.55), textcoords="axes fraction", ha="right", fontsize=9,
                     color="crimson", arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 1},
                     bbox={"boxstyle": "round", "fc": "white", "ec": "crimson", "alpha": 0.9})
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
     ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
-    ax.set_xlabel("speedup_wall (full-depth decode time / gated decode time)")
+    what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"
+    ax.set_xlabel(f"{metric}: full-depth {what} time / gated time")
     ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")
-    ax.set_title(f"{model}: {rows.height} ok trials, error bars: 95% bootstrap over prompts")
+    ax.set_title(f"{model}: {rows.height} ok trials, error bars: 95% bootstrap over prompts and rounds")
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
@@ -302,7 +312,7 @@ def _eas_figure(per_layer: pl.DataFrame, eas: pl.DataFrame, alpha: float, out: P
 # ---------------------------------------------------------------- text
 
 
-def _verdicts(trials: pl.DataFrame, targets: pl.DataFrame, profiles, alpha: float) -> list[str]:
+def _verdicts(trials: pl.DataFrame, targets: pl.DataFrame, profiles, alpha: float, min_prompts: int) -> list[str]:
     lines = []
     models = sorted(set(trials["model"].unique().to_list()) if trials.height else set())
     for model in models:
@@ -315,18 +325,7 @@ def _verdicts(trials: pl.DataFrame, targets: pl.DataFrame, profiles, alpha: floa
         if best is None or best["trial_id"] is None:
             lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} ({n_ok} ok trials)")
             continue
-        ci = f", 95% CI {best['speedup_lo']:.2f}-{best['speedup_hi']:.2f}x" if best.get("speedup_lo") is not None else ""
-        what = f"{best['speedup_wall']:.3f}x{ci}, {best['gate']} {best['params']}, exit rate {best['exit_rate']:.2f}"
-        if best["speedup_wall"] > 1.0 and best["exit_rate"] > 0 and (best.get("speedup_lo") is None or best["speedup_lo"] > 1.0):
-            lines.append(f"{model}: agreement >= {HEADLINE_TARGET} with a speedup: {what}")
-        else:
-            if best.get("mode") == "self_speculative":
-                why = "lossless self-speculation, but drafting and verifying cost more than the accepted drafts save"
-            elif best["exit_rate"] == 0:
-                why = "no token exited, so the difference from 1x is timing noise"
-            else:
-                why = "not above 1x"
-            lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} with a speedup > 1 (best there: {what}; {why}; {n_ok} ok trials)")
+        lines.append(f"{model}: {verdict(best, min_prompts)} ({n_ok} ok trials)")
     if profiles is not None:
         eas = eas_table(profiles, alpha)
         for model in sorted(set(eas["model"].to_list()) - set(models)):
@@ -335,7 +334,33 @@ def _verdicts(trials: pl.DataFrame, targets: pl.DataFrame, profiles, alpha: floa
     return lines
 
 
-def _markdown(out: Path, trials, ok, knees, targets, profiles, alpha: float, figures: dict, verdicts: list[str]) -> Path:
+def verdict(best: dict, min_prompts: int) -> str:
+    """One sentence on the best trial at the headline target, from the figures its table row
+    shows (the ranked speedup and its interval), in the terms of its own bench mode."""
+    metric, speedup, lo, hi = best["speedup_metric"], best["speedup"], best.get("speedup_lo"), best.get("speedup_hi")
+    ci = f", 95% CI {lo:.2f}-{hi:.2f}x" if lo is not None and hi is not None else ""
+    few = f" [interval from {best['ci_prompts']} prompts, fewer than {min_prompts}: too coarse to trust]" if best.get("ci_few_prompts") else ""
+    speculative = best.get("mode") == "self_speculative"
+    if speculative:
+        what = (f"lossless self-speculation {best['params']}, {metric} {speedup:.3f}x{ci}, "
+                f"acceptance rate {_num(best.get('acceptance_rate'), '.2f')}{few}")
+    else:
+        what = f"{best['gate']} {best['params']}, {metric} {speedup:.3f}x{ci}, exit rate {best['exit_rate']:.2f}{few}"
+    head = f"agreement >= {HEADLINE_TARGET}"
+    if not best["skipped_compute"]:
+        noise = best.get("speedup_noise")
+        return (f"no gate reaches {head} with a speedup (best there: {best['gate']} {best['params']} skipped no compute, "
+                f"so its speedup is 1x; the measured {_num(noise)}x is timing noise)")
+    if speedup > 1.0 and (lo is None or lo > 1.0):
+        return f"{head} with a speedup: {what}"
+    if speedup > 1.0:
+        return f"no gate reaches {head} with a speedup distinguishable from 1x (best there: {what}; the interval includes 1x)"
+    why = ("drafting and verifying cost more than the accepted drafts save" if speculative
+           else "its probes and K/V fills cost more than the skipped layers save")
+    return f"no gate reaches {head} with a speedup > 1 (best there: {what}; {why})"
+
+
+def _markdown(out: Path, trials, ok, front, knees, targets, profiles, alpha: float, figures: dict, verdicts: list[str], min_prompts: int) -> Path:
     lines = ["# Early-exit report", ""]
     if trials.height:
         runs = trials["run_id"].n_unique()
@@ -343,25 +368,38 @@ def _markdown(out: Path, trials, ok, knees, targets, profiles, alpha: float, fig
                      f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
                      f"{trials.filter(pl.col('status') == 'failed').height} failed (fronts and targets use ok trials only).")
         lines.append("")
+    if ok.height:
+        metric = ok["speedup_metric"][0]
+        lines += [f"Speedups rank by `{metric}`. A trial that skipped no compute (no decode step exited, or kv_policy=full) "
+                  "counts as 1x; its measured ratio is timing noise and is shown in brackets. Intervals: 95% bootstrap of the "
+                  "same estimator, prompts and timed rounds resampled, seeded per trial; † marks an interval from fewer than "
+                  f"{min_prompts} prompts (analysis.ci_min_prompts), too coarse to trust.", ""]
     lines += ["## Verdicts", ""] + [f"- {v}" for v in verdicts] + [""]
     for model in sorted(set(figures) - {"_all"}):
         lines += [f"## {model}", ""]
         if targets.height and model in targets["model"].to_list():
-            lines += ["Best speedup at each agreement target (95% bootstrap intervals over prompts):", "",
-                      "| agreement >= | speedup_wall | CI | agreement | CI | gate | parameters | trial |", "|---|---|---|---|---|---|---|---|"]
+            lines += ["Best speedup at each agreement target:", "",
+                      "| agreement >= | speedup | CI | agreement | CI | gate | parameters | trial |", "|---|---|---|---|---|---|---|---|"]
             for r in targets.filter(pl.col("model") == model).iter_rows(named=True):
                 if r["trial_id"] is None:
                     lines.append(f"| {r['target']:g} | none | | | | | | |")
                 else:
-                    lines.append(f"| {r['target']:g} | {r['speedup_wall']:.3f} | {_ci(r, 'speedup')} | {r['agreement']:.3f} | {_ci(r, 'agreement')} | "
+                    noise = "" if r["skipped_compute"] else f" (measured {_num(r['speedup_noise'])})"
+                    lines.append(f"| {r['target']:g} | {r['speedup']:.3f}{noise} | {_ci(r, 'speedup')} | {r['agreement']:.3f} | {_ci(r, 'agreement')} | "
                                  f"{r['gate']} | {r['params']} | `{r['trial_id']}` |")
             lines.append("")
-        if knees.height and model in knees["model"].to_list():
-            lines += ["Knees of the fronts (chord method; Kneedle cross-check with 12+ points):", "",
+        sizes = front.filter(pl.col("model") == model).group_by("scope", "gate_scope").len().sort("scope", "gate_scope") if front.height else front
+        if sizes.height:
+            lines += [f"Knees of the fronts (chord method, fronts of {KNEE_MIN_POINTS}+ points; Kneedle cross-check with 12+ points):", "",
                       "| front | points | knee speedup | knee agreement | gate | parameters | Kneedle |", "|---|---|---|---|---|---|---|"]
-            for r in knees.filter(pl.col("model") == model).iter_rows(named=True):
-                kneedle = f"{r['kneedle_speedup_wall']:.3f}x / {r['kneedle_agreement']:.3f}" if r["kneedle_trial_id"] else "n/a"
-                lines.append(f"| {r['gate']} | {r['front_points']} | {r['speedup_wall']:.3f} | {r['agreement']:.3f} | {r['knee_gate']} | {r['knee_params']} | {kneedle} |")
+            by_front = {(r["scope"], r["gate"]): r for r in knees.filter(pl.col("model") == model).iter_rows(named=True)} if knees.height else {}
+            for f in sizes.iter_rows(named=True):
+                r = by_front.get((f["scope"], f["gate_scope"]))
+                if r is None:
+                    lines.append(f"| {f['gate_scope']} | {f['len']} | no knee (fewer than {KNEE_MIN_POINTS} points) | | | | |")
+                    continue
+                kneedle = f"{r['kneedle_speedup']:.3f}x / {r['kneedle_agreement']:.3f}" if r["kneedle_trial_id"] else "n/a"
+                lines.append(f"| {r['gate']} | {r['front_points']} | {r['speedup']:.3f} | {r['agreement']:.3f} | {r['knee_gate']} | {r['knee_params']} | {kneedle} |")
             lines.append("")
         lines += [f"![{name}]({name})" for name in figures[model]] + [""]
     if profiles is not None:
@@ -370,8 +408,11 @@ def _markdown(out: Path, trials, ok, knees, targets, profiles, alpha: float, fig
         lines += ["## Profiles: EAS and oracle exits", "", f"EAS (arXiv 2603.23701), alpha={alpha:g}, S averaged over all traced positions:", "",
                   "| model | variant | EAS | K |", "|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['variant']} | {r['eas']:.4f} | {r['topk']} |" for r in eas.iter_rows(named=True)]
-        lines += ["", "| model | positions | mean oracle exit layer | could exit before L |", "|---|---|---|---|"]
-        lines += [f"| {r['model']} | {r['phase']} ({r['positions']}) | {r['mean_oracle_exit']:.2f} of {r['num_layers']} | {100 * r['frac_before_L']:.1f}% |"
+        lines += ["", "Oracle exits: first match (the earliest layer whose top-1 equals the final one: the bound on what any exit "
+                  "rule could save) and saturation (the earliest layer from which the top-1 stays equal up to L).", "",
+                  "| model | positions | first match: mean layer | before L | saturation: mean layer | before L |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['phase']} ({r['positions']}) | {r['mean_first_match']:.2f} of {r['num_layers']} | "
+                  f"{100 * r['frac_first_match_before_L']:.1f}% | {r['mean_saturation']:.2f} of {r['num_layers']} | {100 * r['frac_saturation_before_L']:.1f}% |"
                   for r in oracle.iter_rows(named=True)]
         lines += [""] + [f"![{name}]({name})" for name in figures.get("_all", [])] + [""]
     path = out / "report.md"
@@ -388,4 +429,6 @@ def _num(value, fmt: str = ".3f") -> str:
 
 def _ci(row: dict, metric: str) -> str:
     lo, hi = row.get(f"{metric}_lo"), row.get(f"{metric}_hi")
-    return f"{lo:.3f}-{hi:.3f}" if lo is not None and hi is not None else ""
+    if lo is None or hi is None:
+        return ""
+    return f"{lo:.3f}-{hi:.3f}" + (" †" if row.get("ci_few_prompts") else "")

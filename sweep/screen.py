@@ -54,15 +54,15 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
     agreement_tf, per model across gates) and the knee's ``neighbours`` on each side along
     its gate's threshold. Full-depth decoding (speedup 1, agreement 1) is always available,
     so it joins the front as a reference: settings predicted slower than it drop out."""
-    from sweep.analysis import chord_knees, pareto_front
+    from sweep.analysis import chord_knees, nondominated
 
     # settings that resolve to the same gate on this model (min_depth 0.1 and 0.2 of 4 layers...) are one
     table = table.with_columns(
         _first=pl.col("trial_id") == pl.col("trial_id").first().over("model", "gate", "min_layer", *GATE_COLUMNS)
     )
-    sim = table.filter("_first").rename({"speedup_model": "_x", "agreement_tf": "_y"}).with_columns(status=pl.lit("ok"))
-    baseline = sim.select("model").unique().with_columns(trial_id=pl.lit(BASELINE), _x=pl.lit(1.0), _y=pl.lit(1.0), status=pl.lit("ok"))
-    front = pareto_front(pl.concat([sim, baseline], how="diagonal_relaxed"), x="_x", y="_y", by=("model",))
+    sim = table.filter("_first").rename({"speedup_model": "_x", "agreement_tf": "_y"})
+    baseline = sim.select("model").unique().with_columns(trial_id=pl.lit(BASELINE), _x=pl.lit(1.0), _y=pl.lit(1.0))
+    front = nondominated(pl.concat([sim, baseline], how="diagonal_relaxed"), "_x", "_y", by=("model",))
     front = front.filter(pl.col("trial_id") != BASELINE)
     chosen = set(front["trial_id"].to_list())
     for knee in chord_knees(front, by=("model",), x="_x", y="_y").iter_rows(named=True):

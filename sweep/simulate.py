@@ -99,7 +99,8 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
 
 
 def exit_layers(gate_cls: type[Gate], signals: Signals, values: torch.Tensor, min_layer: int, decay: float | None = None) -> torch.Tensor:
-    """(K, T) exit layers (L = no exit) of a gate for each threshold value.
+    """(K, T) exit layers (L = no exit) of a gate for each threshold value (float64, as the
+    config holds them: a float32 tensor would round them before the gate's own comparison).
 
     The gate decides after layers min_layer..L-1, as the engine's hooks do; the first layer
     where it says exit is the exit layer.
@@ -132,7 +133,7 @@ def simulate(
     for (name, _), members in groups.items():
         cls = GATES.get(name, key="gate")
         gates = [make_gate(gate_cfgs[i], L) for i in members]
-        values = torch.tensor([threshold_value(g) for g in gates])
+        values = torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64)  # as the engine's gates read them
         if cls.name == "pca" and gates[0].cfg.k != signals.pca_k:
             raise ConfigError(f"gate.k={gates[0].cfg.k}: the trace's pca signal has k={signals.pca_k} (profile.pca_k); replay at that k")
         # a fixed gate's only probe layer is its threshold, so its min_layer does not mask anything

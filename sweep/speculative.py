@@ -65,10 +65,14 @@ class SelfSpeculative:
         adapter, drafter = self.lm.adapter, self.drafter
         cache = adapter.new_cache()
         ids = torch.tensor([list(prompt_ids)], device=self.lm.device)
+        self._synchronize()
+        t_prefill = time.perf_counter()
         token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+        self._synchronize()
         tokens = [token]
         committed = ids.shape[1]  # positions every layer holds
-        out = SpeculativeGeneration(tokens=[], exit_layers=[], probes=[], decode_seconds=0.0)
+        out = SpeculativeGeneration(tokens=[], exit_layers=[], probes=[], decode_seconds=0.0,
+                                    prefill_seconds=time.perf_counter() - t_prefill)
         with drafter._hooks() as rope:
             self._synchronize()
             t0 = time.perf_counter()

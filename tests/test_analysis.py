@@ -37,6 +37,9 @@ def trials(points, *, model="m", gate="saturation", status="ok", start=0):
             "eps": [0.1] * len(points),
             "min_layer": [8] * len(points),
             "exit_rate": [0.5] * len(points),
+            "step_layers_saved": [0.3] * len(points),
+            "kv_policy": ["propagate"] * len(points),
+            "mode": ["early_exit"] * len(points),
         }
     )
 
@@ -98,27 +101,30 @@ def test_chord_knee_of_the_classic_front():
 
 
 def test_chord_knee_edge_cases():
-    assert ids(chord_knees(trials([(1.3, 0.7)]), by=())) == ["t000"]  # a front of one point
-    two = chord_knees(trials([(1.0, 1.0), (2.0, 0.5)]), by=())  # both on the chord: higher agreement wins
-    assert ids(two) == ["t000"]
-    tie = chord_knees(trials([(1.0, 1.0), (1.5, 0.9), (1.5, 0.9), (2.0, 0.5)]), by=())  # an exact tie: smaller trial id
+    # a knee is a bend: fronts of one or two points have none
+    assert chord_knees(pareto_front(trials([(1.3, 0.7)])), by=()).height == 0
+    assert chord_knees(pareto_front(trials([(1.0, 1.0), (2.0, 0.5)])), by=()).height == 0
+    tie = chord_knees(pareto_front(trials([(1.0, 1.0), (1.5, 0.9), (1.5, 0.9), (2.0, 0.5)])), by=())  # an exact tie: smaller trial id
     assert ids(tie) == ["t001"]
-    grouped = chord_knees(pl.concat([trials(CLASSIC), trials([(1.0, 1.0)], model="x", start=50)]).pipe(pareto_front, by=("model",)), by=("model",))
-    assert dict(zip(grouped["model"], grouped["trial_id"])) == {"m": "t002", "x": "t050"}
+    both = pl.concat([trials(CLASSIC), trials([(1.0, 1.0)], model="x", start=50)])
+    grouped = chord_knees(pareto_front(both, by=("model",)), by=("model",))
+    assert dict(zip(grouped["model"], grouped["trial_id"])) == {"m": "t002"}  # model x's front is one point
+    table = knees_table(fronts(both))
+    assert set(zip(table["scope"], table["model"])) == {("model", "m"), ("model+gate", "m")}
 
 
-def test_kneedle_cross_check_needs_twelve_points():
-    xs = [1.0 + 0.1 * i for i in range(15)]
-    curve = trials([(x, 1.0 - ((x - 1.0) / 1.4) ** 4) for x in xs])
+def test_knees_of_a_front_with_a_known_corner():
+    # 10 points on a gentle line (agreement 1.0 -> 0.955 while speedup 1.0 -> 1.9), then a steep one
+    # (0.955 -> 0.0 over 1.9 -> 2.3): the corner (1.9, 0.955), t009, is the knee by construction
+    gentle = [(1.0 + 0.1 * i, 1.0 - 0.005 * i) for i in range(10)]
+    steep = [(1.9 + 0.08 * j, 0.955 - 0.191 * j) for j in range(1, 6)]
+    curve = trials(gentle + steep)
     front = pareto_front(curve)
     assert front.height == 15
-    knee = kneedle_knee(front)
-    assert knee is not None and knee["trial_id"] in ids(front)
-    assert kneedle_knee(front.head(11)) is None
     table = knees_table(fronts(curve))
     row = table.filter(pl.col("scope") == "model").row(0, named=True)
-    assert row["front_points"] == 15 and row["kneedle_trial_id"] == knee["trial_id"]
-    assert row["trial_id"] == chord_knees(front, by=())["trial_id"][0]
+    assert row["front_points"] == 15 and row["trial_id"] == "t009" and row["kneedle_trial_id"] == "t009"
+    assert kneedle_knee(front.head(11)) is None  # the cross-check needs 12 points
 
 
 def test_best_speedup_at_each_target():
@@ -134,19 +140,126 @@ def test_best_speedup_at_each_target():
     assert ids(tied) == ["t001"]
 
 
-def test_bootstrap_intervals():
-    df = pl.DataFrame({
-        "prompt_agreement": [[1.0, 1.0, 1.0], [0.0, 1.0, 0.5, 0.5], None],
-        "prompt_baseline_ms": [[10.0, 10.0, 10.0], [10.0, 20.0, 10.0, 20.0], None],
-        "prompt_ms": [[5.0, 5.0, 5.0], [10.0, 10.0, 10.0, 10.0], None],
-    })
-    out = with_confidence(df, n_boot=500, seed=1)
-    first, second, third = out.iter_rows(named=True)
-    assert first["agreement_lo"] == first["agreement_hi"] == 1.0 and first["speedup_lo"] == first["speedup_hi"] == 2.0
-    assert 0.0 <= second["agreement_lo"] < 0.5 < second["agreement_hi"] <= 1.0
-    assert 1.0 <= second["speedup_lo"] < 1.5 < second["speedup_hi"] <= 2.0
-    assert second["ci_level"] == 0.95 and third["agreement_lo"] is None
-    assert with_confidence(df, n_boot=500, seed=1).equals(out)  # seeded
+def timed_row(trial_id, base, gated, *, agree=None, exit_rate=0.5, kv_policy="propagate", mode="early_exit", speedup=None, **extra):
+    """One ok trial row from [round][prompt] decode ms; speedup_wall by the bench's definition,
+    computed here by hand: the median over rounds of summed baseline / summed gated."""
+    ratios = sorted(sum(b) / sum(g) for b, g in zip(base, gated))
+    mid = len(ratios) // 2
+    point = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    n = len(base[0])
+    return {
+        "trial_id": trial_id, "model": "m", "gate": "saturation", "status": "ok", "eps": 0.1, "min_layer": 2,
+        "exit_rate": exit_rate, "step_layers_saved": exit_rate * 0.5, "kv_policy": kv_policy, "mode": mode,
+        "speedup_wall": point if speedup is None else speedup, "agreement": 1.0 if agree is None else sum(agree) / len(agree),
+        "prompt_agreement": [1.0] * n if agree is None else agree, "round_baseline_ms": base, "round_ms": gated,
+        "round_baseline_prefill_ms": [[0.0] * n for _ in base], "round_prefill_ms": [[0.0] * n for _ in base], **extra,
+    }
+
+
+def frame(*rows) -> pl.DataFrame:
+    return pl.DataFrame(list(rows), infer_schema_length=None)
+
+
+def test_speedup_interval_bootstraps_the_reported_estimator():
+    # per-prompt medians would give (20 + 10) / (10 + 20) = 1.0 (the old interval's statistic); the
+    # reported estimator is the median over rounds of the rounds' pooled ratios
+    base, gated = [[10.0, 10.0], [30.0, 10.0]], [[9.0, 9.0], [11.0, 30.0]]
+    row = with_confidence(frame(timed_row("a1", base, gated)), n_boot=4000, seed=3).row(0, named=True)
+    assert row["speedup_wall"] == pytest.approx((20 / 18 + 40 / 41) / 2)
+    # brute force: every resample of (rounds, prompts), each with probability 1/16; both ends of a 95%
+    # interval fall in the extreme resamples
+    values = []
+    for r0 in range(2):
+        for r1 in range(2):
+            for p0 in range(2):
+                for p1 in range(2):
+                    ratio = [(base[r][p0] + base[r][p1]) / (gated[r][p0] + gated[r][p1]) for r in (r0, r1)]
+                    values.append(sum(ratio) / 2)
+    assert row["speedup_lo"] == pytest.approx(min(values)) and row["speedup_hi"] == pytest.approx(max(values))
+    assert row["speedup_lo"] <= row["speedup"] == row["speedup_wall"] <= row["speedup_hi"]
+
+
+def test_intervals_contain_their_estimates_and_agreement_resamples_prompts():
+    import random
+
+    rng = random.Random(7)
+    rows = []
+    for t in range(40):
+        rounds, n = rng.choice([1, 2, 3]), rng.choice([2, 3, 8])
+        base = [[rng.uniform(5, 50) for _ in range(n)] for _ in range(rounds)]
+        gated = [[b * rng.uniform(0.4, 1.6) for b in rb] for rb in base]
+        rows.append(timed_row(f"t{t:02d}", base, gated, agree=[rng.choice([0.0, 0.5, 1.0]) for _ in range(n)]))
+    out = with_confidence(frame(*rows), n_boot=500, seed=0)
+    for r in out.iter_rows(named=True):
+        assert r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"], r["trial_id"]
+        assert r["agreement_lo"] <= r["agreement"] <= r["agreement_hi"], r["trial_id"]
+    agree = with_confidence(frame(timed_row("x", [[1.0, 1.0, 1.0, 1.0]], [[1.0] * 4], agree=[0.0, 1.0, 0.5, 0.5])), n_boot=4000, seed=0).row(0, named=True)
+    # brute force over the 256 resamples of 4 prompts: the extremes have probability 1/256 each, so the
+    # 2.5% quantile lies above the minimum 0.0 and below the mean
+    assert 0.0 < agree["agreement_lo"] < 0.5 < agree["agreement_hi"] < 1.0
+
+
+def test_a_trial_gets_the_same_interval_whatever_rows_come_with_it():
+    one = timed_row("same", [[10.0, 12.0, 9.0], [11.0, 10.0, 9.5]], [[8.0, 9.0, 9.0], [9.0, 10.0, 7.0]], agree=[1.0, 0.5, 0.75])
+    others = [timed_row(f"o{i}", [[5.0 + i, 6.0]], [[4.0, 6.0 + i]]) for i in range(5)]
+    cols = ["speedup_lo", "speedup_hi", "agreement_lo", "agreement_hi"]
+    alone = with_confidence(frame(one), seed=2).select(cols)
+    last = with_confidence(frame(*others, one), seed=2).filter(pl.col("trial_id") == "same").select(cols)
+    assert alone.equals(last)
+    from sweep.analysis import trial_rng
+
+    assert trial_rng("same", 2).integers(0, 2**31) == trial_rng("same", 2).integers(0, 2**31)
+    assert trial_rng("same", 3).integers(0, 2**31) != trial_rng("same", 2).integers(0, 2**31)  # the analysis seed still matters
+
+
+def test_trials_that_skipped_no_compute_are_1x_and_never_win_a_front():
+    base = [[10.0, 10.0], [10.0, 10.0]]
+    rows = [
+        timed_row("noise", base, [[6.0, 7.0], [6.5, 6.5]], exit_rate=0.0),  # no exit, measured 1.5x
+        timed_row("fullkv", base, [[7.0, 7.0], [7.0, 7.0]], kv_policy="full"),  # exits, but runs every layer anyway
+        timed_row("real", base, [[8.0, 8.0], [8.0, 8.0]], agree=[1.0, 0.9]),  # exits: 1.25x
+        timed_row("spec", base, [[9.0, 9.0], [9.0, 9.0]], exit_rate=0.0, mode="self_speculative"),  # drafts skip layers
+    ]
+    out = {r["trial_id"]: r for r in with_confidence(frame(*rows), seed=0).iter_rows(named=True)}
+    assert out["noise"]["speedup"] == 1.0 and out["noise"]["speedup_noise"] == pytest.approx(20 / 13)
+    assert out["fullkv"]["speedup"] == 1.0 and not out["fullkv"]["skipped_compute"]
+    assert out["noise"]["speedup_lo"] == out["noise"]["speedup_hi"] == 1.0
+    assert out["real"]["speedup"] == pytest.approx(1.25) and out["real"]["speedup_noise"] is None
+    assert out["spec"]["skipped_compute"] and out["spec"]["speedup"] == pytest.approx(10 / 9)
+    front = pareto_front(frame(*rows))
+    assert "noise" not in ids(front) and "fullkv" not in ids(front) and "real" in ids(front)
+
+
+def test_intervals_from_few_prompts_are_flagged():
+    two = timed_row("two", [[1.0, 2.0]], [[1.0, 1.0]])
+    eight = timed_row("eight", [[1.0] * 8], [[0.5] * 8])
+    out = {r["trial_id"]: r for r in with_confidence(frame(two, eight), seed=0).iter_rows(named=True)}
+    assert out["two"]["ci_few_prompts"] and out["two"]["ci_prompts"] == 2
+    assert not out["eight"]["ci_few_prompts"]
+    assert with_confidence(frame(eight), seed=0, min_prompts=9)["ci_few_prompts"].to_list() == [True]
+
+
+def verdict_row(**kw):
+    row = {"speedup_metric": "speedup_wall", "gate": "fixed", "params": "exit_layer=20 mode=self_speculative draft_len=4",
+           "mode": "self_speculative", "exit_rate": 0.0, "acceptance_rate": 0.8, "skipped_compute": True,
+           "speedup_noise": None, "ci_prompts": 8, "ci_few_prompts": False}
+    return {**row, **kw}
+
+
+def test_verdicts_follow_each_modes_own_evidence():
+    from sweep.report import verdict
+
+    faster = verdict(verdict_row(speedup=1.6, speedup_lo=1.4, speedup_hi=1.8), 8)
+    assert "with a speedup: lossless self-speculation" in faster and "1.600x" in faster and "cost more" not in faster
+    slower = verdict(verdict_row(speedup=0.8, speedup_lo=0.7, speedup_hi=0.9, acceptance_rate=0.2), 8)
+    assert slower.startswith("no gate reaches") and "drafting and verifying cost more than the accepted drafts save" in slower
+    unsure = verdict(verdict_row(speedup=1.05, speedup_lo=0.95, speedup_hi=1.15, ci_prompts=2, ci_few_prompts=True), 8)
+    assert "distinguishable from 1x" in unsure and "fewer than 8" in unsure
+    idle = verdict(verdict_row(mode="early_exit", gate="margin", params="theta=20", skipped_compute=False, speedup=1.0,
+                               speedup_lo=1.0, speedup_hi=1.0, speedup_noise=1.52, exit_rate=0.0), 8)
+    assert "skipped no compute" in idle and "1.520x is timing noise" in idle and "with a speedup:" not in idle
+    exits = verdict(verdict_row(mode="early_exit", gate="margin", params="theta=5", speedup=1.3, speedup_lo=1.1, speedup_hi=1.5, exit_rate=0.4), 8)
+    assert "with a speedup: margin theta=5" in exits
 
 
 def bench_rows(root, *gates):
@@ -164,7 +277,15 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     assert out.startswith("tiny-llama: ") and f"report: {tmp_path}/report/report.md" in out
     pareto, knees, targets = read("pareto", tmp_path), read("knees", tmp_path), read("targets", tmp_path)
     assert set(pareto["scope"]) == {"model", "model+gate"} and pareto["agreement_lo"].null_count() == 0
-    assert set(knees["gate"]) >= {"all", "full", "fixed"} and targets["target"].to_list() == [0.95, 0.98, 0.99, 1.0]
+    assert (knees["front_points"] >= 3).all() and targets["target"].to_list() == [0.95, 0.98, 0.99, 1.0]
+    per_gate = pareto.filter(pl.col("scope") == "model+gate").group_by("gate").len()
+    expected = set(per_gate.filter(pl.col("len") >= 3)["gate"]) | ({"all"} if pareto.filter(pl.col("scope") == "model").height >= 3 else set())
+    assert set(knees["gate"]) == expected  # fronts of 1-2 points have no knee
+    for table in (pareto, targets.drop_nulls("trial_id")):
+        assert (table["speedup_lo"] <= table["speedup"]).all() and (table["speedup"] <= table["speedup_hi"]).all()
+        assert (table["agreement_lo"] <= table["agreement"]).all() and (table["agreement"] <= table["agreement_hi"]).all()
+        assert table["ci_few_prompts"].all()  # 2 prompts: flagged
+    assert pareto.filter(~pl.col("skipped_compute"))["speedup"].to_list() == [1.0] * pareto.filter(~pl.col("skipped_compute")).height
     assert targets.filter(pl.col("target") == 1.0)["agreement"][0] == 1.0  # the full gate always qualifies
     report = (tmp_path / "report" / "report.md").read_text()
     for name in ("pareto_tiny-llama.png", "layers_tiny-llama.png", "eas.png"):
@@ -221,7 +342,7 @@ def test_the_report_shows_the_batching_effect(tmp_path, capsys):
     assert main(["analyze", f"results.root={tmp_path}"]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## The batching effect" in report and (tmp_path / "report" / "batching.png").stat().st_size > 10_000
-    assert report.count("| tiny-llama saturation eps=0.8 min_layer=2 |") == 3
+    assert report.count("| tiny-llama saturation eps=0.8 min_layer=2 kv_policy=propagate |") == 3  # the series names its K/V policy
 
 
 def test_self_speculative_trials_stay_out_of_the_batching_section(tmp_path, capsys):
@@ -245,14 +366,3 @@ def test_params_text_names_mode_and_batch_size():
         "exit_layer=15 min_layer=15 mode=self_speculative draft_len=4")
 
 
-def test_the_verdict_on_a_slower_self_speculative_best():
-    from sweep.report import _verdicts
-
-    trials_df = pl.DataFrame({"model": ["m"], "status": ["ok"]})
-    targets = pl.DataFrame({"model": ["m"], "target": [0.98], "trial_id": ["t1"], "gate": ["fixed"], "params": ["exit_layer=23"],
-                            "mode": ["self_speculative"], "speedup_wall": [0.38], "agreement": [1.0], "exit_rate": [0.0],
-                            "speedup_lo": [0.33], "speedup_hi": [0.42]})
-    (line,) = _verdicts(trials_df, targets, None, 0.5)
-    assert "lossless self-speculation, but drafting and verifying cost more" in line and "timing noise" not in line
-    (line,) = _verdicts(trials_df, targets.with_columns(mode=pl.lit("early_exit")), None, 0.5)
-    assert "no token exited, so the difference from 1x is timing noise" in line

@@ -1,54 +1,166 @@
-"""Early exit in a batch: every sequence decides as it would alone; compute stops only when
-all have exited."""
+"""Early exit in a batch: every sequence decides as it would alone, from its whole prompt
+(left-padded, never cut); compute stops only when all have exited."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from conftest import compose, load
-from sweep.batching import BatchEngine, common_length
+from conftest import TINY_FAMILIES, compose, load
+from sweep.batching import BatchEngine, batched_runs, left_pad
 from sweep.bench import prepare, run_trial
 from sweep.config import GateConfig
 from sweep.engine import Engine
 from sweep.errors import ConfigError
-from sweep.gates import make_gate
+from sweep.gates import Gate, make_gate
 from sweep.prompts import read_prompts, tokenize_prompts
 
+N = 8
 GATES = [
     GateConfig(name="fixed", exit_layer=2),
     GateConfig(name="saturation", min_layer=2, eps=0.8),
     GateConfig(name="margin", min_layer=1, theta=0.4),
-    GateConfig(name="conformal", min_layer=1, q=0.3),
     GateConfig(name="softmax", min_layer=1, theta=0.03, decay=4.0),
 ]
+CONFORMAL = [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.1, 0.5)]
+# Where conformal certifies on a tiny random model: its tau (the lens' prefill residual) must be
+# small against its margins. Pre-norm families with a small init add little to the (tied)
+# embedding, so every layer's lens already says what the last one says; Gemma3 normalises each
+# layer's output before adding it (post-norms), so there the embedding must be large instead.
+CONFIDENT_INIT = {"gemma3": 0.5}
+CONFIDENT_INIT_DEFAULT = 0.005
+
+
+def chat_prompts(lm, n: int = 4) -> list[list[int]]:
+    cfg = compose("prompts=chat", f"prompts.n={n}").prompts
+    return [list(p.input_ids) for p in tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer)]
+
+
+def uneven(lm) -> list[list[int]]:
+    """Whole chat prompts of different lengths, plus a long one (longer than either tiny
+    sliding window: Mistral's 64, Gemma3's 16) and a short one (padded by more than either)."""
+    prompts = chat_prompts(lm)
+    return [*prompts, prompts[2] + prompts[3], prompts[1][:7]]
 
 
 @pytest.fixture(scope="module")
 def batch(tiny):
-    cfg = compose("prompts=chat", "prompts.n=4").prompts
-    return common_length([p.input_ids for p in tokenize_prompts(read_prompts(cfg), cfg, tiny.tokenizer)])
+    prompts = uneven(tiny)
+    assert len({len(p) for p in prompts}) == len(prompts), "the batch should mix prompt lengths"
+    assert max(map(len, prompts)) - min(map(len, prompts)) > 64
+    return prompts
 
 
-def test_common_length_keeps_each_prompts_end():
-    assert common_length([[1, 2, 3, 4], [5, 6, 7]]) == [[2, 3, 4], [5, 6, 7]]
+@pytest.fixture(scope="module", params=TINY_FAMILIES)
+def confident(request):
+    """A tiny model of each family on which the conformal gate exits."""
+    fam = request.param
+    return load(f"model=tiny-{fam}", f"model.tiny.init_std={CONFIDENT_INIT.get(fam, CONFIDENT_INIT_DEFAULT)}")
 
 
-@pytest.mark.parametrize("policy", ["propagate", "full"])
-@pytest.mark.parametrize("gate_cfg", GATES, ids=[g.name for g in GATES])
-def test_each_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy):
-    L = tiny.num_layers
-    together = BatchEngine(tiny, make_gate(gate_cfg, L), policy).generate_batch(batch, 8)
-    alone = [Engine(tiny, make_gate(gate_cfg, L), policy).generate(ids, 8) for ids in batch]
+def test_left_pad_keeps_every_prompt_whole():
+    padded = left_pad([[5, 6, 7], [8], [1, 2, 3]])
+    assert padded.ids.tolist() == [[5, 6, 7], [0, 0, 8], [1, 2, 3]]
+    assert padded.mask.tolist() == [[1, 1, 1], [0, 0, 1], [1, 1, 1]]
+    assert padded.positions.tolist() == [[0, 1, 2], [0, 0, 0], [0, 1, 2]]
+    assert padded.lengths.tolist() == [3, 1, 3]
+    assert left_pad([[1, 2], [3, 4]]).mask is None  # one length: nothing to mask
+
+
+def test_full_depth_rows_equal_their_single_runs(tiny, batch):
+    """Every row of a batch of different-length prompts decodes exactly its B=1 tokens, at
+    every batch size (the batch's rows in order, and reversed: padding moves)."""
+    alone = [Engine(tiny).generate(ids, N).tokens for ids in batch]
+    for size in (2, len(batch)):
+        for start in range(0, len(batch) - size + 1, size):
+            rows = list(range(start, start + size))
+            for order in (rows, rows[::-1]):
+                together = BatchEngine(tiny).generate_batch([batch[i] for i in order], N)
+                assert together.tokens == [alone[i] for i in order]
+
+
+def _each_sequence_decides_as_it_would_alone(lm, prompts, gate_cfg, policy):
+    L = lm.num_layers
+    together = BatchEngine(lm, make_gate(gate_cfg, L), policy).generate_batch(prompts, N)
+    alone = [Engine(lm, make_gate(gate_cfg, L), policy).generate(ids, N) for ids in prompts]
     assert together.tokens == [g.tokens for g in alone]
     assert together.exit_layers == [g.exit_layers for g in alone]
     # the max-over-batch rule: a step runs to the deepest sequence's exit (L under kv_policy=full)
     for step, ran in enumerate(together.step_layers, start=1):
         deepest = max(row[step] for row in together.exit_layers)
         assert ran == (L if policy == "full" else deepest)
+    return together
 
 
-def test_full_depth_batch_equals_single_sequences(tiny, batch):
-    assert BatchEngine(tiny).generate_batch(batch, 8).tokens == [Engine(tiny).generate(ids, 8).tokens for ids in batch]
+@pytest.mark.parametrize("policy", ["propagate", "full"])
+@pytest.mark.parametrize("gate_cfg", GATES, ids=[g.name for g in GATES])
+def test_each_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy):
+    _each_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy)
+
+
+@pytest.mark.parametrize("policy", ["propagate", "full"])
+@pytest.mark.parametrize("gate_cfg", CONFORMAL, ids=[f"q={g.q}" for g in CONFORMAL])
+def test_conformal_rows_exit_and_decide_as_they_would_alone(confident, gate_cfg, policy):
+    together = _each_sequence_decides_as_it_would_alone(confident, uneven(confident), gate_cfg, policy)
+    exits = sum(e < confident.num_layers for row in together.exit_layers for e in row)
+    assert exits > 0, "conformal should exit on this model"
+
+
+@torch.inference_mode()
+def _teacher_forced(lm, gate_cfg, prompt, tokens):
+    """Where ``gate`` exits and which token it emits at each generated position, from one plain
+    forward over prompt + tokens (no cache, no hooks, no padding, no other row)."""
+    a, L = lm.adapter, lm.num_layers
+    gate = make_gate(gate_cfg, L)
+    gate.bind(a)
+    gate.gen_tokens = len(tokens)
+    with a.capture_hidden() as hs:
+        logits = lm.model(input_ids=torch.tensor([prompt + tokens[:-1]])).logits[0]
+    gate.calibrate(a.lens, [h[:, : len(prompt)] for h in hs])
+    exits, picks = [], []
+    for t in range(len(tokens)):
+        pos = len(prompt) - 1 + t
+        gate.token_index = t
+        exit_layer, pick = L, int(logits[pos].argmax())
+        for layer in gate.probe_layers():
+            h, h_prev = hs[layer][:, pos], hs[layer - 1][:, pos]
+            z = a.lens(h)
+            if bool(gate.decide(layer, h, h_prev, z if gate.probe == "lens" else None)[0]):
+                exit_layer, pick = layer, int(z.argmax())
+                break
+        exits.append(exit_layer)
+        picks.append(pick)
+    return exits, picks
+
+
+@pytest.mark.parametrize("gate_cfg", GATES[1:], ids=[g.name for g in GATES[1:]])
+def test_gated_rows_under_full_kv_equal_a_teacher_forced_pass(tiny, batch, gate_cfg):
+    """kv_policy=full keeps the cache exact, so each row's exits and tokens are the gate's rule
+    applied to one uncached full-depth pass over that row's own prompt and tokens."""
+    gen = BatchEngine(tiny, make_gate(gate_cfg, tiny.num_layers), "full").generate_batch(batch, N)
+    for prompt, tokens, exits in zip(batch, gen.tokens, gen.exit_layers):
+        assert (exits, tokens) == _teacher_forced(tiny, gate_cfg, prompt, tokens)
+    assert any(e < tiny.num_layers for row in gen.exit_layers for e in row)
+
+
+def test_conformal_rows_under_full_kv_equal_a_teacher_forced_pass(confident):
+    gate_cfg, prompts = CONFORMAL[1], uneven(confident)
+    gen = BatchEngine(confident, make_gate(gate_cfg, confident.num_layers), "full").generate_batch(prompts, N)
+    for prompt, tokens, exits in zip(prompts, gen.tokens, gen.exit_layers):
+        assert (exits, tokens) == _teacher_forced(confident, gate_cfg, prompt, tokens)
+    assert any(e < confident.num_layers for row in gen.exit_layers for e in row)
+
+
+def test_batched_runs_keep_whole_prompts():
+    cfg = compose("model=tiny-llama", "gate=full", "prompts.n=4")
+    lm, gate, prompts = prepare(cfg)
+    assert len({len(p.input_ids) for p in prompts}) > 1
+    runs, deterministic = batched_runs(lm, gate, prompts, 4, "propagate", 0, 2, 2)
+    assert deterministic and runs.prompts == prompts  # as given: nothing cut
+    assert len(runs.timings.base_decode) == 2 and len(runs.timings.base_decode[0]) == 2  # [round][batch]
+    assert runs.prompt_input_tokens == [len(p.input_ids) for p in prompts]
+    decoded = [row for gen in runs.baseline for row in gen.tokens]
+    assert decoded == [Engine(lm).generate(p.input_ids, 4).tokens for p in prompts]
 
 
 def test_batched_bench_rows(tmp_path):
@@ -72,28 +184,64 @@ def test_a_batch_needs_enough_prompts():
         run_trial(cfg, *prepare(cfg))
 
 
+class Scripted(Gate):
+    """Row r exits after layer plan[t][r] at generated token t (L: it runs to full depth)."""
+
+    name = "scripted"
+
+    def __init__(self, plan: list[list[int]], num_layers: int, probe: str) -> None:
+        super().__init__(GateConfig(name="full", min_layer=1), num_layers)
+        self.plan = torch.tensor(plan)
+        self.probe = probe
+
+    def decide(self, layer, h, h_prev, z):
+        return (self.plan[self.token_index] <= layer).to(h.device)
+
+
+# L = 4. Token 0 is the prefill's (not a decode step); rows exit at:
+PLAN = [
+    [1, 1, 1],
+    [1, 2, 4],  # the batch runs to L: a second head; rows 0, 1 overwrite K/V from layer 1: 4 - 1 = 3 layers
+    [1, 3, 3],  # stops after 3: no second head; row 0 overwrites layers 2..3: 3 - 1 = 2
+    [2, 2, 2],  # all exit together: nothing extra
+    [4, 4, 4],  # nobody exits: nothing extra
+    [3, 4, 1],  # to L again: a second head; overwrites from layer 1: 3
+]
+STEP_LAYERS = {"propagate": [4, 3, 2, 4, 4], "full": [4, 4, 4, 4, 4]}
+EXTRA_HEADS = {("propagate", "hidden"): [1, 0, 0, 0, 1], ("full", "hidden"): [1, 1, 1, 0, 1]}  # full runs every step to L
+EXTRA_FILLS = {"propagate": [3, 2, 0, 0, 3], "full": [0, 0, 0, 0, 0]}  # full computes K/V, fills nothing
+
+
+@pytest.mark.parametrize("probe", ["hidden", "lens"])
+@pytest.mark.parametrize("policy", ["propagate", "full"])
+def test_extra_heads_and_fills_of_a_scripted_batch(policy, probe):
+    """Rows that exit at hand-picked layers: the extra work per step is counted by hand (a lens
+    probe already computed the exited rows' logits: never a second head)."""
+    tiny = load("model=tiny-llama")
+    assert tiny.num_layers == 4
+    gen = BatchEngine(tiny, Scripted(PLAN, 4, probe), policy).generate_batch(chat_prompts(tiny, 3), len(PLAN))
+    assert gen.exit_layers == [list(row) for row in zip(*PLAN)]
+    assert gen.step_layers == STEP_LAYERS[policy]
+    assert gen.extra_heads == (EXTRA_HEADS[policy, probe] if probe == "hidden" else [0] * 5)
+    assert gen.extra_fill_layers == EXTRA_FILLS[policy]
+
+
 def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
     """A step where some sequences exited but the batch ran on to L computes the model's head
-    for the batch and the exited rows' own lens: the cost model charges both."""
+    for the batch and the exited rows' own lens, and K/V overwrites: the cost model charges both."""
     from sweep.costs import cost_model
 
     tiny = load("model=tiny-llama")
-    cfg = compose("prompts=chat", "prompts.n=4").prompts
-    batch = common_length([p.input_ids for p in tokenize_prompts(read_prompts(cfg), cfg, tiny.tokenizer)])
-    L = tiny.num_layers
-    gate = make_gate(GateConfig(name="saturation", min_layer=2, eps=0.5), L)  # some sequences exit, some run to L
-    gen = BatchEngine(tiny, gate, "propagate").generate_batch(batch, 8)
-    partial = [int(ran == L and any(row[step] < L for row in gen.exit_layers)) for step, ran in enumerate(gen.step_layers, start=1)]
-    assert gen.extra_heads == partial and any(partial), "the fixture should have partly exited steps"
-    early = [ran - min([row[step] for row in gen.exit_layers if row[step] < ran], default=ran) for step, ran in enumerate(gen.step_layers, start=1)]
-    assert gen.extra_fill_layers == early
-    costs = cost_model(tiny, batch[0], gates=[gate])
+    prompts = chat_prompts(tiny, 3)
+    gate = Scripted(PLAN, 4, "hidden")
+    gen = BatchEngine(tiny, gate, "propagate").generate_batch(prompts, len(PLAN))
+    costs = cost_model(tiny, prompts[0], gates=[gate])
     plain = costs.speedup(gate, gen.step_layers, gen.probes, "propagate")
     charged = costs.speedup(gate, gen.step_layers, gen.probes, "propagate", gen.extra_heads, gen.extra_fill_layers)
     assert charged < plain
-    gated = sum(costs.token_ms(gate, e, p, "propagate") for e, p in zip(gen.step_layers, gen.probes))
-    extra = sum(partial) * costs.head_ms + sum(early) * costs.fill_ms("propagate")
-    assert charged == pytest.approx(len(gen.step_layers) * costs.step_ms / (gated + extra))
+    # 2 second heads and 3 + 2 + 3 = 8 overwritten layers over the 5 steps
+    assert len(gen.step_layers) * costs.step_ms / charged == pytest.approx(
+        len(gen.step_layers) * costs.step_ms / plain + 2 * costs.head_ms + 8 * costs.fill_ms("propagate"))
     # a fixed gate exits every sequence at once: nothing extra
-    fixed = BatchEngine(tiny, make_gate(GateConfig(name="fixed", exit_layer=2), L), "propagate").generate_batch(batch, 8)
+    fixed = BatchEngine(tiny, make_gate(GateConfig(name="fixed", exit_layer=2), 4), "propagate").generate_batch(prompts, N)
     assert set(fixed.extra_heads) == {0} and set(fixed.extra_fill_layers) == {0}

@@ -84,7 +84,8 @@ def test_calibrate_command_on_a_tiny_model(capsys):
     "overrides,message",
     [
         (["gate=full"], "gate=full: has no threshold to calibrate"),
-        (["gate=margin", "calibrate.delta=0"], "calibrate.delta=0.0: must be a number in (0, 1]"),
+        (["gate=margin", "calibrate.delta=0"], "calibrate.delta=0.0: must be a number in (0, 1)"),
+        (["gate=margin", "calibrate.delta=1"], "calibrate.delta=1.0: must be a number in (0, 1)"),  # crashed in the p-value before
         (["gate=margin", "calibrate.split=1"], "calibrate.split=1.0: must be a number in (0, 1)"),
         (["gate=margin", "calibrate.pvalue=bonferroni"], "calibrate.pvalue=bonferroni: must be one of hb, hoeffding"),
         (["gate=margin", "gate.min_layer=1", "prompts.n=1"], "prompts.n: calibration needs at least 2 prompts"),

@@ -133,3 +133,51 @@ def test_the_model_cache_keeps_the_most_recent_few(monkeypatch):
     load("model=tiny-qwen3", "seed=21")  # evicts b, the least recently used
     keys = [k[0].name for k in _loader._CACHE]
     assert keys == ["tiny-llama", "tiny-qwen3"] and b is not None
+
+
+def independent_subspace(weight: torch.Tensor, k: int) -> torch.Tensor:
+    """Projector onto the top-k principal directions of the centred rows of ``weight``, by SVD."""
+    w = weight.detach().double()
+    _, _, vh = torch.linalg.svd(w - w.mean(0), full_matrices=False)
+    return vh[:k].T @ vh[:k]
+
+
+def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
+    """The lm_head's PCA basis and the cost model are kept with each loaded model. With a model
+    cache of one, alternating three models frees each one on every load, and CPython hands its
+    memory (and so its id()s) to later objects: each model must still get its own basis (checked
+    against an SVD) and its own costs, and neither may outlive its model."""
+    import gc
+    import weakref
+
+    from sweep import costs as costs_module
+    from sweep.config import GateConfig
+    from sweep.costs import CostModel, cost_model
+    from sweep.gates import make_gate
+    from sweep.models import _loader
+
+    monkeypatch.setenv("SWEEP_MODEL_CACHE", "1")
+    monkeypatch.setattr(_loader, "_CACHE", {})
+    # what is cached is under test here, not what is measured: a stand-in that says whose costs they are
+    monkeypatch.setattr(costs_module, "_measure", lambda lm, ids, repeats: CostModel(1, 1, 1, 1, 1, 1, 1, lm.num_layers))
+    models = [("model=tiny-llama", "seed=31", "model.tiny.layers=3"), ("model=tiny-qwen2", "seed=32", "model.tiny.layers=4"),
+              ("model=tiny-qwen3", "seed=33", "model.tiny.layers=5")]
+    k = 4
+    before = model_loads()
+    previous: list[weakref.ref] = []
+    for _ in range(8):
+        for overrides in models:
+            lm = load(*overrides)
+            gc.collect()
+            assert all(ref() is None for ref in previous), "a cached basis or cost model outlived its evicted model"
+            gate = make_gate(GateConfig(name="pca", min_layer=1, eps=0.5, k=k), lm.num_layers)
+            gate.bind(lm.adapter)
+            ours = gate.basis.double()
+            assert torch.allclose(ours @ ours.T, torch.eye(k, dtype=torch.float64), atol=1e-5)
+            assert torch.allclose(ours.T @ ours, independent_subspace(lm.adapter.lm_head.weight, k), atol=1e-4), overrides
+            costs = cost_model(lm, list(range(1, 9)))
+            assert costs.num_layers == lm.num_layers, overrides
+            assert cost_model(lm, list(range(2, 10))) is costs  # once per loaded model and prompt length
+            previous = [weakref.ref(gate.basis), weakref.ref(costs)]
+            del lm, gate, ours, costs
+    assert len(_loader._CACHE) == 1 and model_loads() == before + 8 * len(models)  # every model really reloaded

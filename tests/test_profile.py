@@ -14,7 +14,7 @@ from sweep.cli import main
 from sweep.engine import greedy_decode
 from sweep.models._tiny import build_tiny
 from sweep.analysis import eas_per_layer, eas_table, layer_curve, oracle_exits, oracle_summary
-from sweep.profile import trace_prompt
+from sweep.profile import decode_states, trace_prompt
 from sweep.prompts import read_prompts, tokenize_prompts
 from sweep.store import read
 
@@ -72,16 +72,31 @@ def test_trace_rows_rebuild_the_sequence(tiny):
     assert df.group_by("position").agg(pl.col("layer").sort()).get_column("layer").to_list()[0] == list(range(1, L + 1))
 
 
+def test_decode_states_are_the_models_own_states(tiny):
+    """The trace's states come from cached decoding (the engine's forwards); they are the states
+    of HF's own whole-sequence forward, up to float32 rounding, and the tokens are greedy."""
+    prompt = prompts_for(tiny, 1)[0]
+    generated, states = decode_states(tiny, prompt.input_ids, n_tokens=GEN)
+    assert generated == greedy_decode(tiny, prompt.input_ids, GEN)
+    ids = list(prompt.input_ids) + generated[:-1]
+    fresh = build_tiny(compose(f"model=tiny-{tiny.family}").model, 0, vocab_size=len(tiny.tokenizer)).eval()
+    with torch.no_grad():
+        out = fresh(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    assert len(states) == tiny.num_layers + 1
+    for layer in range(tiny.num_layers):  # HF's last entry is after the final norm
+        torch.testing.assert_close(states[layer], out.hidden_states[layer], rtol=1e-4, atol=1e-5)
+    again = decode_states(tiny, prompt.input_ids, generated=generated)
+    assert again[0] == generated and all(torch.equal(x, y) for x, y in zip(again[1], states))
+
+
 def test_signal_definitions(tiny):
     prompt = prompts_for(tiny, 1)[0]
-    generated = greedy_decode(tiny, prompt.input_ids, 3)
-    cols = trace_prompt(tiny, prompt, generated, topk=4)
+    generated, states = decode_states(tiny, prompt.input_ids, n_tokens=3)
+    cols = trace_prompt(tiny, prompt, generated, topk=4, states=states)
     ids = list(prompt.input_ids) + generated[:-1]
     a = tiny.adapter
-    with torch.no_grad(), a.capture_hidden() as hs:
-        tiny.model(input_ids=torch.tensor([ids]))
     L, T = a.num_layers, len(ids)
-    hs = [h[0] for h in hs]
+    hs = [h[0] for h in states]
     z_final = a.lens(hs[L])
     for layer in (1, L - 1, L):
         h, z = hs[layer], a.lens(hs[layer])
@@ -150,16 +165,21 @@ def test_eas_clips_negative_similarity_to_zero():
 
 
 def test_oracle_exit_hand_computed():
+    # the second position matches at layer 1, misses at 2, matches at 3: a gate exiting at its
+    # first match is correct there, so the two oracles differ (1 against 3)
     trace = hand_trace(
         cos_hidden=[[1, 1, 1]] * 3,
         top1_match=[[False, True, True], [True, False, True], [True, True, True]],
     )
     exits = oracle_exits(trace)
-    assert exits["oracle_exit"].to_list() == [2, 3, 1]
+    assert exits["first_match_exit"].to_list() == [2, 1, 1]
+    assert exits["saturation_exit"].to_list() == [2, 3, 1]
     summary = {r["phase"]: r for r in oracle_summary(trace).iter_rows(named=True)}
-    assert summary["all"]["mean_oracle_exit"] == pytest.approx(2.0)
-    assert summary["all"]["frac_before_L"] == pytest.approx(2 / 3)
-    assert summary["decode"]["positions"] == 2 and summary["prefill"]["mean_oracle_exit"] == 2.0
+    assert summary["all"]["mean_first_match"] == pytest.approx(4 / 3)
+    assert summary["all"]["frac_first_match_before_L"] == pytest.approx(1.0)
+    assert summary["all"]["mean_saturation"] == pytest.approx(2.0)
+    assert summary["all"]["frac_saturation_before_L"] == pytest.approx(2 / 3)
+    assert summary["decode"]["positions"] == 2 and summary["prefill"]["mean_saturation"] == 2.0
 
 
 def test_layer_curve_hand_computed():

@@ -1,5 +1,6 @@
 """Record once, evaluate many: a gate replayed on a profile trace decides exactly as the
-closed-loop engine does (kv_policy=full) until the first divergence, on every tiny family."""
+closed-loop engine does (kv_policy=full) until the first divergence, on every tiny family,
+in float32 and in bfloat16."""
 
 from __future__ import annotations
 
@@ -7,25 +8,31 @@ import polars as pl
 import pytest
 import torch
 
-from conftest import compose, load
+from conftest import TINY_FAMILIES, compose, load
 from sweep.config import GateConfig
 from sweep.costs import CostModel
 from sweep.engine import Engine
 from sweep.gates import GATES, make_gate
-from sweep.profile import profile_prompts
+from sweep.profile import decode_states, profile_prompts, trace_prompt
 from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.simulate import exit_layers, probes_at, signals_from_trace, simulate, threshold_value
+from sweep.simulate import Signals, exit_layers, probes_at, signals_from_trace, simulate, threshold_value
 
 N = 8
+DTYPES = ("float32", "bfloat16")
+# The conformal certificate never fires on the default tiny models (their lens residual dwarfs
+# their margins, like the post-mortem's real models). At these init scales each family's lens
+# converges enough that it fires at some positions and settings and not at others (Gemma3's
+# post-norms make its layers' updates O(1), so there a larger embedding is what converges).
+CONVERGING = {"gemma3": 0.5, "llama": 0.02, "mistral": 0.02, "qwen2": 0.017, "qwen3": 0.02}
 SETTINGS = {
     "full": [GateConfig(name="full", min_layer=1)],
     "fixed": [GateConfig(name="fixed", min_layer=1, exit_layer=e) for e in (1, 2, 3, 4)] + [GateConfig(name="fixed", min_depth=0.5)],
     "saturation": [GateConfig(name="saturation", min_layer=m, eps=e) for m in (1, 2) for e in (0.55, 0.75, 0.95)],
     "margin": [GateConfig(name="margin", min_layer=m, theta=t) for m in (1, 3) for t in (0.25, 0.45, 1.5)],
     "conformal": [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.05, 0.5, 1.0)],
-    "softmax": [GateConfig(name="softmax", min_layer=1, theta=t, decay=d) for t in (0.02, 0.05, 0.3) for d in (None, 4.0)],
+    "softmax": [GateConfig(name="softmax", min_layer=1, theta=t, decay=d) for t in (0.02, 0.05, 0.3, 0.6) for d in (None, 4.0)],
     "cosine": [GateConfig(name="cosine", min_layer=2, eps=e, decay=d) for e in (0.1, 0.2, 0.4) for d in (None, 2.0)],
-    "entropy": [GateConfig(name="entropy", min_layer=1, theta=t) for t in (3.5, 4.3, 5.0)],
+    "entropy": [GateConfig(name="entropy", min_layer=1, theta=t) for t in (1.8, 3.5, 4.3, 5.0)],
     "pca": [GateConfig(name="pca", min_layer=2, eps=e, k=8) for e in (0.5, 0.7, 0.9)],
 }
 
@@ -34,14 +41,37 @@ def test_every_gate_is_simulated():
     assert set(SETTINGS) == set(GATES.names())
 
 
-@pytest.fixture(scope="module")
-def traced(tiny):
+def trace_of(lm):
     cfg = compose("prompts=chat", "prompts.n=2").prompts
-    prompts = tokenize_prompts(read_prompts(cfg), cfg, tiny.tokenizer)
-    trace = profile_prompts(tiny, prompts, N, topk=3, pca_k=8).with_columns(
-        model=pl.lit(tiny.name), run_id=pl.lit("r"), num_layers=pl.lit(tiny.num_layers)
+    prompts = tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer)
+    trace = profile_prompts(lm, prompts, N, topk=3, pca_k=8).with_columns(
+        model=pl.lit(lm.name), run_id=pl.lit("r"), num_layers=pl.lit(lm.num_layers)
     )
     return prompts, signals_from_trace(trace)
+
+
+@pytest.fixture(scope="module")
+def traced(tiny):
+    return trace_of(tiny)
+
+
+@pytest.fixture(scope="module")
+def replays():
+    """(model, prompts, signals, full-depth tokens) per (family, dtype, converging), built on first use."""
+    built: dict = {}
+
+    def get(family: str, dtype: str, converging: bool):
+        key = (family, dtype, converging)
+        if key not in built:
+            init = [f"model.tiny.init_std={CONVERGING[family]}"] if converging else []
+            lm = load(f"model=tiny-{family}", f"dtype={dtype}", *init)
+            prompts, sig = trace_of(lm)
+            baseline = {p.id: Engine(lm).generate(p.input_ids, N).tokens for p in prompts}
+            built[key] = (lm, prompts, sig, baseline)
+        return built[key]
+
+    yield get
+    built.clear()
 
 
 def test_signals_cover_every_generated_token(tiny, traced):
@@ -53,17 +83,21 @@ def test_signals_cover_every_generated_token(tiny, traced):
 
 
 @pytest.mark.parametrize("gate_name", sorted(SETTINGS))
-def test_simulation_equals_the_closed_loop_until_the_first_divergence(tiny, traced, gate_name):
-    prompts, sig = traced
-    L = tiny.num_layers
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_simulation_equals_the_closed_loop_until_the_first_divergence(replays, family, dtype, gate_name):
+    lm, prompts, sig, baseline = replays(family, dtype, converging=gate_name == "conformal")
+    L = lm.num_layers
     order = {p: i for i, p in enumerate(sig.prompt_ids)}
-    baseline = {p.id: Engine(tiny).generate(p.input_ids, N).tokens for p in prompts}
     compared = 0
+    closed_loop = []  # per setting, every step's exit layer
     for cfg in SETTINGS[gate_name]:
         gate = make_gate(cfg, L)
-        sim = exit_layers(type(gate), sig, torch.tensor([threshold_value(gate)]), 1 if gate_name == "fixed" else gate.min_layer, cfg.decay)[0]
+        sim = exit_layers(type(gate), sig, torch.tensor([threshold_value(gate)], dtype=torch.float64), 1 if gate_name == "fixed" else gate.min_layer, cfg.decay)[0]
+        exits = []
         for prompt in prompts:
-            gen = Engine(tiny, gate, "full").generate(prompt.input_ids, N)
+            gen = Engine(lm, gate, "full").generate(prompt.input_ids, N)
+            exits += gen.exit_layers
             rows = (sig.prompt_index == order[prompt.id]).nonzero().flatten()
             diverged = next((i for i, (a, b) in enumerate(zip(gen.tokens, baseline[prompt.id])) if a != b), N - 1)
             for i in range(diverged + 1):  # decided on the same context as the trace
@@ -72,7 +106,77 @@ def test_simulation_equals_the_closed_loop_until_the_first_divergence(tiny, trac
                 agrees = gen.tokens[i] == baseline[prompt.id][i]
                 assert agrees == bool(sig.match[t, sim[t] - 1]), (cfg, prompt.id, i)
                 compared += 1
+        closed_loop.append((gate, exits))
     assert compared >= len(SETTINGS[gate_name]) * len(prompts)
+    # the settings must make the gate decide, or the equality above proves nothing
+    if gate_name == "full":
+        assert all(e == L for _, exits in closed_loop for e in exits)
+        return
+    assert any(e < L for _, exits in closed_loop for e in exits), f"{gate_name} never exits"
+    if gate_name != "fixed":  # its one probe layer is its threshold
+        assert any(e > gate.min_layer for gate, exits in closed_loop for e in exits), f"{gate_name} always exits at its first probe layer"
+    assert len({tuple(exits) for _, exits in closed_loop}) > 1, f"every {gate_name} setting decides alike"
+
+
+# thresholds placed exactly on the traced signal values: (column, gate parameters for a value v)
+KNIFE_EDGE = {
+    "saturation": ("delta", lambda v: dict(eps=v)),
+    "margin": ("margin", lambda v: dict(theta=v)),
+    "softmax": ("prob_margin", lambda v: dict(theta=v)),
+    "entropy": ("entropy", lambda v: dict(theta=v)),
+    "cosine": ("cos_prev", lambda v: dict(eps=1.0 - v)),
+    "cosine-decay": ("cos_prev", lambda v: dict(eps=1.0 - (v - 0.1 * torch.exp(torch.tensor(-4.0 * 2 / N, dtype=torch.float64)).item()) / 0.9, decay=4.0)),
+    "pca": ("pca_delta", lambda v: dict(eps=v, k=8)),
+}
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("gate_key", sorted(KNIFE_EDGE) + ["conformal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
+    """With thresholds set exactly to the traced signal values, the replay's decision at every
+    position and layer equals the gate's own decide() on the same hidden states: a signal the
+    profile computed any other way (bf16 arithmetic, another formula) flips decisions here."""
+    lm = load(f"model=tiny-{tiny.family}", f"dtype={dtype}")
+    a, L = lm.adapter, lm.num_layers
+    cfg = compose("prompts=chat", "prompts.n=1").prompts
+    prompt = tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer)[0]
+    generated, hs = decode_states(lm, prompt.input_ids, n_tokens=N)
+    assert generated == Engine(lm).generate(prompt.input_ids, N).tokens
+    cols = trace_prompt(lm, prompt, generated, topk=3, pca_k=8, states=hs)
+    ids = list(prompt.input_ids) + generated[:-1]
+    T, P = len(ids), len(prompt.input_ids)
+
+    def grid(c, dt=torch.float32):
+        return torch.tensor(cols[c].reshape(T, L), dtype=dt)
+
+    t = 2  # every position is decided as the third generated token (CALM's decay)
+    sig = Signals(
+        delta=grid("delta"), margin=grid("margin"), match=grid("top1_match", torch.bool),
+        prompt_index=torch.zeros(T, dtype=torch.long), token_index=torch.full((T,), t),
+        prefill_residual=[grid("residual_inf")[:P]], prompt_ids=[prompt.id], gen_tokens=N,
+        extra={c: grid(c) for c in ("prob_margin", "entropy", "cos_prev", "pca_delta")}, pca_k=8,
+    )
+    name = gate_key.removesuffix("-decay")
+    if name == "conformal":
+        cfgs = [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    else:
+        column, params = KNIFE_EDGE[gate_key]
+        values = sorted({float(v) for v in grid(column)[:, : L - 1].flatten()})
+        cfgs = [GateConfig(name=name, min_layer=1, **params(v)) for v in values]
+    gates = [make_gate(c, L) for c in cfgs]
+    cls = type(gates[0])
+    replayed = cls.decisions(sig, torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64), cfgs[0].decay)
+    mismatches = 0
+    for k, gate in enumerate(gates):
+        gate.bind(a)
+        gate.token_index, gate.gen_tokens = t, N
+        gate.calibrate(a.lens, [h[:, :P] for h in hs])
+        for layer in range(1, L):
+            h, h_prev = hs[layer][0], hs[layer - 1][0]
+            z = a.lens(h) if gate.probe == "lens" else None
+            mismatches += int((gate.decide(layer, h, h_prev, z).cpu() != replayed[k, :, layer - 1]).sum())
+    assert mismatches == 0, f"{mismatches} of {len(gates) * T * (L - 1)} decisions differ"
 
 
 def test_simulate_rows_and_predicted_speedup(traced, tiny):

@@ -6,15 +6,17 @@ the profile summaries (layer curve, EAS, oracle exits). ``sweep analyze`` writes
 tables and a report.
 """
 
-from sweep.analysis._confidence import with_confidence
+from sweep.analysis._confidence import SPEEDUPS, ranked, skipped_compute, trial_rng, with_confidence
 from sweep.analysis._load import load_profiles, load_trials
 from sweep.analysis._pareto import (
+    KNEE_MIN_POINTS,
     TARGETS,
     best_at_targets,
     chord_knees,
     fronts,
     kneedle_knee,
     knees_table,
+    nondominated,
     ok_trials,
     params_text,
     pareto_front,
@@ -30,6 +32,8 @@ from sweep.analysis._profiles import (
 )
 
 __all__ = [
+    "KNEE_MIN_POINTS",
+    "SPEEDUPS",
     "S_VARIANTS",
     "TARGETS",
     "best_at_targets",
@@ -43,10 +47,14 @@ __all__ = [
     "layer_curve",
     "load_profiles",
     "load_trials",
+    "nondominated",
     "ok_trials",
     "oracle_exits",
     "oracle_summary",
     "params_text",
     "pareto_front",
+    "ranked",
+    "skipped_compute",
+    "trial_rng",
     "with_confidence",
 ]

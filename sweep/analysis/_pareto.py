@@ -1,4 +1,8 @@
-"""Pareto fronts of speedup against agreement, their knees, and the best trial per target."""
+"""Pareto fronts of speedup against agreement, their knees, and the best trial per target.
+
+Every function ranks by the ``speedup`` column of ``ranked`` (the chosen metric, 1.0 for
+trials that skipped no compute), so timing noise never wins a front.
+"""
 
 from __future__ import annotations
 
@@ -6,48 +10,60 @@ import math
 
 import polars as pl
 
+from sweep.analysis._confidence import ranked
 from sweep.config import GATE_COLUMNS
 
 GATE_PARAMS = (*GATE_COLUMNS, "min_layer")
 TARGETS = (0.95, 0.98, 0.99, 1.0)
+KNEE_MIN_POINTS = 3  # a knee is a bend: fewer front points have none
 
 
-def ok_trials(trials: pl.DataFrame | pl.LazyFrame, x: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
-    """Rows that count: ``status == ok`` with both metrics present."""
-    return trials.lazy().filter((pl.col("status") == "ok") & pl.col(x).is_not_null() & pl.col(y).is_not_null())
+def ok_trials(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
+    """Rows that count: ``status == ok`` with the metric and agreement present, with the
+    ranked speedup columns (``ranked``)."""
+    ok = trials.lazy().filter((pl.col("status") == "ok") & pl.col(metric).is_not_null() & pl.col(y).is_not_null())
+    return ranked(ok, metric)
 
 
 def pareto_front(
-    trials: pl.DataFrame | pl.LazyFrame, x: str = "speedup_wall", y: str = "agreement", by: tuple[str, ...] = ()
+    trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement", by: tuple[str, ...] = ()
 ) -> pl.DataFrame:
-    """Rows of ``status == ok`` not dominated in (x max, y max), per group ``by``.
+    """Rows of ``status == ok`` not dominated in (speedup max, y max), per group ``by``;
+    ``speedup`` is ``metric`` where the trial skipped compute, else 1.0 (``ranked``)."""
+    return nondominated(ok_trials(trials, metric, y), "speedup", y, by)
+
+
+def nondominated(rows: pl.DataFrame | pl.LazyFrame, x: str, y: str, by: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Rows not dominated in (x max, y max), per group ``by``.
 
     A row is dominated when another has x and y at least as large and one of them
     strictly larger; rows tied on both are all kept. Sorted by group, then x descending.
     A row survives iff its y is the largest among rows with its x, and larger than
     every y among rows with a larger x.
     """
-    keys = list(by)
-    ok = ok_trials(trials, x, y)
+    keys, rows = list(by), rows.lazy()
     per_x = (
-        ok.group_by([*keys, x])
+        rows.group_by([*keys, x])
         .agg(_y_at_x=pl.col(y).max())
         .sort([*keys, x], descending=[False] * len(keys) + [True])
         .with_columns(_y_beyond=_over(pl.col("_y_at_x").cum_max().shift(1), keys))
     )
-    front = ok.join(per_x, on=[*keys, x], how="inner", nulls_equal=True).filter(
+    front = rows.join(per_x, on=[*keys, x], how="inner", nulls_equal=True).filter(
         (pl.col(y) == pl.col("_y_at_x")) & (pl.col("_y_beyond").is_null() | (pl.col(y) > pl.col("_y_beyond")))
     )
     return front.drop("_y_at_x", "_y_beyond").sort([*keys, x, "trial_id"], descending=[False] * len(keys) + [True, False]).collect()
 
 
-def chord_knees(front: pl.DataFrame | pl.LazyFrame, by: tuple[str, ...], x: str = "speedup_wall", y: str = "agreement") -> pl.DataFrame:
-    """The knee of each front by the chord method, with the number of front points.
+def chord_knees(
+    front: pl.DataFrame | pl.LazyFrame, by: tuple[str, ...], x: str = "speedup", y: str = "agreement", min_points: int = KNEE_MIN_POINTS
+) -> pl.DataFrame:
+    """The knee of each front of at least ``min_points`` points by the chord method, with the
+    number of front points.
 
     Both axes are min-max normalised within the front (an axis with no spread maps to
     0.5); the knee is the point farthest from the line joining the front's extremes,
     (0, 1) and (1, 0), i.e. with the largest |x_n + y_n - 1|. Ties go to the higher
-    agreement, then the smaller trial_id. A front of one point is its own knee.
+    agreement, then the smaller trial_id. Smaller fronts have no knee (no row).
     """
     keys = list(by)
 
@@ -59,12 +75,12 @@ def chord_knees(front: pl.DataFrame | pl.LazyFrame, by: tuple[str, ...], x: str 
         _dist=(norm(x) + norm(y) - 1.0).abs() / math.sqrt(2.0),
         front_points=_over(pl.len(), keys).cast(pl.Int32),
     )
-    ranked = scored.sort([*keys, "_dist", y, "trial_id"], descending=[False] * len(keys) + [True, True, False])
-    first = ranked.unique(subset=keys, keep="first", maintain_order=True).sort(keys) if keys else ranked.head(1)
+    order = scored.filter(pl.col("front_points") >= min_points).sort([*keys, "_dist", y, "trial_id"], descending=[False] * len(keys) + [True, True, False])
+    first = order.unique(subset=keys, keep="first", maintain_order=True).sort(keys) if keys else order.head(1)
     return first.drop("_dist").collect()
 
 
-def kneedle_knee(front: pl.DataFrame, x: str = "speedup_wall", y: str = "agreement", min_points: int = 12) -> dict | None:
+def kneedle_knee(front: pl.DataFrame, x: str = "speedup", y: str = "agreement", min_points: int = 12) -> dict | None:
     """The Kneedle knee of one front (``kneed``, concave and decreasing), as its row; None
     when the front has fewer than ``min_points`` points or Kneedle finds no knee."""
     if front.height < min_points:
@@ -81,12 +97,15 @@ def kneedle_knee(front: pl.DataFrame, x: str = "speedup_wall", y: str = "agreeme
     return pts.filter(pl.col(x) == knee).row(0, named=True)
 
 
-def knees_table(fronts: pl.DataFrame) -> pl.DataFrame:
-    """One knee row per (scope, model, gate) front, the Kneedle cross-check beside it."""
+def knees_table(fronts: pl.DataFrame, min_points: int = KNEE_MIN_POINTS) -> pl.DataFrame:
+    """One knee row per (scope, model, gate) front of at least ``min_points`` points, the
+    Kneedle cross-check beside it."""
     rows = []
     for key, front in fronts.partition_by(["scope", "model", "gate_scope"], as_dict=True, maintain_order=True).items():
+        if front.height < min_points:
+            continue
         scope, model, gate = key
-        knee = chord_knees(front, by=()).row(0, named=True)
+        knee = chord_knees(front, by=(), min_points=min_points).row(0, named=True)
         cross = kneedle_knee(front)
         rows.append(
             {
@@ -95,39 +114,46 @@ def knees_table(fronts: pl.DataFrame) -> pl.DataFrame:
                 "gate": gate,
                 "front_points": front.height,
                 "trial_id": knee["trial_id"],
+                "speedup_metric": knee["speedup_metric"],
+                "speedup": knee["speedup"],
                 "speedup_wall": knee["speedup_wall"],
                 "agreement": knee["agreement"],
                 "knee_gate": knee["gate"],
                 "knee_params": params_text(knee),
                 "kneedle_trial_id": cross["trial_id"] if cross else None,
-                "kneedle_speedup_wall": cross["speedup_wall"] if cross else None,
+                "kneedle_speedup": cross["speedup"] if cross else None,
                 "kneedle_agreement": cross["agreement"] if cross else None,
             }
         )
-    return pl.DataFrame(rows, schema_overrides={"front_points": pl.Int32}, infer_schema_length=None).sort("scope", "model", "gate")
+    schema = {"front_points": pl.Int32, "kneedle_trial_id": pl.String, "kneedle_speedup": pl.Float64, "kneedle_agreement": pl.Float64}
+    if not rows:
+        from sweep.store import TABLES
+
+        return pl.DataFrame(schema={c.name: c.dtype for c in TABLES["knees"].columns if c.name not in ("schema_version", "created_at")})
+    return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None).sort("scope", "model", "gate")
 
 
-def fronts(trials: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+def fronts(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall") -> pl.DataFrame:
     """Both fronts the report uses: per model across gates (scope ``model``, gate_scope
     ``all``) and per (model, gate) (scope ``model+gate``)."""
-    across = pareto_front(trials, by=("model",)).with_columns(scope=pl.lit("model"), gate_scope=pl.lit("all"))
-    per_gate = pareto_front(trials, by=("model", "gate")).with_columns(scope=pl.lit("model+gate"), gate_scope=pl.col("gate"))
+    across = pareto_front(trials, metric, by=("model",)).with_columns(scope=pl.lit("model"), gate_scope=pl.lit("all"))
+    per_gate = pareto_front(trials, metric, by=("model", "gate")).with_columns(scope=pl.lit("model+gate"), gate_scope=pl.col("gate"))
     return pl.concat([across, per_gate], how="vertical_relaxed")
 
 
 def best_at_targets(
-    trials: pl.DataFrame | pl.LazyFrame, targets: tuple[float, ...] = TARGETS, by: tuple[str, ...] = ("model",)
+    trials: pl.DataFrame | pl.LazyFrame, targets: tuple[float, ...] = TARGETS, by: tuple[str, ...] = ("model",), metric: str = "speedup_wall"
 ) -> pl.DataFrame:
-    """Per group and target: the ok trial with the highest speedup_wall among those with
+    """Per group and target: the ok trial with the highest ranked ``speedup`` among those with
     agreement >= target (ties: higher agreement, then trial_id); null trial columns when
     no trial reaches the target."""
     keys = list(by)
-    ok = ok_trials(trials)
+    ok = ok_trials(trials, metric)
     picks = []
     for target in targets:
         picks.append(
             ok.filter(pl.col("agreement") >= target)
-            .sort([*keys, "speedup_wall", "agreement", "trial_id"], descending=[False] * len(keys) + [True, True, False])
+            .sort([*keys, "speedup", "agreement", "trial_id"], descending=[False] * len(keys) + [True, True, False])
             .unique(subset=keys, keep="first", maintain_order=True)
             .with_columns(target=pl.lit(float(target)))
         )

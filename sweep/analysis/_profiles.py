@@ -64,29 +64,45 @@ def eas_per_layer(trace: pl.DataFrame | pl.LazyFrame, alpha: float) -> pl.DataFr
 
 
 def oracle_exits(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
-    """Per traced position: the earliest layer whose top-1 equals the final top-1 and stays equal."""
+    """Per traced position, the two oracle exits:
+
+    - ``first_match_exit``: the earliest layer whose top-1 equals the final top-1. A gate
+      that exits there is correct, so this is the bound on what any exit rule could save.
+    - ``saturation_exit``: the earliest layer from which the top-1 stays equal up to L
+      (the saturation layer); never earlier than the first match.
+    """
+    first_match = pl.when(pl.col("top1_match")).then(pl.col("layer")).otherwise(None).min()
     last_miss = pl.when(~pl.col("top1_match")).then(pl.col("layer")).otherwise(0).max()
     return (
         trace.lazy()
         .group_by("model", "run_id", "prompt_id", "position")
-        .agg(pl.col("phase").first(), pl.col("num_layers").first(), oracle_exit=last_miss + 1)
+        .agg(
+            pl.col("phase").first(),
+            pl.col("num_layers").first(),
+            first_match_exit=first_match.fill_null(pl.col("num_layers").first()),
+            saturation_exit=last_miss + 1,
+        )
         .sort("model", "run_id", "prompt_id", "position")
         .collect()
     )
 
 
 def oracle_summary(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
-    """Mean oracle exit layer and the fraction of positions that could exit before L."""
+    """Per model and phase (all, prefill, decode), for both oracle exits: the mean exit layer
+    and the fraction of positions that could exit before L."""
     exits = oracle_exits(trace)
     both = pl.concat([exits.with_columns(phase=pl.lit("all")), exits])
+    L = pl.col("num_layers")
     return (
         both.lazy()
         .group_by("model", "phase")
         .agg(
-            mean_oracle_exit=pl.col("oracle_exit").mean(),
-            frac_before_L=(pl.col("oracle_exit") < pl.col("num_layers")).mean(),
+            mean_first_match=pl.col("first_match_exit").mean(),
+            frac_first_match_before_L=(pl.col("first_match_exit") < L).mean(),
+            mean_saturation=pl.col("saturation_exit").mean(),
+            frac_saturation_before_L=(pl.col("saturation_exit") < L).mean(),
             positions=pl.len(),
-            num_layers=pl.col("num_layers").first(),
+            num_layers=L.first(),
         )
         .sort("model", "phase")
         .collect()
@@ -118,8 +134,9 @@ def format_summary(trace: pl.DataFrame, alpha: float) -> str:
         )
         for r in oracle_summary(sub).iter_rows(named=True):
             lines.append(
-                f"oracle exit ({r['phase']} positions, n={r['positions']}): mean layer {r['mean_oracle_exit']:.2f} of {L}; "
-                f"{100 * r['frac_before_L']:.1f}% could exit before layer {L}"
+                f"oracle exit ({r['phase']} positions, n={r['positions']}): first match (the bound for any exit rule) "
+                f"mean layer {r['mean_first_match']:.2f} of {L}, {100 * r['frac_first_match_before_L']:.1f}% before layer {L}; "
+                f"saturation (top-1 stays equal) mean layer {r['mean_saturation']:.2f}, {100 * r['frac_saturation_before_L']:.1f}% before layer {L}"
             )
     return "\n".join(lines)
 

@@ -141,11 +141,15 @@ class AnalysisConfig:
     n_boot: int = field(1000, check=in_range(10, 100000), allowed="an integer in 10..100000")
     seed: int = field(0, check=at_least(0), allowed="an integer >= 0")
     out: str | None = None  # report directory; null = <results.root>/report
+    # the speedup fronts, knees, targets and verdicts rank by: decode only, or whole requests
+    speedup: Literal["speedup_wall", "speedup_e2e_wall"] = "speedup_wall"
+    # intervals resampled from fewer prompts than this are flagged as unreliable
+    ci_min_prompts: int = field(8, check=at_least(2), allowed="an integer >= 2")
 
 
 @dataclass(frozen=True)
 class CalibrateConfig:
-    delta: float = field(0.1, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1]")
+    delta: float = field(0.1, check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
     epsilon: float = field(0.1, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1]")
     grid: str | None = None  # the threshold ladder in Hydra's grammar; null = the gate's default
     split: float = field(0.5, check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")

@@ -7,13 +7,23 @@ from sweep.gates._gates import (
     Gate,
     MarginGate,
     SaturationGate,
-    logit_margin,
     make_gate,
+)
+from sweep.gates._calm import CosineGate, EntropyGate, SoftmaxGate
+from sweep.gates._pca import PcaGate
+from sweep.gates._registry import GATES, Registry
+from sweep.gates._signals import (
+    conformal_tau,
+    cosine_prev,
+    entropy,
+    lens_residual,
+    lm_head_basis,
+    logit_margin,
+    pca_basis,
+    pca_delta,
+    prob_margin,
     saturation_delta,
 )
-from sweep.gates._calm import CosineGate, EntropyGate, SoftmaxGate, cosine_prev, entropy, prob_margin
-from sweep.gates._pca import PcaGate, pca_basis, pca_delta
-from sweep.gates._registry import GATES, Registry
 
 
 __all__ = [
@@ -22,8 +32,11 @@ __all__ = [
     "EntropyGate",
     "PcaGate",
     "SoftmaxGate",
+    "conformal_tau",
     "cosine_prev",
     "entropy",
+    "lens_residual",
+    "lm_head_basis",
     "pca_basis",
     "pca_delta",
     "prob_margin",

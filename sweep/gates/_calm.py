@@ -6,28 +6,11 @@ schedule (``gate.decay`` = its tau; null keeps the threshold fixed)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from sweep.errors import ConfigError
 from sweep.gates._gates import Gate, decayed
 from sweep.gates._registry import register
-
-
-def prob_margin(z: torch.Tensor) -> torch.Tensor:
-    """Top-1 minus top-2 softmax probability, per row."""
-    top2 = F.softmax(z.float(), dim=-1).topk(2, dim=-1).values
-    return top2[..., 0] - top2[..., 1]
-
-
-def entropy(z: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(z) in nats, per row."""
-    logp = F.log_softmax(z.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
-
-
-def cosine_prev(h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
-    """cos(h_l, h_{l-1}) per row, in float32."""
-    return F.cosine_similarity(h.float(), h_prev.float(), dim=-1)
+from sweep.gates._signals import at_least, at_most, cosine_prev, entropy, level_tensor, prob_margin
 
 
 class _Decaying(Gate):
@@ -38,14 +21,15 @@ class _Decaying(Gate):
         if cfg.decay is not None and cfg.decay < 0:
             raise ConfigError(f"gate.decay={cfg.decay}: must be >= 0 (CALM's tau) or null")
 
-    def level(self, base: float):
+    def level(self, base) -> torch.Tensor:
+        """This step's threshold (float64), decayed over the generation when gate.decay is set."""
         return decayed(base, self.token_index, self.gen_tokens, self.cfg.decay)
 
     @classmethod
-    def levels(cls, signals, values: torch.Tensor, decay: float | None) -> torch.Tensor:
-        """(K, T, 1) thresholds per position, decayed over each prompt's generation."""
-        t = signals.token_index.to(torch.float64)[None, :, None]
-        return decayed(values.to(torch.float64)[:, None, None], t, signals.gen_tokens, decay) if decay is not None else values[:, None, None]
+    def levels(cls, signals, values, decay: float | None) -> torch.Tensor:
+        """(K, T, 1) thresholds per position (float64), decayed over each prompt's generation
+        by the same ``decayed`` the engine's ``level`` uses."""
+        return decayed(level_tensor(values)[:, None, None], signals.token_index[None, :, None], signals.gen_tokens, decay)
 
 
 @register
@@ -64,11 +48,11 @@ class SoftmaxGate(_Decaying):
             raise ConfigError(f"gate.theta={cfg.theta}: must be in [0, 1] for gate=softmax (a probability margin)")
 
     def decide(self, layer, h, h_prev, z):
-        return prob_margin(z) >= self.level(self.cfg.theta)
+        return at_least(prob_margin(z), self.level(self.cfg.theta))
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
-        return signals.need("prob_margin")[None] >= cls.levels(signals, values, decay)
+        return at_least(signals.need("prob_margin")[None], cls.levels(signals, values, decay))
 
 
 @register
@@ -81,11 +65,11 @@ class CosineGate(_Decaying):
     threshold = "eps"
 
     def decide(self, layer, h, h_prev, z):
-        return cosine_prev(h, h_prev) >= self.level(1.0 - self.cfg.eps)
+        return at_least(cosine_prev(h, h_prev), self.level(1.0 - level_tensor(self.cfg.eps)))
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
-        return signals.need("cos_prev")[None] >= cls.levels(signals, 1.0 - values, decay)
+        return at_least(signals.need("cos_prev")[None], cls.levels(signals, 1.0 - level_tensor(values), decay))
 
 
 @register
@@ -98,8 +82,8 @@ class EntropyGate(Gate):
     threshold = "theta"
 
     def decide(self, layer, h, h_prev, z):
-        return entropy(z) <= self.cfg.theta
+        return at_most(entropy(z), self.cfg.theta)
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
-        return signals.need("entropy")[None] <= values[:, None, None]
+        return at_most(signals.need("entropy")[None], level_tensor(values)[:, None, None])

@@ -4,7 +4,9 @@
 ``h`` is h_l and ``h_prev`` is h_{l-1}, both (B, hidden); ``z`` is the logit lens
 z_l (B, vocab) when the gate's probe is ``lens``, else None. It returns a bool per row.
 ``decisions`` is the same rule vectorised over a profile trace and a grid of thresholds,
-so a trace can replay a gate without running it. ``token_index`` is the generated token
+so a trace can replay a gate without running it. Both paths compute the signal with the
+one function of ``sweep.gates._signals`` (the profile writes its trace with them too) and
+compare it with the same ``below``/``at_least``/``at_most``. ``token_index`` is the generated token
 being decided (0 for the first), set by the engine for thresholds that change over a
 generation (CALM's decaying schedule).
 """
@@ -18,6 +20,7 @@ import torch
 
 from sweep.errors import ConfigError
 from sweep.gates._registry import GATES, register
+from sweep.gates._signals import at_least, below, conformal_tau, lens_residual, level_tensor, logit_margin, saturation_delta
 
 if TYPE_CHECKING:
     from sweep.config import GateConfig
@@ -62,9 +65,16 @@ class Gate:
         """Which measured probe cost applies (``CostModel.probe_ms``)."""
         return self.probe
 
-    def calibrate(self, lens_fn, hidden: list[torch.Tensor]) -> float:
-        """Per-prompt preparation from the prefill's hidden states [h_0..h_L]; returns seconds spent."""
+    def calibrate(self, lens_fn, hidden: list[torch.Tensor], mask: torch.Tensor | None = None) -> float:
+        """Per-prompt preparation from the prefill's hidden states [h_0..h_L] (each (B, P, hidden));
+        returns seconds spent. ``mask`` (B, P), when given, marks each row's real positions (a
+        left-padded batch): padding must not count."""
         return 0.0
+
+    def calibration_lenses(self) -> int:
+        """Logit-lens passes over every prompt position that ``calibrate`` makes (its cost in
+        the cost model); 0 for gates without calibration."""
+        return 0
 
     def decide(self, layer: int, h: torch.Tensor, h_prev: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
@@ -124,18 +134,6 @@ class FixedGate(Gate):
         return mask[:, None, :].expand(len(values), *signals.delta.shape)
 
 
-def saturation_delta(h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
-    """||h_l - h_{l-1}||_2 / ||h_l||_2 per row, in float32."""
-    h32 = h.float()
-    return (h32 - h_prev.float()).norm(dim=-1) / h32.norm(dim=-1)
-
-
-def logit_margin(z: torch.Tensor) -> torch.Tensor:
-    """gamma: top1 - top2 of the logits, per row."""
-    top2 = z.float().topk(2, dim=-1).values
-    return top2[..., 0] - top2[..., 1]
-
-
 @register
 class SaturationGate(Gate):
     """Exit when the residual stream stops moving: delta < eps (free: no lm_head)."""
@@ -146,11 +144,11 @@ class SaturationGate(Gate):
     threshold = "eps"
 
     def decide(self, layer, h, h_prev, z):
-        return saturation_delta(h, h_prev) < self.cfg.eps
+        return below(saturation_delta(h, h_prev), self.cfg.eps)
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
-        return signals.delta[None] < values[:, None, None]
+        return below(signals.delta[None], level_tensor(values)[:, None, None])
 
 
 @register
@@ -164,11 +162,11 @@ class MarginGate(Gate):
     aggressive = -1
 
     def decide(self, layer, h, h_prev, z):
-        return logit_margin(z) >= self.cfg.theta
+        return at_least(logit_margin(z), self.cfg.theta)
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
-        return signals.margin[None] >= values[:, None, None]
+        return at_least(signals.margin[None], level_tensor(values)[:, None, None])
 
 
 @register
@@ -188,37 +186,43 @@ class ConformalGate(Gate):
         super().__init__(cfg, num_layers)
         self.tau: torch.Tensor | None = None
 
-    def calibrate(self, lens_fn, hidden):
+    def calibrate(self, lens_fn, hidden, mask=None):
         import time
 
         t0 = time.perf_counter()
-        z_final = lens_fn(hidden[self.num_layers]).float()  # (B, P, vocab): one tau per sequence
+        z_final = lens_fn(hidden[self.num_layers])  # (B, P, vocab): one tau per sequence
         tau = torch.full((z_final.shape[0], self.num_layers + 1), float("inf"))
         for layer in self.probe_layers():
-            residual = (lens_fn(hidden[layer]).float() - z_final).abs().amax(dim=-1)
-            tau[:, layer] = torch.quantile(residual.cpu(), self.cfg.q, dim=-1)
+            residual = lens_residual(lens_fn(hidden[layer]), z_final).cpu()
+            if mask is not None:  # padded positions are NaN, which conformal_tau leaves out
+                residual = residual.masked_fill(~mask.cpu(), float("nan"))
+            tau[:, layer] = conformal_tau(residual, self.cfg.q)
         self.tau = tau
         return time.perf_counter() - t0
 
+    def calibration_lenses(self) -> int:
+        return len(self.probe_layers()) + 1  # every probed layer, and layer L to compare with
+
     def decide(self, layer, h, h_prev, z):
         assert self.tau is not None, "conformal gate used before calibrate()"
-        return 2.0 * self.tau[:, layer].to(z.device) <= logit_margin(z)
+        return at_least(logit_margin(z), 2.0 * level_tensor(self.tau[:, layer]))
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
         # tau per (q, prompt, layer): the q-quantile of each prompt's prefill residuals, as calibrate() does
-        tau = torch.stack([torch.quantile(r, values.to(r.dtype), dim=0) for r in signals.prefill_residual], dim=1)
-        return 2.0 * tau[:, signals.prompt_index, :] <= signals.margin[None]
+        tau = torch.stack([conformal_tau(r.T, values) for r in signals.prefill_residual], dim=1)  # (K, prompts, L)
+        return at_least(signals.margin[None], 2.0 * level_tensor(tau[:, signals.prompt_index, :]))
 
 
-def decayed(threshold: float, token_index, gen_tokens: int, tau: float | None):
+def decayed(threshold, token_index, gen_tokens: int, tau: float | None) -> torch.Tensor:
     """CALM's decaying threshold (Schuster et al. 2022): clip(0.9 * threshold + 0.1 * exp(-tau * t / N), 0, 1)
-    for the t-th of N generated tokens; the threshold itself when tau is None."""
+    for the t-th of N generated tokens; the threshold itself when tau is None. Numbers or
+    tensors (broadcast), computed in float64 for the engine and the replay alike."""
+    threshold = level_tensor(threshold)
     if tau is None:
         return threshold
-    if isinstance(token_index, torch.Tensor):
-        return (0.9 * threshold + 0.1 * torch.exp(-tau * token_index / gen_tokens)).clamp(0.0, 1.0)
-    return min(max(0.9 * threshold + 0.1 * math.exp(-tau * token_index / gen_tokens), 0.0), 1.0)
+    t = level_tensor(token_index)
+    return (0.9 * threshold + 0.1 * torch.exp(-tau * t / gen_tokens)).clamp(0.0, 1.0)
 
 
 def make_gate(cfg: GateConfig, num_layers: int) -> Gate:

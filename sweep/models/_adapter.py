@@ -9,13 +9,15 @@ Hooks are installed in context managers that remove them in ``finally``.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
 from sweep.errors import InputError
 from sweep.families import Family, family_for
 from sweep.models._kvfill import StackedKV
+
+T = TypeVar("T")
 
 
 class Adapter:
@@ -35,6 +37,7 @@ class Adapter:
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self._stacked_kv: StackedKV | None = None  # built on the first K/V fill
+        self._derived: dict = {}  # values derived from this model's weights (see ``derived``)
 
     @property
     def num_layers(self) -> int:
@@ -45,9 +48,29 @@ class Adapter:
 
         return DynamicCache(config=self.model.config)
 
-    def forward(self, input_ids: torch.Tensor, cache, *, logits_to_keep: int = 1) -> torch.Tensor:
-        """The model's own full-depth forward with a KV cache; returns the kept logits."""
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        *,
+        logits_to_keep: int = 1,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The model's own full-depth forward with a KV cache; returns the kept logits.
+
+        A left-padded batch passes ``attention_mask`` (batch, cached + new positions; 0 on
+        padding) and ``position_ids`` (batch, new positions: each row's own positions, from 0
+        at its first real token). The model builds its causal, sliding-window and padding
+        masks from them (transformers' ``masking_utils``) and its RoPE from the positions,
+        so every row sees exactly what it would see alone.
+        """
+        extra = {}
+        if attention_mask is not None:
+            extra["attention_mask"] = attention_mask
+        if position_ids is not None:
+            extra["position_ids"] = position_ids
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **extra)
         return out.logits
 
     def lens(self, h: torch.Tensor) -> torch.Tensor:
@@ -86,6 +109,14 @@ class Adapter:
         from ``capture_rope``. One matmul for all layers (see ``_kvfill``).
         """
         self.stacked_kv().fill(h, cache, layers.start, layers.stop, rope)
+
+    def derived(self, key: tuple, build: Callable[[], T]) -> T:
+        """``build()``, computed once per loaded model and kept with it (the lm_head's PCA basis,
+        the measured cost model): it leaves with the model when the model cache evicts it, so
+        a later model can never be handed another's (unlike a module dict keyed by ``id()``)."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     def stacked_kv(self) -> StackedKV:
         if self._stacked_kv is None:

@@ -70,4 +70,25 @@ def build_tiny(mcfg: ModelConfig, seed: int, vocab_size: int):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
+    randomise_norms_and_biases(model, seed, fam.norm_offset, t.init_std)
     return model
+
+
+@torch.no_grad()
+def randomise_norms_and_biases(model: torch.nn.Module, seed: int, norm_offset: float, bias_std: float) -> None:
+    """Give every norm a random scale in [0.5, 1.5) and every bias N(0, bias_std), from ``seed``.
+
+    HF initialises norm scales to exactly 1 and biases to 0, which would let code that drops
+    a norm scale (the layers' input norms, Qwen3's and Gemma3's K norm, the final norm) or a
+    bias (Qwen2's K/V bias) pass every check on a tiny model. ``norm_offset`` is the family's
+    (Gemma stores scale - 1).
+    """
+    gen = torch.Generator().manual_seed(0x5EED_0000 + seed)
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("RMSNorm") and getattr(module, "weight", None) is not None:
+            w = module.weight
+            scale = 0.5 + torch.rand(w.shape, generator=gen, dtype=torch.float32)
+            w.copy_((scale - norm_offset).to(w.dtype))
+        for pname, p in module.named_parameters(recurse=False):
+            if pname == "bias":
+                p.copy_((bias_std * torch.randn(p.shape, generator=gen, dtype=torch.float32)).to(p.dtype))

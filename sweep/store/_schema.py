@@ -7,11 +7,12 @@ two equal. Add columns freely; renaming a column or changing its meaning bumps
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import polars as pl
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: layers_saved counts decode steps only (the first token saves nothing)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ PROFILE = Table(
         "Per-layer trace of greedy full-depth decoding: one row per (prompt, position, layer). "
         "Position p's hidden states predict the token at p+1; `phase` says whether p was part of the "
         "prompt (prefill) or a generated token fed back (decode). Layers are 1-indexed; layer L is full depth. "
-        "All positions of a prompt come from one teacher-forced forward pass over prompt + generated tokens."
+        "All positions of a prompt are captured while decoding, by the forwards the engine runs: a prefill of the prompt, "
+        "then one KV-cached step per generated token (the gates' signals are the ones the engine computes, in any dtype)."
     ),
     columns=PROVENANCE
     + (
@@ -100,7 +102,7 @@ GATE_FIELDS: tuple[Column, ...] = (
     Column("min_depth", pl.Float64(), "fraction", "min_layer as a fraction of depth, when the setting gave it that way", nullable=True),
     Column("exit_layer", pl.Int32(), "", "fixed gate's exit layer (min_layer when unset); null for other gates", nullable=True),
     Column("eps", pl.Float64(), "ratio", "threshold of saturation (delta), cosine (1 - cos) and pca (projection change); null for other gates", nullable=True),
-    Column("theta", pl.Float64(), "", "threshold of margin (logits), softmax (probability) and entropy (nats); null for other gates", nullable=True),
+    Column("theta", pl.Float64(), "per gate: logits | probability | nats", "threshold: margin gate in logits (top1 - top2 of z_l), softmax gate in probability (top-1 minus top-2 probability), entropy gate in nats; null for other gates", nullable=True),
     Column("q", pl.Float64(), "", "conformal gate's calibration quantile; null for other gates", nullable=True),
     Column("k", pl.Int32(), "directions", "pca gate's principal directions; null for other gates", nullable=True),
     Column("decay", pl.Float64(), "", "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed", nullable=True),
@@ -118,7 +120,8 @@ TRIALS = Table(
     description=(
         "One row per bench trial. Metrics compare the gated generation with the full-depth greedy "
         "baseline on the same prompts, token by token, and time both interleaved in one process. "
-        "Timings cover decode steps (tokens 2..n); prefill is full depth on both sides and untimed. "
+        "Decode timings cover tokens 2..n; prefill (full depth on both sides) is timed apart, with the gate's "
+        "calibration and the first token's decision, and enters the end-to-end figures (`speedup_e2e_*`). "
         "Failed trials are rows too (status `failed`, metrics null, `error` set); a trial whose two "
         "full-depth baselines (or any timed repeat) disagree is `nondeterministic`, never `ok`."
     ),
@@ -134,7 +137,7 @@ TRIALS = Table(
         Column("kv_policy", pl.String(), "", "propagate | full: K/V of skipped layers"),
         Column("mode", pl.String(), "", "early_exit | self_speculative (draft with layers 1..exit_layer, verify with the full model)", nullable=True),
         Column("draft_len", pl.Int32(), "tokens", "self_speculative: tokens drafted per verification; null otherwise", nullable=True),
-        Column("batch_size", pl.Int32(), "sequences", "sequences decoded together (a batch's prompts cut to one length; it saves compute once all exit)", nullable=True),
+        Column("batch_size", pl.Int32(), "sequences", "sequences decoded together (whole prompts, left-padded to the batch's longest; a batch saves compute only once all its sequences exit)", nullable=True),
         Column("prompt_set", pl.String(), "", "chat | humaneval | jsonl"),
         Column("n_prompts", pl.Int32(), "prompts", "prompts in the trial"),
         Column("gen_tokens", pl.Int32(), "tokens", "greedy tokens generated per prompt"),
@@ -145,10 +148,12 @@ TRIALS = Table(
         _metric("exact_match", "fraction", "prompts whose whole generation equals the baseline's"),
         _metric("exit_rate", "fraction", "generated tokens that exited before layer L (all gen_tokens; the first token's exit is decided at the prefill's last position and saves no compute)"),
         _metric("mean_exit_layer", "layers", "mean exit layer over all generated tokens (L when not exited)"),
-        _metric("layers_saved", "fraction", "1 - mean_exit_layer / L (layer compute skipped, before probe and K/V costs)"),
+        _metric("layers_saved", "fraction", "decoder-layer compute skipped on decode steps (tokens 2..n, per sequence): 1 - mean exit layer there / L, before probe and K/V costs (the first token is decided after a full-depth prefill and saves nothing)"),
         _metric("step_layers_saved", "fraction", "decoder-layer work skipped on decode steps: 1 - mean layers run per step / L (a batch runs to its deepest sequence)"),
-        _metric("speedup_wall", "ratio", "median over repeats of baseline decode time / gated decode time (same prompts, interleaved)"),
+        _metric("speedup_wall", "ratio", "decode only: median over rounds of (baseline decode time summed over units / gated decode time summed over units), from round_baseline_ms and round_ms (same prompts, interleaved)"),
+        _metric("speedup_e2e_wall", "ratio", "whole requests: as speedup_wall over prefill (with the gate's calibration and first decision) + decode time, from the round_* columns"),
         _metric("speedup_model", "ratio", "speedup the measured cost model predicts from the gated run's exits and probes on decode steps (tokens 2..n, as timed); batches: from the layers each step ran, plus the second head and K/V overwrites of partly exited steps"),
+        _metric("speedup_e2e_model", "ratio", "end-to-end speedup the cost model predicts: every prompt's prefill (linear in its length from the measured prompt) and the gate's calibration (cost_calibration_ms) plus the decode steps of speedup_model; null for self_speculative"),
         _metric("baseline_ms_per_token", "ms", "median over repeats of full-depth decode ms per token"),
         _metric("ms_per_token", "ms", "median over repeats of gated decode ms per token"),
         _metric("probe_cost_layers", "layers", "one probe of this gate, in layer-equivalents (0 for full, fixed)"),
@@ -159,9 +164,11 @@ TRIALS = Table(
         _metric("cost_probe_ms", "ms", "measured cost of one probe of this gate"),
         _metric("cost_kv_ms", "ms", "measured cost of the K/V fill of one skipped layer (propagate)"),
         _metric("cost_overhead_ms", "ms", "rest of a full-depth decode step (embedding, mask, RoPE, framework)"),
+        _metric("cost_prefill_ms", "ms", "cost model: full-depth prefill per prompt, mean over the trial's prompts"),
+        _metric("cost_calibration_ms", "ms", "cost model: the gate's per-prompt calibration (conformal: a lens over every prompt position per probed layer and layer L), mean over prompts; 0 for gates without one"),
         Column("deterministic", pl.Boolean(), "", "two full-depth baselines and every timed repeat reproduced their tokens", nullable=True),
         _metric("determinism_max_logit_diff", "logits", "max |logit difference| between the two full-depth baselines"),
-        _metric("calibration_ms", "ms", "mean per-prompt gate calibration time (conformal's tau), outside decode timing"),
+        _metric("calibration_ms", "ms", "mean per-prompt gate calibration time (conformal's tau), measured; outside decode timing, inside the prefill timing"),
         _metric("bench_seconds", "s", "wall time of the whole trial"),
         _metric("acceptance_rate", "fraction", "self_speculative: drafted tokens the full model accepted"),
         _metric("mean_accepted_length", "tokens", "self_speculative: mean accepted drafts per verification"),
@@ -171,11 +178,16 @@ TRIALS = Table(
         Column("worker_model_loads", pl.Int32(), "loads", "models that worker process had loaded when the trial ended (1 = loaded once, reused)", nullable=True),
         _metric("trial_seconds", "s", "worker-side wall time of the whole trial (compose, model from cache or load, bench)"),
         Column("prompt_ids", pl.List(pl.String()), "", "prompt ids, in order (the per-prompt lists below follow it)", nullable=True),
+        Column("prompt_input_tokens", pl.List(pl.Int32()), "tokens", "per prompt: its input length as decoded (the same at every batch size)", nullable=True),
         Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
         Column("prompt_prefix_agreement", pl.List(pl.Float64()), "fraction", "prefix agreement per prompt", nullable=True),
         Column("prompt_speedup_wall", pl.List(pl.Float64()), "ratio", "per prompt: median over repeats of baseline / gated decode time", nullable=True),
         Column("prompt_baseline_ms", pl.List(pl.Float64()), "ms", "per prompt: median over repeats of full-depth decode ms per token", nullable=True),
         Column("prompt_ms", pl.List(pl.Float64()), "ms", "per prompt: median over repeats of gated decode ms per token", nullable=True),
+        Column("round_baseline_ms", pl.List(pl.List(pl.Float64())), "ms", "[round][unit] full-depth decode ms (tokens 2..n); a unit is a prompt, or a batch of batch_size prompts in prompt_ids order", nullable=True),
+        Column("round_ms", pl.List(pl.List(pl.Float64())), "ms", "[round][unit] gated decode ms", nullable=True),
+        Column("round_baseline_prefill_ms", pl.List(pl.List(pl.Float64())), "ms", "[round][unit] full-depth prefill ms (to the first token)", nullable=True),
+        Column("round_prefill_ms", pl.List(pl.List(pl.Float64())), "ms", "[round][unit] gated prefill ms (prefill, calibration, first decision)", nullable=True),
     ),
 )
 
@@ -213,12 +225,21 @@ SIMULATED = Table(
     ),
 )
 
+RANKED: tuple[Column, ...] = (
+    Column("speedup_metric", pl.String(), "", "what `speedup` ranks by (analysis.speedup): speedup_wall (decode) | speedup_e2e_wall (whole requests)"),
+    Column("skipped_compute", pl.Boolean(), "", "the trial skipped decoder-layer work: self_speculative, or decode steps that exited (step_layers_saved > 0) under a kv_policy other than full"),
+    Column("speedup", pl.Float64(), "ratio", "the ranked speedup: speedup_metric's value where skipped_compute, else 1.0 by construction (its measured ratio is timing noise)"),
+    Column("speedup_noise", pl.Float64(), "ratio", "trials that skipped no compute: their measured speedup_metric (noise around 1); null otherwise", nullable=True),
+)
+
 CONFIDENCE: tuple[Column, ...] = (
-    _metric("agreement_lo", "fraction", "lower end of the bootstrap interval of agreement (prompts resampled; level in ci_level)"),
+    _metric("agreement_lo", "fraction", "lower end of the bootstrap interval of agreement: prompts resampled with replacement, the mean of per-prompt agreement on each resample (level in ci_level; generator seeded from analysis.seed and trial_id)"),
     _metric("agreement_hi", "fraction", "upper end of the bootstrap interval of agreement"),
-    _metric("speedup_lo", "ratio", "lower end of the bootstrap interval of the speedup (prompts resampled: sum of baseline ms / sum of gated ms)"),
-    _metric("speedup_hi", "ratio", "upper end of the bootstrap interval of the speedup"),
+    _metric("speedup_lo", "ratio", "lower end of the bootstrap interval of `speedup`: units (prompts, or batches) and timed rounds resampled with replacement from the round_* timings, and on each resample the bench's own estimator (median over rounds of summed baseline ms / summed gated ms; prefill added for speedup_e2e_wall); 1.0 where no compute was skipped"),
+    _metric("speedup_hi", "ratio", "upper end of the bootstrap interval of `speedup`"),
     _metric("ci_level", "fraction", "confidence level of the intervals (0.95); null when the row has no per-prompt values"),
+    Column("ci_prompts", pl.Int32(), "prompts", "prompts the intervals were resampled from", nullable=True),
+    Column("ci_few_prompts", pl.Boolean(), "", "ci_prompts < analysis.ci_min_prompts (default 8): the interval is too coarse to trust", nullable=True),
 )
 
 PARETO = Table(
@@ -227,11 +248,13 @@ PARETO = Table(
     unit_of_work="`sweep analyze` run (replaced each time)",
     description=(
         "Written by `sweep analyze` beside the data as <results.root>/pareto.parquet: the trials on a Pareto front "
-        "of speedup_wall (max) against agreement (max), over `status == ok` rows. `scope` says which front: "
-        "`model` (all gates of a model) or `model+gate`. Every column of `trials`, plus the ones below."
+        "of `speedup` (max; speedup_metric where the trial skipped compute, else 1.0) against agreement (max), over "
+        "`status == ok` rows. `scope` says which front: `model` (all gates of a model) or `model+gate`. Every column "
+        "of `trials`, plus the ones below."
     ),
     columns=TRIALS.columns
     + (Column("scope", pl.String(), "", "model (front across gates) | model+gate (front of one gate)"),)
+    + RANKED
     + CONFIDENCE,
     single_file=True,
 )
@@ -241,10 +264,11 @@ KNEES = Table(
     partition_by=(),
     unit_of_work="`sweep analyze` run (replaced each time)",
     description=(
-        "Written by `sweep analyze` as <results.root>/knees.parquet: one row per front (scope, model, gate). The knee "
-        "by the chord method: both axes min-max normalised over the front, the point farthest from the line joining "
-        "the front's extremes (ties: higher agreement, then trial_id). With 12 or more front points, the Kneedle knee "
-        "(the `kneed` package: concave, decreasing) as a cross-check."
+        "Written by `sweep analyze` as <results.root>/knees.parquet: one row per front (scope, model, gate) of at "
+        "least 3 points (fewer have no bend). The knee by the chord method on (`speedup`, agreement): both axes "
+        "min-max normalised over the front, the point farthest from the line joining the front's extremes (ties: "
+        "higher agreement, then trial_id). With 12 or more front points, the Kneedle knee (the `kneed` package: "
+        "concave, decreasing) as a cross-check."
     ),
     columns=(
         Column("schema_version", pl.Int32(), "", "version of this schema"),
@@ -254,12 +278,14 @@ KNEES = Table(
         Column("gate", pl.String(), "", "the gate, or `all` for a model's front across gates"),
         Column("front_points", pl.Int32(), "trials", "trials on the front"),
         Column("trial_id", pl.String(), "", "the knee trial (chord method)"),
-        Column("speedup_wall", pl.Float64(), "ratio", "the knee's speedup_wall"),
+        Column("speedup_metric", pl.String(), "", "what `speedup` ranks by: speedup_wall | speedup_e2e_wall"),
+        Column("speedup", pl.Float64(), "ratio", "the knee's ranked speedup (see `pareto`)"),
+        Column("speedup_wall", pl.Float64(), "ratio", "the knee's measured speedup_wall"),
         Column("agreement", pl.Float64(), "fraction", "the knee's agreement"),
         Column("knee_gate", pl.String(), "", "the knee trial's gate"),
         Column("knee_params", pl.String(), "", "the knee trial's gate parameters, as key=value text"),
         Column("kneedle_trial_id", pl.String(), "", "the Kneedle knee (12+ points and kneed found one); else null", nullable=True),
-        Column("kneedle_speedup_wall", pl.Float64(), "ratio", "the Kneedle knee's speedup_wall", nullable=True),
+        Column("kneedle_speedup", pl.Float64(), "ratio", "the Kneedle knee's ranked speedup", nullable=True),
         Column("kneedle_agreement", pl.Float64(), "fraction", "the Kneedle knee's agreement", nullable=True),
     ),
     single_file=True,
@@ -271,8 +297,8 @@ TARGETS = Table(
     unit_of_work="`sweep analyze` run (replaced each time)",
     description=(
         "Written by `sweep analyze` as <results.root>/targets.parquet: per model and agreement target, the `ok` trial "
-        "with the highest speedup_wall among those with agreement >= target (ties: higher agreement, then trial_id); "
-        "trial columns null when no trial reaches the target."
+        "with the highest ranked `speedup` among those with agreement >= target (ties: higher agreement, then "
+        "trial_id); trial columns null when no trial reaches the target."
     ),
     columns=(
         Column("schema_version", pl.Int32(), "", "version of this schema"),
@@ -283,10 +309,13 @@ TARGETS = Table(
         Column("gate", pl.String(), "", "its gate", nullable=True),
         Column("params", pl.String(), "", "its gate parameters (and bench mode, draft_len, batch_size when not the default), as key=value text", nullable=True),
         Column("mode", pl.String(), "", "its bench mode: early_exit | self_speculative", nullable=True),
-        Column("speedup_wall", pl.Float64(), "ratio", "its speedup_wall", nullable=True),
+        Column("speedup_wall", pl.Float64(), "ratio", "its measured speedup_wall", nullable=True),
+        Column("speedup_e2e_wall", pl.Float64(), "ratio", "its measured speedup_e2e_wall", nullable=True),
         Column("agreement", pl.Float64(), "fraction", "its agreement", nullable=True),
-        Column("exit_rate", pl.Float64(), "fraction", "its exit rate (0 in early_exit mode: no token exited, any speedup is timing noise)", nullable=True),
+        Column("exit_rate", pl.Float64(), "fraction", "fraction of its generated tokens that exited before layer L (self_speculative: 0, its tokens are all the full model's)", nullable=True),
+        Column("acceptance_rate", pl.Float64(), "fraction", "self_speculative: drafted tokens the full model accepted; null otherwise", nullable=True),
     )
+    + tuple(dataclasses.replace(c, nullable=True) for c in RANKED)
     + CONFIDENCE,
     single_file=True,
 )
