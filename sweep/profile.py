@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import polars as pl
@@ -26,14 +26,20 @@ from sweep.prompts import Prompt
 log = logging.getLogger("sweep.profile")
 
 
+class Decoded(NamedTuple):
+    tokens: list[int]  # the tokens fed back (greedy, or the ones given)
+    states: list[torch.Tensor]  # [h_0..h_L], each (1, P + n - 1, hidden)
+    greedy: list[int]  # per step, the argmax of the model's own logits (the full-depth token)
+
+
 @torch.inference_mode()
 def decode_states(
     lm: LoadedModel, prompt_ids: Sequence[int], *, generated: Sequence[int] | None = None, n_tokens: int | None = None
-) -> tuple[list[int], list[torch.Tensor]]:
+) -> Decoded:
     """Full-depth greedy decoding with every layer's residual stream captured: the prefill, then
     one step per token through the KV cache, exactly the forwards the engine runs (kv_policy=full
     up to its first divergence). Feeds ``generated`` when given, else decodes ``n_tokens`` greedy
-    tokens. Returns the tokens and [h_0..h_L], each (1, P + n - 1, hidden): the last token is not fed.
+    tokens. The last token is not fed, so the states cover P + n - 1 positions.
     """
     adapter, L = lm.adapter, lm.num_layers
     n = len(generated) if generated is not None else n_tokens
@@ -41,74 +47,102 @@ def decode_states(
         raise ValueError(f"decode_states: {n} tokens; at least 1 (pass generated or n_tokens)")
     cache = adapter.new_cache()
     tokens: list[int] = []
+    greedy: list[int] = []
     steps: list[list[torch.Tensor]] = []
     feed = list(prompt_ids)
     for step in range(n):
         with adapter.capture_hidden() as hs:
             logits = adapter.forward(torch.tensor([feed], device=lm.device), cache)[:, -1]
         assert len(hs) == L + 1, f"captured {len(hs)} hidden states for {L} layers"
-        token = int(generated[step]) if generated is not None else int(logits.argmax(-1))
-        tokens.append(token)
+        greedy.append(int(logits.argmax(-1)))
+        tokens.append(int(generated[step]) if generated is not None else greedy[-1])
         steps.append(hs)  # step 0 fed the prompt, step s > 0 fed tokens[s - 1]
-        feed = [token]
-    return tokens, [torch.cat([hs[layer] for hs in steps], dim=1) for layer in range(L + 1)]
+        feed = [tokens[-1]]
+    return Decoded(tokens, [torch.cat([hs[layer] for hs in steps], dim=1) for layer in range(L + 1)], greedy)
+
+
+def gate_signals(adapter, h: torch.Tensor, h_prev: torch.Tensor, basis: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every gate's signal for rows h = h_l, h_prev = h_{l-1} (B, hidden), computed as the gates'
+    ``decide`` computes it (the same functions on the same shapes; the lens as the engine's probe)."""
+    z = adapter.lens(h)
+    return {
+        "delta": saturation_delta(h, h_prev),
+        "margin": logit_margin(z),
+        "top1": z.argmax(dim=-1),  # the token an exit here emits
+        "prob_margin": prob_margin(z),
+        "entropy": entropy(z),
+        "cos_prev": cosine_prev(h, h_prev),
+        "pca_delta": pca_delta(adapter.norm(h), adapter.norm(h_prev), basis),
+    }
 
 
 @torch.inference_mode()
 def trace_prompt(
-    lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk: int, pca_k: int = 64, *, states: list[torch.Tensor] | None = None
+    lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk: int, pca_k: int = 64, *, decoded: Decoded | None = None
 ) -> dict[str, np.ndarray]:
     """Signals at every position of prompt + generated[:-1] and every layer 1..L.
 
     Position p's hidden states predict the token at p + 1, so the last generated token
     is not fed. Rows are ordered by position, then layer. The states are ``decode_states``'
     (computed here unless given): the ones the engine decides on. Every gate signal comes from
-    its one definition in ``sweep.gates`` (the function the gate's ``decide`` calls), so a
-    replay of this trace decides as the engine does, in any dtype.
+    its one definition in ``sweep.gates``, computed the way the engine computes it: at the
+    positions where a gate decides (the last prefill position and the decode positions) one
+    row at a time, like ``decide``; the prefill's lens residual over the prompt block, like the
+    conformal gate's calibration. A replay of this trace decides as the engine does, in any dtype.
     """
     adapter = lm.adapter
     ids = list(prompt.input_ids) + list(generated[:-1])
-    hs = states if states is not None else decode_states(lm, prompt.input_ids, generated=generated)[1]
-    L = adapter.num_layers
-    assert len(hs) == L + 1 and hs[0].shape[1] == len(ids), f"states for {hs[0].shape[1]} positions, {len(ids)} fed"
-    n_final = adapter.norm(hs[L][0])
-    z_final = adapter.head(n_final).float()
+    if decoded is None:
+        decoded = decode_states(lm, prompt.input_ids, generated=generated)
+    hs = decoded.states
+    L, T, P = adapter.num_layers, len(ids), len(prompt.input_ids)
+    assert len(hs) == L + 1 and hs[0].shape[1] == T, f"states for {hs[0].shape[1]} positions, {T} fed"
+
+    def blocks(fn, layer):  # the prompt block (as the prefill computes it), then the decode block
+        return torch.cat([fn(hs[layer][:, :P]), fn(hs[layer][:, P:])], dim=1)[0]
+
+    n_final = blocks(adapter.norm, L)
+    z_final = adapter.head(n_final)
     k = max(topk, 2)
-    top_final = z_final.topk(topk, dim=-1).indices
-    centered_final = z_final - z_final.mean(dim=-1, keepdim=True)
+    z_final32 = z_final.float()
+    top_final = z_final32.topk(topk, dim=-1).indices
+    centered_final = z_final32 - z_final32.mean(dim=-1, keepdim=True)
     basis = lm_head_basis(adapter, min(pca_k, adapter.lm_head.weight.shape[1]))
+    decide_at = torch.arange(P - 1, T, device=hs[0].device)  # where gates decide: the first token's, then each step's
     per_layer = []
     for layer in range(1, L + 1):
         h, h_prev = hs[layer][0], hs[layer - 1][0]
-        normed = adapter.norm(h)
-        z_raw = adapter.head(normed)  # the lens in the model's dtype, as the engine's probe sees it
+        normed = blocks(adapter.norm, layer)
+        z_raw = adapter.head(normed)
         z = z_raw.float()
         top = z.topk(k, dim=-1)
-        per_layer.append(
-            {
-                "delta": saturation_delta(h, h_prev),
-                "margin": logit_margin(z_raw),
-                "top1": z.argmax(dim=-1),  # argmax, like top1_final, so ties break the same way
-                "residual_inf": lens_residual(z_raw, z_final),
-                "cos_hidden": F.cosine_similarity(normed.float(), n_final.float(), dim=-1),
-                # softmax ignores a constant shift of the logits, so compare them centred
-                "cos_logits": F.cosine_similarity(z - z.mean(dim=-1, keepdim=True), centered_final, dim=-1),
-                "topk_overlap": (top.indices[:, :topk, None] == top_final[:, None, :]).any(-1).sum(-1).float() / topk,
-                "prob_margin": prob_margin(z_raw),
-                "entropy": entropy(z_raw),
-                "cos_prev": cosine_prev(h, h_prev),
-                "pca_delta": pca_delta(normed, adapter.norm(h_prev), basis),
-            }
-        )
-    T = len(ids)
+        col = {
+            "delta": saturation_delta(h, h_prev),
+            "margin": logit_margin(z_raw),
+            "top1": z.argmax(dim=-1),  # argmax, like top1_final, so ties break the same way
+            "residual_inf": lens_residual(z_raw, z_final),
+            "cos_hidden": F.cosine_similarity(normed.float(), n_final.float(), dim=-1),
+            # softmax ignores a constant shift of the logits, so compare them centred
+            "cos_logits": F.cosine_similarity(z - z.mean(dim=-1, keepdim=True), centered_final, dim=-1),
+            "topk_overlap": (top.indices[:, :topk, None] == top_final[:, None, :]).any(-1).sum(-1).float() / topk,
+            "prob_margin": prob_margin(z_raw),
+            "entropy": entropy(z_raw),
+            "cos_prev": cosine_prev(h, h_prev),
+            "pca_delta": pca_delta(normed, adapter.norm(h_prev), basis),
+        }
+        for pos in decide_at.tolist():  # what the engine's decide() sees there, row by row
+            for name, value in gate_signals(adapter, h[pos : pos + 1], h_prev[pos : pos + 1], basis).items():
+                col[name][pos] = value[0].to(col[name].dtype)
+        per_layer.append(col)
     cols = {k: torch.stack([d[k] for d in per_layer], dim=1).reshape(-1).cpu().numpy() for k in per_layer[0]}
-    top1_final = z_final.argmax(-1).cpu().numpy()
+    top1_final = z_final32.argmax(-1).cpu()
+    top1_final[P - 1 :] = torch.tensor(decoded.greedy[: T - P + 1])  # the model's own full-depth token at each step
+    top1_final = top1_final.numpy()
     positions = np.arange(T, dtype=np.int32)
-    n_prompt = len(prompt.input_ids)
     cols.update(
         prompt_id=np.full(T * L, prompt.id, dtype=object),
         position=np.repeat(positions, L),
-        phase=np.repeat(np.where(positions < n_prompt, "prefill", "decode"), L),
+        phase=np.repeat(np.where(positions < P, "prefill", "decode"), L),
         layer=np.tile(np.arange(1, L + 1, dtype=np.int32), T),
         token_id=np.repeat(np.asarray(ids, dtype=np.int64), L),
         top1_final=np.repeat(top1_final, L),
@@ -125,10 +159,10 @@ def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int,
     frames = []
     for i, prompt in enumerate(prompts, start=1):
         t0 = time.perf_counter()
-        generated, states = decode_states(lm, prompt.input_ids, n_tokens=gen_tokens)
+        decoded = decode_states(lm, prompt.input_ids, n_tokens=gen_tokens)
         t1 = time.perf_counter()
-        frames.append(pl.DataFrame(trace_prompt(lm, prompt, generated, topk, pca_k, states=states)))
-        del states
+        frames.append(pl.DataFrame(trace_prompt(lm, prompt, decoded.tokens, topk, pca_k, decoded=decoded)))
+        del decoded
         log.info(
             "[%d/%d] %s: %d prompt + %d generated tokens; decode %.2f s, trace %.2f s",
             i, len(prompts), prompt.id, len(prompt.input_ids), gen_tokens, t1 - t0, time.perf_counter() - t1,

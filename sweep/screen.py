@@ -90,7 +90,7 @@ def comparison(simulated: pl.DataFrame, measured: list[dict[str, Any]]) -> pl.Da
     ).filter(pl.col("status") == "ok")
     both = simulated.filter(pl.col("selected")).join(meas, on="trial_id", how="inner")
     return both.select(
-        "gate", "min_layer", *GATE_COLUMNS,
+        "trial_id", "gate", "min_layer", *GATE_COLUMNS,
         "agreement_tf", "agreement", (pl.col("agreement_tf") - pl.col("agreement")).alias("agreement_gap"),
         "speedup_model", "speedup_wall", (pl.col("speedup_model") - pl.col("speedup_wall")).alias("speedup_gap"),
     ).sort("gate", "min_layer", *GATE_COLUMNS, nulls_last=True)

@@ -76,8 +76,8 @@ def test_decode_states_are_the_models_own_states(tiny):
     """The trace's states come from cached decoding (the engine's forwards); they are the states
     of HF's own whole-sequence forward, up to float32 rounding, and the tokens are greedy."""
     prompt = prompts_for(tiny, 1)[0]
-    generated, states = decode_states(tiny, prompt.input_ids, n_tokens=GEN)
-    assert generated == greedy_decode(tiny, prompt.input_ids, GEN)
+    generated, states, greedy = decode_states(tiny, prompt.input_ids, n_tokens=GEN)
+    assert generated == greedy == greedy_decode(tiny, prompt.input_ids, GEN)
     ids = list(prompt.input_ids) + generated[:-1]
     fresh = build_tiny(compose(f"model=tiny-{tiny.family}").model, 0, vocab_size=len(tiny.tokenizer)).eval()
     with torch.no_grad():
@@ -86,17 +86,18 @@ def test_decode_states_are_the_models_own_states(tiny):
     for layer in range(tiny.num_layers):  # HF's last entry is after the final norm
         torch.testing.assert_close(states[layer], out.hidden_states[layer], rtol=1e-4, atol=1e-5)
     again = decode_states(tiny, prompt.input_ids, generated=generated)
-    assert again[0] == generated and all(torch.equal(x, y) for x, y in zip(again[1], states))
+    assert again.tokens == generated and all(torch.equal(x, y) for x, y in zip(again.states, states))
 
 
 def test_signal_definitions(tiny):
     prompt = prompts_for(tiny, 1)[0]
-    generated, states = decode_states(tiny, prompt.input_ids, n_tokens=3)
-    cols = trace_prompt(tiny, prompt, generated, topk=4, states=states)
+    decoded = decode_states(tiny, prompt.input_ids, n_tokens=3)
+    generated = decoded.tokens
+    cols = trace_prompt(tiny, prompt, generated, topk=4, decoded=decoded)
     ids = list(prompt.input_ids) + generated[:-1]
     a = tiny.adapter
     L, T = a.num_layers, len(ids)
-    hs = [h[0] for h in states]
+    hs = [h[0] for h in decoded.states]
     z_final = a.lens(hs[L])
     for layer in (1, L - 1, L):
         h, z = hs[layer], a.lens(hs[layer])

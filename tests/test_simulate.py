@@ -135,26 +135,30 @@ KNIFE_EDGE = {
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
     """With thresholds set exactly to the traced signal values, the replay's decision at every
-    position and layer equals the gate's own decide() on the same hidden states: a signal the
-    profile computed any other way (bf16 arithmetic, another formula) flips decisions here."""
+    decision position and layer equals the gate's own decide() on the states the engine sees
+    there (one row at a time, as its hooks call it): a signal the profile computed any other
+    way (bf16 arithmetic, another formula, another comparison) flips decisions here."""
     lm = load(f"model=tiny-{tiny.family}", f"dtype={dtype}")
     a, L = lm.adapter, lm.num_layers
     cfg = compose("prompts=chat", "prompts.n=1").prompts
     prompt = tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer)[0]
-    generated, hs = decode_states(lm, prompt.input_ids, n_tokens=N)
-    assert generated == Engine(lm).generate(prompt.input_ids, N).tokens
-    cols = trace_prompt(lm, prompt, generated, topk=3, pca_k=8, states=hs)
-    ids = list(prompt.input_ids) + generated[:-1]
-    T, P = len(ids), len(prompt.input_ids)
+    decoded = decode_states(lm, prompt.input_ids, n_tokens=N)
+    assert decoded.tokens == Engine(lm).generate(prompt.input_ids, N).tokens
+    cols = trace_prompt(lm, prompt, decoded.tokens, topk=3, pca_k=8, decoded=decoded)
+    hs = decoded.states
+    P = len(prompt.input_ids)
+    T = P + N - 1
+    decide_at = list(range(P - 1, T))  # the first token's decision, then each decode step's
 
     def grid(c, dt=torch.float32):
-        return torch.tensor(cols[c].reshape(T, L), dtype=dt)
+        return torch.tensor(cols[c].reshape(T, L), dtype=dt)[decide_at]
 
     t = 2  # every position is decided as the third generated token (CALM's decay)
     sig = Signals(
         delta=grid("delta"), margin=grid("margin"), match=grid("top1_match", torch.bool),
-        prompt_index=torch.zeros(T, dtype=torch.long), token_index=torch.full((T,), t),
-        prefill_residual=[grid("residual_inf")[:P]], prompt_ids=[prompt.id], gen_tokens=N,
+        prompt_index=torch.zeros(N, dtype=torch.long), token_index=torch.full((N,), t),
+        prefill_residual=[torch.tensor(cols["residual_inf"].reshape(T, L)[:P], dtype=torch.float32)],
+        prompt_ids=[prompt.id], gen_tokens=N,
         extra={c: grid(c) for c in ("prob_margin", "entropy", "cos_prev", "pca_delta")}, pca_k=8,
     )
     name = gate_key.removesuffix("-decay")
@@ -165,18 +169,18 @@ def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
         values = sorted({float(v) for v in grid(column)[:, : L - 1].flatten()})
         cfgs = [GateConfig(name=name, min_layer=1, **params(v)) for v in values]
     gates = [make_gate(c, L) for c in cfgs]
-    cls = type(gates[0])
-    replayed = cls.decisions(sig, torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64), cfgs[0].decay)
+    replayed = type(gates[0]).decisions(sig, torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64), cfgs[0].decay)
     mismatches = 0
     for k, gate in enumerate(gates):
         gate.bind(a)
         gate.token_index, gate.gen_tokens = t, N
-        gate.calibrate(a.lens, [h[:, :P] for h in hs])
-        for layer in range(1, L):
-            h, h_prev = hs[layer][0], hs[layer - 1][0]
-            z = a.lens(h) if gate.probe == "lens" else None
-            mismatches += int((gate.decide(layer, h, h_prev, z).cpu() != replayed[k, :, layer - 1]).sum())
-    assert mismatches == 0, f"{mismatches} of {len(gates) * T * (L - 1)} decisions differ"
+        gate.calibrate(a.lens, [h[:, :P] for h in hs])  # the prefill's states, as the engine calibrates
+        for row, pos in enumerate(decide_at):
+            for layer in range(1, L):
+                h, h_prev = hs[layer][:, pos], hs[layer - 1][:, pos]
+                z = a.lens(h) if gate.probe == "lens" else None
+                mismatches += int(bool(gate.decide(layer, h, h_prev, z)) != bool(replayed[k, row, layer - 1]))
+    assert mismatches == 0, f"{mismatches} of {len(gates) * N * (L - 1)} decisions differ"
 
 
 def test_simulate_rows_and_predicted_speedup(traced, tiny):

@@ -81,3 +81,23 @@ def test_every_gate_reports_end_to_end_speedups(tmp_path, name, params):
         assert row["cost_calibration_ms"] > 0 and row["calibration_ms"] > 0
     else:
         assert row["cost_calibration_ms"] == 0.0
+
+
+def test_analysis_can_rank_by_the_end_to_end_speedup(tmp_path, capsys):
+    from sweep.cli import main
+    from sweep.store import read
+
+    common = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=5", "bench.repeats=2", "bench.warmup=0", f"results.root={tmp_path}"]
+    for gate in (["gate=full"], ["gate=fixed", "gate.exit_layer=2"], ["gate=fixed", "gate.exit_layer=3"], ["gate=conformal", "gate.q=1.0", "gate.min_layer=2"]):
+        assert main(["bench", *common, *gate]) == 0
+    assert main(["analyze", f"results.root={tmp_path}", "analysis.speedup=speedup_e2e_wall"]) == 0
+    pareto = read("pareto", tmp_path)
+    assert set(pareto["speedup_metric"]) == {"speedup_e2e_wall"}
+    for r in pareto.iter_rows(named=True):
+        assert r["speedup"] == (r["speedup_e2e_wall"] if r["skipped_compute"] else 1.0)
+        assert r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"]
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "Speedups rank by `speedup_e2e_wall`" in report
+    capsys.readouterr()
+    assert main(["analyze", f"results.root={tmp_path}", "analysis.speedup=speedup_model"]) == 2
+    assert "analysis.speedup=speedup_model: must be one of speedup_wall, speedup_e2e_wall" in capsys.readouterr().err
