@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import contextlib
 
-import polars as pl
 import pytest
-import torch
 
 from conftest import compose, run_cli
-from sweep.bench import prepare, run_bench, run_trial, trial_id
+from sweep.bench import prepare, run_trial, trial_id
 from sweep.cli import main
 from sweep.costs import CostModel
 from sweep.gates import make_gate

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_FAMILIES, compose, load
+from conftest import compose, load
 from sweep.config import GateConfig
 from sweep.engine import Engine
 from sweep.gates import GATES, make_gate
