@@ -130,8 +130,8 @@ def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Ga
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
     them to a later model); the probes of ``gates`` that are not the standard three are
     measured too (once each)."""
-    key = ("cost_model", str(lm.device), lm.dtype, len(prompt_ids))
-    costs = lm.adapter.derived(key, lambda: _measure(lm, prompt_ids, repeats))
+    # a loaded model has one device and dtype: its prompt length is all the key needs
+    costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats))
     for gate in gates:
         if gate.probe_key not in ("none", "hidden", "lens") and gate.probe_key not in costs.extra_probe_ms:
             costs.extra_probe_ms[gate.probe_key] = _measure_probe(lm, gate)

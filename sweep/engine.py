@@ -134,9 +134,7 @@ class Engine:
         gate.gen_tokens, gate.token_index = n_tokens, 0
         with adapter.capture_hidden() as hs:
             logits = adapter.forward(ids, cache, attention_mask=attention_mask, position_ids=position_ids)[:, -1]
-        if attention_mask is None:
-            return logits, hs, gate.calibrate(adapter.lens, hs)
-        return logits, hs, gate.calibrate(adapter.lens, hs, mask=attention_mask.bool())
+        return logits, hs, gate.calibrate(adapter.lens, hs, mask=None if attention_mask is None else attention_mask.bool())
 
     def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor):
         """The gate's decision for the first token, from the prefill's last position."""

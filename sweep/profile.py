@@ -61,10 +61,14 @@ def decode_states(
     return Decoded(tokens, [torch.cat([hs[layer] for hs in steps], dim=1) for layer in range(L + 1)], greedy)
 
 
-def gate_signals(adapter, h: torch.Tensor, h_prev: torch.Tensor, basis: torch.Tensor) -> dict[str, torch.Tensor]:
+def gate_signals(
+    adapter, h: torch.Tensor, h_prev: torch.Tensor, basis: torch.Tensor, *, normed: torch.Tensor | None = None, z: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """Every gate's signal for rows h = h_l, h_prev = h_{l-1} (B, hidden), computed as the gates'
-    ``decide`` computes it (the same functions on the same shapes; the lens as the engine's probe)."""
-    z = adapter.lens(h)
+    ``decide`` computes it (the same functions on the same shapes; the lens as the engine's probe).
+    ``normed`` (final_norm(h)) and ``z`` (its logits) when the caller already has them."""
+    normed = adapter.norm(h) if normed is None else normed
+    z = adapter.head(normed) if z is None else z
     return {
         "delta": saturation_delta(h, h_prev),
         "margin": logit_margin(z),
@@ -72,7 +76,7 @@ def gate_signals(adapter, h: torch.Tensor, h_prev: torch.Tensor, basis: torch.Te
         "prob_margin": prob_margin(z),
         "entropy": entropy(z),
         "cos_prev": cosine_prev(h, h_prev),
-        "pca_delta": pca_delta(adapter.norm(h), adapter.norm(h_prev), basis),
+        "pca_delta": pca_delta(normed, adapter.norm(h_prev), basis),
     }
 
 
@@ -117,18 +121,12 @@ def trace_prompt(
         z = z_raw.float()
         top = z.topk(k, dim=-1)
         col = {
-            "delta": saturation_delta(h, h_prev),
-            "margin": logit_margin(z_raw),
-            "top1": z.argmax(dim=-1),  # argmax, like top1_final, so ties break the same way
+            **gate_signals(adapter, h, h_prev, basis, normed=normed, z=z_raw),
             "residual_inf": lens_residual(z_raw, z_final),
             "cos_hidden": F.cosine_similarity(normed.float(), n_final.float(), dim=-1),
             # softmax ignores a constant shift of the logits, so compare them centred
             "cos_logits": F.cosine_similarity(z - z.mean(dim=-1, keepdim=True), centered_final, dim=-1),
             "topk_overlap": (top.indices[:, :topk, None] == top_final[:, None, :]).any(-1).sum(-1).float() / topk,
-            "prob_margin": prob_margin(z_raw),
-            "entropy": entropy(z_raw),
-            "cos_prev": cosine_prev(h, h_prev),
-            "pca_delta": pca_delta(normed, adapter.norm(h_prev), basis),
         }
         for pos in decide_at.tolist():  # what the engine's decide() sees there, row by row
             for name, value in gate_signals(adapter, h[pos : pos + 1], h_prev[pos : pos + 1], basis).items():

@@ -65,12 +65,8 @@ class Adapter:
         masks from them (transformers' ``masking_utils``) and its RoPE from the positions,
         so every row sees exactly what it would see alone.
         """
-        extra = {}
-        if attention_mask is not None:
-            extra["attention_mask"] = attention_mask
-        if position_ids is not None:
-            extra["position_ids"] = position_ids
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **extra)
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep,
+                         attention_mask=attention_mask, position_ids=position_ids)
         return out.logits
 
     def lens(self, h: torch.Tensor) -> torch.Tensor:
