@@ -21,16 +21,9 @@ from typing import Callable, Sequence
 
 from sweep.config import Config
 from sweep.errors import ConfigError
-from sweep.gates import GATES
+from sweep.gatespec import GATE_SPECS
 
 log = logging.getLogger("sweep.calibrate")
-
-# the default threshold ladders, swept from the most conservative end (see ``ordered``)
-LADDERS = {
-    "saturation": "range(0.02, 0.62, step=0.02)",
-    "margin": "range(0.5, 30.5, step=0.5)",
-    "conformal": "range(0.05, 1.0001, step=0.05)",
-}
 
 
 def hoeffding_p(risk: float, n: int, delta: float) -> float:
@@ -87,8 +80,8 @@ def certifiable_risk(n: int, delta: float, epsilon: float, pvalue: Callable[[flo
 
 def ordered(gate_name: str, values: Sequence[float]) -> list[float]:
     """Thresholds from the most conservative (exits least) to the most aggressive."""
-    cls = GATES.get(gate_name, key="gate")
-    return sorted(set(values), key=lambda v: cls.aggressive * v)
+    spec = GATE_SPECS.get(gate_name, key="gate")
+    return sorted(set(values), key=lambda v: spec.aggressive * v)
 
 
 @dataclass
@@ -119,17 +112,14 @@ def run_calibrate(cfg: Config) -> Calibration:
     from sweep.bench import prepare
     from sweep.engine import Engine
     from sweep.gates import make_gate
-    from sweep.search import parse_space
+    from sweep.search import check_ladder
 
     c = cfg.calibrate
-    cls = GATES.get(cfg.gate.name, key="gate")
-    if cls.threshold is None:
-        raise ConfigError(f"gate={cfg.gate.name}: has no threshold to calibrate; use saturation, margin, conformal or fixed")
-    ladder = c.grid if c.grid is not None else LADDERS.get(cls.name)
-    if ladder is None:
-        raise ConfigError(f"calibrate.grid: required for gate={cls.name} (e.g. 'range(1, 30)')")
-    (param,) = parse_space({f"gate.{cls.threshold}": ladder}, "calibrate.grid")
-    values = ordered(cls.name, param.grid_values())
+    spec = GATE_SPECS.get(cfg.gate.name, key="gate")
+    ladder = c.grid if c.grid is not None else spec.ladder  # the gate spec's default ladder
+    if ladder is None and spec.threshold is not None:
+        raise ConfigError(f"calibrate.grid: required for gate={spec.name} (e.g. 'range(1, 30)')")
+    values = ordered(spec.name, check_ladder(ladder or "", spec.name))
     lm, _, prompts = prepare(cfg)
     if len(prompts) < 2:
         raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
@@ -142,16 +132,16 @@ def run_calibrate(cfg: Config) -> Calibration:
         baseline[p.id] = full.generate(p.input_ids, n).tokens
         _progress("baselines", i, len(prompts))
     pvalue = PVALUES[c.pvalue]
-    result = Calibration(cls.name, cls.threshold, n_cal=len(cal), n_holdout=len(held))
+    result = Calibration(spec.name, spec.threshold, n_cal=len(cal), n_holdout=len(held))
     t0 = time.perf_counter()
 
     def risk(value: float, group) -> tuple[float, float]:
-        gate = make_gate(dataclasses.replace(cfg.gate, **{cls.threshold: value}), lm.num_layers)
+        gate = make_gate(dataclasses.replace(cfg.gate, **{spec.threshold: value}), lm.num_layers)
         engine = Engine(lm, gate, cfg.bench.kv_policy)
         losses, exits = [], []
         for i, p in enumerate(group, 1):
             gen = engine.generate(p.input_ids, n)
-            _progress(f"{cls.threshold}={value:g}", i, len(group))
+            _progress(f"{spec.threshold}={value:g}", i, len(group))
             losses.append(sum(a != b for a, b in zip(gen.tokens, baseline[p.id])) / n)
             exits += [e < lm.num_layers for e in gen.exit_layers]
         return sum(losses) / len(losses), sum(exits) / len(exits)
@@ -162,7 +152,7 @@ def run_calibrate(cfg: Config) -> Calibration:
         result.tested.append(float(value))
         result.risks.append(r)
         result.pvalues.append(p)
-        log.info("%s=%g: calibration risk %.4f, p-value %.3g %s", cls.threshold, value, r, p, "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)")
+        log.info("%s=%g: calibration risk %.4f, p-value %.3g %s", spec.threshold, value, r, p, "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)")
         if p > c.epsilon:
             break
     last = fixed_sequence(result.pvalues, c.epsilon)

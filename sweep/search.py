@@ -10,13 +10,18 @@ A trial is a list of Hydra overrides on top of the sweep's own.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sweep.config import SearchConfig
 from sweep.errors import ConfigError
+from sweep.gatespec import GATE_SPECS, PARAMS, check_value
+
+if TYPE_CHECKING:
+    from sweep.config import SearchConfig
 
 METRICS = ("speedup_wall", "agreement", "prefix_agreement", "exact_match", "speedup_model", "exit_rate", "layers_saved", "ms_per_token")
 
@@ -86,7 +91,17 @@ def _frange(start, stop, step):
 
 
 def spaces(search: SearchConfig) -> list[list[Param]]:
-    return [parse_space(space, f"search.spaces[{i}]") for i, space in enumerate(search.spaces)]
+    """The sweep's sub-spaces, parsed (once per distinct list: every trial's config carries it)."""
+    try:
+        text = json.dumps(search.spaces, sort_keys=True)
+    except TypeError:
+        return [parse_space(space, f"search.spaces[{i}]") for i, space in enumerate(search.spaces)]
+    return [list(params) for params in _parsed(text)]
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> tuple[tuple[Param, ...], ...]:
+    return tuple(tuple(parse_space(space, f"search.spaces[{i}]")) for i, space in enumerate(json.loads(text)))
 
 
 def as_override(key: str, value: Any) -> str:
@@ -109,8 +124,10 @@ def grid(search: SearchConfig) -> list[list[str]]:
     return trials
 
 
-def check_search(search: SearchConfig) -> None:
-    """Objectives and constraints name metrics; kinds have what they need."""
+def check_search(search: SearchConfig, gate: str | None = None) -> None:
+    """Objectives and constraints name metrics; kinds have what they need; every gate
+    parameter value a sub-space can produce is in its gate's domain (``gate``: the sweep's
+    own gate, for sub-spaces that do not name one). Needs no model and no Ray."""
     for metric, mode in search.objectives.items():
         if metric not in METRICS:
             raise ConfigError(f"search.objectives.{metric}: not a metric; allowed: {', '.join(METRICS)}")
@@ -125,6 +142,37 @@ def check_search(search: SearchConfig) -> None:
         raise ConfigError("search.n_trials: required for an optuna search")
     if search.constraints and len(search.objectives) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
-    spaces(search)  # parse errors surface here, before Ray starts
+    for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts
+        _check_gate_values(params, gate, f"search.spaces[{i}]")
     if search.kind in ("grid", "screen"):
         grid(search)
+
+
+def _check_gate_values(params: list[Param], gate: str | None, where: str) -> None:
+    """Each gate parameter of a sub-space, at every value a grid takes and both ends of an
+    interval, against each gate the sub-space can select."""
+    named = next((p for p in params if p.key == "gate"), None)
+    if named is not None and named.kind == "interval":
+        raise ConfigError(f"{where}.gate: must be a gate name or choice(...) of gate names")
+    names = named.values if named is not None else (() if gate is None else (gate,))
+    for name in names:
+        spec = GATE_SPECS.get(name, key=f"{where}.gate")
+        for p in params:
+            param = p.key.removeprefix("gate.")
+            if not p.key.startswith("gate.") or param not in PARAMS:
+                continue
+            for value in p.values if p.kind != "interval" else (p.low, p.high):
+                check_value(spec, param, value, f"{where}.{p.key}")
+
+
+def check_ladder(ladder: str, gate: str) -> list:
+    """A calibration ladder (``calibrate.grid``) for ``gate``'s threshold: parsed, a grid, and
+    every value in the gate's domain; returns its values."""
+    spec = GATE_SPECS.get(gate, key="gate")
+    if spec.threshold is None:
+        raise ConfigError(f"gate={gate}: has no threshold to calibrate; use a gate with one (saturation, margin, ...)")
+    (param,) = parse_space({f"gate.{spec.threshold}": ladder}, "calibrate.grid")
+    values = list(param.grid_values())
+    for value in values:
+        check_value(spec, spec.threshold, value, f"calibrate.grid ({spec.threshold})")
+    return values

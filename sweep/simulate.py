@@ -168,13 +168,7 @@ def _metrics(gates: list[Gate], exits: torch.Tensor, signals: Signals, costs: Co
         e = exits[j]
         row = {
             "gate": gate.name,
-            "min_layer": gate.min_layer,
-            "exit_layer": getattr(gate, "exit_layer", None),
-            "eps": gate.cfg.eps if "eps" in gate.params else None,
-            "theta": gate.cfg.theta if "theta" in gate.params else None,
-            "q": gate.cfg.q if gate.name == "conformal" else None,
-            "k": gate.cfg.k if gate.name == "pca" else None,
-            "decay": gate.cfg.decay,
+            **gate.values(),
             "agreement_tf": float(agree[j].mean()),
             "exit_rate": float((e < L).float().mean()),
             "mean_exit_layer": float(e.float().mean()),

@@ -129,3 +129,28 @@ def test_cli_config_prints_the_composed_config(capsys):
     assert main(["config", "model=tiny-gemma3", "profile.gen_tokens=5"]) == 0
     out = capsys.readouterr().out
     assert "gen_tokens: 5" in out and "family: gemma3" in out
+
+
+
+def test_defaults_live_in_conf_only():
+    """Every default value is in conf/ (config.yaml and the group files): a config dataclass
+    field has no default but null (GateConfig's name and min_layer aside, for gates built in
+    code), and the no-override composition validates, so conf/ sets every required field."""
+    import dataclasses as dc
+    import typing
+
+    from sweep.config import Config
+
+    def fields(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dc.fields(cls):
+            yield cls, f, prefix + f.name
+            for sub in [a for a in (typing.get_args(hints[f.name]) or (hints[f.name],)) if dc.is_dataclass(a)]:
+                yield from fields(sub, prefix + f.name + ".")
+
+    for cls, f, key in fields(Config):
+        if cls.__name__ == "GateConfig" and f.name in ("name", "min_layer"):
+            continue
+        assert f.default_factory is dc.MISSING, key
+        assert f.default is dc.MISSING or f.default is None, f"{key} has a default ({f.default!r}) outside conf/"
+    assert compose().bench.gen_tokens == 32  # conf/config.yaml's value, the only one

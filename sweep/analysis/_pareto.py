@@ -11,9 +11,8 @@ import math
 import polars as pl
 
 from sweep.analysis._confidence import ranked
-from sweep.config import GATE_COLUMNS
+from sweep.gatespec import GATE_COLUMNS, gate_text
 
-GATE_PARAMS = (*GATE_COLUMNS, "min_layer")
 TARGETS = (0.95, 0.98, 0.99, 1.0)
 KNEE_MIN_POINTS = 3  # a knee is a bend: fewer front points have none
 
@@ -166,7 +165,7 @@ def best_at_targets(
 def params_text(row: dict) -> str:
     """A trial's gate parameters as `key=value` text (the ones it has), then its bench mode,
     draft_len and batch_size where they are not the default."""
-    parts = [f"{k}={row[k]:g}" if isinstance(row[k], float) else f"{k}={row[k]}" for k in GATE_PARAMS if row.get(k) is not None]
+    parts = [gate_text(row)] if gate_text(row) else []
     if row.get("mode") == "self_speculative":
         parts += ["mode=self_speculative", f"draft_len={row.get('draft_len')}"]
     if (row.get("batch_size") or 1) > 1:

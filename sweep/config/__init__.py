@@ -2,7 +2,6 @@
 
 from sweep.config._compose import compose, compose_dict, config_dir, validate
 from sweep.config._schema import (
-    GATE_COLUMNS,
     AnalysisConfig,
     BenchConfig,
     CalibrateConfig,
@@ -21,7 +20,6 @@ from sweep.config._schema import (
 )
 
 __all__ = [
-    "GATE_COLUMNS",
     "AnalysisConfig",
     "BenchConfig",
     "CalibrateConfig",

@@ -16,6 +16,8 @@ from typing import Any
 from sweep.config._fields import build
 from sweep.config._schema import Config
 from sweep.errors import ConfigError
+from sweep.gatespec import check_gate
+from sweep.search import check_ladder, check_search
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
 
@@ -56,7 +58,10 @@ def validate(data: dict[str, Any]) -> Config:
     data = {k: v for k, v in data.items() if k != "hydra"}
     cfg = build(Config, data)
     _check_model(cfg)
-    _check_gate(cfg)
+    check_gate(cfg.gate)
+    check_search(cfg.search, cfg.gate.name)
+    if cfg.calibrate.grid is not None:
+        check_ladder(cfg.calibrate.grid, cfg.gate.name)
     if cfg.prompts.name == "jsonl" and cfg.prompts.path is None:
         raise ConfigError("prompts.path: required for prompts=jsonl (a file of {\"id\": ..., \"prompt\": ...} lines)")
     if cfg.model.name is None:
@@ -77,14 +82,6 @@ def _check_model(cfg: Config) -> None:
         raise ConfigError(f"model.tiny.kv_heads={m.tiny.kv_heads}: must divide model.tiny.heads={m.tiny.heads}")
 
 
-def _check_gate(cfg: Config) -> None:
-    from sweep.gates import GATES
-
-    g = cfg.gate
-    gate = GATES.get(g.name, key="gate.name")
-    for key in gate.params:
-        if getattr(g, key) is None:
-            raise ConfigError(f"gate.{key}: required for gate={g.name}")
 
 
 def _derive_name(path: str | None) -> str:

@@ -1,4 +1,4 @@
-"""Gates: exit rules in one registry, each with its signal, decision and probe kind."""
+"""Gates: the torch classes that decide, one per row of the gate-spec table (``sweep.gatespec``)."""
 
 from sweep.gates._gates import (
     ConformalGate,
@@ -11,7 +11,7 @@ from sweep.gates._gates import (
 )
 from sweep.gates._calm import CosineGate, EntropyGate, SoftmaxGate
 from sweep.gates._pca import PcaGate
-from sweep.gates._registry import GATES, Registry
+from sweep.gates._registry import GATES
 from sweep.gates._signals import (
     conformal_tau,
     cosine_prev,
@@ -45,7 +45,6 @@ __all__ = [
     "GATES",
     "Gate",
     "MarginGate",
-    "Registry",
     "SaturationGate",
     "logit_margin",
     "make_gate",

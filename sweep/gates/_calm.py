@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from sweep.errors import ConfigError
 from sweep.gates._gates import Gate, decayed
 from sweep.gates._registry import register
 from sweep.gates._signals import at_least, at_most, cosine_prev, entropy, level_tensor, prob_margin
@@ -15,11 +14,6 @@ from sweep.gates._signals import at_least, at_most, cosine_prev, entropy, level_
 
 class _Decaying(Gate):
     """A gate whose threshold may follow CALM's decaying schedule over the generation."""
-
-    def __init__(self, cfg, num_layers: int) -> None:
-        super().__init__(cfg, num_layers)
-        if cfg.decay is not None and cfg.decay < 0:
-            raise ConfigError(f"gate.decay={cfg.decay}: must be >= 0 (CALM's tau) or null")
 
     def level(self, base) -> torch.Tensor:
         """This step's threshold (float64), decayed over the generation when gate.decay is set."""
@@ -37,15 +31,6 @@ class SoftmaxGate(_Decaying):
     """Exit when the lens's softmax is decisive: p_top1 - p_top2 >= theta (theta in [0, 1])."""
 
     name = "softmax"
-    params = ("theta",)
-    probe = "lens"
-    threshold = "theta"
-    aggressive = -1
-
-    def __init__(self, cfg, num_layers: int) -> None:
-        super().__init__(cfg, num_layers)
-        if not 0 <= cfg.theta <= 1:
-            raise ConfigError(f"gate.theta={cfg.theta}: must be in [0, 1] for gate=softmax (a probability margin)")
 
     def decide(self, layer, h, h_prev, z):
         return at_least(prob_margin(z), self.level(self.cfg.theta))
@@ -60,9 +45,6 @@ class CosineGate(_Decaying):
     """Exit when the residual stream stops turning: cos(h_l, h_{l-1}) >= 1 - eps."""
 
     name = "cosine"
-    params = ("eps",)
-    probe = "hidden"
-    threshold = "eps"
 
     def decide(self, layer, h, h_prev, z):
         return at_least(cosine_prev(h, h_prev), self.level(1.0 - level_tensor(self.cfg.eps)))
@@ -77,9 +59,6 @@ class EntropyGate(Gate):
     """Exit when the lens's distribution is peaked: its entropy <= theta (nats)."""
 
     name = "entropy"
-    params = ("theta",)
-    probe = "lens"
-    threshold = "theta"
 
     def decide(self, layer, h, h_prev, z):
         return at_most(entropy(z), self.cfg.theta)

@@ -13,12 +13,11 @@ generation (CALM's decaying schedule).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from sweep.errors import ConfigError
+from sweep.gatespec import PARAMS, GateSpec, check_model, gate_text
 from sweep.gates._registry import GATES, register
 from sweep.gates._signals import at_least, below, conformal_tau, lens_residual, level_tensor, logit_margin, saturation_delta
 
@@ -28,8 +27,10 @@ if TYPE_CHECKING:
 
 class Gate:
     name: ClassVar[str]
+    # copied from the gate's row of sweep.gatespec.GATE_SPECS by ``register``:
+    spec: ClassVar[GateSpec]
     params: ClassVar[tuple[str, ...]] = ()  # GateConfig fields the gate needs (besides min_layer)
-    probe: ClassVar[str] = "none"  # none | hidden (norms of h, O(hidden)) | lens (final norm + lm_head)
+    probe: ClassVar[str] = "none"  # none | hidden | lens | pca
     threshold: ClassVar[str | None] = None  # the swept parameter; None when there is none
     aggressive: ClassVar[int] = 1  # +1: a larger threshold exits more often; -1: a smaller one does
 
@@ -41,15 +42,11 @@ class Gate:
         ``decay`` is CALM's schedule for the gates that take one."""
         raise NotImplementedError
 
-    def __init__(self, cfg: GateConfig, num_layers: int) -> None:
+    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> None:
         self.token_index = 0
         self.gen_tokens = 1
-        if cfg.min_depth is not None:
-            self.min_layer = max(1, math.ceil(cfg.min_depth * num_layers))
-        elif cfg.min_layer > num_layers:
-            raise ConfigError(f"gate.min_layer={cfg.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
-        else:
-            self.min_layer = cfg.min_layer
+        self.resolved = check_model(cfg, num_layers, hidden_size)  # the one check against the model
+        self.min_layer = self.resolved.min_layer
         self.cfg = cfg
         self.num_layers = num_layers
 
@@ -79,11 +76,15 @@ class Gate:
     def decide(self, layer: int, h: torch.Tensor, h_prev: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def values(self) -> dict:
+        """The setting as the results tables carry it: every gate column (null where the gate
+        does not take it), layer indices as resolved for the model."""
+        values = {p: (getattr(self.cfg, p) if p in self.spec.accepts else None) for p in PARAMS}
+        values.update(exit_layer=getattr(self, "exit_layer", None), min_layer=self.min_layer)
+        return values
+
     def describe(self) -> str:
-        parts = [f"{p}={getattr(self.cfg, p)}" for p in self.params] + [f"min_layer={self.min_layer}"]
-        if self.cfg.exit_layer is not None and not self.params:
-            parts.insert(0, f"exit_layer={self.cfg.exit_layer}")
-        return f"gate={self.name} " + " ".join(parts)
+        return f"gate={self.name} " + gate_text(self.values())
 
 
 @register
@@ -109,17 +110,10 @@ class FixedGate(Gate):
     cost model's yardstick."""
 
     name = "fixed"
-    threshold = "exit_layer"
-    aggressive = -1
 
-    def __init__(self, cfg: GateConfig, num_layers: int) -> None:
-        super().__init__(cfg, num_layers)
-        if cfg.exit_layer is not None and not self.min_layer <= cfg.exit_layer <= num_layers:
-            raise ConfigError(
-                f"gate.exit_layer={cfg.exit_layer}: must be in {self.min_layer}..{num_layers} "
-                f"(from gate.min_layer to L={num_layers} for this model)"
-            )
-        self.exit_layer = cfg.exit_layer if cfg.exit_layer is not None else self.min_layer
+    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> None:
+        super().__init__(cfg, num_layers, hidden_size)
+        self.exit_layer = self.resolved.exit_layer
 
     def probe_layers(self) -> range:
         return range(self.exit_layer, self.exit_layer + 1) if self.exit_layer < self.num_layers else range(0)
@@ -139,9 +133,6 @@ class SaturationGate(Gate):
     """Exit when the residual stream stops moving: delta < eps (free: no lm_head)."""
 
     name = "saturation"
-    params = ("eps",)
-    probe = "hidden"
-    threshold = "eps"
 
     def decide(self, layer, h, h_prev, z):
         return below(saturation_delta(h, h_prev), self.cfg.eps)
@@ -156,10 +147,6 @@ class MarginGate(Gate):
     """Exit when the logit lens is decisive: gamma_l >= theta (costs norm + lm_head per probe)."""
 
     name = "margin"
-    params = ("theta",)
-    probe = "lens"
-    threshold = "theta"
-    aggressive = -1
 
     def decide(self, layer, h, h_prev, z):
         return at_least(logit_margin(z), self.cfg.theta)
@@ -177,13 +164,9 @@ class ConformalGate(Gate):
     """
 
     name = "conformal"
-    params = ("q",)
-    probe = "lens"
-    threshold = "q"
-    aggressive = -1
 
-    def __init__(self, cfg: GateConfig, num_layers: int) -> None:
-        super().__init__(cfg, num_layers)
+    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> None:
+        super().__init__(cfg, num_layers, hidden_size)
         self.tau: torch.Tensor | None = None
 
     def calibrate(self, lens_fn, hidden, mask=None):
@@ -225,6 +208,6 @@ def decayed(threshold, token_index, gen_tokens: int, tau: float | None) -> torch
     return (0.9 * threshold + 0.1 * torch.exp(-tau * t / gen_tokens)).clamp(0.0, 1.0)
 
 
-def make_gate(cfg: GateConfig, num_layers: int) -> Gate:
-    """The gate ``cfg`` names, checked against a model of ``num_layers`` layers."""
-    return GATES.get(cfg.name, key="gate")(cfg, num_layers)
+def make_gate(cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> Gate:
+    """The gate ``cfg`` names, checked against a model of ``num_layers`` layers (and hidden size)."""
+    return GATES.get(cfg.name, key="gate")(cfg, num_layers, hidden_size)

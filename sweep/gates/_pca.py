@@ -8,7 +8,7 @@ below eps. The probe costs a norm and two (k x hidden) products: far less than t
 
 from __future__ import annotations
 
-from sweep.errors import ConfigError
+from sweep.gatespec import check_model
 from sweep.gates._gates import Gate
 from sweep.gates._registry import register
 from sweep.gates._signals import below, level_tensor, lm_head_basis, pca_delta
@@ -20,14 +20,9 @@ class PcaGate(Gate):
     directions changes by less than eps from the previous layer."""
 
     name = "pca"
-    params = ("eps", "k")
-    probe = "pca"
-    threshold = "eps"
 
-    def __init__(self, cfg, num_layers: int) -> None:
-        super().__init__(cfg, num_layers)
-        if cfg.k is None or cfg.k < 1:
-            raise ConfigError(f"gate.k={cfg.k}: must be an integer >= 1 (principal directions of the lm_head)")
+    def __init__(self, cfg, num_layers: int, hidden_size: int | None = None) -> None:
+        super().__init__(cfg, num_layers, hidden_size)
         self.basis = None
         self.norm = None
 
@@ -36,9 +31,7 @@ class PcaGate(Gate):
         return f"pca:{self.cfg.k}"
 
     def bind(self, adapter) -> None:
-        weight = adapter.lm_head.weight
-        if self.cfg.k > min(weight.shape):
-            raise ConfigError(f"gate.k={self.cfg.k}: must be at most the hidden size {weight.shape[1]}")
+        check_model(self.cfg, self.num_layers, hidden_size=adapter.lm_head.weight.shape[1])
         self.basis = lm_head_basis(adapter, self.cfg.k)  # kept with the model, computed once
         self.norm = adapter.norm
 

@@ -1,40 +1,24 @@
-"""One registry of gates: duplicate names are rejected, unknown ones get 'did you mean'."""
+"""The gate classes, one per row of the gate-spec table.
+
+``register`` binds a class to its spec (``sweep.gatespec.GATE_SPECS``, matched by name) and
+copies the spec's declarations onto it (params, probe, threshold, aggressive), so the
+engine and replay read the table's values, never a second copy.
+"""
 
 from __future__ import annotations
 
-import difflib
-from typing import Callable, TypeVar
+from typing import TypeVar
 
-from sweep.errors import ConfigError
+from sweep.gatespec import GATE_SPECS
+from sweep.registry import Registry
 
-T = TypeVar("T")
+T = TypeVar("T", bound=type)
 
-
-class Registry:
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._items: dict[str, type] = {}
-
-    def register(self, cls: type[T]) -> type[T]:
-        name = getattr(cls, "name")
-        if name in self._items:
-            raise ValueError(f"{self.kind} '{name}' is registered twice")
-        self._items[name] = cls
-        return cls
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._items)
-
-    def get(self, name: str, *, key: str) -> type:
-        if name not in self._items:
-            close = difflib.get_close_matches(name, self._items, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{key}={name}: unknown {self.kind}{hint}; allowed: {', '.join(self._items)}")
-        return self._items[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._items
+GATES: Registry[type] = Registry("gate")
 
 
-GATES = Registry("gate")
-register: Callable[[type[T]], type[T]] = GATES.register
+def register(cls: T) -> T:
+    spec = GATE_SPECS.get(cls.name, key="gate")
+    cls.spec = spec
+    cls.params, cls.probe, cls.threshold, cls.aggressive = spec.params, spec.probe, spec.threshold, spec.aggressive
+    return GATES.register(cls)

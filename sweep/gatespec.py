@@ -1,0 +1,186 @@
+"""The gates as plain data: one row per gate, like ``families.py``; torch-free.
+
+A gate spec says which ``GateConfig`` parameters the gate takes (required, optional), each
+parameter's domain (the table's, or a narrower one for this gate) and unit, which parameter
+is its threshold and which way it is aggressive, what its probe costs, and which profile
+signal it compares. Everything that needs only the config is checked from here, in
+``sweep.config.validate`` (search spaces included) before any model loads or Ray starts;
+``check_model`` is the one check against a loaded model (layer indices against L, the pca
+gate's k against the hidden size). The gate columns of every results table, and the one
+text form of a gate setting, derive from ``PARAMS``. The torch classes that decide
+(``sweep.gates``) take their declarations from this table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from sweep.errors import ConfigError
+from sweep.registry import Registry
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Which values a parameter may take, and the phrase that says so in errors."""
+
+    check: Callable[[Any], bool]
+    allowed: str
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A gate parameter: a ``GateConfig`` field, a column of every table that carries a gate."""
+
+    name: str
+    type: type  # int or float
+    domain: Domain  # what any gate allows; a gate may narrow it (``GateSpec.domains``)
+    unit: str  # as the results schema states it ("" when unitless; a gate may state its own)
+    meaning: str
+
+
+def _positive_int(limit: int | None = None) -> Domain:
+    if limit is None:
+        return Domain(lambda v: v >= 1, "an integer >= 1")
+    return Domain(lambda v: 1 <= v <= limit, f"an integer in 1..{limit}")
+
+
+PARAMS: dict[str, ParamSpec] = {
+    p.name: p
+    for p in (
+        ParamSpec("exit_layer", int, _positive_int(), "layer", "fixed gate's exit layer (min_layer when unset)"),
+        ParamSpec("eps", float, Domain(lambda v: v > 0, "a number > 0"), "ratio",
+                  "threshold of saturation (delta), cosine (1 - cos) and pca (projection change)"),
+        ParamSpec("theta", float, Domain(lambda v: v >= 0, "a number >= 0"), "per gate: logits | probability | nats",
+                  "threshold: margin gate in logits (top1 - top2 of z_l), softmax gate in probability (top-1 minus "
+                  "top-2 probability), entropy gate in nats"),
+        ParamSpec("q", float, Domain(lambda v: 0 < v <= 1, "a number in (0, 1]"), "", "conformal gate's calibration quantile"),
+        ParamSpec("k", int, _positive_int(65536), "directions", "pca gate's principal directions"),
+        ParamSpec("decay", float, Domain(lambda v: v >= 0, "a number >= 0"), "",
+                  "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed"),
+    )
+}
+GATE_COLUMNS: tuple[str, ...] = tuple(PARAMS)  # the gate parameter columns of every table, in display order
+LAYER_KEYS = ("min_layer", "min_depth")  # every gate takes these; min_depth resolves to min_layer per model
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    name: str
+    summary: str  # one line: the exit rule
+    probe: str  # none | hidden (norms of h, O(hidden)) | lens (final norm + lm_head) | pca (a k x hidden projection)
+    signal: str | None  # the profile column the rule compares (None: no signal)
+    params: tuple[str, ...] = ()  # parameters the gate requires (besides min_layer)
+    optional: tuple[str, ...] = ()  # parameters it takes when set (null otherwise)
+    threshold: str | None = None  # the swept parameter; None when there is none
+    aggressive: int = 1  # +1: a larger threshold exits more often; -1: a smaller one does
+    domains: Mapping[str, Domain] = field(default_factory=dict)  # narrower than PARAMS' for this gate
+    units: Mapping[str, str] = field(default_factory=dict)  # a parameter's unit for this gate
+    ladder: str | None = None  # the default calibration ladder (`sweep calibrate`), Hydra's sweep grammar
+
+    @property
+    def accepts(self) -> tuple[str, ...]:
+        return self.params + self.optional
+
+    def domain(self, param: str) -> Domain:
+        return self.domains.get(param, PARAMS[param].domain)
+
+    def unit(self, param: str) -> str:
+        return self.units.get(param, PARAMS[param].unit)
+
+
+GATE_SPECS: Registry[GateSpec] = Registry("gate")
+for _spec in (
+    GateSpec("full", "never exits: the full-depth baseline", probe="none", signal=None),
+    GateSpec("fixed", "always exits after exit_layer (null: after min_layer): the speedup ceiling", probe="none",
+             signal=None, optional=("exit_layer",), threshold="exit_layer", aggressive=-1),
+    GateSpec("saturation", "exits when delta = ||h_l - h_{l-1}|| / ||h_l|| < eps", probe="hidden", signal="delta",
+             params=("eps",), threshold="eps", ladder="range(0.02, 0.62, step=0.02)"),
+    GateSpec("margin", "exits when the logit lens's top1 - top2 >= theta (logits)", probe="lens", signal="margin",
+             params=("theta",), threshold="theta", aggressive=-1, units={"theta": "logits"},
+             ladder="range(0.5, 30.5, step=0.5)"),
+    GateSpec("conformal", "exits when 2 tau_l <= gamma_l, tau_l the q-quantile of the prefill's lens residuals",
+             probe="lens", signal="margin", params=("q",), threshold="q", aggressive=-1,
+             ladder="range(0.05, 1.0001, step=0.05)"),
+    GateSpec("softmax", "exits when the lens's top-1 minus top-2 probability >= theta (CALM)", probe="lens",
+             signal="prob_margin", params=("theta",), optional=("decay",), threshold="theta", aggressive=-1,
+             domains={"theta": Domain(lambda v: 0 <= v <= 1, "a number in [0, 1] (a probability margin)")},
+             units={"theta": "probability"}),
+    GateSpec("cosine", "exits when cos(h_l, h_{l-1}) >= 1 - eps (CALM)", probe="hidden", signal="cos_prev",
+             params=("eps",), optional=("decay",), threshold="eps"),
+    GateSpec("entropy", "exits when the entropy of the lens's softmax <= theta (nats)", probe="lens", signal="entropy",
+             params=("theta",), threshold="theta", units={"theta": "nats"}),
+    GateSpec("pca", "exits when final_norm(h_l)'s projection on the lm_head's top-k directions changes < eps",
+             probe="pca", signal="pca_delta", params=("eps", "k"), threshold="eps"),
+):
+    GATE_SPECS.register(_spec)
+
+
+def check_value(spec: GateSpec, param: str, value: Any, key: str) -> None:
+    """``value`` of ``param`` is in its domain for this gate; ``key`` names it in the error."""
+    if param not in spec.accepts:
+        takes = ", ".join((*spec.accepts, *LAYER_KEYS))
+        raise ConfigError(f"{key}={value}: not a parameter of gate={spec.name} (it takes: {takes})")
+    if value is None:
+        if param in spec.params:
+            raise ConfigError(f"{key}: required for gate={spec.name}")
+        return
+    domain = spec.domain(param)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not domain.check(value):
+        raise ConfigError(f"{key}={value}: must be {domain.allowed} for gate={spec.name}")
+
+
+def check_gate(gate: Any, prefix: str = "gate") -> GateSpec:
+    """A gate config (``GateConfig`` or a mapping) against its spec: the gate exists, takes the
+    parameters set, has the ones it requires, each in its domain. Needs no model."""
+    get = gate.get if isinstance(gate, Mapping) else lambda k: getattr(gate, k, None)
+    spec = GATE_SPECS.get(get("name"), key=f"{prefix}.name")
+    for param in PARAMS:
+        value = get(param)
+        if value is not None or param in spec.params:
+            check_value(spec, param, value, f"{prefix}.{param}")
+    return spec
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A gate's layer indices on one model."""
+
+    min_layer: int
+    exit_layer: int | None  # the fixed gate's (from min_layer when unset); None for other gates
+
+
+def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> Resolved:
+    """The one check of a gate config against a loaded model of ``num_layers`` layers (and
+    ``hidden_size``, when known): min_depth resolved to min_layer, layer indices within L,
+    the pca gate's k at most the hidden size."""
+    spec = GATE_SPECS.get(gate.name, key="gate.name")
+    if gate.min_depth is not None:
+        min_layer = max(1, math.ceil(gate.min_depth * num_layers))
+    elif gate.min_layer > num_layers:
+        raise ConfigError(f"gate.min_layer={gate.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
+    else:
+        min_layer = gate.min_layer
+    exit_layer = None
+    if spec.name == "fixed":
+        exit_layer = gate.exit_layer if gate.exit_layer is not None else min_layer
+        if not min_layer <= exit_layer <= num_layers:
+            raise ConfigError(
+                f"gate.exit_layer={gate.exit_layer}: must be in {min_layer}..{num_layers} "
+                f"(from gate.min_layer to L={num_layers} for this model)"
+            )
+    if "k" in spec.accepts and hidden_size is not None and gate.k is not None and gate.k > hidden_size:
+        raise ConfigError(f"gate.k={gate.k}: must be at most the hidden size {hidden_size}")
+    return Resolved(min_layer, exit_layer)
+
+
+def gate_text(values: Mapping[str, Any], *, with_min_layer: bool = True) -> str:
+    """A gate setting's parameters as ``key=value`` text (the ones set), then min_layer: the one
+    text form of a gate setting (rows, progress lines, reports, knee labels)."""
+    keys = (*GATE_COLUMNS, "min_layer") if with_min_layer else GATE_COLUMNS
+    return " ".join(f"{k}={_fmt(values[k])}" for k in keys if values.get(k) is not None)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

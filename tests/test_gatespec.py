@@ -1,0 +1,155 @@
+"""The gate-spec table: one torch-free place for what a gate takes, checked before any model
+loads or Ray starts, and the source of every table's gate columns."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sweep.config import GateConfig, compose
+from sweep.errors import ConfigError
+from sweep.gatespec import GATE_COLUMNS, GATE_SPECS, PARAMS, check_gate, check_model, gate_text
+
+
+def _python(code: str, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1]) | {"stderr": out.stderr}
+
+
+def test_config_imports_neither_gates_nor_torch():
+    seen = _python(
+        "import json, sys; import sweep.config; from sweep.config import compose; compose(['gate=softmax']);"
+        "print(json.dumps({m: m in sys.modules for m in ('torch', 'sweep.gates', 'ray', 'transformers')}))"
+    )
+    assert seen == {"torch": False, "sweep.gates": False, "ray": False, "transformers": False, "stderr": seen["stderr"]}
+
+
+def test_every_gate_class_takes_its_declarations_from_its_spec():
+    from sweep.gates import GATES
+
+    assert GATES.names() == GATE_SPECS.names()
+    for cls in GATES:
+        spec = GATE_SPECS.get(cls.name, key="gate")
+        assert cls.spec is spec
+        assert (cls.params, cls.probe, cls.threshold, cls.aggressive) == (spec.params, spec.probe, spec.threshold, spec.aggressive)
+
+
+def test_gate_config_fields_are_the_tables_parameters():
+    fields = [f.name for f in dataclasses.fields(GateConfig)]
+    assert fields == ["name", "min_layer", "min_depth", *PARAMS]
+    assert GATE_COLUMNS == tuple(PARAMS)
+
+
+def test_every_table_carrying_a_gate_has_exactly_the_tables_gate_columns():
+    from sweep.store import TABLES
+
+    carrying = [t for t in TABLES.values() if "gate" in {c.name for c in t.columns} and "eps" in {c.name for c in t.columns}]
+    assert {t.name for t in carrying} >= {"trials", "simulated"}
+    for table in carrying:
+        columns = {c.name: c for c in table.columns}
+        for param in PARAMS.values():
+            assert param.name in columns, (table.name, param.name)
+            assert columns[param.name].unit == param.unit
+
+
+def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
+    """The store derives its gate columns from PARAMS: a parameter added there is a column."""
+    import importlib
+
+    import sweep.gatespec as gs
+    import sweep.store._schema as schema
+
+    extra = gs.ParamSpec("gamma", float, gs.Domain(lambda v: v > 0, "a number > 0"), "logits", "a test parameter")
+    monkeypatch.setitem(gs.PARAMS, "gamma", extra)
+    try:
+        fresh = importlib.reload(schema)
+        assert "gamma" in [c.name for c in fresh.GATE_FIELDS]
+    finally:
+        monkeypatch.delitem(gs.PARAMS, "gamma")
+        importlib.reload(schema)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["gate=softmax", "gate.theta=1.5"], "gate.theta=1.5: must be a number in [0, 1]"),
+        (["gate=saturation", "gate.theta=2"], "gate.theta=2.0: not a parameter of gate=saturation"),
+        (["gate=margin", "gate.decay=4"], "gate.decay=4.0: not a parameter of gate=margin"),
+        (["gate=pca", "gate.k=null"], "gate.k: required for gate=pca"),
+        (["gate=conformal", "gate.q=0"], "gate.q=0.0: must be a number in (0, 1]"),
+        (["gate=softmax", "gate.decay=-1"], "gate.decay=-1.0: must be a number >= 0"),
+        (["gate=margin", "search=optuna-mo", "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 2)'}]"],
+         "search.spaces[0].gate.theta=2.0: must be a number in [0, 1]"),
+        (["search.spaces=[{gate: 'choice(margin, softmax)', gate.theta: 'choice(0.5, 3)'}]"],
+         "search.spaces[0].gate.theta=3: must be a number in [0, 1] (a probability margin) for gate=softmax"),
+        (["search.spaces=[{gate: saturation, gate.theta: 'choice(1, 2)'}]"],
+         "search.spaces[0].gate.theta=1: not a parameter of gate=saturation"),
+        (["search.spaces=[{gate: saturaton, gate.eps: 0.1}]"], "search.spaces[0].gate=saturaton: unknown gate (did you mean 'saturation'?)"),
+        (["gate=softmax", "calibrate.grid='range(0.5, 2.0, step=0.5)'"], "calibrate.grid (theta)=1.5: must be a number in [0, 1]"),
+    ],
+)
+def test_config_only_rules_fail_at_compose(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        compose(overrides)
+    assert message in str(err.value)
+
+
+def test_valid_settings_of_every_gate_pass():
+    for name in GATE_SPECS.names():
+        cfg = compose([f"gate={name}"])  # every conf/gate file is a valid setting of its gate
+        assert check_gate(cfg.gate).name == name
+
+
+def test_check_model_is_the_one_check_against_the_model():
+    fixed = compose(["gate=fixed", "gate.exit_layer=15"]).gate
+    assert check_model(fixed, 30).exit_layer == 15
+    with pytest.raises(ConfigError, match=r"gate.exit_layer=15: must be in 1..12"):
+        check_model(fixed, 12)
+    deep = compose(["gate=saturation", "gate.min_layer=40"]).gate
+    with pytest.raises(ConfigError, match=r"gate.min_layer=40: must be in 1..30"):
+        check_model(deep, 30)
+    assert check_model(compose(["gate=saturation", "gate.min_depth=0.5"]).gate, 30).min_layer == 15
+    pca = compose(["gate=pca", "gate.k=128", "gate.min_layer=1"]).gate
+    assert check_model(pca, 4).min_layer == 1  # the hidden size unknown: k is checked when it is
+    with pytest.raises(ConfigError, match="gate.k=128: must be at most the hidden size 64"):
+        check_model(pca, 4, hidden_size=64)
+
+
+def test_gate_text_is_the_one_text_form():
+    from sweep.analysis._pareto import params_text
+    from sweep.gates import make_gate
+
+    gate = make_gate(compose(["gate=margin", "gate.theta=14", "gate.min_layer=8"]).gate, 30)
+    assert gate.describe() == "gate=margin theta=14 min_layer=8"
+    row = gate.values()
+    assert gate_text(row) == "theta=14 min_layer=8"
+    assert params_text({**row, "mode": "early_exit", "batch_size": 1}) == "theta=14 min_layer=8"
+    fixed = make_gate(compose(["gate=fixed", "gate.exit_layer=null", "gate.min_layer=5"]).gate, 30)
+    assert gate_text(fixed.values()) == "exit_layer=5 min_layer=5"
+
+
+SCRIPT = """
+import json, sys
+import sweep.models as models
+from sweep.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "loads": models.model_loads(), "ray": "ray" in sys.modules}))
+"""
+
+
+def test_bench_with_an_out_of_domain_threshold_fails_before_any_model_loads():
+    seen = _python(SCRIPT, "bench", "model=tiny-llama", "gate=softmax", "gate.theta=1.5")
+    assert seen["code"] == 2 and seen["loads"] == 0
+    assert "error: gate.theta=1.5: must be a number in [0, 1] (a probability margin) for gate=softmax" in seen["stderr"]
+
+
+def test_run_with_an_out_of_domain_search_value_fails_before_ray_starts():
+    seen = _python(SCRIPT, "run", "model=tiny-llama", "search=optuna-mo",
+                   "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 1.5)'}]")
+    assert seen["code"] == 2 and seen["loads"] == 0 and seen["ray"] is False
+    assert "search.spaces[0].gate.theta=1.5: must be a number in [0, 1]" in seen["stderr"]
