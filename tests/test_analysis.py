@@ -293,6 +293,29 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     assert "Best speedup at each agreement target" in report and "EAS (arXiv 2603.23701)" in report
 
 
+def test_the_report_is_its_sections_in_order_written_once(tmp_path):
+    from conftest import compose
+    from sweep.report import analyse, write_report
+    from sweep.report_sections import SECTIONS
+
+    bench_rows(tmp_path, ["gate=full"], ["gate=full", "bench.batch_size=2"], ["gate=fixed", "gate.exit_layer=2"])
+    assert main(["profile", "model=tiny-llama", "prompts.n=1", "profile.gen_tokens=4", f"results.root={tmp_path}"]) == 0
+    ctx = analyse(compose(f"results.root={tmp_path}"))
+    sections = [section(ctx) for section in SECTIONS]
+    for section in sections:  # a section is nothing, or a block that starts with text and ends with a blank line
+        assert not section.lines or (section.lines[0] != "" and section.lines[-1] == "")
+        for name in section.figures:
+            assert (ctx.out / name).stat().st_size > 10_000 and f"![{name}]({name})" in section.lines
+    headings = [line for s in sections for line in s.lines if line.startswith("#")]
+    assert headings == ["# Early-exit report", "## Verdicts", "## tiny-llama", "## Profiles: EAS and oracle exits",
+                        "## The batching effect"]
+    path = write_report(ctx)
+    text = path.read_text()
+    assert text == "\n".join(line for s in sections for line in s.lines)
+    assert write_report(ctx).read_text() == text  # written whole, never appended to
+    assert [p.name for p in ctx.out.iterdir() if p.suffix == ".md"] == ["report.md"]
+
+
 def test_older_files_are_analysed_too(tmp_path, capsys):
     bench_rows(tmp_path, ["gate=full"], ["gate=fixed", "gate.exit_layer=2"])
     path = next((tmp_path / "trials").rglob("*.parquet"))
