@@ -13,20 +13,22 @@ which builds its causal, sliding-window and padding masks from it) and each row'
 ids (0 at its first real token), so RoPE, the cache's K/V fill and the gates see each row exactly
 as they would see it alone; the last position is real in every row, so decisions never look at
 padding, and conformal calibration leaves padded positions out.
+
+The batch steps through the engine's public stepping interface with its own per-row state
+(``BatchStep``); a trial groups its prompts with ``batches`` and measures them through the
+bench's one protocol (reference runs, interleaved timed rounds), as it does single sequences.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-from sweep.engine import _Exit, Engine
-from sweep.estimators import Timings
+from sweep.engine import Decoded, Engine, StepState
 from sweep.gates import Gate
-from sweep.models import LoadedModel
+from sweep.timing import Timer
 
 
 @dataclass
@@ -42,6 +44,11 @@ class BatchGeneration:
     extra_fill_layers: list[int] = field(default_factory=list)
     decode_seconds: float = 0.0
     prefill_seconds: float = 0.0  # prefill, calibration and the first token's decision, as Generation's
+
+    def rows(self) -> list[Decoded]:
+        """Each sequence's own record: its tokens and exit layers, and the batch's probes per
+        decode step (the first token's, decided on the prefill, counted as 0)."""
+        return [Decoded(tokens, exits, [0, *self.probes]) for tokens, exits in zip(self.tokens, self.exit_layers)]
 
 
 @dataclass
@@ -73,6 +80,48 @@ def left_pad(prompts: Sequence[Sequence[int]], device: torch.device | str = "cpu
     return Padded(ids, mask, positions.to(device), lengths)
 
 
+def batches(prompts: list, size: int) -> list[list]:
+    """Consecutive groups of ``size`` prompts, each prompt whole (a batch is left-padded, never
+    cut); the prompts after the last full group are left out."""
+    from sweep.errors import ConfigError
+
+    groups = [prompts[i : i + size] for i in range(0, len(prompts) - size + 1, size)]
+    if not groups:
+        raise ConfigError(f"bench.batch_size={size}: needs at least {size} prompts (prompts.n)")
+    return groups
+
+
+class BatchStep(StepState):
+    """A batch's decode step, decided per row: ``rows`` holds each sequence's exit layer (L =
+    still running), ``h_rows`` and ``z_rows`` each exited row's h (and lens) at its exit; the
+    step exits (the forward may stop) once every row has."""
+
+    def __init__(self, batch_size: int, num_layers: int) -> None:
+        self.batch_size, self.num_layers = batch_size, num_layers
+        super().__init__()
+
+    def reset(self) -> None:
+        super().reset()
+        self.rows = torch.full((self.batch_size,), self.num_layers)
+        self.h_rows: torch.Tensor | None = None
+        self.z_rows: torch.Tensor | None = None
+
+    def record(self, layer: int, h: torch.Tensor, z: torch.Tensor | None, decided: torch.Tensor) -> bool:
+        L = self.num_layers
+        new = decided.cpu() & (self.rows == L)
+        if new.any():
+            rows = new.nonzero().flatten()
+            self.rows[rows] = layer
+            if self.h_rows is None:
+                self.h_rows = torch.zeros_like(h[:, -1:])
+                self.z_rows = torch.zeros_like(z) if z is not None else None
+            dev = rows.to(h.device)
+            self.h_rows[dev] = h[dev, -1:]
+            if z is not None:
+                self.z_rows[dev] = z[dev]
+        return bool((self.rows < L).all())
+
+
 class BatchEngine(Engine):
     """Greedy decoding of a batch of prompts (any lengths: left-padded) under one gate (None = full depth)."""
 
@@ -86,33 +135,30 @@ class BatchEngine(Engine):
         # the mask of the whole generation, sliced per step (cached + new positions); None without padding
         mask = None if batch.mask is None else torch.cat([batch.mask, batch.mask.new_ones((B, n_tokens))], dim=1)
         next_pos = batch.lengths.to(dev)[:, None]  # the first generated token's position, per row
-        self._synchronize()
-        t_prefill = time.perf_counter()
-        if gate is None:
-            logits = adapter.forward(batch.ids, cache, attention_mask=batch.mask, position_ids=batch.positions)[:, -1]
-            exits = torch.full((B,), L)
-        else:
-            logits, hs, _ = self._gated_prefill(batch.ids, cache, n_tokens, batch.mask, batch.positions)
-            logits, exits = self._decide_rows(gate, [h[:, -1] for h in hs], logits)
-        token = logits.argmax(-1, keepdim=True)
-        self._synchronize()
+        with Timer(dev) as prefill:
+            if gate is None:
+                inputs = {"attention_mask": batch.mask, "position_ids": batch.positions}
+                logits = adapter.forward(batch.ids, cache, **inputs)[:, -1]
+                exits = torch.full((B,), L)
+            else:
+                logits, hs, _ = self.gated_prefill(batch.ids, cache, n_tokens, batch.mask, batch.positions)
+                logits, exits = self._decide_rows(gate, [h[:, -1] for h in hs], logits)
+            token = logits.argmax(-1, keepdim=True)
         tokens, exit_rows = [token], [exits]
-        out = BatchGeneration(tokens=[], exit_layers=[], prefill_seconds=time.perf_counter() - t_prefill)
-        with self._hooks() as rope:
-            self._synchronize()
-            t0 = time.perf_counter()
+        out = BatchGeneration(tokens=[], exit_layers=[], prefill_seconds=prefill.seconds)
+        with self.stepping(BatchStep(B, L)) as stepper, Timer(dev) as decode:
             for step in range(1, n_tokens):
                 if gate is not None:
                     gate.token_index = step
-                inputs = {"attention_mask": None if mask is None else mask[:, : P + step], "position_ids": next_pos + (step - 1)}
-                logits, exits, ran, probes = self._batch_step(token, cache, rope, B, inputs)
+                inputs = {"attention_mask": None if mask is None else mask[:, : P + step],
+                          "position_ids": next_pos + (step - 1)}
+                logits, exits, ran, probes = self._batch_step(stepper, token, cache, inputs)
                 token = logits.argmax(-1, keepdim=True)
                 tokens.append(token)
                 exit_rows.append(exits)
                 out.step_layers.append(ran)
                 out.probes.append(probes)
-            self._synchronize()
-            out.decode_seconds = time.perf_counter() - t0
+        out.decode_seconds = decode.seconds
         out.tokens = torch.cat(tokens, dim=1).tolist()
         out.exit_layers = torch.stack(exit_rows, dim=1).tolist()
         self._extra_work(out, exit_rows[1:])
@@ -143,111 +189,31 @@ class BatchEngine(Engine):
                 out[rows] = lens[rows.to(lens.device)].to(out.dtype)
         return out, exits
 
-    def _batch_step(self, token: torch.Tensor, cache, rope: dict, B: int, inputs: dict):
-        L, step = self.adapter.num_layers, self._step
-        step.reset()
-        step.rows = torch.full((B,), L)
-        step.h_rows = None
-        step.z_rows = None
-        try:
-            logits = self.adapter.forward(token, cache, **inputs)[:, -1]
-            ran = L
-        except _Exit:
-            logits = None
-            ran = step.exit_layer
-        exits = step.rows
-        out = logits.clone() if logits is not None else torch.empty((B, self.adapter.lm_head.out_features), device=self.lm.device)
+    def _batch_step(self, stepper, token: torch.Tensor, cache, inputs: dict):
+        """One decode step of the batch: each row's logits (its lens where it exited), exit
+        layers, the layers the batch ran, and the probes evaluated."""
+        L, state = self.adapter.num_layers, stepper.state
+        logits = stepper.forward(token, cache, **inputs)
+        ran = L if logits is not None else state.exit_layer
+        exits = state.rows
+        B = exits.shape[0]
+        vocab = self.adapter.lm_head.out_features
+        out = logits.clone() if logits is not None else torch.empty((B, vocab), device=self.lm.device)
         exited = (exits < L).nonzero().flatten()
         if len(exited):
             dev = exited.to(self.lm.device)
-            z = step.z_rows[dev] if step.z_rows is not None else self.adapter.lens(step.h_rows[dev, -1])
+            z = state.z_rows[dev] if state.z_rows is not None else self.adapter.lens(state.h_rows[dev, -1])
             out[dev] = z.to(out.dtype)
             if self.kv_policy == "propagate":
-                self._propagate_rows(cache, rope, exits, ran)
-        return out, exits, ran, step.probes
+                self._propagate_rows(cache, stepper.rope, state.h_rows, exits, ran)
+        return out, exits, ran, state.probes
 
-    def _propagate_rows(self, cache, rope: dict, exits: torch.Tensor, ran: int) -> None:
+    def _propagate_rows(self, cache, rope: dict, h_rows: torch.Tensor, exits: torch.Tensor, ran: int) -> None:
         """K/V of the layers each exited sequence skipped: its own projections of h at its exit."""
-        L, stacked = self.adapter.num_layers, self.adapter.stacked_kv()
+        L, adapter = self.adapter.num_layers, self.adapter
         if ran < L:  # layers no sequence ran: append for the whole batch
-            stacked.fill(self._step.h_rows, cache, ran, L, rope)
+            adapter.fill_kv(h_rows, cache, range(ran, L), rope)
         early = (exits < ran).nonzero().flatten()  # rows that exited before the batch stopped: replace what it computed
         if len(early):
             dev = early.to(self.lm.device)
-            stacked.overwrite_last(self._step.h_rows[dev], dev, exits[early].to(self.lm.device), cache, ran, rope)
-
-    def _hook(self, layer: int):
-        gate, step, lens = self.gate, self._step, self.adapter.lens
-        lens_probe = gate.probe == "lens"
-        unwind = self.kv_policy != "full"
-        L = self.adapter.num_layers
-
-        def after_layer(_module, args, output):
-            if step.exit_layer is not None:
-                return
-            h = output[0] if isinstance(output, tuple) else output
-            last, prev = h[:, -1], args[0][:, -1]
-            z = lens(last) if lens_probe else None
-            step.probes += 1
-            open_rows = step.rows == L
-            new = gate.decide(layer, last, prev, z).cpu() & open_rows
-            if new.any():
-                rows = new.nonzero().flatten()
-                step.rows[rows] = layer
-                if step.h_rows is None:
-                    step.h_rows = torch.zeros_like(h[:, -1:])
-                    step.z_rows = torch.zeros_like(z) if z is not None else None
-                dev = rows.to(h.device)
-                step.h_rows[dev] = h[dev, -1:]
-                if z is not None:
-                    step.z_rows[dev] = z[dev]
-            if bool((step.rows < L).all()):
-                step.exit_layer = layer
-                if unwind:
-                    raise _Exit
-
-        return after_layer
-
-
-@dataclass
-class BatchedRuns:
-    """A batched trial's reference runs and timings; timings per batch (the unit timed)."""
-
-    prompts: list  # Prompt objects, as given (whole: a batch is left-padded, never cut)
-    prompt_input_tokens: list[int]  # per prompt: the tokens it was decoded from (its own length, padding excluded)
-    baseline: list[BatchGeneration]  # per batch
-    gated: list[BatchGeneration]  # per batch
-    timings: Timings  # [round][batch] seconds per side
-
-
-def batched_runs(lm: LoadedModel, gate: Gate, prompts: list, n: int, kv_policy: str, warmup: int, repeats: int, size: int) -> tuple[BatchedRuns, bool]:
-    """Batches of ``size`` consecutive prompts: two full-depth baselines per batch (the
-    self-check), the gated run, then both timed interleaved over ``repeats`` rounds; and
-    whether every run reproduced its reference tokens."""
-    from sweep.errors import ConfigError
-
-    groups = [prompts[i : i + size] for i in range(0, len(prompts) - size + 1, size)]
-    if not groups:
-        raise ConfigError(f"bench.batch_size={size}: needs at least {size} prompts (prompts.n)")
-    inputs = [[list(p.input_ids) for p in g] for g in groups]
-    baseline, gated = BatchEngine(lm), BatchEngine(lm, gate, kv_policy)
-    for _ in range(warmup):
-        baseline.generate_batch(inputs[0], n)
-        gated.generate_batch(inputs[0], n)
-    base_ref, gated_ref, deterministic = [], [], True
-    for ids in inputs:
-        first, second = baseline.generate_batch(ids, n), baseline.generate_batch(ids, n)
-        deterministic &= first.tokens == second.tokens
-        base_ref.append(first)
-        gated_ref.append(gated.generate_batch(ids, n))
-    t = Timings.empty(repeats, len(groups))
-    for r in range(repeats):
-        for g, ids in enumerate(inputs):
-            sides = [(baseline, base_ref[g], t.base_decode, t.base_prefill), (gated, gated_ref[g], t.gated_decode, t.gated_prefill)]
-            for engine, ref, decode, prefill in sides if (r + g) % 2 == 0 else reversed(sides):
-                gen = engine.generate_batch(ids, n)
-                deterministic &= gen.tokens == ref.tokens
-                decode[r][g] = gen.decode_seconds
-                prefill[r][g] = gen.prefill_seconds
-    used = [p for group in groups for p in group]
-    return BatchedRuns(used, [len(p.input_ids) for p in used], base_ref, gated_ref, t), deterministic
+            adapter.overwrite_kv(h_rows[dev], dev, exits[early].to(self.lm.device), cache, ran, rope)

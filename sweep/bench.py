@@ -15,13 +15,13 @@ import json
 import logging
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sweep.config import Config
 from sweep.costs import CostModel, cost_model
 from sweep.errors import ConfigError
-from sweep.engine import Engine, Generation
+from sweep.engine import Decoded, Engine
 from sweep.estimators import Timings, mean_agreement
 from sweep.config import GATE_COLUMNS
 from sweep.gates import Gate, make_gate
@@ -60,9 +60,72 @@ def trial_id(cfg: Config, device: str | None = None) -> str:
 
 @dataclass
 class _PromptRun:
+    """One prompt's reference runs, whichever path decoded it: its full-depth baseline and its
+    gated run (tokens, exit layer and probes per token). A single sequence's are its whole
+    ``Generation`` (self-speculation's counts included); a batch's are its rows' records."""
+
     prompt: Prompt
-    baseline: Generation
-    gated: Generation
+    baseline: Decoded
+    gated: Decoded
+
+
+@dataclass
+class _Side:
+    """One side of a trial (full-depth baseline or gated) and how it runs a unit: one prompt
+    alone, or a batch of consecutive prompts decoded together (``batched``)."""
+
+    engine: Any  # Engine or SelfSpeculative; BatchEngine when batched
+    n: int  # tokens per run
+    batched: bool = False
+
+    def run(self, unit: list[Prompt], record: bool = False):
+        """A fresh run of ``unit``; ``record`` keeps a single sequence's logits (the self-check's)."""
+        if self.batched:
+            return self.engine.generate_batch([p.input_ids for p in unit], self.n)
+        if record:
+            return self.engine.generate(unit[0].input_ids, self.n, record=True)
+        return self.engine.generate(unit[0].input_ids, self.n)
+
+    def records(self, run) -> list[Decoded]:
+        """A run's per-prompt records, in the unit's order."""
+        return run.rows() if self.batched else [run]
+
+
+@dataclass
+class _References:
+    """A trial's reference runs per unit: the first full-depth baseline and the gated run,
+    which every timed run must reproduce; whether the two baselines agreed; their max logit
+    difference (None for batches, whose self-check compares tokens only)."""
+
+    units: list[list[Prompt]]
+    baseline: list[Any] = field(default_factory=list)
+    gated: list[Any] = field(default_factory=list)
+    deterministic: bool = True
+    max_logit_diff: float | None = 0.0
+
+    def prompt_runs(self, baseline: _Side, gated: _Side) -> list[_PromptRun]:
+        return [_PromptRun(prompt, base, gate)
+                for unit, b, g in zip(self.units, self.baseline, self.gated)
+                for prompt, base, gate in zip(unit, baseline.records(b), gated.records(g))]
+
+
+@dataclass
+class _Steps:
+    """The gated decode steps as the cost model charges them: the layers each ran, its probes,
+    and the extra heads and K/V fill layers only a batch pays. A single sequence's steps are its
+    own (no extras); a batch's step runs to its deepest row (see ``BatchGeneration``)."""
+
+    layers: list[int]
+    probes: list[int]
+    extra_heads: list[int] = field(default_factory=list)
+    extra_fills: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of_batches(cls, gens: list) -> _Steps:
+        def joined(name: str) -> list[int]:
+            return [v for gen in gens for v in getattr(gen, name)]
+
+        return cls(joined("step_layers"), joined("probes"), joined("extra_heads"), joined("extra_fill_layers"))
 
 
 def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
@@ -88,62 +151,47 @@ def gated_engine(cfg: Config, lm: LoadedModel, gate: Gate):
 
 
 def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> dict[str, Any]:
-    """Measure one trial; returns the trial table's own columns (provenance aside)."""
+    """Measure one trial; returns the trial table's own columns (provenance aside). The same
+    protocol for single sequences and batches: prepare the engines, warm up, the reference runs
+    (determinism self-check), the interleaved timed rounds, the metrics."""
     t_start = time.perf_counter()
     b = cfg.bench
     costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
-    if b.batch_size > 1:
-        runs, timings, deterministic, max_diff, steps = _batched(cfg, lm, gate, prompts)
-        prompts = [run.prompt for run in runs]
-    else:
-        baseline, gated = Engine(lm), gated_engine(cfg, lm, gate)
-        for _ in range(b.warmup):
-            baseline.generate(prompts[0].input_ids, b.gen_tokens)
-            gated.generate(prompts[0].input_ids, b.gen_tokens)
-        runs, deterministic, max_diff = _reference_runs(baseline, gated, prompts, b.gen_tokens)
-        timings, repeats_ok = _timed_rounds(baseline, gated, runs, b.gen_tokens, b.repeats)
-        deterministic = deterministic and repeats_ok
-    row = _metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers)
-    if b.batch_size > 1:  # the batch runs to its deepest sequence: the step's layers are the max over the batch
-        row["speedup_model"] = costs.speedup(gate, *steps[:2], b.kv_policy, *steps[2:])
-        row["speedup_e2e_model"] = costs.speedup_e2e(gate, *steps[:2], b.kv_policy, row["prompt_input_tokens"], *steps[2:])
-        row["step_layers_saved"] = 1.0 - statistics.fmean(steps[0]) / lm.num_layers
-    else:
-        row["step_layers_saved"] = 1.0 - statistics.fmean(e for run in runs for e in run.gated.exit_layers[1:]) / lm.num_layers
+    units, baseline, gated = _sides(cfg, lm, gate, prompts)
+    for _ in range(b.warmup):
+        baseline.run(units[0])
+        gated.run(units[0])
+    refs = _reference_runs(baseline, gated, units)
+    timings, reproduced = _timed_rounds(baseline, gated, refs, b.repeats)
+    runs = refs.prompt_runs(baseline, gated)
+    steps = _Steps.of_batches(refs.gated) if gated.batched else None
+    row = _metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
     speculation = {"acceptance_rate": None, "mean_accepted_length": None, "tokens_per_verification": None}
     row.update(_speculation(runs) if b.mode == "self_speculative" else speculation)
+    deterministic = refs.deterministic and reproduced
     row.update(
         status="ok" if deterministic else "nondeterministic",
         error=None if deterministic else "full-depth baselines or timed repeats did not reproduce their tokens",
         deterministic=deterministic,
-        determinism_max_logit_diff=max_diff,
+        determinism_max_logit_diff=refs.max_logit_diff,
         bench_seconds=time.perf_counter() - t_start,
     )
-    return {**trial_fields(cfg, len(prompts), gate), **row}
+    return {**trial_fields(cfg, len(runs), gate), **row}
 
 
-def _batched(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]):
-    """A batched trial's runs in the single-sequence layout, plus the per-step (layers, probes)."""
-    from sweep.batching import batched_runs
-
+def _sides(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> tuple[list[list[Prompt]], _Side, _Side]:
+    """The trial's units and its two sides: each prompt alone against ``gated_engine``, or
+    (bench.batch_size > 1) whole batches of consecutive prompts under the batch engine."""
     b = cfg.bench
+    if b.batch_size == 1:
+        return [[p] for p in prompts], _Side(Engine(lm), b.gen_tokens), _Side(gated_engine(cfg, lm, gate), b.gen_tokens)
+    from sweep.batching import BatchEngine, batches
+
     if b.mode != "early_exit":
         raise ConfigError("bench.batch_size: batches are measured for bench.mode=early_exit only")
-    r, deterministic = batched_runs(lm, gate, prompts, b.gen_tokens, b.kv_policy, b.warmup, b.repeats, b.batch_size)
-    runs = []
-    for g, (base, gated) in enumerate(zip(r.baseline, r.gated)):
-        for row in range(b.batch_size):
-            prompt = r.prompts[g * b.batch_size + row]
-            runs.append(_PromptRun(
-                prompt,
-                Generation(base.tokens[row], base.exit_layers[row], [0] * b.gen_tokens, 0.0),
-                Generation(gated.tokens[row], gated.exit_layers[row], [0, *gated.probes], 0.0),
-            ))
-    layers = [layer for gen in r.gated for layer in gen.step_layers]
-    probes = [p for gen in r.gated for p in gen.probes]
-    heads = [h for gen in r.gated for h in gen.extra_heads]
-    fills = [f for gen in r.gated for f in gen.extra_fill_layers]
-    return runs, r.timings, deterministic, None, (layers, probes, heads, fills)
+    units = batches(prompts, b.batch_size)
+    baseline, gated = BatchEngine(lm), BatchEngine(lm, gate, b.kv_policy)
+    return units, _Side(baseline, b.gen_tokens, batched=True), _Side(gated, b.gen_tokens, batched=True)
 
 
 def _speculation(runs) -> dict[str, Any]:
@@ -189,31 +237,36 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
     }
 
 
-def _reference_runs(baseline: Engine, gated: Engine, prompts: list[Prompt], n: int):
-    """Two full-depth baselines per prompt (the self-check), then the gated run."""
-    runs, deterministic, max_diff = [], True, 0.0
-    for prompt in prompts:
-        first = baseline.generate(prompt.input_ids, n, record=True)
-        second = baseline.generate(prompt.input_ids, n, record=True)
+def _reference_runs(baseline: _Side, gated: _Side, units: list[list[Prompt]]) -> _References:
+    """Two full-depth baselines per unit (the self-check: the same tokens and, for single
+    sequences, their max logit difference), then the gated run."""
+    refs = _References(units, max_logit_diff=None if baseline.batched else 0.0)
+    for unit in units:
+        first, second = baseline.run(unit, record=True), baseline.run(unit, record=True)
         if first.tokens != second.tokens:
-            deterministic = False
-            log.warning("determinism self-check failed on %s: two full-depth baselines differ", prompt.id)
-        max_diff = max(max_diff, float((first.logits - second.logits).abs().max()))
-        first.logits = None  # the logits served the self-check; a trial keeps tokens, not vocab-sized tensors
-        runs.append(_PromptRun(prompt, first, gated.generate(prompt.input_ids, n)))
-    return runs, deterministic, max_diff
+            refs.deterministic = False
+            ids = ", ".join(p.id for p in unit)
+            log.warning("determinism self-check failed on %s: two full-depth baselines differ", ids)
+        if refs.max_logit_diff is not None:
+            refs.max_logit_diff = max(refs.max_logit_diff, float((first.logits - second.logits).abs().max()))
+            first.logits = None  # the logits served the self-check; a trial keeps tokens, not vocab-sized tensors
+        refs.baseline.append(first)
+        refs.gated.append(gated.run(unit))
+    return refs
 
 
-def _timed_rounds(baseline: Engine, gated: Engine, runs: list[_PromptRun], n: int, repeats: int):
-    """Decode and prefill seconds [round][prompt] per side, interleaved, alternating which side
-    goes first; whether every timed run reproduced its reference tokens."""
-    t = Timings.empty(repeats, len(runs))
+def _timed_rounds(baseline: _Side, gated: _Side, refs: _References, repeats: int) -> tuple[Timings, bool]:
+    """Decode and prefill seconds [round][unit] per side, interleaved, alternating which side
+    goes first; whether every timed run reproduced its reference tokens. The one timing loop
+    of every trial: a unit is one prompt, or one batch."""
+    t = Timings.empty(repeats, len(refs.units))
     reproduced = True
     for r in range(repeats):
-        for i, run in enumerate(runs):
-            sides = [(baseline, run.baseline.tokens, t.base_decode, t.base_prefill), (gated, run.gated.tokens, t.gated_decode, t.gated_prefill)]
-            for engine, expected, decode, prefill in sides if (r + i) % 2 == 0 else reversed(sides):
-                gen = engine.generate(run.prompt.input_ids, n)
+        for i, unit in enumerate(refs.units):
+            sides = [(baseline, refs.baseline[i].tokens, t.base_decode, t.base_prefill),
+                     (gated, refs.gated[i].tokens, t.gated_decode, t.gated_prefill)]
+            for side, expected, decode, prefill in sides if (r + i) % 2 == 0 else reversed(sides):
+                gen = side.run(unit)
                 reproduced &= gen.tokens == expected
                 decode[r][i] = gen.decode_seconds
                 prefill[r][i] = gen.prefill_seconds
@@ -222,8 +275,10 @@ def _timed_rounds(baseline: Engine, gated: Engine, runs: list[_PromptRun], n: in
     return t, reproduced
 
 
-def _metrics(runs, t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: int) -> dict[str, Any]:
-    """The trial's figures; ``t`` is per prompt (single sequences) or per batch."""
+def _metrics(runs: list[_PromptRun], t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: int,
+             charged: _Steps | None = None) -> dict[str, Any]:
+    """The trial's figures; ``t`` is per prompt (single sequences) or per batch; ``charged`` the
+    gated decode steps the cost model charges (by default each prompt's own: single sequences)."""
     n = len(runs[0].baseline.tokens)
     agree, prefix = [], []
     for run in runs:
@@ -233,6 +288,8 @@ def _metrics(runs, t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: 
     exits = [e for run in runs for e in run.gated.exit_layers]
     decode_exits = [e for run in runs for e in run.gated.exit_layers[1:]]  # the first token saves nothing
     decode_probes = [p for run in runs for p in run.gated.probes[1:]]
+    charged = charged or _Steps(decode_exits, decode_probes)
+    model_args = (charged.layers, charged.probes, kv_policy)
     steps = n - 1
     rounds = range(len(t.base_decode))
     per_unit = len(t.base_decode[0]) == len(runs)  # per prompt; else per batch (no per-prompt timings)
@@ -247,8 +304,8 @@ def _metrics(runs, t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: 
         "layers_saved": 1.0 - statistics.fmean(decode_exits) / L,
         "speedup_wall": t.speedup(),
         "speedup_e2e_wall": t.speedup_e2e(),
-        "speedup_model": costs.speedup(gate, decode_exits, decode_probes, kv_policy),
-        "speedup_e2e_model": costs.speedup_e2e(gate, decode_exits, decode_probes, kv_policy, lengths),
+        "speedup_model": costs.speedup(gate, *model_args, charged.extra_heads, charged.extra_fills),
+        "speedup_e2e_model": costs.speedup_e2e(gate, *model_args, lengths, charged.extra_heads, charged.extra_fills),
         "baseline_ms_per_token": statistics.median(sum(r) for r in t.base_decode) * 1000 / (steps * len(runs)),
         "ms_per_token": statistics.median(sum(r) for r in t.gated_decode) * 1000 / (steps * len(runs)),
         "probe_cost_layers": costs.layers(probe_ms),
@@ -261,7 +318,8 @@ def _metrics(runs, t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: 
         "cost_overhead_ms": costs.overhead_ms,
         "cost_prefill_ms": statistics.fmean(costs.prefill_at(p) for p in lengths),
         "cost_calibration_ms": statistics.fmean(costs.calibration_ms(gate, p) for p in lengths),
-        "calibration_ms": statistics.fmean(run.gated.calibration_seconds for run in runs) * 1000,
+        # a batch row's record has no calibration time of its own (0, as a batch never timed it)
+        "calibration_ms": statistics.fmean(getattr(run.gated, "calibration_seconds", 0.0) for run in runs) * 1000,
         "prompt_ids": [run.prompt.id for run in runs],
         "prompt_input_tokens": lengths,
         "prompt_agreement": agree,
@@ -270,7 +328,8 @@ def _metrics(runs, t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: 
         "prompt_baseline_ms": [statistics.median(t.base_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))] if per_unit else None,
         "prompt_ms": [statistics.median(t.gated_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))] if per_unit else None,
     }
-    return {**row, **t.columns()}
+    # a batch runs to its deepest sequence: its steps' layers are the max over the batch
+    return {**row, **t.columns(), "step_layers_saved": 1.0 - statistics.fmean(charged.layers) / L}
 
 
 def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | None = None) -> dict[str, Any]:

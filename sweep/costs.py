@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -19,6 +18,7 @@ import torch
 from sweep.config import GateConfig
 from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
 from sweep.models import LoadedModel
+from sweep.timing import Timer
 
 
 @dataclass(frozen=True)
@@ -140,21 +140,19 @@ def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Ga
 
 def _measure_probe(lm: LoadedModel, gate: Gate) -> float:
     """ms of one decision of ``gate`` on one position (its probe), on a real hidden state."""
-    sync = (lambda: torch.cuda.synchronize(lm.device)) if lm.device.type == "cuda" else (lambda: None)
     gate.bind(lm.adapter)
     with torch.inference_mode():
         h = lm.adapter.embed(torch.tensor([[1]], device=lm.device))[:, -1]
         h_prev = h * 0.9
         z = lm.adapter.lens(h) if gate.probe == "lens" else None
-        return _median_ms(lambda: bool(gate.decide(gate.min_layer, h, h_prev, z).all()), sync)
+        return _median_ms(lambda: bool(gate.decide(gate.min_layer, h, h_prev, z).all()), lm.device)
 
 
 @torch.inference_mode()
 def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostModel:
     from sweep.engine import Engine
 
-    adapter, L = lm.adapter, lm.num_layers
-    sync = (lambda: torch.cuda.synchronize(lm.device)) if lm.device.type == "cuda" else (lambda: None)
+    adapter, L, dev = lm.adapter, lm.num_layers, lm.device
     lo = max(1, L // 4)
     hi = max(lo + 1, (3 * L) // 4) if L > 1 else 1
     engines = {"full": Engine(lm)}
@@ -163,39 +161,36 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
             gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), L)
             engines[layer] = Engine(lm, gate, "propagate")
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
-    prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), sync, n=3, warm=1)
+    prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), dev, n=3, warm=1)
     with adapter.capture_hidden() as hs:
         cache = adapter.new_cache()
         token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
     h_all, z_final = hs[max(1, L // 2)], adapter.lens(hs[L]).float()
     del hs
-    prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), sync, n=3, warm=1)
+    prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=3, warm=1)
     times: dict = {k: [] for k in engines}
     for r in range(repeats + 2):  # two warm-up rounds
         for name, engine in engines.items():
-            with engine._hooks() as rope:
-                sync()
-                t0 = time.perf_counter()
-                logits = engine._decode_step(token, cache, rope)[0]
-                sync()
-                elapsed = time.perf_counter() - t0
+            with engine.stepping() as stepper, Timer(dev) as clock:
+                logits = stepper.step(token, cache).logits
             token = logits.argmax(-1, keepdim=True)
             if r >= 2:
-                times[name].append(elapsed * 1000)
+                times[name].append(clock.seconds * 1000)
     step_ms = statistics.median(times["full"])
     h = adapter.embed(token)[:, -1]
     h_prev = h * 0.9
     theta = torch.tensor(0.0)
-    head_ms = _median_ms(lambda: adapter.lens(h), sync)
-    lens_probe_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), sync)
-    hidden_probe_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), sync)
+    head_ms = _median_ms(lambda: adapter.lens(h), dev)
+    lens_probe_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), dev)
+    hidden_probe_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), dev)
     kv_ms = 0.0
     if L > 1:
         with adapter.capture_rope() as rope:
             adapter.forward(token, cache)
         skipped = range(lo, L)
         copies = [copy.deepcopy(cache) for _ in range(5)]
-        kv_ms = _median_ms(lambda: adapter.fill_kv(h[:, None], copies.pop(), skipped, rope), sync, n=5, warm=0) / len(skipped)
+        fill = _median_ms(lambda: adapter.fill_kv(h[:, None], copies.pop(), skipped, rope), dev, n=5, warm=0)
+        kv_ms = fill / len(skipped)
         layer_ms = (statistics.median(times[hi]) - statistics.median(times[lo])) / (hi - lo) + kv_ms
     else:
         layer_ms = step_ms - head_ms
@@ -206,14 +201,13 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
                      prefill_ms=prefill_ms, prefill_lens_ms=prefill_lens_ms, prompt_tokens=len(prompt_ids))
 
 
-def _median_ms(fn: Callable[[], object], sync: Callable[[], None], *, n: int = 30, warm: int = 3) -> float:
+def _median_ms(fn: Callable[[], object], device: torch.device, *, n: int = 30, warm: int = 3) -> float:
+    """Median ms of ``n`` synchronised calls of ``fn`` after ``warm`` untimed ones."""
     for _ in range(warm):
         fn()
-    samples = []
+    samples, clock = [], Timer(device)
     for _ in range(n):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        samples.append((time.perf_counter() - t0) * 1000)
+        with clock:
+            fn()
+        samples.append(clock.seconds * 1000)
     return statistics.median(samples)

@@ -8,19 +8,30 @@ that position: ``propagate`` fills them from h_l (K/V projections only), ``full`
 the forward run on (exact cache, no saving). Prefill always runs at full depth; the gate
 decides the first token from the prefill's last position. Hooks are removed in
 ``finally``: the model leaves every generation as it entered.
+
+The stepping interface is public, for every decoder that steps under the gate (this
+engine, batches, self-speculation's drafts, the cost model's measured steps)::
+
+    with engine.stepping() as stepper:          # gate hooks (and RoPE capture) installed
+        out = stepper.step(token, cache)        # one decode step: StepResult
+        out.logits, out.exit_layer, out.probes, out.hidden
+
+``stepping(state)`` takes a ``StepState`` subclass that decides per batch row instead
+(``sweep.batching.BatchStep``); ``stepper.forward`` then runs the bare, possibly unwound,
+forward and leaves the rest of the step to the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
 from sweep.gates import Gate
 from sweep.models import LoadedModel
+from sweep.timing import Timer
 
 KV_POLICIES = ("propagate", "full", "none")  # none: skipped layers get no K/V (self-speculation's drafts)
 
@@ -30,10 +41,18 @@ class _Exit(Exception):
 
 
 @dataclass
-class Generation:
+class Decoded:
+    """One sequence's greedy tokens with, per token, its exit layer (L = full depth) and the
+    gate evaluations (probes) it took: what a trial compares and counts, whichever decoder
+    produced it (a single sequence, or one row of a batch)."""
+
     tokens: list[int]
-    exit_layers: list[int]  # per generated token; L = full depth
-    probes: list[int]  # gate evaluations per generated token
+    exit_layers: list[int]
+    probes: list[int]
+
+
+@dataclass
+class Generation(Decoded):
     decode_seconds: float  # steps 2..n (prefill excluded), synchronised on GPU
     calibration_seconds: float = 0.0
     # the request before the first decode step: prefill, the gate's calibration and the first
@@ -44,18 +63,70 @@ class Generation:
     cache: object | None = None  # the final KV cache, when recorded
 
 
-@dataclass
-class _Step:
-    exit_layer: int | None = None
-    h: torch.Tensor | None = None
-    z: torch.Tensor | None = None
-    probes: int = 0
-    rows: torch.Tensor | None = None  # batches: each sequence's exit layer (L = still running)
-    h_rows: torch.Tensor | None = None  # batches: each exited sequence's h at its exit
-    z_rows: torch.Tensor | None = None
+class StepResult(NamedTuple):
+    """One token's decision: the logits it is taken from (the lens at the exit layer, or the
+    model's head), the exit layer (L = full depth), the probes evaluated, and h at the exit
+    (batch, 1, hidden; None at full depth)."""
+
+    logits: torch.Tensor
+    exit_layer: int
+    probes: int
+    hidden: torch.Tensor | None
+
+
+class StepState:
+    """What the gate hooks of the current decode step have seen. The hooks count probes and
+    hand every decision to ``record``; once it returns True the step has exited at that
+    layer (``exit_layer``) and the forward unwinds, unless kv_policy=full lets it run on.
+    This one decides for the whole batch at once (a single sequence); subclasses decide per
+    row (``sweep.batching.BatchStep``)."""
+
+    def __init__(self) -> None:
+        self.reset()
 
     def reset(self) -> None:
-        self.exit_layer, self.h, self.z, self.probes = None, None, None, 0
+        self.exit_layer: int | None = None
+        self.probes = 0
+        self.h: torch.Tensor | None = None
+        self.z: torch.Tensor | None = None
+
+    def record(self, layer: int, h: torch.Tensor, z: torch.Tensor | None, decided: torch.Tensor) -> bool:
+        """The gate's decision after ``layer`` (``h`` that layer's output, ``z`` its lens when
+        the probe computed it); True when the step exits here."""
+        if bool(decided.all()):
+            self.h, self.z = h, z
+            return True
+        return False
+
+
+class Stepper:
+    """Decode steps under an engine's gate hooks; made by ``Engine.stepping``, valid inside it."""
+
+    def __init__(self, engine: Engine, state: StepState, rope: dict) -> None:
+        self.engine, self.state = engine, state
+        self.rope = rope  # the (cos, sin) of the current step, for K/V fills (``Adapter.capture_rope``)
+
+    def forward(self, token: torch.Tensor, cache, **inputs) -> torch.Tensor | None:
+        """The model's own forward of one step (``inputs``: ``Adapter.forward``'s mask and
+        positions); the last position's logits, or None when the state exited and the
+        forward unwound (``state.exit_layer`` says where; the skipped layers have no K/V)."""
+        self.state.reset()
+        try:
+            return self.engine.adapter.forward(token, cache, **inputs)[:, -1]
+        except _Exit:
+            return None
+
+    def step(self, token: torch.Tensor, cache) -> StepResult:
+        """One decode step of one sequence: the forward, the K/V of skipped layers under
+        kv_policy=propagate, and the token's logits (the lens at the exit layer)."""
+        adapter, state = self.engine.adapter, self.state
+        logits = self.forward(token, cache)
+        if logits is None and self.engine.kv_policy == "propagate":
+            adapter.fill_kv(state.h, cache, range(state.exit_layer, adapter.num_layers), self.rope)
+        if state.exit_layer is None:
+            return StepResult(logits, adapter.num_layers, state.probes, None)
+        z = state.z if state.z is not None else adapter.lens(state.h[:, -1])
+        return StepResult(z, state.exit_layer, state.probes, state.h)
 
 
 class Engine:
@@ -70,11 +141,10 @@ class Engine:
         if gate is not None:
             gate.bind(lm.adapter)
         self.kv_policy = kv_policy
-        self._step = _Step()
-        self._sync = lm.device.type == "cuda"
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], n_tokens: int, *, record: bool = False, keep_cache: bool = False) -> Generation:
+    def generate(self, prompt_ids: Sequence[int], n_tokens: int, *, record: bool = False,
+                 keep_cache: bool = False) -> Generation:
         """Exactly ``n_tokens`` (>= 1) greedy tokens; ``record`` keeps the logits and exit hidden
         states, ``keep_cache`` the final KV cache (both for checks, not for timing)."""
         if n_tokens < 1:
@@ -82,50 +152,43 @@ class Engine:
         adapter, gate = self.adapter, self.gate
         cache = adapter.new_cache()
         ids = torch.tensor([list(prompt_ids)], device=self.lm.device)
-        self._synchronize()
-        t_prefill = time.perf_counter()
-        if gate is None:
-            logits = adapter.forward(ids, cache)[:, -1]
-            first, calibration = (logits, adapter.num_layers, 0, None), 0.0
-        else:
-            logits, hs, calibration = self._gated_prefill(ids, cache, n_tokens)
-            first = self._decide_prefill(hs, logits)
-            del hs
-        token = first[0].argmax(-1, keepdim=True)
-        self._synchronize()
-        prefill_seconds = time.perf_counter() - t_prefill
-        out_logits, exits, probes, hidden = [first[0]], [first[1]], [first[2]], [first[3]]
+        with Timer(self.lm.device) as prefill:
+            if gate is None:
+                logits = adapter.forward(ids, cache)[:, -1]
+                first, calibration = StepResult(logits, adapter.num_layers, 0, None), 0.0
+            else:
+                logits, hs, calibration = self.gated_prefill(ids, cache, n_tokens)
+                first = self._decide_prefill(hs, logits)
+                del hs
+            token = first.logits.argmax(-1, keepdim=True)
+        out_logits, exits, probes, hidden = [first.logits], [first.exit_layer], [first.probes], [first.hidden]
         tokens = [token]
-        with self._hooks() as rope:
-            self._synchronize()
-            t0 = time.perf_counter()
-            for step in range(1, n_tokens):
+        with self.stepping() as stepper, Timer(self.lm.device) as decode:
+            for index in range(1, n_tokens):
                 if gate is not None:
-                    gate.token_index = step
-                logits, exit_layer, n_probes, h = self._decode_step(token, cache, rope)
-                token = logits.argmax(-1, keepdim=True)
+                    gate.token_index = index
+                out = stepper.step(token, cache)
+                token = out.logits.argmax(-1, keepdim=True)
                 tokens.append(token)
                 if record:
-                    out_logits.append(logits)
-                    hidden.append(h)
-                exits.append(exit_layer)
-                probes.append(n_probes)
-            self._synchronize()
-            seconds = time.perf_counter() - t0
+                    out_logits.append(out.logits)
+                    hidden.append(out.hidden)
+                exits.append(out.exit_layer)
+                probes.append(out.probes)
         return Generation(
             tokens=torch.cat(tokens, dim=1)[0].tolist(),
             exit_layers=exits,
             probes=probes,
-            decode_seconds=seconds,
+            decode_seconds=decode.seconds,
             calibration_seconds=calibration,
-            prefill_seconds=prefill_seconds,
+            prefill_seconds=prefill.seconds,
             logits=torch.cat(out_logits, dim=0).float().cpu() if record else None,
             exit_hidden=hidden if record else [],
             cache=cache if keep_cache else None,
         )
 
-    def _gated_prefill(self, ids: torch.Tensor, cache, n_tokens: int, attention_mask: torch.Tensor | None = None,
-                       position_ids: torch.Tensor | None = None):
+    def gated_prefill(self, ids: torch.Tensor, cache, n_tokens: int, attention_mask: torch.Tensor | None = None,
+                      position_ids: torch.Tensor | None = None):
         """Prefill under the gate: the last position's logits, every layer's hidden states
         [h_0..h_L], and the seconds the gate's per-prompt calibration took (conformal: its tau,
         one per batch row, from that row's real positions: ``attention_mask`` marks them in a
@@ -134,9 +197,10 @@ class Engine:
         gate.gen_tokens, gate.token_index = n_tokens, 0
         with adapter.capture_hidden() as hs:
             logits = adapter.forward(ids, cache, attention_mask=attention_mask, position_ids=position_ids)[:, -1]
-        return logits, hs, gate.calibrate(adapter.lens, hs, mask=None if attention_mask is None else attention_mask.bool())
+        mask = None if attention_mask is None else attention_mask.bool()
+        return logits, hs, gate.calibrate(adapter.lens, hs, mask=mask)
 
-    def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor):
+    def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor) -> StepResult:
         """The gate's decision for the first token, from the prefill's last position."""
         gate, adapter = self.gate, self.adapter
         probes = 0
@@ -145,60 +209,46 @@ class Engine:
             z = adapter.lens(h) if gate.probe == "lens" else None
             probes += 1
             if bool(gate.decide(layer, h, h_prev, z).all()):
-                return (z if z is not None else adapter.lens(h)), layer, probes, hs[layer][:, -1:]
-        return logits, adapter.num_layers, probes, None
-
-    def _decode_step(self, token: torch.Tensor, cache, rope: dict):
-        step = self._step
-        step.reset()
-        try:
-            logits = self.adapter.forward(token, cache)[:, -1]
-        except _Exit:
-            if self.kv_policy == "propagate":
-                start = step.exit_layer  # 0-based index of the first skipped layer
-                self.adapter.fill_kv(step.h, cache, range(start, self.adapter.num_layers), rope)
-            logits = None
-        if step.exit_layer is None:
-            return logits, self.adapter.num_layers, step.probes, None
-        z = step.z if step.z is not None else self.adapter.lens(step.h[:, -1])
-        return z, step.exit_layer, step.probes, step.h
+                return StepResult(z if z is not None else adapter.lens(h), layer, probes, hs[layer][:, -1:])
+        return StepResult(logits, adapter.num_layers, probes, None)
 
     @contextlib.contextmanager
-    def _hooks(self) -> Iterator[dict]:
-        """Gate hooks on the probed layers, plus RoPE capture for the K/V fill."""
+    def stepping(self, state: StepState | None = None) -> Iterator[Stepper]:
+        """Decode steps under the gate: hooks on the probed layers feed ``state`` (a fresh
+        single-sequence ``StepState`` by default), plus RoPE capture for the K/V fill; all
+        removed on leaving, also on error. Without a gate (or probes) nothing is installed."""
+        state = StepState() if state is None else state
         if self.gate is None or not self.gate.probe_layers():
-            yield {}
+            yield Stepper(self, state, {})
             return
-        handles = [self.adapter.layers[layer - 1].register_forward_hook(self._hook(layer)) for layer in self.gate.probe_layers()]
+        layers = self.adapter.layers
+        handles = [layers[layer - 1].register_forward_hook(self._hook(layer, state))
+                   for layer in self.gate.probe_layers()]
         try:
             with self.adapter.capture_rope() as rope:
-                yield rope
+                yield Stepper(self, state, rope)
         finally:
             for handle in handles:
                 handle.remove()
 
-    def _hook(self, layer: int):
-        gate, step, lens = self.gate, self._step, self.adapter.lens
+    def _hook(self, layer: int, state: StepState):
+        gate, lens = self.gate, self.adapter.lens
         lens_probe = gate.probe == "lens"
         unwind = self.kv_policy != "full"
 
         def after_layer(_module, args, output):
-            if step.exit_layer is not None:  # kv_policy=full: already exited, layers run on for the cache
+            if state.exit_layer is not None:  # kv_policy=full: already exited, layers run on for the cache
                 return
             h = output[0] if isinstance(output, tuple) else output
             last, prev = h[:, -1], args[0][:, -1]
             z = lens(last) if lens_probe else None
-            step.probes += 1
-            if bool(gate.decide(layer, last, prev, z).all()):
-                step.exit_layer, step.h, step.z = layer, h, z
+            state.probes += 1
+            if state.record(layer, h, z, gate.decide(layer, last, prev, z)):
+                state.exit_layer = layer
                 if unwind:
                     raise _Exit
 
         return after_layer
-
-    def _synchronize(self) -> None:
-        if self._sync:
-            torch.cuda.synchronize(self.lm.device)
 
 
 def greedy_decode(lm: LoadedModel, prompt_ids: Sequence[int], n_tokens: int) -> list[int]:

@@ -15,7 +15,6 @@ are refused.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -26,6 +25,7 @@ from sweep.engine import Engine, Generation
 from sweep.errors import ConfigError
 from sweep.gates import make_gate
 from sweep.models import LoadedModel
+from sweep.timing import Timer
 
 
 @dataclass
@@ -53,37 +53,31 @@ class SelfSpeculative:
             raise ConfigError(f"gate.exit_layer={exit_layer}: self-speculation drafts with layers 1..K, K in 1..{L - 1}")
         if draft_len < 1:
             raise ConfigError(f"bench.draft_len={draft_len}: must be >= 1")
-        if any(lm.adapter.new_cache().is_sliding):
+        if not lm.adapter.cache_crops_exactly():
             raise ConfigError(f"model={lm.name}: has sliding-window attention layers, whose cache cannot be cropped back exactly; self-speculation supports full-attention models")
         self.lm, self.exit_layer, self.draft_len = lm, exit_layer, draft_len
         gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=exit_layer), L)
         self.drafter = Engine(lm, gate, "none")
-        self._sync = lm.device.type == "cuda"
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], n_tokens: int) -> SpeculativeGeneration:
         adapter, drafter = self.lm.adapter, self.drafter
         cache = adapter.new_cache()
         ids = torch.tensor([list(prompt_ids)], device=self.lm.device)
-        self._synchronize()
-        t_prefill = time.perf_counter()
-        token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
-        self._synchronize()
+        with Timer(self.lm.device) as prefill:
+            token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
         tokens = [token]
         committed = ids.shape[1]  # positions every layer holds
         out = SpeculativeGeneration(tokens=[], exit_layers=[], probes=[], decode_seconds=0.0,
-                                    prefill_seconds=time.perf_counter() - t_prefill)
-        with drafter._hooks() as rope:
-            self._synchronize()
-            t0 = time.perf_counter()
+                                    prefill_seconds=prefill.seconds)
+        with drafter.stepping() as stepper, Timer(self.lm.device) as decode:
             while len(tokens) < n_tokens:
                 m = min(self.draft_len, n_tokens - len(tokens))
                 draft, current = [], token
                 for _ in range(m):
-                    logits, _, _, _ = drafter._decode_step(current, cache, rope)
-                    current = logits.argmax(-1, keepdim=True)
+                    current = stepper.step(current, cache).logits.argmax(-1, keepdim=True)
                     draft.append(current)
-                _crop(cache, committed)
+                adapter.crop_cache(cache, committed)
                 verify_in = torch.cat([token, *draft], dim=1)  # the last committed token, then the drafts
                 verified = adapter.forward(verify_in, cache, logits_to_keep=0)[0].argmax(-1)  # (m + 1,)
                 drafted = torch.cat(draft, dim=1)[0]
@@ -92,27 +86,15 @@ class SelfSpeculative:
                 new = [drafted[i : i + 1][None] for i in range(accepted)] + [verified[accepted : accepted + 1][None]]
                 tokens.extend(new)
                 committed += accepted + 1
-                _crop(cache, committed)
+                adapter.crop_cache(cache, committed)
                 token = tokens[-1]
                 out.rounds += 1
                 out.drafted += m
                 out.accepted += accepted
                 out.accepted_lengths.append(accepted)
-            self._synchronize()
-            out.decode_seconds = time.perf_counter() - t0
+        out.decode_seconds = decode.seconds
         out.tokens = torch.cat(tokens, dim=1)[0, :n_tokens].tolist()
         L = self.lm.num_layers
         out.exit_layers = [L] * len(out.tokens)  # every kept token is the full model's
         out.probes = [0] * len(out.tokens)
         return out
-
-    def _synchronize(self) -> None:
-        if self._sync:
-            torch.cuda.synchronize(self.lm.device)
-
-
-def _crop(cache, length: int) -> None:
-    """Drop every layer's K/V beyond ``length`` positions."""
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.shape[-2] > length:
-            layer.crop(length - layer.keys.shape[-2])

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import TINY_FAMILIES, compose, load
-from sweep.batching import BatchEngine, batched_runs, left_pad
+from sweep import bench
+from sweep.batching import BatchEngine, batches, left_pad
 from sweep.bench import prepare, run_trial
 from sweep.config import GateConfig
 from sweep.engine import Engine
@@ -151,16 +152,26 @@ def test_conformal_rows_under_full_kv_equal_a_teacher_forced_pass(confident):
     assert any(e < confident.num_layers for row in gen.exit_layers for e in row)
 
 
-def test_batched_runs_keep_whole_prompts():
-    cfg = compose("model=tiny-llama", "gate=full", "prompts.n=4")
+def test_batches_are_whole_consecutive_groups():
+    assert batches(list("abcde"), 2) == [["a", "b"], ["c", "d"]]  # the rest, short of a batch, is left out
+    with pytest.raises(ConfigError, match="bench.batch_size=3: needs at least 3 prompts"):
+        batches(list("ab"), 3)
+
+
+def test_batched_trials_keep_whole_prompts():
+    """The bench's one protocol on batches: whole prompts, timings per batch, each row's
+    reference tokens its own single-sequence tokens."""
+    cfg = compose("model=tiny-llama", "gate=full", "prompts.n=4", "bench.batch_size=2", "bench.gen_tokens=4")
     lm, gate, prompts = prepare(cfg)
     assert len({len(p.input_ids) for p in prompts}) > 1
-    runs, deterministic = batched_runs(lm, gate, prompts, 4, "propagate", 0, 2, 2)
-    assert deterministic and runs.prompts == prompts  # as given: nothing cut
-    assert len(runs.timings.base_decode) == 2 and len(runs.timings.base_decode[0]) == 2  # [round][batch]
-    assert runs.prompt_input_tokens == [len(p.input_ids) for p in prompts]
-    decoded = [row for gen in runs.baseline for row in gen.tokens]
-    assert decoded == [Engine(lm).generate(p.input_ids, 4).tokens for p in prompts]
+    units, baseline, gated = bench._sides(cfg, lm, gate, prompts)
+    refs = bench._reference_runs(baseline, gated, units)
+    timings, reproduced = bench._timed_rounds(baseline, gated, refs, 2)
+    assert refs.deterministic and reproduced and refs.max_logit_diff is None  # batches compare tokens
+    assert len(timings.base_decode) == 2 and len(timings.base_decode[0]) == 2  # [round][batch]
+    runs = refs.prompt_runs(baseline, gated)
+    assert [run.prompt for run in runs] == prompts  # as given: nothing cut
+    assert [run.baseline.tokens for run in runs] == [Engine(lm).generate(p.input_ids, 4).tokens for p in prompts]
 
 
 def test_batched_bench_rows(tmp_path):

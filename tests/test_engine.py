@@ -271,11 +271,14 @@ def test_an_exception_inside_a_step_still_removes_the_hooks():
     lm = load("model=tiny-llama")
     gate = make_gate(GATE_CONFIGS["margin"], lm.num_layers)
     engine = Engine(lm, gate, "propagate")
+    decide = gate.decide
 
-    def boom(*_args, **_kwargs):
-        raise RuntimeError("boom")
+    def boom(layer, *args):  # the prefill decides; the gate hook of the first decode step raises
+        if gate.token_index >= 1:
+            raise RuntimeError("boom")
+        return decide(layer, *args)
 
-    engine._decode_step = boom
+    gate.decide = boom
     with pytest.raises(RuntimeError, match="boom"):
         engine.generate([1, 2, 3, 4], N)
     assert all(not layer._forward_hooks for layer in lm.adapter.layers)

@@ -37,6 +37,19 @@ def test_adapter_resolves_the_models_own_modules(tiny):
     assert all(not layer._forward_hooks for layer in a.layers)
 
 
+def test_the_family_table_names_each_layers_kv_parts(tiny):
+    """The adapter finds a layer's parts by the family table's key paths (checked here against
+    the model's own attribute names, which nothing in sweep/ outside the adapter spells)."""
+    from sweep.models._adapter import get_by_path
+
+    a = tiny.adapter
+    for index, layer in enumerate(a.layers):
+        parts, attn = a.layer_kv(index), layer.self_attn
+        assert parts.key is attn.k_proj and parts.value is attn.v_proj and parts.norm is layer.input_layernorm
+        assert parts.key_norm is getattr(attn, "k_norm", None)
+    assert get_by_path(a.layers[0], a.family.head_dim) == a.layers[0].self_attn.head_dim
+
+
 def test_tiny_models_are_seeded():
     a = load("model=tiny-qwen2", "seed=3")
     b = load("model=tiny-qwen2", "seed=4")

@@ -2,22 +2,31 @@
 
 Everything else (prefill, masks, RoPE, attention) runs through the model's own
 forward; the adapter only names modules and adds what a forward does not expose:
-the logit lens ``z_l = lm_head(final_norm(h_l))`` and per-layer hidden-state capture.
+the logit lens ``z_l = lm_head(final_norm(h_l))``, per-layer hidden-state capture, and
+the K/V cache edits early exit needs (fill skipped layers, overwrite a batch row's last
+position, crop back). A layer's parts are found by the family table's key paths
+(``get_by_path``); the cache's internals are touched here and nowhere else.
 Hooks are installed in context managers that remove them in ``finally``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, TypeVar
+import functools
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
 from sweep.errors import InputError
 from sweep.families import Family, family_for
-from sweep.models._kvfill import StackedKV
+from sweep.models._kvfill import LayerKV, StackedKV
 
 T = TypeVar("T")
+
+
+def get_by_path(root: Any, path: str) -> Any:
+    """The attribute at a dotted key path below ``root`` (``"self_attn.k_proj"`` of a layer)."""
+    return functools.reduce(getattr, path.split("."), root)
 
 
 class Adapter:
@@ -104,7 +113,43 @@ class Adapter:
         and V projections (and K norm), RoPE on K; no attention, no MLP. ``rope`` comes
         from ``capture_rope``. One matmul for all layers (see ``_kvfill``).
         """
-        self.stacked_kv().fill(h, cache, layers.start, layers.stop, rope)
+        k, v = self.stacked_kv().project(h, layers.start, layers.stop, rope)
+        for i, layer in enumerate(layers):
+            cache.update(k[:, :, i].transpose(1, 2), v[:, :, i].transpose(1, 2), layer)
+
+    def overwrite_kv(self, h: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, cache, stop: int,
+                     rope: dict) -> None:
+        """Replace the last position's K/V of layers starts[i]..stop-1 of batch row rows[i] with
+        the projections of h[i] (len(rows), 1, hidden): rows that exited earlier than the batch
+        stopped. One matmul over the suffix from the earliest start serves every row."""
+        lo = int(starts.min())
+        k, v = self.stacked_kv().project_rows(h, rows, lo, stop, rope)
+        for i, layer in enumerate(range(lo, stop)):
+            sel = (starts <= layer).nonzero().flatten()
+            if len(sel) == 0:
+                continue
+            entry, target = cache.layers[layer], rows[sel]
+            entry.keys[target, :, -1:, :] = k[sel, :, i].transpose(1, 2)
+            entry.values[target, :, -1:, :] = v[sel, :, i].transpose(1, 2)
+
+    def crop_cache(self, cache, length: int) -> None:
+        """Drop every layer's K/V beyond ``length`` positions (exact only without sliding-window
+        layers: see ``cache_crops_exactly``)."""
+        for layer in cache.layers:
+            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.shape[-2] > length:
+                layer.crop(length - layer.keys.shape[-2])
+
+    def cache_crops_exactly(self) -> bool:
+        """Whether ``crop_cache`` restores exactly the cache of a shorter sequence: no layer
+        slides its window (a sliding layer has already dropped what a crop would need back)."""
+        return not any(self.new_cache().is_sliding)
+
+    def layer_kv(self, index: int) -> LayerKV:
+        """The parts of decoder layer ``index`` a K/V fill recomputes, by the family's key paths."""
+        fam, layer = self.family, self.layers[index]
+        key_norm = None if fam.k_norm is None else get_by_path(layer, fam.k_norm)
+        return LayerKV(get_by_path(layer, fam.input_norm), get_by_path(layer, fam.k_proj),
+                       get_by_path(layer, fam.v_proj), key_norm)
 
     def derived(self, key: tuple, build: Callable[[], T]) -> T:
         """``build()``, computed once per loaded model and kept with it (the lm_head's PCA basis,
@@ -116,7 +161,14 @@ class Adapter:
 
     def stacked_kv(self) -> StackedKV:
         if self._stacked_kv is None:
-            self._stacked_kv = StackedKV(self)
+            cfg = self.model.config
+            self._stacked_kv = StackedKV(
+                [self.layer_kv(i) for i in range(self.num_layers)],
+                head_dim=get_by_path(self.layers[0], self.family.head_dim),
+                eps=float(cfg.rms_norm_eps),
+                norm_offset=self.family.norm_offset,
+                layer_types=getattr(cfg, "layer_types", None),
+            )
         return self._stacked_kv
 
     @contextlib.contextmanager

@@ -10,56 +10,59 @@ that starts at layer l+1. Results equal the layers' own modules up to float roun
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 
-class StackedKV:
-    """Norm-folded K/V projection weights of all layers of one model, stacked by layer."""
+@dataclass(frozen=True)
+class LayerKV:
+    """The modules of one decoder layer that a K/V fill recomputes, as the adapter resolved
+    them from the family table: the input RMSNorm, the K and V projections, the K norm (if any)."""
 
-    def __init__(self, adapter) -> None:
-        cfg = adapter.model.config
-        fam = adapter.family
-        attn0 = adapter.layers[0].self_attn
-        self.head_dim = attn0.head_dim
-        self.kv_heads = attn0.k_proj.out_features // self.head_dim
-        self.rows = 2 * attn0.k_proj.out_features  # K rows then V rows, per layer
-        self.eps = float(cfg.rms_norm_eps)
-        self.layer_types = getattr(cfg, "layer_types", None)
-        self.k_norm = fam.k_norm
+    norm: torch.nn.Module
+    key: torch.nn.Linear
+    value: torch.nn.Linear
+    key_norm: torch.nn.Module | None
+
+
+class StackedKV:
+    """Norm-folded K/V projection weights of all layers of one model, stacked by layer.
+
+    Pure arithmetic on the modules it is handed (``LayerKV`` per layer, the head size, the
+    RMSNorm epsilon and offset, each layer's RoPE type): it never looks a part up by name and
+    never touches a cache; the adapter writes what ``project`` returns.
+    """
+
+    def __init__(self, layers: list[LayerKV], *, head_dim: int, eps: float, norm_offset: float,
+                 layer_types: list[str] | None) -> None:
+        first = layers[0].key
+        self.head_dim = head_dim
+        self.kv_heads = first.out_features // head_dim
+        self.rows = 2 * first.out_features  # K rows then V rows, per layer
+        self.eps = eps
+        self.layer_types = layer_types
         weights, biases, k_scales = [], [], []
-        for layer in adapter.layers:
-            attn = layer.self_attn
-            scale = layer.input_layernorm.weight.float() + fam.norm_offset
-            w = torch.cat([attn.k_proj.weight, attn.v_proj.weight]).float() * scale[None, :]
-            weights.append(w.to(attn.k_proj.weight.dtype))
-            if attn.k_proj.bias is not None:
-                biases.append(torch.cat([attn.k_proj.bias, attn.v_proj.bias]))
-            if fam.k_norm:
-                k_scales.append(attn.k_norm.weight.float() + fam.norm_offset)
+        for part in layers:
+            scale = part.norm.weight.float() + norm_offset
+            w = torch.cat([part.key.weight, part.value.weight]).float() * scale[None, :]
+            weights.append(w.to(part.key.weight.dtype))
+            if part.key.bias is not None:
+                biases.append(torch.cat([part.key.bias, part.value.bias]))
+            if part.key_norm is not None:
+                k_scales.append(part.key_norm.weight.float() + norm_offset)
         self.weight = torch.cat(weights)
         self.bias = torch.cat(biases) if biases else None
         self.k_scale = torch.stack(k_scales)[:, None, :] if k_scales else None  # (L, 1, head_dim)
 
-    def fill(self, h: torch.Tensor, cache, start: int, stop: int, rope: dict) -> None:
-        """Append K/V of layers start..stop-1 (0-based) for the positions of ``h`` (B, T, hidden)."""
-        k, v = self.project(h, start, stop, rope)
-        for i, layer in enumerate(range(start, stop)):
-            cache.update(k[:, :, i].transpose(1, 2), v[:, :, i].transpose(1, 2), layer)
+    def project_rows(self, h: torch.Tensor, rows: torch.Tensor, start: int, stop: int, rope: dict):
+        """``project`` for some rows of a batch: ``h`` (len(rows), T, hidden) and the batch's
+        RoPE narrowed to ``rows`` (a RoPE shared by every row is kept as it is)."""
+        def narrow(t: torch.Tensor) -> torch.Tensor:
+            return t[rows] if t.shape[0] > 1 else t
 
-    def overwrite_last(self, h: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, cache, stop: int, rope: dict) -> None:
-        """Replace the last position's K/V of layers starts[i]..stop-1 of batch row rows[i] with
-        the projections of h[i] (len(rows), 1, hidden): rows that exited earlier than the batch
-        stopped. One matmul over the suffix from the earliest start serves every row."""
-        lo = int(starts.min())
-        k, v = self.project(h, lo, stop, {key: (c[rows] if c.shape[0] > 1 else c, s[rows] if s.shape[0] > 1 else s) for key, (c, s) in rope.items()})
-        for i, layer in enumerate(range(lo, stop)):
-            sel = (starts <= layer).nonzero().flatten()
-            if len(sel) == 0:
-                continue
-            entry, target = cache.layers[layer], rows[sel]
-            entry.keys[target, :, -1:, :] = k[sel, :, i].transpose(1, 2)
-            entry.values[target, :, -1:, :] = v[sel, :, i].transpose(1, 2)
+        return self.project(h, start, stop, {key: (narrow(c), narrow(s)) for key, (c, s) in rope.items()})
 
     def project(self, h: torch.Tensor, start: int, stop: int, rope: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """K (with K norm and RoPE) and V of layers start..stop-1 for ``h``: (B, T, J, kv_heads, head_dim) each."""
