@@ -82,30 +82,42 @@ def test_signals_cover_every_generated_token(tiny, traced):
     assert [r.shape[0] for r in sig.prefill_residual] == [lengths[p] for p in sig.prompt_ids]
 
 
+def replay_equals_engine(lm, prompts, sig, baseline, cfg):
+    """Replay the gate ``cfg`` on the trace and run it closed loop (kv_policy=full): up to each
+    prompt's first divergence from full-depth decoding, every step exits where the replay says and
+    agrees with full depth exactly when the replay's top-1 matches. Returns (the gate, the closed
+    loop's exit layers over all prompts, the steps compared)."""
+    gate = make_gate(cfg, lm.num_layers)
+    order = {p: i for i, p in enumerate(sig.prompt_ids)}
+    min_layer = 1 if cfg.name == "fixed" else gate.min_layer
+    value = torch.tensor([threshold_value(gate)], dtype=torch.float64)
+    sim = exit_layers(type(gate), sig, value, min_layer, cfg.decay)[0]
+    exits, compared = [], 0
+    for prompt in prompts:
+        gen = Engine(lm, gate, "full").generate(prompt.input_ids, N)
+        exits += gen.exit_layers
+        rows = (sig.prompt_index == order[prompt.id]).nonzero().flatten()
+        diverged = next((i for i, (a, b) in enumerate(zip(gen.tokens, baseline[prompt.id])) if a != b), N - 1)
+        for i in range(diverged + 1):  # decided on the same context as the trace
+            t = rows[i]
+            assert gen.exit_layers[i] == int(sim[t]), (cfg, prompt.id, i)
+            agrees = gen.tokens[i] == baseline[prompt.id][i]
+            assert agrees == bool(sig.match[t, sim[t] - 1]), (cfg, prompt.id, i)
+            compared += 1
+    return gate, exits, compared
+
+
 @pytest.mark.parametrize("gate_name", sorted(SETTINGS))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_simulation_equals_the_closed_loop_until_the_first_divergence(replays, family, dtype, gate_name):
     lm, prompts, sig, baseline = replays(family, dtype, converging=gate_name == "conformal")
     L = lm.num_layers
-    order = {p: i for i, p in enumerate(sig.prompt_ids)}
     compared = 0
     closed_loop = []  # per setting, every step's exit layer
     for cfg in SETTINGS[gate_name]:
-        gate = make_gate(cfg, L)
-        sim = exit_layers(type(gate), sig, torch.tensor([threshold_value(gate)], dtype=torch.float64), 1 if gate_name == "fixed" else gate.min_layer, cfg.decay)[0]
-        exits = []
-        for prompt in prompts:
-            gen = Engine(lm, gate, "full").generate(prompt.input_ids, N)
-            exits += gen.exit_layers
-            rows = (sig.prompt_index == order[prompt.id]).nonzero().flatten()
-            diverged = next((i for i, (a, b) in enumerate(zip(gen.tokens, baseline[prompt.id])) if a != b), N - 1)
-            for i in range(diverged + 1):  # decided on the same context as the trace
-                t = rows[i]
-                assert gen.exit_layers[i] == int(sim[t]), (cfg, prompt.id, i)
-                agrees = gen.tokens[i] == baseline[prompt.id][i]
-                assert agrees == bool(sig.match[t, sim[t] - 1]), (cfg, prompt.id, i)
-                compared += 1
+        gate, exits, steps = replay_equals_engine(lm, prompts, sig, baseline, cfg)
+        compared += steps
         closed_loop.append((gate, exits))
     assert compared >= len(SETTINGS[gate_name]) * len(prompts)
     # the settings must make the gate decide, or the equality above proves nothing
