@@ -51,8 +51,6 @@ class SelfSpeculative:
         L = lm.num_layers
         if not 1 <= exit_layer < L:
             raise ConfigError(f"gate.exit_layer={exit_layer}: self-speculation drafts with layers 1..K, K in 1..{L - 1}")
-        if draft_len < 1:
-            raise ConfigError(f"bench.draft_len={draft_len}: must be >= 1")
         if not lm.adapter.cache_crops_exactly():
             raise ConfigError(f"model={lm.name}: has sliding-window attention layers, whose cache cannot be cropped back exactly; self-speculation supports full-attention models")
         self.lm, self.exit_layer, self.draft_len = lm, exit_layer, draft_len

@@ -190,8 +190,13 @@ def test_batched_bench_rows(tmp_path):
 
 
 def test_a_batch_needs_enough_prompts():
-    cfg = compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "bench.batch_size=8", "prompts.n=4", "bench.gen_tokens=4")
+    # prompts.n known: a config-only rule, checked when the config is composed
     with pytest.raises(ConfigError, match="bench.batch_size=8: needs at least 8 prompts"):
+        compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "bench.batch_size=8", "prompts.n=4", "bench.gen_tokens=4")
+    # prompts.n=null (every prompt of the set): checked once the prompts are read
+    cfg = compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "bench.batch_size=16", "prompts.n=null",
+                  "bench.gen_tokens=4")
+    with pytest.raises(ConfigError, match="bench.batch_size=16: needs at least 16 prompts"):
         run_trial(cfg, *prepare(cfg))
 
 
