@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         if not roots or not os.path.isabs(roots[-1]):
             raise ConfigError("results.root: pass an absolute path on storage shared by the cluster's nodes (results.root=/shared/results)")
         compose([*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"])  # bad overrides fail here, not on the cluster
-        ray_environment(ClusterConfig(address=args.address, auth=args.auth))
-        from sweep.tune import follow_job, submit_job
+        ray_environment(ClusterConfig(address=args.address, auth=args.auth, dashboard=False))
+        from sweep.submit import follow_job, submit_job
 
         submission_id = submit_job(args.address, args.overrides, ROOT, auth=args.auth, python=args.python)
         print(f"submitted {submission_id} to {args.address}", flush=True)

@@ -9,9 +9,6 @@ the self-check is ``nondeterministic`` and never ``ok``.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import logging
 import statistics
 import time
@@ -25,37 +22,16 @@ from sweep.engine import Decoded, Engine
 from sweep.estimators import Timings, mean_agreement
 from sweep.config import GATE_COLUMNS
 from sweep.gates import Gate, make_gate
+from sweep.identity import trial_columns
 from sweep.models import LoadedModel, load_model
 from sweep.prompts import Prompt, read_prompts, tokenize_prompts
 
 log = logging.getLogger("sweep.bench")
 
 
-def trial_key(cfg: Config, device: str | None = None) -> dict[str, Any]:
-    """Everything that defines a trial's result (not where it is written, not the run).
-
-    ``device`` is where the trial runs (cpu or cuda); by default ``cfg.device`` resolved
-    here, so `device=auto` on a laptop and on a GPU node give different trials.
-    """
-    if device is None:
-        from sweep.models import resolve_device
-
-        device = resolve_device(cfg.device).type
-    return {
-        "model": dataclasses.asdict(cfg.model),
-        "gate": dataclasses.asdict(cfg.gate),
-        "bench": {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"},
-        "prompts": dataclasses.asdict(cfg.prompts),
-        "device": device,
-        "dtype": cfg.dtype,
-        "seed": cfg.seed,
-    }
-
-
-def trial_id(cfg: Config, device: str | None = None) -> str:
-    """Stable hash of the trial's config: the same trial gets the same id on any machine."""
-    text = json.dumps(trial_key(cfg, device), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def trial_id(cfg: Config) -> str:
+    """The trial's id (kept for callers of ``sweep.bench.trial_id``; ``sweep.identity`` defines it)."""
+    return trial_columns(cfg)["trial_id"]
 
 
 @dataclass
@@ -214,7 +190,7 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
     the gate resolved them for the model when it is known."""
     g, b = cfg.gate, cfg.bench
     return {
-        "trial_id": trial_id(cfg),
+        **trial_columns(cfg),  # trial_id and trial_key (sweep.identity)
         "source": "measured",
         "gate": g.name,
         "min_layer": gate.min_layer if gate is not None else g.min_layer,

@@ -57,7 +57,8 @@ def _run(overrides: list[str]) -> int:
 
     cfg = compose(overrides)
     ray_environment(cfg.cluster)  # before Ray is imported
-    from sweep.tune import overhead_summary, run_sweep
+    from sweep.rows import overhead_summary
+    from sweep.tune import run_sweep
 
     outcome = run_sweep(cfg, overrides)
     print(sweep_report(outcome))

@@ -99,6 +99,12 @@ def test_every_table_carries_provenance():
             assert "trial_id" in {c.name for c in table.columns}
 
 
+def test_trials_store_their_key_beside_their_id():
+    trials = [c.name for c in TABLES["trials"].columns]
+    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 3
+    assert "trial_key" not in {c.name for c in TABLES["simulated"].columns}
+
+
 def test_schema_doc_equals_the_code():
     doc = (ROOT / "docs" / "schema.md").read_text()
     assert doc.strip() == markdown().strip(), "docs/schema.md is stale: run `sweep schema > docs/schema.md`"

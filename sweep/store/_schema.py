@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-SCHEMA_VERSION = 2  # 2: layers_saved counts decode steps only (the first token saves nothing)
+# 2: layers_saved counts decode steps only (the first token saves nothing)
+# 3: trials carry trial_key, the JSON text that trial_id hashes
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,13 @@ TRIALS = Table(
     columns=PROVENANCE
     + (
         Column("trial_id", pl.String(), "", "stable hash of the trial's config (model identity, gate, bench, prompts, device, dtype, seed)"),
+        Column(
+            "trial_key", pl.String(), "JSON",
+            "the trial's defining config as canonical JSON text (model, gate, bench without cost_model, prompts, device "
+            "(cpu or cuda), dtype, seed); trial_id is the first 16 hex digits of its sha256 (sweep.identity.id_of_key); "
+            "null in rows written under schema 2",
+            nullable=True,
+        ),
         Column("source", pl.String(), "", "measured (a closed-loop bench trial; simulated settings are in the `simulated` table)", nullable=True),
         Column("status", pl.String(), "", "ok | nondeterministic | failed"),
         Column("error", pl.String(), "", "why a trial failed (one line); null otherwise", nullable=True),

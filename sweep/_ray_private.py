@@ -1,0 +1,45 @@
+"""Every private Ray and Ray-Optuna attribute the project reaches for, one function each.
+
+Checked against Ray ``PINNED_RAY`` (tests/test_ray_private.py fails on any other release
+and names the functions to re-check). Import after ``sweep.cluster_env.ray_environment``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PINNED_RAY = "2.60"
+FUNCTIONS = ("single_node_mode", "bootstrap_address", "replace_tuner_callbacks", "optuna_trial")
+
+
+def single_node_mode() -> None:
+    """Ray's single-machine mode in an already imported Ray: every server on 127.0.0.1.
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets it at import; Ray copies it to this constant.)"""
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def bootstrap_address(address: str) -> str:
+    """The GCS address ``address`` (``auto``: the cluster running on this machine) stands for;
+    raises ConnectionError when there is none."""
+    import ray._private.services as services
+
+    return services.canonicalize_bootstrap_address_or_die(address)
+
+
+def replace_tuner_callbacks(tuner: Any, callbacks: list) -> None:
+    """A restored Tuner keeps the callbacks pickled with its experiment; use ``callbacks`` instead."""
+    from sweep.errors import SweepError
+
+    internal = getattr(tuner, "_local_tuner", None)
+    if internal is None or not hasattr(internal, "_run_config"):
+        raise SweepError(
+            "resume: this Ray release keeps a Tuner's callbacks elsewhere; sweep/_ray_private.py needs updating"
+        )
+    internal._run_config.callbacks = callbacks
+
+
+def optuna_trial(search: Any, trial_id: str) -> Any:
+    """The Optuna trial an ``OptunaSearch`` runs for Tune trial ``trial_id``, or None."""
+    return search._ot_trials.get(trial_id)

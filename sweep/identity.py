@@ -1,0 +1,82 @@
+"""Trial identity, in one place: the device a trial runs on, and its key and id.
+
+A trial's key is everything that defines its result (model, gate, bench settings,
+prompts, device, dtype, seed; not where it is written, not the run) as canonical JSON
+text; its id is a hash of that text. The key is stored with each trial row
+(``trial_key``), so an id can always be traced back to the config that produced it and
+rebuilt from the key alone (``id_of_key``).
+
+Torch-free at import: ``trial_device`` asks torch only for ``device=auto`` without a GPU
+count, and then only when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from sweep.config import Config
+
+DEVICES = ("cpu", "cuda")
+
+
+class TrialIdentity(NamedTuple):
+    key: str  # canonical JSON text of the trial's defining config (the trials table's trial_key)
+    id: str  # id_of_key(key)
+
+
+def trial_device(requested: str, gpus: float | None = None) -> str:
+    """The device a trial runs on, as its identity names it: cpu or cuda.
+
+    ``cpu`` and ``cuda`` stand as given. ``auto`` is cuda when the trial gets a GPU: on a
+    sweep, ``gpus`` is what the driver gives each trial (so every worker agrees with the
+    planner); without a count (``sweep bench``), when torch sees a GPU on this machine.
+    """
+    if requested != "auto":
+        return requested
+    if gpus is not None:
+        return "cuda" if gpus > 0 else "cpu"
+    from sweep.models import resolve_device
+
+    return resolve_device("auto").type
+
+
+def trial_identity(cfg: Config, device: str) -> TrialIdentity:
+    """The trial ``cfg`` describes, run on ``device`` (cpu | cuda, from ``trial_device``):
+    its key and id. The one function every caller derives a trial's identity with."""
+    if device not in DEVICES:
+        raise ValueError(f"trial_identity: device must be one of {DEVICES} (resolved by trial_device), not {device!r}")
+    key: dict[str, Any] = {
+        "model": dataclasses.asdict(cfg.model),
+        "gate": dataclasses.asdict(cfg.gate),
+        "bench": {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"},
+        "prompts": dataclasses.asdict(cfg.prompts),
+        "device": device,
+        "dtype": cfg.dtype,
+        "seed": cfg.seed,
+    }
+    text = _canonical(key)
+    return TrialIdentity(text, _digest(text))
+
+
+def id_of_key(key: str) -> str:
+    """A trial id from its stored key alone (a row's ``trial_key``)."""
+    return _digest(_canonical(json.loads(key)))
+
+
+def trial_columns(cfg: Config) -> dict[str, str]:
+    """The identity columns of a trial row, on ``cfg.device`` as ``trial_device`` resolves it
+    (a sweep's worker runs a config whose device the driver already resolved)."""
+    ident = trial_identity(cfg, trial_device(cfg.device))
+    return {"trial_id": ident.id, "trial_key": ident.key}
+
+
+def _canonical(key: dict[str, Any]) -> str:
+    return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,136 @@
+"""On the driver: the single writer of a sweep's trial rows, and its progress lines.
+
+Ray-free: ``sweep.tune.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep.errors import SweepError
+from sweep.plan import trial_config
+
+log = logging.getLogger("sweep.rows")
+
+
+@dataclass
+class SweepOutcome:
+    name: str
+    path: str
+    root: str
+    total: int
+    skipped: int
+    rows: list[dict] = field(default_factory=list)
+    overhead_s: list[float] = field(default_factory=list)
+    interrupted: bool = False
+    simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
+
+
+class RowWriter:
+    """The single writer of trial rows, and the progress lines.
+
+    Fed by ``sweep.tune.Progress``; also writes the rows Tune holds at the end that a
+    callback never saw (a restored sweep's), and failed rows for trials that errored.
+    """
+
+    def __init__(
+        self, root: str, total: int | None, base: list[str], run_id: str, sweep_name: str, device: str
+    ) -> None:
+        self.root, self.total, self.base, self.run_id, self.sweep_name = root, total, base, run_id, sweep_name
+        self.device = device  # the trials' device, as the driver resolved it
+        self.rows: list[dict] = []
+        self.overheads: list[float] = []
+        self._written: set[str] = set()
+        self._started: dict[str, float] = {}
+
+    def started(self, key: str) -> None:
+        self._started[key] = time.perf_counter()
+
+    def result(self, key: str, result: dict) -> None:
+        if "row_json" not in result:
+            if result.get("error"):
+                log.warning(
+                    "[%d/%s] a trial could not be composed, so it has no row: %s",
+                    len(self._written), self.total, result["error"],
+                )
+            return
+        row = json.loads(result["row_json"])
+        if self.write(row) and not result.get("cached"):
+            wall = time.perf_counter() - self._started.get(key, time.perf_counter())
+            if row.get("bench_seconds") is not None:
+                self.overheads.append(wall - row["bench_seconds"])
+        total = self.total if self.total is not None else "?"
+        log.info("[%d/%s] %s", len(self._written), total, describe(row, result.get("cached", False)))
+
+    def errored(self, config: dict, error: str) -> None:
+        """A trial Tune gave up on (its worker died more than sweep.max_failures times)."""
+        from sweep.bench import failed_row
+        from sweep.run_info import provenance_unloaded
+
+        try:
+            cfg = trial_config(self.base, config["trial"], self.device)
+        except SweepError as exc:
+            log.warning("a trial errored and could not be composed (%s): %s", exc, error)
+            return
+        failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
+        row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
+        row["sweep_name"] = self.sweep_name
+        self.write(row)
+        log.warning("[%d/%s] trial gave up after retries: %s", len(self._written), self.total, error)
+
+    def write(self, row: dict) -> bool:
+        """Write a row once per trial id in this sweep; True if written now."""
+        from datetime import datetime
+
+        from sweep.store import write_table
+
+        if row["trial_id"] in self._written:
+            return False
+        if isinstance(row.get("created_at"), str):
+            row["created_at"] = datetime.fromisoformat(row["created_at"])
+        write_table("trials", {k: [v] for k, v in row.items()}, root=self.root, provenance={}, stem=row["trial_id"])
+        self._written.add(row["trial_id"])
+        self.rows.append(row)
+        return True
+
+
+def last_error(path: str | None) -> str:
+    """The last line of a Tune trial's error file (the exception), or a placeholder."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "unknown error"
+    except (OSError, TypeError):
+        return "the worker died"
+
+
+def describe(row: dict, cached: bool) -> str:
+    """One progress line for a finished trial."""
+    from sweep.gatespec import GATE_COLUMNS
+
+    params = " ".join(f"{k}={row[k]}" for k in GATE_COLUMNS if row.get(k) is not None)
+    head = f"{row['model']} gate={row['gate']} {params} min_layer={row['min_layer']}".replace("  ", " ")
+    if row["status"] == "failed":
+        return f"{head}: failed ({row.get('error')})"
+    if cached:
+        tail = " (row from an earlier run)"
+    else:
+        tail = (
+            f" ({row.get('trial_seconds', 0):.1f} s, pid {row.get('worker_pid')}, "
+            f"model loads {row.get('worker_model_loads')})"
+        )
+    return f"{head}: {row['status']} agreement {row['agreement']:.3f} speedup_wall {row['speedup_wall']:.3f}x" + tail
+
+
+def overhead_summary(outcome: SweepOutcome) -> str:
+    if not outcome.overhead_s:
+        return ""
+    return (
+        "orchestration overhead per trial (driver-observed wall - bench time): "
+        f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} trials"
+    )

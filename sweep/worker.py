@@ -1,0 +1,55 @@
+"""What a sweep's Ray workers compute, Ray-free: a trial's row, and the screen's trace.
+
+``sweep.tune`` runs these in its workers and reports the results to Tune or the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from sweep.config import Config
+from sweep.errors import SweepError
+from sweep.plan import trial_config
+
+
+def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> dict[str, Any]:
+    """Run one trial with this process's cached model; its row (a failed row when it raises)."""
+    from sweep.bench import failed_row, prepare, run_trial
+    from sweep.models import model_loads
+    from sweep.run_info import provenance, provenance_unloaded
+
+    lm = gate = None
+    try:
+        lm, gate, prompts = prepare(cfg)
+        row = run_trial(cfg, lm, gate, prompts)
+    except (SweepError, RuntimeError, ValueError, OSError) as exc:
+        row = failed_row(cfg, cfg.prompts.n or 0, exc, gate)
+    prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
+    return {
+        **prov,
+        **row,
+        "sweep_name": sweep_name,
+        "worker_pid": os.getpid(),
+        "worker_model_loads": model_loads(),
+        "trial_seconds": time.perf_counter() - t0,
+    }
+
+
+def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
+    """The profile trace of the sweep's model and prompts at the bench's length, and the cost
+    model (with the probes of ``probe_gates``), on the device trials will use."""
+    from sweep.bench import prepare
+    from sweep.config import GateConfig
+    from sweep.costs import cost_model
+    from sweep.gates import make_gate
+    from sweep.profile import traced_run
+
+    cfg = trial_config(base, [], device)
+    cfg = dataclasses.replace(cfg, gate=GateConfig())  # the model's own depth decides every layer index later
+    lm, _, prompts = prepare(cfg)
+    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens)
+    gates = [make_gate(g, lm.num_layers) for g in probe_gates]
+    return {"trace": trace, "provenance": prov, "costs": cost_model(lm, prompts[0].input_ids, gates=gates).as_dict()}

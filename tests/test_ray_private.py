@@ -1,0 +1,71 @@
+"""The private Ray and Ray-Optuna attributes sweep reaches for (sweep/_ray_private.py), pinned
+to the installed Ray: an upgrade fails here first, naming the functions to re-check."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweep import _ray_private
+
+
+@pytest.fixture(scope="module")
+def ray():
+    from sweep.cluster_env import ray_environment
+    from sweep.config import compose
+
+    ray_environment(compose([]).cluster)  # before Ray is imported, as sweep run does
+    import ray
+
+    return ray
+
+
+def test_ray_is_the_pinned_release(ray):
+    assert ray.__version__.startswith(_ray_private.PINNED_RAY), (
+        f"Ray {ray.__version__} is not the pinned {_ray_private.PINNED_RAY}: re-check "
+        f"{', '.join(_ray_private.FUNCTIONS)} in sweep/_ray_private.py, then update PINNED_RAY"
+    )
+
+
+def test_single_node_mode_sets_rays_cluster_constant(ray, monkeypatch):
+    import ray._private.ray_constants as ray_constants
+
+    assert hasattr(ray_constants, "ENABLE_RAY_CLUSTER")
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    _ray_private.single_node_mode()
+    assert ray_constants.ENABLE_RAY_CLUSTER is False
+
+
+def test_bootstrap_address_reaches_rays_resolver(ray):
+    import ray._private.services as services
+
+    assert callable(getattr(services, "canonicalize_bootstrap_address_or_die", None))
+    assert _ray_private.bootstrap_address("127.0.0.1:6379").endswith(":6379")
+
+
+def test_replace_tuner_callbacks_reaches_the_run_config(ray, tmp_path):
+    from ray import tune
+
+    tuner = tune.Tuner(lambda config: None, run_config=tune.RunConfig(storage_path=str(tmp_path), callbacks=[]))
+    assert hasattr(tuner, "_local_tuner") and hasattr(tuner._local_tuner, "_run_config")
+    marker = tune.Callback()
+    _ray_private.replace_tuner_callbacks(tuner, [marker])
+    assert tuner._local_tuner._run_config.callbacks == [marker]
+
+
+def test_optuna_trial_reads_the_searchers_trials(ray):
+    from ray.tune.search.optuna import OptunaSearch
+
+    def space(trial):
+        trial.suggest_float("x", 0.0, 1.0)
+
+    search = OptunaSearch(space=space, metric="y", mode="max")
+    assert isinstance(getattr(search, "_ot_trials", None), dict)
+    search.suggest("t1")
+    assert _ray_private.optuna_trial(search, "t1").params.keys() == {"x"}
+    assert _ray_private.optuna_trial(search, "t2") is None
+
+
+def test_every_private_reach_is_listed_and_tested():
+    own = _ray_private.__name__
+    functions = {n for n, f in vars(_ray_private).items() if callable(f) and getattr(f, "__module__", "") == own}
+    assert functions == set(_ray_private.FUNCTIONS)
