@@ -17,10 +17,9 @@ from typing import Any
 
 from sweep.config import Config
 from sweep.costs import CostModel, cost_model
-from sweep.errors import ConfigError
 from sweep.engine import Decoded, Engine
 from sweep.estimators import Timings, mean_agreement
-from sweep.config import GATE_COLUMNS
+from sweep.gatespec import GATE_COLUMNS, gate_text
 from sweep.gates import Gate, make_gate
 from sweep.identity import trial_columns
 from sweep.models import LoadedModel, load_model
@@ -118,10 +117,8 @@ def gated_engine(cfg: Config, lm: LoadedModel, gate: Gate):
     """What the trial measures against full depth: early exit under the gate, or lossless
     self-speculation drafting with the fixed gate's layers."""
     if cfg.bench.mode == "self_speculative":
-        from sweep.speculative import SelfSpeculative
+        from sweep.speculative import SelfSpeculative  # validate() made sure the gate is fixed
 
-        if gate.name != "fixed":
-            raise ConfigError(f"bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K (not gate={gate.name})")
         return SelfSpeculative(lm, gate.exit_layer, cfg.bench.draft_len)
     return Engine(lm, gate, cfg.bench.kv_policy)
 
@@ -163,8 +160,6 @@ def _sides(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> t
         return [[p] for p in prompts], _Side(Engine(lm), b.gen_tokens), _Side(gated_engine(cfg, lm, gate), b.gen_tokens)
     from sweep.batching import BatchEngine, batches
 
-    if b.mode != "early_exit":
-        raise ConfigError("bench.batch_size: batches are measured for bench.mode=early_exit only")
     units = batches(prompts, b.batch_size)
     baseline, gated = BatchEngine(lm), BatchEngine(lm, gate, b.kv_policy)
     return units, _Side(baseline, b.gen_tokens, batched=True), _Side(gated, b.gen_tokens, batched=True)
@@ -193,14 +188,8 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         **trial_columns(cfg),  # trial_id and trial_key (sweep.identity)
         "source": "measured",
         "gate": g.name,
-        "min_layer": gate.min_layer if gate is not None else g.min_layer,
         "min_depth": g.min_depth,
-        "exit_layer": getattr(gate, "exit_layer", None) if gate is not None else (g.exit_layer if g.name == "fixed" else None),
-        "eps": g.eps,
-        "theta": g.theta,
-        "q": g.q,
-        "k": g.k,
-        "decay": g.decay,
+        **(gate.values() if gate is not None else {**{p: getattr(g, p) for p in GATE_COLUMNS}, "min_layer": g.min_layer}),
         "kv_policy": b.kv_policy,
         "mode": b.mode,
         "batch_size": b.batch_size,
@@ -320,9 +309,8 @@ def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | Non
 
 def format_row(row: dict[str, Any], costs: CostModel | None = None) -> str:
     """The readable summary `sweep bench` prints."""
-    params = "".join(f" {k}={row[k]}" for k in GATE_COLUMNS if row.get(k) is not None)
     lines = [
-        f"trial {row['trial_id']}: model={row['model']} gate={row['gate']}{params} min_layer={row['min_layer']} "
+        f"trial {row['trial_id']}: model={row['model']} gate={row['gate']} {gate_text(row)} "
         f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} repeats"
         + (f", batches of {row['batch_size']})" if (row.get("batch_size") or 1) > 1 else ")"),
     ]

@@ -87,7 +87,7 @@ def sweep_report(outcome) -> str:
         return "\n".join(lines)
     if outcome.simulated is not None:
         lines += _screen_report(outcome)
-    from sweep.config import GATE_COLUMNS
+    from sweep.gatespec import GATE_COLUMNS
 
     cols = ["model", "gate", "min_layer", *GATE_COLUMNS, "kv_policy", "mode", "status", "agreement", "speedup_wall", "speedup_model",
             "speedup_e2e_wall", "exit_rate", "step_layers_saved", "trial_id"]

@@ -111,10 +111,9 @@ def last_error(path: str | None) -> str:
 
 def describe(row: dict, cached: bool) -> str:
     """One progress line for a finished trial."""
-    from sweep.gatespec import GATE_COLUMNS
+    from sweep.gatespec import gate_text
 
-    params = " ".join(f"{k}={row[k]}" for k in GATE_COLUMNS if row.get(k) is not None)
-    head = f"{row['model']} gate={row['gate']} {params} min_layer={row['min_layer']}".replace("  ", " ")
+    head = f"{row['model']} gate={row['gate']} {gate_text(row)}"
     if row["status"] == "failed":
         return f"{head}: failed ({row.get('error')})"
     if cached:

@@ -18,8 +18,7 @@ import polars as pl
 from sweep.config import Config, GateConfig, compose
 from sweep.config._fields import build
 from sweep.errors import ConfigError
-from sweep.config import GATE_COLUMNS
-from sweep.gates import GATES
+from sweep.gatespec import GATE_COLUMNS, GATE_SPECS
 from sweep.search import as_override, spaces
 
 log = logging.getLogger("sweep.screen")
@@ -33,7 +32,7 @@ def dense_settings(cfg: Config, base: list[str], merge) -> list[tuple[list[str],
         gate_name = next((p.values[0] for p in params if p.key == "gate" and p.kind == "fixed"), None)
         if gate_name is None:
             raise ConfigError(f"search.spaces[{i}]: a screen sub-space names its gate (gate: saturation, ...)")
-        threshold = GATES.get(gate_name, key=f"search.spaces[{i}].gate").threshold
+        threshold = GATE_SPECS.get(gate_name, key=f"search.spaces[{i}].gate").threshold
         key = f"gate.{threshold}" if threshold else None
         swept = next((p for p in params if p.key == key), None)
         others = [p for p in params if p.key != key]
@@ -66,7 +65,7 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
     front = front.filter(pl.col("trial_id") != BASELINE)
     chosen = set(front["trial_id"].to_list())
     for knee in chord_knees(front, by=("model",), x="_x", y="_y").iter_rows(named=True):
-        gate = GATES.get(knee["gate"], key="gate")
+        gate = GATE_SPECS.get(knee["gate"], key="gate")
         if gate.threshold is None:
             continue
         line = sim.filter(

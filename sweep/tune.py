@@ -31,7 +31,7 @@ from ray.tune.search.optuna import OptunaSearch
 from sweep import _ray_private
 from sweep.config import ClusterConfig, Config, SearchConfig
 from sweep.errors import ConfigError, SweepError
-from sweep.gates import GATES
+from sweep.gatespec import GATE_SPECS
 from sweep.identity import trial_device, trial_identity
 from sweep.plan import Plan, plan_sweep, screen_selection, select_trials, trial_config
 from sweep.rows import RowWriter, SweepOutcome, last_error
@@ -268,7 +268,7 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
     setting on the trace (``sweep.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
     task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(screen_trace)
-    probes = {c.gate for _, c in settings if GATES.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens")}
+    probes = {c.gate for _, c in settings if GATE_SPECS.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens")}
     probes = sorted(probes, key=str)
     try:
         traced = ray.get(task.remote(plan.base, plan.run_id, device, probes))

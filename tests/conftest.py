@@ -46,9 +46,9 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
 def ray_session():
     """One embedded Ray (127.0.0.1, token auth) shared by the in-process sweep tests."""
     from sweep.cluster_env import ray_environment
-    from sweep.config import ClusterConfig
+    from sweep.config import compose
 
-    cluster = ClusterConfig()
+    cluster = compose([]).cluster  # conf/cluster/local.yaml
     ray_environment(cluster)
     from sweep import tune as sweep_tune
 

@@ -3,12 +3,13 @@ to loopback, and the auth mode is set explicitly."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from conftest import descendants
 from sweep.cluster_env import is_loopback, ray_environment
-from sweep.config import ClusterConfig
+from sweep.config import compose
 
 
 def listening_sockets(pids: set[int]) -> list[tuple[int, str]]:
@@ -52,9 +53,10 @@ def test_every_embedded_ray_server_listens_on_loopback_only(ray_session):
 
 def test_auth_mode_is_explicit(monkeypatch):
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    ray_environment(ClusterConfig(address="10.0.0.5:6379", auth="disabled"))
+    local = compose([]).cluster
+    ray_environment(dataclasses.replace(local, address="10.0.0.5:6379", auth="disabled"))
     assert os.environ["RAY_AUTH_MODE"] == "disabled"
-    ray_environment(ClusterConfig())
+    ray_environment(local)
     assert os.environ["RAY_AUTH_MODE"] == "token" and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
+
 # 2: layers_saved counts decode steps only (the first token saves nothing)
 # 3: trials carry trial_key, the JSON text that trial_id hashes
 SCHEMA_VERSION = 3
@@ -97,18 +99,20 @@ PROFILE = Table(
     ),
 )
 
-# a gate setting, as trials and simulated rows carry it
+# a gate setting, as trials and simulated rows carry it: the parameter columns come from the
+# gate-spec table (sweep.gatespec), so a new gate parameter is a new column of every table here
+def _gate_column(param: ParamSpec) -> Column:
+    takers = [g.name for g in GATE_SPECS if param.name in g.accepts]
+    unset = "gates that do not take it" if len(takers) > 2 else "gates other than " + " and ".join(takers)
+    meaning = param.meaning if "null" in param.meaning else f"{param.meaning}; null for {unset}"
+    return Column(param.name, {int: pl.Int32(), float: pl.Float64()}[param.type], param.unit, meaning, nullable=True)
+
+
 GATE_FIELDS: tuple[Column, ...] = (
-    Column("gate", pl.String(), "", "gate name (full, fixed, saturation, margin, conformal, softmax, cosine, entropy, pca)"),
+    Column("gate", pl.String(), "", f"gate name ({', '.join(GATE_SPECS.names())})"),
     Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit (resolved from min_depth when set)"),
     Column("min_depth", pl.Float64(), "fraction", "min_layer as a fraction of depth, when the setting gave it that way", nullable=True),
-    Column("exit_layer", pl.Int32(), "", "fixed gate's exit layer (min_layer when unset); null for other gates", nullable=True),
-    Column("eps", pl.Float64(), "ratio", "threshold of saturation (delta), cosine (1 - cos) and pca (projection change); null for other gates", nullable=True),
-    Column("theta", pl.Float64(), "per gate: logits | probability | nats", "threshold: margin gate in logits (top1 - top2 of z_l), softmax gate in probability (top-1 minus top-2 probability), entropy gate in nats; null for other gates", nullable=True),
-    Column("q", pl.Float64(), "", "conformal gate's calibration quantile; null for other gates", nullable=True),
-    Column("k", pl.Int32(), "directions", "pca gate's principal directions; null for other gates", nullable=True),
-    Column("decay", pl.Float64(), "", "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed", nullable=True),
-)
+) + tuple(_gate_column(p) for p in PARAMS.values())
 
 
 def _metric(name: str, unit: str, meaning: str, dtype: pl.DataType | None = None) -> Column:
