@@ -1,10 +1,10 @@
-# `make run`: set up, then the main job.  `make test`: set up, then every test (slow ones included).
+# `make run`: set up, then the main job.  `make test`: set up, lint, then every test (slow ones included).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 RUN_ARGS ?=
 
-.PHONY: setup run test test-fast clean
+.PHONY: setup run lint test test-fast clean
 
 setup: $(VENV)/.installed
 
@@ -19,7 +19,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 run: setup
 	$(BIN)/sweep run experiment=main $(RUN_ARGS)
 
-test: setup
+# ruff: lint (pycodestyle, pyflakes; no line over 120 characters) and formatting, as configured in pyproject.toml
+lint: setup
+	$(BIN)/ruff check sweep tests benchmarks jobs
+	$(BIN)/ruff format --check sweep tests benchmarks jobs
+
+test: lint
 	$(BIN)/pytest -m 'not gpu'
 
 test-fast: setup

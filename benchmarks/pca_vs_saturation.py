@@ -41,7 +41,10 @@ def main() -> None:
     print(f"{trace['model'][0]}: {positions} positions, pca_k={trace['pca_k'][0]}")
     print(f"{'layer':>5} {'delta':>8} {'pca_delta':>10} {'pca<delta':>10} {'lens top-1':>11}")
     for r in curve.iter_rows(named=True):
-        print(f"{r['layer']:>5} {r['delta']:>8.4f} {r['pca_delta']:>10.4f} {r['pca_below']:>10.3f} {r['lens_top1']:>11.3f}")
+        print(
+            f"{r['layer']:>5} {r['delta']:>8.4f} {r['pca_delta']:>10.4f} {r['pca_below']:>10.3f} "
+            f"{r['lens_top1']:>11.3f}"
+        )
 
     signals = signals_from_trace(trace)
     frames = []
@@ -51,11 +54,19 @@ def main() -> None:
         frames.append(simulate(cfgs, signals, None).with_columns(pl.lit(name).alias("gate")))
     sims = pl.concat(frames, how="diagonal_relaxed")
     L = signals.num_layers
-    print(f"\nteacher-forced replay on {signals.positions} decision positions, min_layer {args.min_layer}, {len(EPS)} eps values per gate")
+    print(
+        f"\nteacher-forced replay on {signals.positions} decision positions, min_layer {args.min_layer}, {len(EPS)} "
+        f"eps values per gate"
+    )
     print("best agreement among settings with mean exit layer <= target (matched compute):")
     print(f"{'target':>7} {'saturation':>11} {'pca':>8}")
     for target in (L - 0.5, L - 1, L - 1.5, L - 2, L - 3, L - 4, L - 5, L - 6, L - 8, L - 10, L - 14):
-        best = dict(sims.filter(pl.col("mean_exit_layer") <= target).group_by("gate").agg(pl.col("agreement_tf").max()).iter_rows())
+        best = dict(
+            sims.filter(pl.col("mean_exit_layer") <= target)
+            .group_by("gate")
+            .agg(pl.col("agreement_tf").max())
+            .iter_rows()
+        )
         cells = [f"{best[g]:.3f}" if g in best else "-" for g in ("saturation", "pca")]
         print(f"{target:>7g} {cells[0]:>11} {cells[1]:>8}")
 

@@ -21,7 +21,15 @@ from sweep.costs import CostModel
 from sweep.simulate import signals_from_trace, simulate
 
 # the cost model measured for SmolLM2-135M fp32 on these CPUs (`sweep bench ... bench.cost_model=true`)
-COSTS = dict(layer_ms=1.062, head_ms=7.188, lens_probe_ms=7.367, hidden_probe_ms=0.011, kv_ms=0.071, overhead_ms=1.796, step_ms=40.856)
+COSTS = dict(
+    layer_ms=1.062,
+    head_ms=7.188,
+    lens_probe_ms=7.367,
+    hidden_probe_ms=0.011,
+    kv_ms=0.071,
+    overhead_ms=1.796,
+    step_ms=40.856,
+)
 
 
 def settings(n: int, L: int) -> list[GateConfig]:
@@ -51,8 +59,14 @@ def main() -> None:
         t0 = time.perf_counter()
         table = simulate(cfgs, signals, costs)
         samples.append(time.perf_counter() - t0)
-    print(f"trace {run}: {signals.positions} decision positions x {L} layers ({len(signals.prompt_ids)} prompts); signals built in {t_signals:.2f} s")
-    print(f"{len(cfgs)} settings simulated; median of 3 runs: {statistics.median(samples):.3f} s (runs: {', '.join(f'{s:.3f}' for s in samples)})")
+    print(
+        f"trace {run}: {signals.positions} decision positions x {L} layers ({len(signals.prompt_ids)} prompts); "
+        f"signals built in {t_signals:.2f} s"
+    )
+    print(
+        f"{len(cfgs)} settings simulated; median of 3 runs: {statistics.median(samples):.3f} s (runs: "
+        f"{', '.join(f'{s:.3f}' for s in samples)})"
+    )
     print(", ".join(f"{g}: {k}" for g, k in sorted(table["gate"].value_counts().iter_rows())))
 
 

@@ -23,7 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Submit `sweep run` to a Ray cluster's job server.")
-    parser.add_argument("--address", default=os.environ.get("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265"), help="the job server (dashboard) URL")
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265"),
+        help="the job server (dashboard) URL",
+    )
     parser.add_argument("--auth", choices=("token", "disabled"), default="token", help="the cluster's RAY_AUTH_MODE")
     parser.add_argument("--no-follow", action="store_true", help="print the submission id and return")
     parser.add_argument("--python", default="python", help="the Python on the cluster's nodes")
@@ -38,8 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         roots = [o.split("=", 1)[1] for o in args.overrides if o.startswith("results.root=")]
         if not roots or not os.path.isabs(roots[-1]):
-            raise ConfigError("results.root: pass an absolute path on storage shared by the cluster's nodes (results.root=/shared/results)")
-        compose([*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"])  # bad overrides fail here, not on the cluster
+            raise ConfigError(
+                "results.root: pass an absolute path on storage shared by the cluster's nodes "
+                "(results.root=/shared/results)"
+            )
+        compose(
+            [*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"]
+        )  # bad overrides fail here, not on the cluster
         ray_environment(ClusterConfig(address=args.address, auth=args.auth, dashboard=False))
         from sweep.submit import follow_job, submit_job
 

@@ -150,8 +150,10 @@ class BatchEngine(Engine):
             for step in range(1, n_tokens):
                 if gate is not None:
                     gate.token_index = step
-                inputs = {"attention_mask": None if mask is None else mask[:, : P + step],
-                          "position_ids": next_pos + (step - 1)}
+                inputs = {
+                    "attention_mask": None if mask is None else mask[:, : P + step],
+                    "position_ids": next_pos + (step - 1),
+                }
                 logits, exits, ran, probes = self._batch_step(stepper, token, cache, inputs)
                 token = logits.argmax(-1, keepdim=True)
                 tokens.append(token)

@@ -19,18 +19,13 @@ from sweep.config import Config
 from sweep.costs import CostModel, cost_model
 from sweep.engine import Decoded, Engine
 from sweep.estimators import Timings, mean_agreement
-from sweep.gatespec import GATE_COLUMNS, gate_text
+from sweep.gatespec import GATE_COLUMNS
 from sweep.gates import Gate, make_gate
 from sweep.identity import trial_columns
 from sweep.models import LoadedModel, load_model
 from sweep.prompts import Prompt, read_prompts, tokenize_prompts
 
 log = logging.getLogger("sweep.bench")
-
-
-def trial_id(cfg: Config) -> str:
-    """The trial's id (kept for callers of ``sweep.bench.trial_id``; ``sweep.identity`` defines it)."""
-    return trial_columns(cfg)["trial_id"]
 
 
 @dataclass
@@ -79,9 +74,11 @@ class _References:
     max_logit_diff: float | None = 0.0
 
     def prompt_runs(self, baseline: _Side, gated: _Side) -> list[_PromptRun]:
-        return [_PromptRun(prompt, base, gate)
-                for unit, b, g in zip(self.units, self.baseline, self.gated)
-                for prompt, base, gate in zip(unit, baseline.records(b), gated.records(g))]
+        return [
+            _PromptRun(prompt, base, gate)
+            for unit, b, g in zip(self.units, self.baseline, self.gated)
+            for prompt, base, gate in zip(unit, baseline.records(b), gated.records(g))
+        ]
 
 
 @dataclass
@@ -107,9 +104,11 @@ def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     """Load and check everything a trial needs; bad input fails here, before any work."""
     items = read_prompts(cfg.prompts)
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
-    gate = make_gate(cfg.gate, lm.num_layers)
+    gate = make_gate(cfg.gate, lm.num_layers, lm.model.config.hidden_size)  # the one check against the model
     room = getattr(lm.model.config, "max_position_embeddings", None)
-    prompts = tokenize_prompts(items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.bench.gen_tokens)
+    prompts = tokenize_prompts(
+        items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.bench.gen_tokens
+    )
     return lm, gate, prompts
 
 
@@ -189,7 +188,11 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "source": "measured",
         "gate": g.name,
         "min_depth": g.min_depth,
-        **(gate.values() if gate is not None else {**{p: getattr(g, p) for p in GATE_COLUMNS}, "min_layer": g.min_layer}),
+        **(
+            gate.values()
+            if gate is not None
+            else {**{p: getattr(g, p) for p in GATE_COLUMNS}, "min_layer": g.min_layer}
+        ),
         "kv_policy": b.kv_policy,
         "mode": b.mode,
         "batch_size": b.batch_size,
@@ -228,8 +231,10 @@ def _timed_rounds(baseline: _Side, gated: _Side, refs: _References, repeats: int
     reproduced = True
     for r in range(repeats):
         for i, unit in enumerate(refs.units):
-            sides = [(baseline, refs.baseline[i].tokens, t.base_decode, t.base_prefill),
-                     (gated, refs.gated[i].tokens, t.gated_decode, t.gated_prefill)]
+            sides = [
+                (baseline, refs.baseline[i].tokens, t.base_decode, t.base_prefill),
+                (gated, refs.gated[i].tokens, t.gated_decode, t.gated_prefill),
+            ]
             for side, expected, decode, prefill in sides if (r + i) % 2 == 0 else reversed(sides):
                 gen = side.run(unit)
                 reproduced &= gen.tokens == expected
@@ -240,8 +245,15 @@ def _timed_rounds(baseline: _Side, gated: _Side, refs: _References, repeats: int
     return t, reproduced
 
 
-def _metrics(runs: list[_PromptRun], t: Timings, costs: CostModel, gate: Gate, kv_policy: str, L: int,
-             charged: _Steps | None = None) -> dict[str, Any]:
+def _metrics(
+    runs: list[_PromptRun],
+    t: Timings,
+    costs: CostModel,
+    gate: Gate,
+    kv_policy: str,
+    L: int,
+    charged: _Steps | None = None,
+) -> dict[str, Any]:
     """The trial's figures; ``t`` is per prompt (single sequences) or per batch; ``charged`` the
     gated decode steps the cost model charges (by default each prompt's own: single sequences)."""
     n = len(runs[0].baseline.tokens)
@@ -289,9 +301,19 @@ def _metrics(runs: list[_PromptRun], t: Timings, costs: CostModel, gate: Gate, k
         "prompt_input_tokens": lengths,
         "prompt_agreement": agree,
         "prompt_prefix_agreement": prefix,
-        "prompt_speedup_wall": [statistics.median(t.base_decode[r][i] / t.gated_decode[r][i] for r in rounds) for i in range(len(runs))] if per_unit else None,
-        "prompt_baseline_ms": [statistics.median(t.base_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))] if per_unit else None,
-        "prompt_ms": [statistics.median(t.gated_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))] if per_unit else None,
+        "prompt_speedup_wall": [
+            statistics.median(t.base_decode[r][i] / t.gated_decode[r][i] for r in rounds) for i in range(len(runs))
+        ]
+        if per_unit
+        else None,
+        "prompt_baseline_ms": [
+            statistics.median(t.base_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))
+        ]
+        if per_unit
+        else None,
+        "prompt_ms": [statistics.median(t.gated_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))]
+        if per_unit
+        else None,
     }
     # a batch runs to its deepest sequence: its steps' layers are the max over the batch
     return {**row, **t.columns(), "step_layers_saved": 1.0 - statistics.fmean(charged.layers) / L}
@@ -303,46 +325,16 @@ def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | Non
 
     row = {c.name: None for c in TABLES["trials"].columns if c.nullable}
     row.update(trial_fields(cfg, n_prompts, gate))
-    row.update(status="failed", error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500])
+    row.update(
+        status="failed",
+        error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500],
+    )
     return row
-
-
-def format_row(row: dict[str, Any], costs: CostModel | None = None) -> str:
-    """The readable summary `sweep bench` prints."""
-    lines = [
-        f"trial {row['trial_id']}: model={row['model']} gate={row['gate']} {gate_text(row)} "
-        f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} repeats"
-        + (f", batches of {row['batch_size']})" if (row.get("batch_size") or 1) > 1 else ")"),
-    ]
-    if row["status"] == "failed":
-        lines.append(f"status: failed ({row['error']})")
-        return "\n".join(lines)
-    lines += [
-        f"determinism: {'ok' if row['deterministic'] else 'FAILED'}"
-        + (f" (max |logit diff| between baselines {row['determinism_max_logit_diff']:.3g})" if row["determinism_max_logit_diff"] is not None else " (tokens compared)"),
-        f"agreement {row['agreement']:.3f}  prefix {row['prefix_agreement']:.3f}  exact match {row['exact_match']:.2f}  "
-        f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
-        f"layers saved {100 * row['layers_saved']:.1f}%",
-        f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
-        f"speedup_wall {row['speedup_wall']:.3f}x" + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else "")
-        + f"; end to end (prefill and calibration included) {row['speedup_e2e_wall']:.3f}x"
-        + (f", model {row['speedup_e2e_model']:.3f}x" if row["speedup_e2e_model"] is not None else ""),
-        f"costs in layer-equivalents: probe {row['probe_cost_layers']:.2f}, K/V fill {row['kv_cost_layers']:.2f}/layer, "
-        f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
-    ]
-    if row.get("mode") == "self_speculative":
-        lines.append(
-            f"self-speculation: draft_len {row['draft_len']}, acceptance rate {row['acceptance_rate']:.3f}, "
-            f"mean accepted {row['mean_accepted_length']:.2f}, tokens per verification {row['tokens_per_verification']:.2f}"
-        )
-    if costs is not None:
-        lines.append(costs.format())
-    lines.append(f"status: {row['status']}")
-    return "\n".join(lines)
 
 
 def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
     """`sweep bench`: one trial, one Parquet row; returns (path, row, summary)."""
+    from sweep.rows import format_row
     from sweep.run_info import new_run_id, provenance
     from sweep.store import write_table
 
@@ -356,6 +348,12 @@ def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
     run_id = cfg.run_id or new_run_id()
     prov = provenance(cfg, lm, run_id)
     row.update(sweep_name=None, worker_pid=None, worker_model_loads=None, trial_seconds=None)  # sweep-only columns
-    path = write_table("trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"])
-    costs = cost_model(lm, prompts[0].input_ids, gates=[gate]) if cfg.bench.cost_model and row["status"] != "failed" else None
+    path = write_table(
+        "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
+    )
+    costs = (
+        cost_model(lm, prompts[0].input_ids, gates=[gate])
+        if cfg.bench.cost_model and row["status"] != "failed"
+        else None
+    )
     return str(path), {**prov, **row}, format_row({**prov, **row}, costs)

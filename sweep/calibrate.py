@@ -47,7 +47,10 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
         return 0.0
     if k >= n:
         return 1.0
-    logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p) for i in range(k + 1)]
+    logs = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p)
+        for i in range(k + 1)
+    ]
     top = max(logs)
     return math.exp(top) * sum(math.exp(v - top) for v in logs)
 
@@ -66,7 +69,9 @@ def fixed_sequence(pvalues: Sequence[float], epsilon: float) -> int:
     return last
 
 
-def certifiable_risk(n: int, delta: float, epsilon: float, pvalue: Callable[[float, int, float], float]) -> float | None:
+def certifiable_risk(
+    n: int, delta: float, epsilon: float, pvalue: Callable[[float, int, float], float]
+) -> float | None:
     """The largest calibration risk (mean loss over n prompts) whose p-value is still <= epsilon,
     found by bisection (p-values grow with the risk); None when even a risk of 0 is not enough."""
     if pvalue(0.0, n, delta) > epsilon:
@@ -152,7 +157,14 @@ def run_calibrate(cfg: Config) -> Calibration:
         result.tested.append(float(value))
         result.risks.append(r)
         result.pvalues.append(p)
-        log.info("%s=%g: calibration risk %.4f, p-value %.3g %s", spec.threshold, value, r, p, "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)")
+        log.info(
+            "%s=%g: calibration risk %.4f, p-value %.3g %s",
+            spec.threshold,
+            value,
+            r,
+            p,
+            "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)",
+        )
         if p > c.epsilon:
             break
     last = fixed_sequence(result.pvalues, c.epsilon)
@@ -174,23 +186,38 @@ def format_calibration(cfg: Config, r: Calibration) -> str:
     c = cfg.calibrate
     lines = [
         f"calibrate gate={r.gate} on {cfg.model.name}: {r.n_cal} calibration and {r.n_holdout} held-out prompts x "
-        f"{cfg.bench.gen_tokens} tokens, kv_policy={cfg.bench.kv_policy}, {c.pvalue} p-values, delta={c.delta:g}, epsilon={c.epsilon:g}",
+        f"{cfg.bench.gen_tokens} tokens, kv_policy={cfg.bench.kv_policy}, {c.pvalue} p-values, delta={c.delta:g}, "
+        f"epsilon={c.epsilon:g}",
         f"{'':>2}{r.threshold:>10}  {'risk (cal)':>11}  {'p-value':>9}",
     ]
-    lines += [f"{'':>2}{v:>10g}  {risk:>11.4f}  {p:>9.3g}{'  <- chosen' if v == r.chosen else ''}" for v, risk, p in zip(r.tested, r.risks, r.pvalues)]
+    lines += [
+        f"{'':>2}{v:>10g}  {risk:>11.4f}  {p:>9.3g}{'  <- chosen' if v == r.chosen else ''}"
+        for v, risk, p in zip(r.tested, r.risks, r.pvalues)
+    ]
     bar = certifiable_risk(r.n_cal, c.delta, c.epsilon, PVALUES[c.pvalue])
     if bar is None:
-        lines.append(f"with {r.n_cal} calibration prompts no threshold can be certified at delta={c.delta:g}, epsilon={c.epsilon:g}, even at zero risk: use more prompts")
-    else:
-        lines.append(f"with {r.n_cal} calibration prompts a threshold is certified when its calibration risk is <= {bar:.4f}")
-    if r.chosen is None:
-        lines.append(f"no threshold certified: even the most conservative has p-value {r.pvalues[0]:.3g} > epsilon={c.epsilon:g}")
+        lines.append(
+            f"with {r.n_cal} calibration prompts no threshold can be certified at delta={c.delta:g}, "
+            f"epsilon={c.epsilon:g}, even at zero risk: use more prompts"
+        )
     else:
         lines.append(
-            f"chosen {r.threshold}={r.chosen:g}: disagreement risk <= {c.delta:g} with probability >= {1 - c.epsilon:g} "
+            f"with {r.n_cal} calibration prompts a threshold is certified when its calibration risk is <= {bar:.4f}"
+        )
+    if r.chosen is None:
+        lines.append(
+            f"no threshold certified: even the most conservative has p-value {r.pvalues[0]:.3g} > epsilon={c.epsilon:g}"
+        )
+    else:
+        lines.append(
+            f"chosen {r.threshold}={r.chosen:g}: disagreement risk <= {c.delta:g} with probability >= "
+            f"{1 - c.epsilon:g} "
             f"(fixed-sequence Learn-then-Test; prompts exchangeable)"
         )
         verdict = "holds" if r.holdout_risk <= c.delta else "EXCEEDED"
-        lines.append(f"held-out check: observed disagreement {r.holdout_risk:.4f} on {r.n_holdout} prompts (exit rate {r.holdout_exit_rate:.3f}): {verdict}")
+        lines.append(
+            f"held-out check: observed disagreement {r.holdout_risk:.4f} on {r.n_holdout} prompts (exit rate "
+            f"{r.holdout_exit_rate:.3f}): {verdict}"
+        )
     lines.append(f"calibration took {r.seconds:.1f} s")
     return "\n".join(lines)

@@ -65,7 +65,11 @@ def _run(overrides: list[str]) -> int:
     if outcome.interrupted:
         import shlex
 
-        print(f"interrupted: resume with `sweep run {shlex.join([*overrides, 'resume=true', f'sweep.name={outcome.name}'])}`", file=sys.stderr)
+        print(
+            f"interrupted: resume with `sweep run "
+            f"{shlex.join([*overrides, 'resume=true', f'sweep.name={outcome.name}'])}`",
+            file=sys.stderr,
+        )
         return 130
     summary = overhead_summary(outcome)
     if summary:
@@ -89,15 +93,34 @@ def sweep_report(outcome) -> str:
         lines += _screen_report(outcome)
     from sweep.gatespec import GATE_COLUMNS
 
-    cols = ["model", "gate", "min_layer", *GATE_COLUMNS, "kv_policy", "mode", "status", "agreement", "speedup_wall", "speedup_model",
-            "speedup_e2e_wall", "exit_rate", "step_layers_saved", "trial_id"]
+    cols = [
+        "model",
+        "gate",
+        "min_layer",
+        *GATE_COLUMNS,
+        "kv_policy",
+        "mode",
+        "status",
+        "agreement",
+        "speedup_wall",
+        "speedup_model",
+        "speedup_e2e_wall",
+        "exit_rate",
+        "step_layers_saved",
+        "trial_id",
+    ]
     df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
     df = df.sort("model", "gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
         lines += ["trials:", str(df)]
-        front = pareto_front(df, by=("model",)).select("model", "gate", "min_layer", *GATE_COLUMNS, "agreement", "speedup", "speedup_noise", "trial_id")
-        lines += ["Pareto front (speedup and agreement, both maximised; status ok; speedup = speedup_wall, or 1 where no "
-                  "compute was skipped, its measured ratio then in speedup_noise):", str(front)]
+        front = pareto_front(df, by=("model",)).select(
+            "model", "gate", "min_layer", *GATE_COLUMNS, "agreement", "speedup", "speedup_noise", "trial_id"
+        )
+        lines += [
+            "Pareto front (speedup and agreement, both maximised; status ok; speedup = speedup_wall, or 1 where no "
+            "compute was skipped, its measured ratio then in speedup_noise):",
+            str(front),
+        ]
     return "\n".join(lines)
 
 
@@ -124,9 +147,15 @@ def _screen_report(outcome) -> list[str]:
     ]
     comp = comparison(sim, outcome.rows)
     if comp.height:
-        with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
-            lines += ["simulated (teacher-forced) against measured (closed loop):", str(comp),
-                      "gap per gate (simulated - measured):", str(gap_by_gate(comp))]
+        with pl.Config(
+            tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3
+        ):
+            lines += [
+                "simulated (teacher-forced) against measured (closed loop):",
+                str(comp),
+                "gap per gate (simulated - measured):",
+                str(gap_by_gate(comp)),
+            ]
     return lines
 
 
@@ -207,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SWEEP_DEBUG"):
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"error: unexpected {type(exc).__name__} at {_where(exc)}: {first} (set SWEEP_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(
+            f"error: unexpected {type(exc).__name__} at {_where(exc)}: {first} (set SWEEP_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -42,7 +42,9 @@ class CostModel:
     def probe_ms(self, gate: Gate) -> float:
         known = {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms, **self.extra_probe_ms}
         if gate.probe_key not in known:
-            raise KeyError(f"probe '{gate.probe_key}' not measured: cost_model(lm, prompt_ids, gates=[...]) measures it")
+            raise KeyError(
+                f"probe '{gate.probe_key}' not measured: cost_model(lm, prompt_ids, gates=[...]) measures it"
+            )
         return known[gate.probe_key]
 
     def fill_ms(self, kv_policy: str) -> float:
@@ -68,8 +70,13 @@ class CostModel:
         )
 
     def decode_ms(
-        self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str,
-        extra_heads: Sequence[int] = (), extra_fill_layers: Sequence[int] = (),
+        self,
+        gate: Gate,
+        exit_layers: Sequence[int],
+        probes: Sequence[int],
+        kv_policy: str,
+        extra_heads: Sequence[int] = (),
+        extra_fill_layers: Sequence[int] = (),
     ) -> float:
         """Predicted gated ms of the given decode steps; a batch's steps add the heads and K/V
         fills no single sequence pays (see BatchGeneration)."""
@@ -77,8 +84,13 @@ class CostModel:
         return gated + sum(extra_heads) * self.head_ms + sum(extra_fill_layers) * self.fill_ms(kv_policy)
 
     def speedup(
-        self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str,
-        extra_heads: Sequence[int] = (), extra_fill_layers: Sequence[int] = (),
+        self,
+        gate: Gate,
+        exit_layers: Sequence[int],
+        probes: Sequence[int],
+        kv_policy: str,
+        extra_heads: Sequence[int] = (),
+        extra_fill_layers: Sequence[int] = (),
     ) -> float:
         """Predicted full-depth ms over gated ms, summed over the given decode steps."""
         gated = self.decode_ms(gate, exit_layers, probes, kv_policy, extra_heads, extra_fill_layers)
@@ -95,14 +107,22 @@ class CostModel:
         return gate.calibration_lenses() * self.prefill_lens_ms * prompt_tokens / self.prompt_tokens
 
     def speedup_e2e(
-        self, gate: Gate, exit_layers: Sequence[int], probes: Sequence[int], kv_policy: str,
-        prompt_tokens: Sequence[int], extra_heads: Sequence[int] = (), extra_fill_layers: Sequence[int] = (),
+        self,
+        gate: Gate,
+        exit_layers: Sequence[int],
+        probes: Sequence[int],
+        kv_policy: str,
+        prompt_tokens: Sequence[int],
+        extra_heads: Sequence[int] = (),
+        extra_fill_layers: Sequence[int] = (),
     ) -> float:
         """Predicted end-to-end speedup of whole requests: every prompt's prefill (and, on the
         gated side, its calibration) plus the given decode steps."""
         prefill = sum(self.prefill_at(p) for p in prompt_tokens)
         calibration = sum(self.calibration_ms(gate, p) for p in prompt_tokens)
-        gated = prefill + calibration + self.decode_ms(gate, exit_layers, probes, kv_policy, extra_heads, extra_fill_layers)
+        gated = (
+            prefill + calibration + self.decode_ms(gate, exit_layers, probes, kv_policy, extra_heads, extra_fill_layers)
+        )
         return (prefill + len(exit_layers) * self.step_ms) / gated if gated else float("nan")
 
     def as_dict(self) -> dict[str, float]:
@@ -125,7 +145,9 @@ class CostModel:
         return "\n".join(lines)
 
 
-def cost_model(lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Gate] = (), repeats: int = 12) -> CostModel:
+def cost_model(
+    lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Gate] = (), repeats: int = 12
+) -> CostModel:
     """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
     them to a later model); the probes of ``gates`` that are not the standard three are
@@ -197,8 +219,19 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
     # a noisy slope must not predict a full-depth step dearer than the one measured
     layer_ms = min(max(layer_ms, 1e-6), max(step_ms - head_ms, 1e-6) / L)
     overhead_ms = max(step_ms - L * layer_ms - head_ms, 0.0)
-    return CostModel(layer_ms, head_ms, lens_probe_ms, hidden_probe_ms, kv_ms, overhead_ms, step_ms, L,
-                     prefill_ms=prefill_ms, prefill_lens_ms=prefill_lens_ms, prompt_tokens=len(prompt_ids))
+    return CostModel(
+        layer_ms,
+        head_ms,
+        lens_probe_ms,
+        hidden_probe_ms,
+        kv_ms,
+        overhead_ms,
+        step_ms,
+        L,
+        prefill_ms=prefill_ms,
+        prefill_lens_ms=prefill_lens_ms,
+        prompt_tokens=len(prompt_ids),
+    )
 
 
 def _median_ms(fn: Callable[[], object], device: torch.device, *, n: int = 30, warm: int = 3) -> float:

@@ -143,8 +143,9 @@ class Engine:
         self.kv_policy = kv_policy
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], n_tokens: int, *, record: bool = False,
-                 keep_cache: bool = False) -> Generation:
+    def generate(
+        self, prompt_ids: Sequence[int], n_tokens: int, *, record: bool = False, keep_cache: bool = False
+    ) -> Generation:
         """Exactly ``n_tokens`` (>= 1) greedy tokens; ``record`` keeps the logits and exit hidden
         states, ``keep_cache`` the final KV cache (both for checks, not for timing)."""
         if n_tokens < 1:
@@ -187,8 +188,14 @@ class Engine:
             cache=cache if keep_cache else None,
         )
 
-    def gated_prefill(self, ids: torch.Tensor, cache, n_tokens: int, attention_mask: torch.Tensor | None = None,
-                      position_ids: torch.Tensor | None = None):
+    def gated_prefill(
+        self,
+        ids: torch.Tensor,
+        cache,
+        n_tokens: int,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ):
         """Prefill under the gate: the last position's logits, every layer's hidden states
         [h_0..h_L], and the seconds the gate's per-prompt calibration took (conformal: its tau,
         one per batch row, from that row's real positions: ``attention_mask`` marks them in a
@@ -222,8 +229,9 @@ class Engine:
             yield Stepper(self, state, {})
             return
         layers = self.adapter.layers
-        handles = [layers[layer - 1].register_forward_hook(self._hook(layer, state))
-                   for layer in self.gate.probe_layers()]
+        handles = [
+            layers[layer - 1].register_forward_hook(self._hook(layer, state)) for layer in self.gate.probe_layers()
+        ]
         try:
             with self.adapter.capture_rope() as rope:
                 yield Stepper(self, state, rope)

@@ -53,10 +53,13 @@ class Timings:
 
     def speedup_e2e(self) -> float:
         """speedup_e2e_wall: whole requests, prefill and calibration included."""
-        return pooled_speedup(np.add(self.base_decode, self.base_prefill), np.add(self.gated_decode, self.gated_prefill))
+        return pooled_speedup(
+            np.add(self.base_decode, self.base_prefill), np.add(self.gated_decode, self.gated_prefill)
+        )
 
     def columns(self) -> dict[str, list[list[float]]]:
         """The trial table's round_* columns, in ms."""
+
         def ms(m):
             return [[v * 1000 for v in row] for row in m]
 

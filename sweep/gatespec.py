@@ -50,15 +50,32 @@ PARAMS: dict[str, ParamSpec] = {
     p.name: p
     for p in (
         ParamSpec("exit_layer", int, _positive_int(), "layer", "fixed gate's exit layer (min_layer when unset)"),
-        ParamSpec("eps", float, Domain(lambda v: v > 0, "a number > 0"), "ratio",
-                  "threshold of saturation (delta), cosine (1 - cos) and pca (projection change)"),
-        ParamSpec("theta", float, Domain(lambda v: v >= 0, "a number >= 0"), "per gate: logits | probability | nats",
-                  "threshold: margin gate in logits (top1 - top2 of z_l), softmax gate in probability (top-1 minus "
-                  "top-2 probability), entropy gate in nats"),
-        ParamSpec("q", float, Domain(lambda v: 0 < v <= 1, "a number in (0, 1]"), "", "conformal gate's calibration quantile"),
+        ParamSpec(
+            "eps",
+            float,
+            Domain(lambda v: v > 0, "a number > 0"),
+            "ratio",
+            "threshold of saturation (delta), cosine (1 - cos) and pca (projection change)",
+        ),
+        ParamSpec(
+            "theta",
+            float,
+            Domain(lambda v: v >= 0, "a number >= 0"),
+            "per gate: logits | probability | nats",
+            "threshold: margin gate in logits (top1 - top2 of z_l), softmax gate in probability (top-1 minus "
+            "top-2 probability), entropy gate in nats",
+        ),
+        ParamSpec(
+            "q", float, Domain(lambda v: 0 < v <= 1, "a number in (0, 1]"), "", "conformal gate's calibration quantile"
+        ),
         ParamSpec("k", int, _positive_int(65536), "directions", "pca gate's principal directions"),
-        ParamSpec("decay", float, Domain(lambda v: v >= 0, "a number >= 0"), "",
-                  "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed"),
+        ParamSpec(
+            "decay",
+            float,
+            Domain(lambda v: v >= 0, "a number >= 0"),
+            "",
+            "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed",
+        ),
     )
 }
 GATE_COLUMNS: tuple[str, ...] = tuple(PARAMS)  # the gate parameter columns of every table, in display order
@@ -93,26 +110,83 @@ class GateSpec:
 GATE_SPECS: Registry[GateSpec] = Registry("gate")
 for _spec in (
     GateSpec("full", "never exits: the full-depth baseline", probe="none", signal=None),
-    GateSpec("fixed", "always exits after exit_layer (null: after min_layer): the speedup ceiling", probe="none",
-             signal=None, optional=("exit_layer",), threshold="exit_layer", aggressive=-1),
-    GateSpec("saturation", "exits when delta = ||h_l - h_{l-1}|| / ||h_l|| < eps", probe="hidden", signal="delta",
-             params=("eps",), threshold="eps", ladder="range(0.02, 0.62, step=0.02)"),
-    GateSpec("margin", "exits when the logit lens's top1 - top2 >= theta (logits)", probe="lens", signal="margin",
-             params=("theta",), threshold="theta", aggressive=-1, units={"theta": "logits"},
-             ladder="range(0.5, 30.5, step=0.5)"),
-    GateSpec("conformal", "exits when 2 tau_l <= gamma_l, tau_l the q-quantile of the prefill's lens residuals",
-             probe="lens", signal="margin", params=("q",), threshold="q", aggressive=-1,
-             ladder="range(0.05, 1.0001, step=0.05)"),
-    GateSpec("softmax", "exits when the lens's top-1 minus top-2 probability >= theta (CALM)", probe="lens",
-             signal="prob_margin", params=("theta",), optional=("decay",), threshold="theta", aggressive=-1,
-             domains={"theta": Domain(lambda v: 0 <= v <= 1, "a number in [0, 1] (a probability margin)")},
-             units={"theta": "probability"}),
-    GateSpec("cosine", "exits when cos(h_l, h_{l-1}) >= 1 - eps (CALM)", probe="hidden", signal="cos_prev",
-             params=("eps",), optional=("decay",), threshold="eps"),
-    GateSpec("entropy", "exits when the entropy of the lens's softmax <= theta (nats)", probe="lens", signal="entropy",
-             params=("theta",), threshold="theta", units={"theta": "nats"}),
-    GateSpec("pca", "exits when final_norm(h_l)'s projection on the lm_head's top-k directions changes < eps",
-             probe="pca", signal="pca_delta", params=("eps", "k"), threshold="eps"),
+    GateSpec(
+        "fixed",
+        "always exits after exit_layer (null: after min_layer): the speedup ceiling",
+        probe="none",
+        signal=None,
+        optional=("exit_layer",),
+        threshold="exit_layer",
+        aggressive=-1,
+    ),
+    GateSpec(
+        "saturation",
+        "exits when delta = ||h_l - h_{l-1}|| / ||h_l|| < eps",
+        probe="hidden",
+        signal="delta",
+        params=("eps",),
+        threshold="eps",
+        ladder="range(0.02, 0.62, step=0.02)",
+    ),
+    GateSpec(
+        "margin",
+        "exits when the logit lens's top1 - top2 >= theta (logits)",
+        probe="lens",
+        signal="margin",
+        params=("theta",),
+        threshold="theta",
+        aggressive=-1,
+        units={"theta": "logits"},
+        ladder="range(0.5, 30.5, step=0.5)",
+    ),
+    GateSpec(
+        "conformal",
+        "exits when 2 tau_l <= gamma_l, tau_l the q-quantile of the prefill's lens residuals",
+        probe="lens",
+        signal="margin",
+        params=("q",),
+        threshold="q",
+        aggressive=-1,
+        ladder="range(0.05, 1.0001, step=0.05)",
+    ),
+    GateSpec(
+        "softmax",
+        "exits when the lens's top-1 minus top-2 probability >= theta (CALM)",
+        probe="lens",
+        signal="prob_margin",
+        params=("theta",),
+        optional=("decay",),
+        threshold="theta",
+        aggressive=-1,
+        domains={"theta": Domain(lambda v: 0 <= v <= 1, "a number in [0, 1] (a probability margin)")},
+        units={"theta": "probability"},
+    ),
+    GateSpec(
+        "cosine",
+        "exits when cos(h_l, h_{l-1}) >= 1 - eps (CALM)",
+        probe="hidden",
+        signal="cos_prev",
+        params=("eps",),
+        optional=("decay",),
+        threshold="eps",
+    ),
+    GateSpec(
+        "entropy",
+        "exits when the entropy of the lens's softmax <= theta (nats)",
+        probe="lens",
+        signal="entropy",
+        params=("theta",),
+        threshold="theta",
+        units={"theta": "nats"},
+    ),
+    GateSpec(
+        "pca",
+        "exits when final_norm(h_l)'s projection on the lm_head's top-k directions changes < eps",
+        probe="pca",
+        signal="pca_delta",
+        params=("eps", "k"),
+        threshold="eps",
+    ),
 ):
     GATE_SPECS.register(_spec)
 
@@ -159,7 +233,9 @@ def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> R
     if gate.min_depth is not None:
         min_layer = max(1, math.ceil(gate.min_depth * num_layers))
     elif gate.min_layer > num_layers:
-        raise ConfigError(f"gate.min_layer={gate.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)")
+        raise ConfigError(
+            f"gate.min_layer={gate.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)"
+        )
     else:
         min_layer = gate.min_layer
     exit_layer = None

@@ -167,9 +167,13 @@ def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], d
     )
     table = select(table, cfg.search.neighbours)
     rows = table.with_columns(
-        source=pl.lit("simulated"), sweep_name=pl.lit(plan.name), trace_run_id=pl.lit(prov["run_id"]),
-        kv_policy=pl.lit(cfg.bench.kv_policy), prompt_set=pl.lit(first.prompts.name),
-        n_prompts=pl.lit(len(signals.prompt_ids)), gen_tokens=pl.lit(first.bench.gen_tokens),
+        source=pl.lit("simulated"),
+        sweep_name=pl.lit(plan.name),
+        trace_run_id=pl.lit(prov["run_id"]),
+        kv_policy=pl.lit(cfg.bench.kv_policy),
+        prompt_set=pl.lit(first.prompts.name),
+        n_prompts=pl.lit(len(signals.prompt_ids)),
+        gen_tokens=pl.lit(first.bench.gen_tokens),
         positions=pl.lit(signals.positions),
     )
     shared = {k: v for k, v in prov.items() if k != "model"}
@@ -178,7 +182,13 @@ def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], d
     log.info(
         "screen: traced %d prompts (%d decision positions) in %.1f s; simulated %d settings in %.2f s; "
         "%d on the simulated front, %d run closed-loop (a grid of the same resolution: %d trials)",
-        len(signals.prompt_ids), signals.positions, seconds, len(settings), t2 - t1,
-        int(table["on_front"].sum()), len(chosen), len(settings),
+        len(signals.prompt_ids),
+        signals.positions,
+        seconds,
+        len(settings),
+        t2 - t1,
+        int(table["on_front"].sum()),
+        len(chosen),
+        len(settings),
     )
     return chosen, table

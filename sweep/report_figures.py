@@ -43,24 +43,55 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
         xerr = yerr = None
         if "speedup_lo" in sub.columns and sub["speedup_lo"].null_count() < sub.height:
             xerr, yerr = _error_bars(sub, "speedup"), _error_bars(sub, "agreement")
-        ax.errorbar(sub["speedup"].to_list(), sub["agreement"].to_list(), xerr=xerr, yerr=yerr, fmt="o", ms=5,
-                    alpha=0.75, capsize=2, elinewidth=0.8, label=f"{gate[0]} ({sub.height} trials)")
+        ax.errorbar(
+            sub["speedup"].to_list(),
+            sub["agreement"].to_list(),
+            xerr=xerr,
+            yerr=yerr,
+            fmt="o",
+            ms=5,
+            alpha=0.75,
+            capsize=2,
+            elinewidth=0.8,
+            label=f"{gate[0]} ({sub.height} trials)",
+        )
     idle = rows.filter(~pl.col("skipped_compute"))
     if idle.height:
-        ax.plot(idle["speedup"].to_list(), idle["agreement"].to_list(), "D", mfc="none", mec="dimgrey", ms=8, ls="none",
-                label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise")
+        ax.plot(
+            idle["speedup"].to_list(),
+            idle["agreement"].to_list(),
+            "D",
+            mfc="none",
+            mec="dimgrey",
+            ms=8,
+            ls="none",
+            label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise",
+        )
     line = front.filter((pl.col("model") == model) & (pl.col("scope") == "model")).sort("speedup")
     if line.height:
-        ax.plot(line["speedup"].to_list(), line["agreement"].to_list(), "-", color="black", lw=1.5,
-                label="Pareto front (all gates)")
+        ax.plot(
+            line["speedup"].to_list(),
+            line["agreement"].to_list(),
+            "-",
+            color="black",
+            lw=1.5,
+            label="Pareto front (all gates)",
+        )
     knee = knees.filter((pl.col("model") == model) & (pl.col("scope") == "model")) if knees.height else knees
     if knee.height:
         k = knee.row(0, named=True)
         ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
-        ax.annotate(f"knee: {k['knee_gate']} {k['knee_params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
-                    (k["speedup"], k["agreement"]), xytext=(0.97, 0.55), textcoords="axes fraction", ha="right",
-                    fontsize=9, color="crimson", arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 1},
-                    bbox={"boxstyle": "round", "fc": "white", "ec": "crimson", "alpha": 0.9})
+        ax.annotate(
+            f"knee: {k['knee_gate']} {k['knee_params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
+            (k["speedup"], k["agreement"]),
+            xytext=(0.97, 0.55),
+            textcoords="axes fraction",
+            ha="right",
+            fontsize=9,
+            color="crimson",
+            arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 1},
+            bbox={"boxstyle": "round", "fc": "white", "ec": "crimson", "alpha": 0.9},
+        )
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
     ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
     what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"
@@ -76,8 +107,10 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
 def _error_bars(sub: pl.DataFrame, metric: str) -> list[list[float]]:
     """Distances from the estimate down to its interval's low end and up to its high end (0 where missing)."""
     value = sub[metric]
-    return [(value - sub[f"{metric}_lo"].fill_null(value)).clip(0).to_list(),
-            (sub[f"{metric}_hi"].fill_null(value) - value).clip(0).to_list()]
+    return [
+        (value - sub[f"{metric}_lo"].fill_null(value)).clip(0).to_list(),
+        (sub[f"{metric}_hi"].fill_null(value) - value).clip(0).to_list(),
+    ]
 
 
 def layers_figure(curve: pl.DataFrame, model: str, out: Path) -> str:
@@ -87,24 +120,35 @@ def layers_figure(curve: pl.DataFrame, model: str, out: Path) -> str:
     fig, axes = _pyplot().subplots(3, 1, figsize=(8.5, 9), sharex=True)
     axes[0].plot(layers, curve["delta_median"].to_list(), "o-", ms=3, label="median saturation delta")
     if curve["pca_delta_median"].null_count() < curve.height:
-        axes[0].plot(layers, curve["pca_delta_median"].to_list(), "s-", ms=3, color="tab:purple",
-                     label="median pca_delta (lm_head subspace)")
+        axes[0].plot(
+            layers,
+            curve["pca_delta_median"].to_list(),
+            "s-",
+            ms=3,
+            color="tab:purple",
+            label="median pca_delta (lm_head subspace)",
+        )
     _threshold_lines(axes[0], layers[-1], "eps", EPS_LINES)
     axes[0].set_ylabel("relative change per layer")
-    axes[1].plot(layers, curve["top1_agreement"].to_list(), "o-", ms=3, color="tab:green",
-                 label="logit-lens top-1 = final top-1")
+    axes[1].plot(
+        layers, curve["top1_agreement"].to_list(), "o-", ms=3, color="tab:green", label="logit-lens top-1 = final top-1"
+    )
     axes[1].set_ylabel("top-1 agreement (fraction)")
     axes[1].set_ylim(-0.03, 1.03)
-    axes[2].plot(layers, curve["margin_median"].to_list(), "o-", ms=3, color="tab:orange",
-                 label="median margin gamma_l")
+    axes[2].plot(
+        layers, curve["margin_median"].to_list(), "o-", ms=3, color="tab:orange", label="median margin gamma_l"
+    )
     _threshold_lines(axes[2], layers[-1], "theta", THETA_LINES)
     axes[2].set_ylabel("top1 - top2 (logits)")
     axes[2].set_xlabel("layer l (1-indexed; layers 1..l ran)")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=8)
-    fig.suptitle(f"{model}: per-layer signals of full-depth decoding ({curve['positions'][0]} positions), "
-                 "post-mortem thresholds dotted", fontsize=10)
+    fig.suptitle(
+        f"{model}: per-layer signals of full-depth decoding ({curve['positions'][0]} positions), "
+        "post-mortem thresholds dotted",
+        fontsize=10,
+    )
     return _save(fig, out, f"layers_{model}.png")
 
 
@@ -123,8 +167,9 @@ def eas_figure(per_layer: pl.DataFrame, eas: pl.DataFrame, alpha: float, out: Pa
         sub = per_layer.filter(pl.col("variant") == variant)
         for model in sorted(sub["model"].unique().to_list()):
             m = sub.filter(pl.col("model") == model).sort("layer")
-            ax.plot(m["layer"].to_list(), m["a"].to_list(), "o-", ms=3,
-                    label=f"{model} (EAS {score[(model, variant)]:.3f})")
+            ax.plot(
+                m["layer"].to_list(), m["a"].to_list(), "o-", ms=3, label=f"{model} (EAS {score[(model, variant)]:.3f})"
+            )
         ax.set_title(f"A_l, S = {label}")
         ax.set_xlabel("exit layer l")
         ax.grid(alpha=0.3)
@@ -138,13 +183,26 @@ def screen_figure(both: pl.DataFrame, out: Path) -> str:
     """Each simulated setting (hollow) joined to its closed-loop trial (filled), per gate."""
     fig, ax = _pyplot().subplots(figsize=(8.5, 6))
     for gate, sub in sorted(both.partition_by("gate", as_dict=True).items()):
-        line = ax.plot(sub["speedup_wall"].to_list(), sub["agreement"].to_list(), "o",
-                       label=f"{gate[0]}: measured (closed loop)")[0]
-        ax.plot(sub["speedup_model"].to_list(), sub["agreement_tf"].to_list(), "o", mfc="none", color=line.get_color(),
-                label=f"{gate[0]}: simulated (teacher-forced)")
+        line = ax.plot(
+            sub["speedup_wall"].to_list(), sub["agreement"].to_list(), "o", label=f"{gate[0]}: measured (closed loop)"
+        )[0]
+        ax.plot(
+            sub["speedup_model"].to_list(),
+            sub["agreement_tf"].to_list(),
+            "o",
+            mfc="none",
+            color=line.get_color(),
+            label=f"{gate[0]}: simulated (teacher-forced)",
+        )
         for r in sub.iter_rows(named=True):
-            ax.plot([r["speedup_model"], r["speedup_wall"]], [r["agreement_tf"], r["agreement"]], "-", lw=0.7,
-                    color=line.get_color(), alpha=0.6)
+            ax.plot(
+                [r["speedup_model"], r["speedup_wall"]],
+                [r["agreement_tf"], r["agreement"]],
+                "-",
+                lw=0.7,
+                color=line.get_color(),
+                alpha=0.6,
+            )
     ax.axvline(1.0, color="grey", ls="--", lw=1)
     ax.set_xlabel("speedup (simulated: cost model; measured: speedup_wall)")
     ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")

@@ -72,17 +72,27 @@ def header(ctx: ReportContext) -> Section:
     lines = ["# Early-exit report", ""]
     trials, ok = ctx.trials, ctx.ok
     if trials.height:
-        lines += [(f"{trials.height} trials from {trials['run_id'].n_unique()} run(s); {ok.height} ok, "
-                  f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
-                  f"{trials.filter(pl.col('status') == 'failed').height} failed "
-                  "(fronts and targets use ok trials only)."), ""]
+        lines += [
+            (
+                f"{trials.height} trials from {trials['run_id'].n_unique()} run(s); {ok.height} ok, "
+                f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
+                f"{trials.filter(pl.col('status') == 'failed').height} failed "
+                "(fronts and targets use ok trials only)."
+            ),
+            "",
+        ]
     if ok.height:
-        lines += [(f"Speedups rank by `{ok['speedup_metric'][0]}`. A trial that skipped no compute "
-                  "(no decode step exited, or kv_policy=full) counts as 1x; its measured ratio is timing noise and "
-                  "is shown in brackets. Intervals: 95% bootstrap of the same estimator, prompts and timed rounds "
-                  "resampled, seeded per trial; "
-                  f"† marks an interval from fewer than {ctx.min_prompts} prompts (analysis.ci_min_prompts), "
-                  "too coarse to trust."), ""]
+        lines += [
+            (
+                f"Speedups rank by `{ok['speedup_metric'][0]}`. A trial that skipped no compute "
+                "(no decode step exited, or kv_policy=full) counts as 1x; its measured ratio is timing noise and "
+                "is shown in brackets. Intervals: 95% bootstrap of the same estimator, prompts and timed rounds "
+                "resampled, seeded per trial; "
+                f"† marks an interval from fewer than {ctx.min_prompts} prompts (analysis.ci_min_prompts), "
+                "too coarse to trust."
+            ),
+            "",
+        ]
     return Section(lines)
 
 
@@ -108,27 +118,40 @@ def model_sections(ctx: ReportContext) -> Section:
 def _targets_table(ctx: ReportContext, model: str) -> list[str]:
     if not ctx.targets.height or model not in ctx.targets["model"].to_list():
         return []
-    lines = ["Best speedup at each agreement target:", "",
-             *_table_head("agreement >=", "speedup", "CI", "agreement", "CI", "gate", "parameters", "trial")]
+    lines = [
+        "Best speedup at each agreement target:",
+        "",
+        *_table_head("agreement >=", "speedup", "CI", "agreement", "CI", "gate", "parameters", "trial"),
+    ]
     for r in ctx.targets.filter(pl.col("model") == model).iter_rows(named=True):
         if r["trial_id"] is None:
             lines.append(f"| {r['target']:g} | none | | | | | | |")
             continue
         noise = "" if r["skipped_compute"] else f" (measured {_num(r['speedup_noise'])})"
-        lines.append(f"| {r['target']:g} | {r['speedup']:.3f}{noise} | {_ci(r, 'speedup')} | {r['agreement']:.3f} | "
-                     f"{_ci(r, 'agreement')} | {r['gate']} | {r['params']} | `{r['trial_id']}` |")
+        lines.append(
+            f"| {r['target']:g} | {r['speedup']:.3f}{noise} | {_ci(r, 'speedup')} | {r['agreement']:.3f} | "
+            f"{_ci(r, 'agreement')} | {r['gate']} | {r['params']} | `{r['trial_id']}` |"
+        )
     return lines + [""]
 
 
 def _knees_table(ctx: ReportContext, model: str) -> list[str]:
     front, knees = ctx.front, ctx.knees
-    sizes = front.filter(pl.col("model") == model).group_by("scope", "gate_scope").len().sort("scope", "gate_scope") \
-        if front.height else front
+    sizes = (
+        front.filter(pl.col("model") == model).group_by("scope", "gate_scope").len().sort("scope", "gate_scope")
+        if front.height
+        else front
+    )
     if not sizes.height:
         return []
-    lines = [(f"Knees of the fronts (chord method, fronts of {KNEE_MIN_POINTS}+ points; Kneedle cross-check "
-              "with 12+ points):"), "",
-             *_table_head("front", "points", "knee speedup", "knee agreement", "gate", "parameters", "Kneedle")]
+    lines = [
+        (
+            f"Knees of the fronts (chord method, fronts of {KNEE_MIN_POINTS}+ points; Kneedle cross-check "
+            "with 12+ points):"
+        ),
+        "",
+        *_table_head("front", "points", "knee speedup", "knee agreement", "gate", "parameters", "Kneedle"),
+    ]
     rows = knees.filter(pl.col("model") == model).iter_rows(named=True) if knees.height else []
     by_front = {(r["scope"], r["gate"]): r for r in rows}
     for f in sizes.iter_rows(named=True):
@@ -137,8 +160,10 @@ def _knees_table(ctx: ReportContext, model: str) -> list[str]:
             lines.append(f"| {f['gate_scope']} | {f['len']} | no knee (fewer than {KNEE_MIN_POINTS} points) | | | | |")
             continue
         kneedle = f"{r['kneedle_speedup']:.3f}x / {r['kneedle_agreement']:.3f}" if r["kneedle_trial_id"] else "n/a"
-        lines.append(f"| {r['gate']} | {r['front_points']} | {r['speedup']:.3f} | {r['agreement']:.3f} | "
-                     f"{r['knee_gate']} | {r['knee_params']} | {kneedle} |")
+        lines.append(
+            f"| {r['gate']} | {r['front_points']} | {r['speedup']:.3f} | {r['agreement']:.3f} | "
+            f"{r['knee_gate']} | {r['knee_params']} | {kneedle} |"
+        )
     return lines + [""]
 
 
@@ -147,20 +172,32 @@ def profiles_section(ctx: ReportContext) -> Section:
     if ctx.profiles is None:
         return Section([])
     name = figures.eas_figure(eas_per_layer(ctx.profiles, ctx.alpha), ctx.eas, ctx.alpha, ctx.out)
-    lines = ["## Profiles: EAS and oracle exits", "",
-             f"EAS (arXiv 2603.23701), alpha={ctx.alpha:g}, S averaged over all traced positions:", "",
-             *_table_head("model", "variant", "EAS", "K")]
-    lines += [f"| {r['model']} | {r['variant']} | {r['eas']:.4f} | {r['topk']} |"
-              for r in ctx.eas.iter_rows(named=True)]
-    lines += ["", ("Oracle exits: first match (the earliest layer whose top-1 equals the final one: the bound on "
-                   "what any exit rule could save) and saturation (the earliest layer from which the top-1 stays "
-                   "equal up to L)."),
-              "", *_table_head("model", "positions", "first match: mean layer", "before L", "saturation: mean layer",
-                               "before L")]
-    lines += [f"| {r['model']} | {r['phase']} ({r['positions']}) | {r['mean_first_match']:.2f} of {r['num_layers']} | "
-              f"{100 * r['frac_first_match_before_L']:.1f}% | {r['mean_saturation']:.2f} of {r['num_layers']} | "
-              f"{100 * r['frac_saturation_before_L']:.1f}% |"
-              for r in oracle_summary(ctx.profiles).iter_rows(named=True)]
+    lines = [
+        "## Profiles: EAS and oracle exits",
+        "",
+        f"EAS (arXiv 2603.23701), alpha={ctx.alpha:g}, S averaged over all traced positions:",
+        "",
+        *_table_head("model", "variant", "EAS", "K"),
+    ]
+    lines += [
+        f"| {r['model']} | {r['variant']} | {r['eas']:.4f} | {r['topk']} |" for r in ctx.eas.iter_rows(named=True)
+    ]
+    lines += [
+        "",
+        (
+            "Oracle exits: first match (the earliest layer whose top-1 equals the final one: the bound on "
+            "what any exit rule could save) and saturation (the earliest layer from which the top-1 stays "
+            "equal up to L)."
+        ),
+        "",
+        *_table_head("model", "positions", "first match: mean layer", "before L", "saturation: mean layer", "before L"),
+    ]
+    lines += [
+        f"| {r['model']} | {r['phase']} ({r['positions']}) | {r['mean_first_match']:.2f} of {r['num_layers']} | "
+        f"{100 * r['frac_first_match_before_L']:.1f}% | {r['mean_saturation']:.2f} of {r['num_layers']} | "
+        f"{100 * r['frac_saturation_before_L']:.1f}% |"
+        for r in oracle_summary(ctx.profiles).iter_rows(named=True)
+    ]
     return Section(lines + ["", f"![{name}]({name})", ""], [name])
 
 
@@ -175,16 +212,26 @@ def screen_section(ctx: ReportContext) -> Section:
         return Section([])
     both = sim.join(ctx.ok.select("trial_id", "agreement", "speedup_wall"), on="trial_id", how="inner").with_columns(
         agreement_gap=pl.col("agreement_tf") - pl.col("agreement"),
-        speedup_gap=pl.col("speedup_model") - pl.col("speedup_wall"))
+        speedup_gap=pl.col("speedup_model") - pl.col("speedup_wall"),
+    )
     if not both.height:
         return Section([])
     name = figures.screen_figure(both, ctx.out)
-    lines = ["## Simulated against measured (screen)", "",
-             ("Teacher-forced replay on the profile trace against the closed loop (errors cascade through the "
-              "cache there): the gap is simulated minus measured."), "",
-             *_table_head("gate", "trials", "agreement gap (mean)", "agreement gap (max)", "speedup gap (mean)")]
-    lines += [f"| {r['gate']} | {r['trials']} | {r['agreement_gap_mean']:.3f} | {r['agreement_gap_max']:.3f} | "
-              f"{r['speedup_gap_mean']:.3f} |" for r in gap_by_gate(both).iter_rows(named=True)]
+    lines = [
+        "## Simulated against measured (screen)",
+        "",
+        (
+            "Teacher-forced replay on the profile trace against the closed loop (errors cascade through the "
+            "cache there): the gap is simulated minus measured."
+        ),
+        "",
+        *_table_head("gate", "trials", "agreement gap (mean)", "agreement gap (max)", "speedup gap (mean)"),
+    ]
+    lines += [
+        f"| {r['gate']} | {r['trials']} | {r['agreement_gap_mean']:.3f} | {r['agreement_gap_max']:.3f} | "
+        f"{r['speedup_gap_mean']:.3f} |"
+        for r in gap_by_gate(both).iter_rows(named=True)
+    ]
     return Section(lines + ["", f"![{name}]({name})", ""], [name])
 
 
@@ -204,25 +251,46 @@ def batching_section(ctx: ReportContext) -> Section:
     # self-speculative trials (batch 1, agreement 1 by construction) are not part of this comparison
     early_exit = pl.col("mode").fill_null("early_exit") == "early_exit"
     rows = ok.filter(pl.col("batch_size").is_not_null() & early_exit).with_columns(
-        setting=pl.concat_str([pl.col("model"), pl.lit(" "), pl.col("gate"), pl.lit(" "),
-                               pl.struct(keys).map_elements(label, return_dtype=pl.String)]))
+        setting=pl.concat_str(
+            [
+                pl.col("model"),
+                pl.lit(" "),
+                pl.col("gate"),
+                pl.lit(" "),
+                pl.struct(keys).map_elements(label, return_dtype=pl.String),
+            ]
+        )
+    )
     groups = rows.group_by("setting").agg(pl.col("batch_size").n_unique().alias("sizes")).filter(pl.col("sizes") > 1)
     series = {s: rows.filter(pl.col("setting") == s).sort("batch_size") for s in sorted(groups["setting"].to_list())}
     if not series:
         return Section([])
     sizes = sorted(rows.filter(pl.col("setting").is_in(list(series)))["batch_size"].unique().to_list())
     name = figures.batching_figure(series, sizes, ctx.out)
-    lines = ["## The batching effect", "",
-             "A batch saves compute only once every sequence has exited (per-sequence decisions, max over the batch).",
-             "", *_table_head("setting", "batch", "speedup_wall", "speedup_model", "decode layers saved", "agreement")]
+    lines = [
+        "## The batching effect",
+        "",
+        "A batch saves compute only once every sequence has exited (per-sequence decisions, max over the batch).",
+        "",
+        *_table_head("setting", "batch", "speedup_wall", "speedup_model", "decode layers saved", "agreement"),
+    ]
     for setting, sub in series.items():
-        lines += [f"| {setting} | {r['batch_size']} | {_num(r['speedup_wall'])} | {_num(r['speedup_model'])} | "
-                  f"{_num(r['step_layers_saved'])} | {_num(r['agreement'])} |" for r in sub.iter_rows(named=True)]
+        lines += [
+            f"| {setting} | {r['batch_size']} | {_num(r['speedup_wall'])} | {_num(r['speedup_model'])} | "
+            f"{_num(r['step_layers_saved'])} | {_num(r['agreement'])} |"
+            for r in sub.iter_rows(named=True)
+        ]
     return Section(lines + ["", f"![{name}]({name})", ""], [name])
 
 
 SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (
-    header, verdict_section, model_sections, profiles_section, screen_section, batching_section)
+    header,
+    verdict_section,
+    model_sections,
+    profiles_section,
+    screen_section,
+    batching_section,
+)
 
 
 # ---------------------------------------------------------------- verdicts
@@ -247,8 +315,9 @@ def verdicts(ctx: ReportContext) -> list[str]:
     if ctx.profiles is not None:
         for model in sorted(set(ctx.eas["model"].to_list()) - set(models)):
             e = {r["variant"]: r["eas"] for r in ctx.eas.filter(pl.col("model") == model).iter_rows(named=True)}
-            lines.append(f"{model}: profiled only; EAS hidden {e['hidden']:.3f}, logits {e['logits']:.3f}, "
-                         f"top-K {e['topk']:.3f}")
+            lines.append(
+                f"{model}: profiled only; EAS hidden {e['hidden']:.3f}, logits {e['logits']:.3f}, top-K {e['topk']:.3f}"
+            )
     return lines
 
 
@@ -257,27 +326,39 @@ def verdict(best: dict, min_prompts: int) -> str:
     shows (the ranked speedup and its interval), in the terms of its own bench mode."""
     metric, speedup, lo, hi = best["speedup_metric"], best["speedup"], best.get("speedup_lo"), best.get("speedup_hi")
     ci = f", 95% CI {lo:.2f}-{hi:.2f}x" if lo is not None and hi is not None else ""
-    few = (f" [interval from {best['ci_prompts']} prompts, fewer than {min_prompts}: too coarse to trust]"
-           if best.get("ci_few_prompts") else "")
+    few = (
+        f" [interval from {best['ci_prompts']} prompts, fewer than {min_prompts}: too coarse to trust]"
+        if best.get("ci_few_prompts")
+        else ""
+    )
     speculative = best.get("mode") == "self_speculative"
     if speculative:
-        what = (f"lossless self-speculation {best['params']}, {metric} {speedup:.3f}x{ci}, "
-                f"acceptance rate {_num(best.get('acceptance_rate'), '.2f')}{few}")
+        what = (
+            f"lossless self-speculation {best['params']}, {metric} {speedup:.3f}x{ci}, "
+            f"acceptance rate {_num(best.get('acceptance_rate'), '.2f')}{few}"
+        )
     else:
         what = f"{best['gate']} {best['params']}, {metric} {speedup:.3f}x{ci}, exit rate {best['exit_rate']:.2f}{few}"
     head = f"agreement >= {HEADLINE_TARGET}"
     if not best["skipped_compute"]:
         noise = best.get("speedup_noise")
-        return (f"no gate reaches {head} with a speedup (best there: {best['gate']} {best['params']} "
-                "skipped no compute, "
-                f"so its speedup is 1x; the measured {_num(noise)}x is timing noise)")
+        return (
+            f"no gate reaches {head} with a speedup (best there: {best['gate']} {best['params']} "
+            "skipped no compute, "
+            f"so its speedup is 1x; the measured {_num(noise)}x is timing noise)"
+        )
     if speedup > 1.0 and (lo is None or lo > 1.0):
         return f"{head} with a speedup: {what}"
     if speedup > 1.0:
-        return (f"no gate reaches {head} with a speedup distinguishable from 1x (best there: {what}; "
-                "the interval includes 1x)")
-    why = ("drafting and verifying cost more than the accepted drafts save" if speculative
-           else "its probes and K/V fills cost more than the skipped layers save")
+        return (
+            f"no gate reaches {head} with a speedup distinguishable from 1x (best there: {what}; "
+            "the interval includes 1x)"
+        )
+    why = (
+        "drafting and verifying cost more than the accepted drafts save"
+        if speculative
+        else "its probes and K/V fills cost more than the skipped layers save"
+    )
     return f"no gate reaches {head} with a speedup > 1 (best there: {what}; {why})"
 
 

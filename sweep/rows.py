@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.errors import SweepError
+from sweep.gatespec import gate_text
 from sweep.plan import trial_config
 
 log = logging.getLogger("sweep.rows")
@@ -57,7 +58,9 @@ class RowWriter:
             if result.get("error"):
                 log.warning(
                     "[%d/%s] a trial could not be composed, so it has no row: %s",
-                    len(self._written), self.total, result["error"],
+                    len(self._written),
+                    self.total,
+                    result["error"],
                 )
             return
         row = json.loads(result["row_json"])
@@ -111,8 +114,6 @@ def last_error(path: str | None) -> str:
 
 def describe(row: dict, cached: bool) -> str:
     """One progress line for a finished trial."""
-    from sweep.gatespec import gate_text
-
     head = f"{row['model']} gate={row['gate']} {gate_text(row)}"
     if row["status"] == "failed":
         return f"{head}: failed ({row.get('error')})"
@@ -133,3 +134,45 @@ def overhead_summary(outcome: SweepOutcome) -> str:
         "orchestration overhead per trial (driver-observed wall - bench time): "
         f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} trials"
     )
+
+
+def format_row(row: dict[str, Any], costs=None) -> str:
+    """The readable summary `sweep bench` prints."""
+    lines = [
+        f"trial {row['trial_id']}: model={row['model']} gate={row['gate']} {gate_text(row)} "
+        f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} "
+        f"repeats" + (f", batches of {row['batch_size']})" if (row.get("batch_size") or 1) > 1 else ")"),
+    ]
+    if row["status"] == "failed":
+        lines.append(f"status: failed ({row['error']})")
+        return "\n".join(lines)
+    lines += [
+        f"determinism: {'ok' if row['deterministic'] else 'FAILED'}"
+        + (
+            f" (max |logit diff| between baselines {row['determinism_max_logit_diff']:.3g})"
+            if row["determinism_max_logit_diff"] is not None
+            else " (tokens compared)"
+        ),
+        f"agreement {row['agreement']:.3f}  prefix {row['prefix_agreement']:.3f}  exact match "
+        f"{row['exact_match']:.2f}  "
+        f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
+        f"layers saved {100 * row['layers_saved']:.1f}%",
+        f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
+        f"speedup_wall {row['speedup_wall']:.3f}x"
+        + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else "")
+        + f"; end to end (prefill and calibration included) {row['speedup_e2e_wall']:.3f}x"
+        + (f", model {row['speedup_e2e_model']:.3f}x" if row["speedup_e2e_model"] is not None else ""),
+        f"costs in layer-equivalents: probe {row['probe_cost_layers']:.2f}, K/V fill "
+        f"{row['kv_cost_layers']:.2f}/layer, "
+        f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
+    ]
+    if row.get("mode") == "self_speculative":
+        lines.append(
+            f"self-speculation: draft_len {row['draft_len']}, acceptance rate {row['acceptance_rate']:.3f}, "
+            f"mean accepted {row['mean_accepted_length']:.2f}, tokens per verification "
+            f"{row['tokens_per_verification']:.2f}"
+        )
+    if costs is not None:
+        lines.append(costs.format())
+    lines.append(f"status: {row['status']}")
+    return "\n".join(lines)

@@ -69,7 +69,9 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
         if gate.threshold is None:
             continue
         line = sim.filter(
-            (pl.col("model") == knee["model"]) & (pl.col("gate") == knee["gate"]) & (pl.col("min_layer") == knee["min_layer"])
+            (pl.col("model") == knee["model"])
+            & (pl.col("gate") == knee["gate"])
+            & (pl.col("min_layer") == knee["min_layer"])
         ).sort(gate.threshold)
         ids = line["trial_id"].to_list()
         at = ids.index(knee["trial_id"])
@@ -85,21 +87,33 @@ def comparison(simulated: pl.DataFrame, measured: list[dict[str, Any]]) -> pl.Da
     if not measured:
         return pl.DataFrame()
     meas = pl.DataFrame(
-        [{k: r.get(k) for k in ("trial_id", "status", "agreement", "speedup_wall")} for r in measured], infer_schema_length=None
+        [{k: r.get(k) for k in ("trial_id", "status", "agreement", "speedup_wall")} for r in measured],
+        infer_schema_length=None,
     ).filter(pl.col("status") == "ok")
     both = simulated.filter(pl.col("selected")).join(meas, on="trial_id", how="inner")
     return both.select(
-        "trial_id", "gate", "min_layer", *GATE_COLUMNS,
-        "agreement_tf", "agreement", (pl.col("agreement_tf") - pl.col("agreement")).alias("agreement_gap"),
-        "speedup_model", "speedup_wall", (pl.col("speedup_model") - pl.col("speedup_wall")).alias("speedup_gap"),
+        "trial_id",
+        "gate",
+        "min_layer",
+        *GATE_COLUMNS,
+        "agreement_tf",
+        "agreement",
+        (pl.col("agreement_tf") - pl.col("agreement")).alias("agreement_gap"),
+        "speedup_model",
+        "speedup_wall",
+        (pl.col("speedup_model") - pl.col("speedup_wall")).alias("speedup_gap"),
     ).sort("gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
 
 
 def gap_by_gate(comp: pl.DataFrame) -> pl.DataFrame:
     """Mean and max agreement gap and mean speedup gap per gate (how optimistic the replay is)."""
-    return comp.group_by("gate").agg(
-        trials=pl.len(),
-        agreement_gap_mean=pl.col("agreement_gap").mean(),
-        agreement_gap_max=pl.col("agreement_gap").max(),
-        speedup_gap_mean=pl.col("speedup_gap").mean(),
-    ).sort("gate")
+    return (
+        comp.group_by("gate")
+        .agg(
+            trials=pl.len(),
+            agreement_gap_mean=pl.col("agreement_gap").mean(),
+            agreement_gap_max=pl.col("agreement_gap").max(),
+            speedup_gap_mean=pl.col("speedup_gap").mean(),
+        )
+        .sort("gate")
+    )

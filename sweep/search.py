@@ -23,7 +23,16 @@ from sweep.gatespec import GATE_SPECS, PARAMS, check_value
 if TYPE_CHECKING:
     from sweep.config import SearchConfig
 
-METRICS = ("speedup_wall", "agreement", "prefix_agreement", "exact_match", "speedup_model", "exit_rate", "layers_saved", "ms_per_token")
+METRICS = (
+    "speedup_wall",
+    "agreement",
+    "prefix_agreement",
+    "exact_match",
+    "speedup_model",
+    "exit_rate",
+    "layers_saved",
+    "ms_per_token",
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,9 @@ class Param:
 
     def grid_values(self) -> tuple:
         if self.kind == "interval":
-            raise ConfigError(f"search.spaces: {self.key}: interval(...) is continuous; a grid needs choice(...) or range(...)")
+            raise ConfigError(
+                f"search.spaces: {self.key}: interval(...) is continuous; a grid needs choice(...) or range(...)"
+            )
         return self.values
 
 
@@ -70,7 +81,9 @@ def parse_space(space: dict[str, Any], where: str) -> list[Param]:
                 raise ConfigError(f"{where}.{key}={raw}: interval needs low < high")
             if "log" in value.tags and value.start <= 0:
                 raise ConfigError(f"{where}.{key}={raw}: a log interval needs low > 0")
-            params.append(Param(key, "interval", low=value.start, high=value.end, log="log" in value.tags, integer=integer))
+            params.append(
+                Param(key, "interval", low=value.start, high=value.end, log="log" in value.tags, integer=integer)
+            )
         else:
             params.append(Param(key, "fixed", (value,)))
     return sorted(params, key=lambda p: "." in p.key)

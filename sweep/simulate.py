@@ -39,13 +39,17 @@ class Signals:
     prefill_residual: list[torch.Tensor]  # per prompt, (P_i, L) sup-norm residuals of its prefill positions
     prompt_ids: list[str]
     gen_tokens: int = 1  # tokens generated per prompt (N of CALM's decaying schedule)
-    extra: dict = field(default_factory=dict)  # (T, L) signals newer traces carry: prob_margin, entropy, cos_prev, pca_delta
+    extra: dict = field(
+        default_factory=dict
+    )  # (T, L) signals newer traces carry: prob_margin, entropy, cos_prev, pca_delta
     pca_k: int | None = None
 
     def need(self, name: str) -> torch.Tensor:
         """A signal a gate replays; traces written before it existed say so."""
         if name not in self.extra:
-            raise ConfigError(f"the profile trace has no '{name}' column (written before that signal existed); re-run `sweep profile`")
+            raise ConfigError(
+                f"the profile trace has no '{name}' column (written before that signal existed); re-run `sweep profile`"
+            )
         return self.extra[name]
 
     @property
@@ -65,8 +69,12 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
     if frame["model"].n_unique() != 1 or frame["run_id"].n_unique() != 1:
         raise ValueError("signals_from_trace needs the trace of one model from one run")
     L = int(frame["num_layers"][0])
-    last_prefill = frame.filter(pl.col("phase") == "prefill").group_by("prompt_id").agg(pl.col("position").max().alias("_last"))
-    decide = frame.join(last_prefill, on="prompt_id").filter((pl.col("phase") == "decode") | (pl.col("position") == pl.col("_last")))
+    last_prefill = (
+        frame.filter(pl.col("phase") == "prefill").group_by("prompt_id").agg(pl.col("position").max().alias("_last"))
+    )
+    decide = frame.join(last_prefill, on="prompt_id").filter(
+        (pl.col("phase") == "decode") | (pl.col("position") == pl.col("_last"))
+    )
     decide = decide.sort("prompt_id", "position", "layer")
     prompt_ids = decide["prompt_id"].unique(maintain_order=True).to_list()
     index = {p: i for i, p in enumerate(prompt_ids)}
@@ -79,10 +87,16 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
     token = per_position.with_columns(_t=pl.col("position").rank("ordinal").over("prompt_id") - 1)["_t"].to_numpy()
     prefill = frame.filter(pl.col("phase") == "prefill")
     residual = [
-        torch.tensor(prefill.filter(pl.col("prompt_id") == p)["residual_inf"].to_numpy().reshape(-1, L), dtype=torch.float32)
+        torch.tensor(
+            prefill.filter(pl.col("prompt_id") == p)["residual_inf"].to_numpy().reshape(-1, L), dtype=torch.float32
+        )
         for p in prompt_ids
     ]
-    extra = {c: grid(c) for c in ("prob_margin", "entropy", "cos_prev", "pca_delta") if c in decide.columns and decide[c].null_count() == 0}
+    extra = {
+        c: grid(c)
+        for c in ("prob_margin", "entropy", "cos_prev", "pca_delta")
+        if c in decide.columns and decide[c].null_count() == 0
+    }
     pca_k = int(decide["pca_k"][0]) if "pca_delta" in extra else None
     return Signals(
         gen_tokens=int(token.max()) + 1,
@@ -98,7 +112,9 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
     )
 
 
-def exit_layers(gate_cls: type[Gate], signals: Signals, values: torch.Tensor, min_layer: int, decay: float | None = None) -> torch.Tensor:
+def exit_layers(
+    gate_cls: type[Gate], signals: Signals, values: torch.Tensor, min_layer: int, decay: float | None = None
+) -> torch.Tensor:
     """(K, T) exit layers (L = no exit) of a gate for each threshold value (float64, as the
     config holds them: a float32 tensor would round them before the gate's own comparison).
 
@@ -133,9 +149,14 @@ def simulate(
     for (name, _), members in groups.items():
         cls = GATES.get(name, key="gate")
         gates = [make_gate(gate_cfgs[i], L) for i in members]
-        values = torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64)  # as the engine's gates read them
+        values = torch.tensor(
+            [threshold_value(g) for g in gates], dtype=torch.float64
+        )  # as the engine's gates read them
         if cls.name == "pca" and gates[0].cfg.k != signals.pca_k:
-            raise ConfigError(f"gate.k={gates[0].cfg.k}: the trace's pca signal has k={signals.pca_k} (profile.pca_k); replay at that k")
+            raise ConfigError(
+                f"gate.k={gates[0].cfg.k}: the trace's pca signal has k={signals.pca_k} (profile.pca_k); replay at "
+                f"that k"
+            )
         # a fixed gate's only probe layer is its threshold, so its min_layer does not mask anything
         exits = exit_layers(cls, signals, values, 1 if cls.name == "fixed" else gates[0].min_layer, gates[0].cfg.decay)
         metrics = _metrics(gates, exits, signals, costs, kv_policy, decode)
@@ -157,10 +178,14 @@ def probes_at(gate: Gate, exits: torch.Tensor) -> torch.Tensor:
     probe = gate.probe_layers()
     if not len(probe):
         return torch.zeros_like(exits)
-    return (torch.clamp(torch.minimum(exits, torch.tensor(probe.stop - 1)) - probe.start + 1, min=0)).clamp(max=len(probe))
+    return (torch.clamp(torch.minimum(exits, torch.tensor(probe.stop - 1)) - probe.start + 1, min=0)).clamp(
+        max=len(probe)
+    )
 
 
-def _metrics(gates: list[Gate], exits: torch.Tensor, signals: Signals, costs: CostModel | None, kv_policy: str, decode) -> list[dict]:
+def _metrics(
+    gates: list[Gate], exits: torch.Tensor, signals: Signals, costs: CostModel | None, kv_policy: str, decode
+) -> list[dict]:
     L = signals.num_layers
     agree = signals.match.gather(1, (exits - 1).T).T.float()  # (K, T): exited top-1 == final top-1
     rows = []
@@ -176,7 +201,9 @@ def _metrics(gates: list[Gate], exits: torch.Tensor, signals: Signals, costs: Co
         }
         if costs is not None and bool(decode.any()):
             steps = e[decode]
-            predicted = costs.token_ms(gate, steps.to(torch.float64), probes_at(gate, steps).to(torch.float64), kv_policy)
+            predicted = costs.token_ms(
+                gate, steps.to(torch.float64), probes_at(gate, steps).to(torch.float64), kv_policy
+            )
             row["speedup_model"] = float(costs.step_ms * len(steps) / predicted.sum())
         rows.append(row)
     return rows

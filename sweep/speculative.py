@@ -50,9 +50,14 @@ class SelfSpeculative:
     def __init__(self, lm: LoadedModel, exit_layer: int, draft_len: int) -> None:
         L = lm.num_layers
         if not 1 <= exit_layer < L:
-            raise ConfigError(f"gate.exit_layer={exit_layer}: self-speculation drafts with layers 1..K, K in 1..{L - 1}")
+            raise ConfigError(
+                f"gate.exit_layer={exit_layer}: self-speculation drafts with layers 1..K, K in 1..{L - 1}"
+            )
         if not lm.adapter.cache_crops_exactly():
-            raise ConfigError(f"model={lm.name}: has sliding-window attention layers, whose cache cannot be cropped back exactly; self-speculation supports full-attention models")
+            raise ConfigError(
+                f"model={lm.name}: has sliding-window attention layers, whose cache cannot be cropped back exactly; "
+                f"self-speculation supports full-attention models"
+            )
         self.lm, self.exit_layer, self.draft_len = lm, exit_layer, draft_len
         gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=exit_layer), L)
         self.drafter = Engine(lm, gate, "none")
@@ -66,8 +71,9 @@ class SelfSpeculative:
             token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
         tokens = [token]
         committed = ids.shape[1]  # positions every layer holds
-        out = SpeculativeGeneration(tokens=[], exit_layers=[], probes=[], decode_seconds=0.0,
-                                    prefill_seconds=prefill.seconds)
+        out = SpeculativeGeneration(
+            tokens=[], exit_layers=[], probes=[], decode_seconds=0.0, prefill_seconds=prefill.seconds
+        )
         with drafter.stepping() as stepper, Timer(self.lm.device) as decode:
             while len(tokens) < n_tokens:
                 m = min(self.draft_len, n_tokens - len(tokens))

@@ -244,7 +244,11 @@ def _execute(plan: Plan) -> SweepOutcome:
     tuner = _tuner(plan, planned, resources, device, Progress(writer))
     log.info(
         "sweep %s: %s trials on %s (%s per trial); Tune state in %s",
-        plan.name, total, _cluster_label(cfg.cluster), resources, plan.path,
+        plan.name,
+        total,
+        _cluster_label(cfg.cluster),
+        resources,
+        plan.path,
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     interrupted = _reconcile(tuner.fit(), writer, total)
@@ -268,7 +272,9 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
     setting on the trace (``sweep.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
     task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(screen_trace)
-    probes = {c.gate for _, c in settings if GATE_SPECS.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens")}
+    probes = {
+        c.gate for _, c in settings if GATE_SPECS.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens")
+    }
     probes = sorted(probes, key=str)
     try:
         traced = ray.get(task.remote(plan.base, plan.run_id, device, probes))

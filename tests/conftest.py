@@ -34,7 +34,9 @@ def tiny(request):
     return load(f"model=tiny-{request.param}")
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """The installed console script, as a user runs it."""
     exe = Path(sys.executable).with_name("sweep")
     full_env = {**os.environ, **(env or {})}

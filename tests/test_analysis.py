@@ -69,29 +69,38 @@ def test_single_point_and_all_dominated_but_one():
 
 
 def test_failed_and_nondeterministic_rows_never_count():
-    df = pl.concat([
-        trials(CLASSIC),
-        trials([(9.0, 1.0)], status="failed", start=100),
-        trials([(8.0, 1.0)], status="nondeterministic", start=200),
-        trials([(7.0, 1.0)], start=300).with_columns(agreement=pl.lit(None, pl.Float64)),
-    ])
+    df = pl.concat(
+        [
+            trials(CLASSIC),
+            trials([(9.0, 1.0)], status="failed", start=100),
+            trials([(8.0, 1.0)], status="nondeterministic", start=200),
+            trials([(7.0, 1.0)], start=300).with_columns(agreement=pl.lit(None, pl.Float64)),
+        ]
+    )
     assert set(ids(pareto_front(df))) == CLASSIC_FRONT
 
 
 def test_fronts_per_model_and_gate():
-    df = pl.concat([
-        trials([(1.0, 1.0), (2.0, 0.5)], gate="saturation"),
-        trials([(1.5, 0.9), (1.2, 0.8)], gate="margin", start=10),
-        trials([(3.0, 0.1)], model="other", start=20),
-    ])
+    df = pl.concat(
+        [
+            trials([(1.0, 1.0), (2.0, 0.5)], gate="saturation"),
+            trials([(1.5, 0.9), (1.2, 0.8)], gate="margin", start=10),
+            trials([(3.0, 0.1)], model="other", start=20),
+        ]
+    )
     per_gate = pareto_front(df, by=("model", "gate"))
     assert {(r["model"], r["gate"], r["trial_id"]) for r in per_gate.iter_rows(named=True)} == {
-        ("m", "saturation", "t000"), ("m", "saturation", "t001"), ("m", "margin", "t010"), ("other", "saturation", "t020"),
+        ("m", "saturation", "t000"),
+        ("m", "saturation", "t001"),
+        ("m", "margin", "t010"),
+        ("other", "saturation", "t020"),
     }
     across = pareto_front(df, by=("model",))
     assert set(ids(across.filter(pl.col("model") == "m"))) == {"t000", "t010", "t001"}
     both = fronts(df)
-    assert set(both["scope"]) == {"model", "model+gate"} and both.filter(pl.col("scope") == "model")["gate_scope"].unique().to_list() == ["all"]
+    assert set(both["scope"]) == {"model", "model+gate"} and both.filter(pl.col("scope") == "model")[
+        "gate_scope"
+    ].unique().to_list() == ["all"]
 
 
 def test_chord_knee_of_the_classic_front():
@@ -104,7 +113,9 @@ def test_chord_knee_edge_cases():
     # a knee is a bend: fronts of one or two points have none
     assert chord_knees(pareto_front(trials([(1.3, 0.7)])), by=()).height == 0
     assert chord_knees(pareto_front(trials([(1.0, 1.0), (2.0, 0.5)])), by=()).height == 0
-    tie = chord_knees(pareto_front(trials([(1.0, 1.0), (1.5, 0.9), (1.5, 0.9), (2.0, 0.5)])), by=())  # an exact tie: smaller trial id
+    tie = chord_knees(
+        pareto_front(trials([(1.0, 1.0), (1.5, 0.9), (1.5, 0.9), (2.0, 0.5)])), by=()
+    )  # an exact tie: smaller trial id
     assert ids(tie) == ["t001"]
     both = pl.concat([trials(CLASSIC), trials([(1.0, 1.0)], model="x", start=50)])
     grouped = chord_knees(pareto_front(both, by=("model",)), by=("model",))
@@ -132,15 +143,23 @@ def test_best_speedup_at_each_target():
     best = best_at_targets(df)
     got = {(r["model"], r["target"]): r["trial_id"] for r in best.iter_rows(named=True)}
     assert got == {
-        ("m", 0.95): "t002", ("m", 0.98): "t001", ("m", 0.99): "t001", ("m", 1.0): "t000",
-        ("low", 0.95): "t041", ("low", 0.98): None, ("low", 0.99): None, ("low", 1.0): None,
+        ("m", 0.95): "t002",
+        ("m", 0.98): "t001",
+        ("m", 0.99): "t001",
+        ("m", 1.0): "t000",
+        ("low", 0.95): "t041",
+        ("low", 0.98): None,
+        ("low", 0.99): None,
+        ("low", 1.0): None,
     }
     # ties on speedup go to the higher agreement, then the smaller trial id
     tied = best_at_targets(trials([(1.5, 0.96), (1.5, 0.99), (1.5, 0.99)]), targets=(0.95,))
     assert ids(tied) == ["t001"]
 
 
-def timed_row(trial_id, base, gated, *, agree=None, exit_rate=0.5, kv_policy="propagate", mode="early_exit", speedup=None, **extra):
+def timed_row(
+    trial_id, base, gated, *, agree=None, exit_rate=0.5, kv_policy="propagate", mode="early_exit", speedup=None, **extra
+):
     """One ok trial row from [round][prompt] decode ms; speedup_wall by the bench's definition,
     computed here by hand: the median over rounds of summed baseline / summed gated."""
     ratios = sorted(sum(b) / sum(g) for b, g in zip(base, gated))
@@ -148,11 +167,24 @@ def timed_row(trial_id, base, gated, *, agree=None, exit_rate=0.5, kv_policy="pr
     point = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
     n = len(base[0])
     return {
-        "trial_id": trial_id, "model": "m", "gate": "saturation", "status": "ok", "eps": 0.1, "min_layer": 2,
-        "exit_rate": exit_rate, "step_layers_saved": exit_rate * 0.5, "kv_policy": kv_policy, "mode": mode,
-        "speedup_wall": point if speedup is None else speedup, "agreement": 1.0 if agree is None else sum(agree) / len(agree),
-        "prompt_agreement": [1.0] * n if agree is None else agree, "round_baseline_ms": base, "round_ms": gated,
-        "round_baseline_prefill_ms": [[0.0] * n for _ in base], "round_prefill_ms": [[0.0] * n for _ in base], **extra,
+        "trial_id": trial_id,
+        "model": "m",
+        "gate": "saturation",
+        "status": "ok",
+        "eps": 0.1,
+        "min_layer": 2,
+        "exit_rate": exit_rate,
+        "step_layers_saved": exit_rate * 0.5,
+        "kv_policy": kv_policy,
+        "mode": mode,
+        "speedup_wall": point if speedup is None else speedup,
+        "agreement": 1.0 if agree is None else sum(agree) / len(agree),
+        "prompt_agreement": [1.0] * n if agree is None else agree,
+        "round_baseline_ms": base,
+        "round_ms": gated,
+        "round_baseline_prefill_ms": [[0.0] * n for _ in base],
+        "round_prefill_ms": [[0.0] * n for _ in base],
+        **extra,
     }
 
 
@@ -193,14 +225,18 @@ def test_intervals_contain_their_estimates_and_agreement_resamples_prompts():
     for r in out.iter_rows(named=True):
         assert r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"], r["trial_id"]
         assert r["agreement_lo"] <= r["agreement"] <= r["agreement_hi"], r["trial_id"]
-    agree = with_confidence(frame(timed_row("x", [[1.0, 1.0, 1.0, 1.0]], [[1.0] * 4], agree=[0.0, 1.0, 0.5, 0.5])), n_boot=4000, seed=0).row(0, named=True)
+    agree = with_confidence(
+        frame(timed_row("x", [[1.0, 1.0, 1.0, 1.0]], [[1.0] * 4], agree=[0.0, 1.0, 0.5, 0.5])), n_boot=4000, seed=0
+    ).row(0, named=True)
     # brute force over the 256 resamples of 4 prompts: the extremes have probability 1/256 each, so the
     # 2.5% quantile lies above the minimum 0.0 and below the mean
     assert 0.0 < agree["agreement_lo"] < 0.5 < agree["agreement_hi"] < 1.0
 
 
 def test_a_trial_gets_the_same_interval_whatever_rows_come_with_it():
-    one = timed_row("same", [[10.0, 12.0, 9.0], [11.0, 10.0, 9.5]], [[8.0, 9.0, 9.0], [9.0, 10.0, 7.0]], agree=[1.0, 0.5, 0.75])
+    one = timed_row(
+        "same", [[10.0, 12.0, 9.0], [11.0, 10.0, 9.5]], [[8.0, 9.0, 9.0], [9.0, 10.0, 7.0]], agree=[1.0, 0.5, 0.75]
+    )
     others = [timed_row(f"o{i}", [[5.0 + i, 6.0]], [[4.0, 6.0 + i]]) for i in range(5)]
     cols = ["speedup_lo", "speedup_hi", "agreement_lo", "agreement_hi"]
     alone = with_confidence(frame(one), seed=2).select(cols)
@@ -209,7 +245,9 @@ def test_a_trial_gets_the_same_interval_whatever_rows_come_with_it():
     from sweep.analysis import trial_rng
 
     assert trial_rng("same", 2).integers(0, 2**31) == trial_rng("same", 2).integers(0, 2**31)
-    assert trial_rng("same", 3).integers(0, 2**31) != trial_rng("same", 2).integers(0, 2**31)  # the analysis seed still matters
+    assert trial_rng("same", 3).integers(0, 2**31) != trial_rng("same", 2).integers(
+        0, 2**31
+    )  # the analysis seed still matters
 
 
 def test_trials_that_skipped_no_compute_are_1x_and_never_win_a_front():
@@ -240,9 +278,18 @@ def test_intervals_from_few_prompts_are_flagged():
 
 
 def verdict_row(**kw):
-    row = {"speedup_metric": "speedup_wall", "gate": "fixed", "params": "exit_layer=20 mode=self_speculative draft_len=4",
-           "mode": "self_speculative", "exit_rate": 0.0, "acceptance_rate": 0.8, "skipped_compute": True,
-           "speedup_noise": None, "ci_prompts": 8, "ci_few_prompts": False}
+    row = {
+        "speedup_metric": "speedup_wall",
+        "gate": "fixed",
+        "params": "exit_layer=20 mode=self_speculative draft_len=4",
+        "mode": "self_speculative",
+        "exit_rate": 0.0,
+        "acceptance_rate": 0.8,
+        "skipped_compute": True,
+        "speedup_noise": None,
+        "ci_prompts": 8,
+        "ci_few_prompts": False,
+    }
     return {**row, **kw}
 
 
@@ -252,24 +299,70 @@ def test_verdicts_follow_each_modes_own_evidence():
     faster = verdict(verdict_row(speedup=1.6, speedup_lo=1.4, speedup_hi=1.8), 8)
     assert "with a speedup: lossless self-speculation" in faster and "1.600x" in faster and "cost more" not in faster
     slower = verdict(verdict_row(speedup=0.8, speedup_lo=0.7, speedup_hi=0.9, acceptance_rate=0.2), 8)
-    assert slower.startswith("no gate reaches") and "drafting and verifying cost more than the accepted drafts save" in slower
+    assert (
+        slower.startswith("no gate reaches")
+        and "drafting and verifying cost more than the accepted drafts save" in slower
+    )
     unsure = verdict(verdict_row(speedup=1.05, speedup_lo=0.95, speedup_hi=1.15, ci_prompts=2, ci_few_prompts=True), 8)
     assert "distinguishable from 1x" in unsure and "fewer than 8" in unsure
-    idle = verdict(verdict_row(mode="early_exit", gate="margin", params="theta=20", skipped_compute=False, speedup=1.0,
-                               speedup_lo=1.0, speedup_hi=1.0, speedup_noise=1.52, exit_rate=0.0), 8)
+    idle = verdict(
+        verdict_row(
+            mode="early_exit",
+            gate="margin",
+            params="theta=20",
+            skipped_compute=False,
+            speedup=1.0,
+            speedup_lo=1.0,
+            speedup_hi=1.0,
+            speedup_noise=1.52,
+            exit_rate=0.0,
+        ),
+        8,
+    )
     assert "skipped no compute" in idle and "1.520x is timing noise" in idle and "with a speedup:" not in idle
-    exits = verdict(verdict_row(mode="early_exit", gate="margin", params="theta=5", speedup=1.3, speedup_lo=1.1, speedup_hi=1.5, exit_rate=0.4), 8)
+    exits = verdict(
+        verdict_row(
+            mode="early_exit",
+            gate="margin",
+            params="theta=5",
+            speedup=1.3,
+            speedup_lo=1.1,
+            speedup_hi=1.5,
+            exit_rate=0.4,
+        ),
+        8,
+    )
     assert "with a speedup: margin theta=5" in exits
 
 
 def bench_rows(root, *gates):
     for gate in gates:
-        assert main(["bench", "model=tiny-llama", "prompts.n=2", "bench.gen_tokens=6", "bench.repeats=2", "bench.warmup=0", f"results.root={root}", *gate]) == 0
+        assert (
+            main(
+                [
+                    "bench",
+                    "model=tiny-llama",
+                    "prompts.n=2",
+                    "bench.gen_tokens=6",
+                    "bench.repeats=2",
+                    "bench.warmup=0",
+                    f"results.root={root}",
+                    *gate,
+                ]
+            )
+            == 0
+        )
 
 
 def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
-    bench_rows(tmp_path, ["gate=full"], ["gate=fixed", "gate.exit_layer=2"], ["gate=fixed", "gate.exit_layer=3"],
-               ["gate=saturation", "gate.eps=0.8", "gate.min_layer=2"], ["gate=margin", "gate.theta=0.4", "gate.min_layer=1"])
+    bench_rows(
+        tmp_path,
+        ["gate=full"],
+        ["gate=fixed", "gate.exit_layer=2"],
+        ["gate=fixed", "gate.exit_layer=3"],
+        ["gate=saturation", "gate.eps=0.8", "gate.min_layer=2"],
+        ["gate=margin", "gate.theta=0.4", "gate.min_layer=1"],
+    )
     assert main(["profile", "model=tiny-llama", "prompts.n=1", "profile.gen_tokens=4", f"results.root={tmp_path}"]) == 0
     capsys.readouterr()
     assert main(["analyze", f"results.root={tmp_path}"]) == 0
@@ -279,13 +372,20 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     assert set(pareto["scope"]) == {"model", "model+gate"} and pareto["agreement_lo"].null_count() == 0
     assert (knees["front_points"] >= 3).all() and targets["target"].to_list() == [0.95, 0.98, 0.99, 1.0]
     per_gate = pareto.filter(pl.col("scope") == "model+gate").group_by("gate").len()
-    expected = set(per_gate.filter(pl.col("len") >= 3)["gate"]) | ({"all"} if pareto.filter(pl.col("scope") == "model").height >= 3 else set())
+    expected = set(per_gate.filter(pl.col("len") >= 3)["gate"]) | (
+        {"all"} if pareto.filter(pl.col("scope") == "model").height >= 3 else set()
+    )
     assert set(knees["gate"]) == expected  # fronts of 1-2 points have no knee
     for table in (pareto, targets.drop_nulls("trial_id")):
         assert (table["speedup_lo"] <= table["speedup"]).all() and (table["speedup"] <= table["speedup_hi"]).all()
-        assert (table["agreement_lo"] <= table["agreement"]).all() and (table["agreement"] <= table["agreement_hi"]).all()
+        assert (table["agreement_lo"] <= table["agreement"]).all() and (
+            table["agreement"] <= table["agreement_hi"]
+        ).all()
         assert table["ci_few_prompts"].all()  # 2 prompts: flagged
-    assert pareto.filter(~pl.col("skipped_compute"))["speedup"].to_list() == [1.0] * pareto.filter(~pl.col("skipped_compute")).height
+    assert (
+        pareto.filter(~pl.col("skipped_compute"))["speedup"].to_list()
+        == [1.0] * pareto.filter(~pl.col("skipped_compute")).height
+    )
     assert targets.filter(pl.col("target") == 1.0)["agreement"][0] == 1.0  # the full gate always qualifies
     report = (tmp_path / "report" / "report.md").read_text()
     for name in ("pareto_tiny-llama.png", "layers_tiny-llama.png", "eas.png"):
@@ -307,8 +407,13 @@ def test_the_report_is_its_sections_in_order_written_once(tmp_path):
         for name in section.figures:
             assert (ctx.out / name).stat().st_size > 10_000 and f"![{name}]({name})" in section.lines
     headings = [line for s in sections for line in s.lines if line.startswith("#")]
-    assert headings == ["# Early-exit report", "## Verdicts", "## tiny-llama", "## Profiles: EAS and oracle exits",
-                        "## The batching effect"]
+    assert headings == [
+        "# Early-exit report",
+        "## Verdicts",
+        "## tiny-llama",
+        "## Profiles: EAS and oracle exits",
+        "## The batching effect",
+    ]
     path = write_report(ctx)
     text = path.read_text()
     assert text == "\n".join(line for s in sections for line in s.lines)
@@ -331,7 +436,10 @@ def test_analyze_on_nothing_is_one_clear_error(tmp_path):
     res = run_cli("analyze", f"results.root={tmp_path}/none")
     assert res.returncode == 2
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: results.root={tmp_path}/none: no trials or profiles there to analyze (run `sweep run` or `sweep profile` first)"]
+    assert errors == [
+        f"error: results.root={tmp_path}/none: no trials or profiles there to analyze (run `sweep run` or `sweep "
+        f"profile` first)"
+    ]
 
 
 def test_targets_config_is_validated():
@@ -360,19 +468,47 @@ def test_the_readme_polars_example_runs(tmp_path, monkeypatch, capsys):
 
 def test_the_report_shows_the_batching_effect(tmp_path, capsys):
     for size in (1, 2, 4):
-        assert main(["bench", "model=tiny-llama", "gate=saturation", "gate.eps=0.8", "gate.min_layer=2", f"bench.batch_size={size}",
-                     "prompts.n=4", "bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0", f"results.root={tmp_path}"]) == 0
+        assert (
+            main(
+                [
+                    "bench",
+                    "model=tiny-llama",
+                    "gate=saturation",
+                    "gate.eps=0.8",
+                    "gate.min_layer=2",
+                    f"bench.batch_size={size}",
+                    "prompts.n=4",
+                    "bench.gen_tokens=6",
+                    "bench.repeats=1",
+                    "bench.warmup=0",
+                    f"results.root={tmp_path}",
+                ]
+            )
+            == 0
+        )
     assert main(["analyze", f"results.root={tmp_path}"]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## The batching effect" in report and (tmp_path / "report" / "batching.png").stat().st_size > 10_000
-    assert report.count("| tiny-llama saturation eps=0.8 min_layer=2 kv_policy=propagate |") == 3  # the series names its K/V policy
+    assert (
+        report.count("| tiny-llama saturation eps=0.8 min_layer=2 kv_policy=propagate |") == 3
+    )  # the series names its K/V policy
 
 
 def test_self_speculative_trials_stay_out_of_the_batching_section(tmp_path, capsys):
-    common = ["model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "prompts.n=2", "bench.gen_tokens=6", "bench.repeats=1",
-              "bench.warmup=0", f"results.root={tmp_path}"]
+    common = [
+        "model=tiny-llama",
+        "gate=fixed",
+        "gate.exit_layer=2",
+        "prompts.n=2",
+        "bench.gen_tokens=6",
+        "bench.repeats=1",
+        "bench.warmup=0",
+        f"results.root={tmp_path}",
+    ]
     assert main(["bench", *common, "bench.batch_size=2"]) == 0
-    assert main(["bench", *common, "bench.mode=self_speculative", "bench.draft_len=2"]) == 0  # batch 1, same gate columns
+    assert (
+        main(["bench", *common, "bench.mode=self_speculative", "bench.draft_len=2"]) == 0
+    )  # batch 1, same gate columns
     assert main(["analyze", f"results.root={tmp_path}"]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## The batching effect" not in report  # one early-exit batch size only: nothing to compare
@@ -386,6 +522,5 @@ def test_params_text_names_mode_and_batch_size():
     assert params_text(row) == "eps=0.2 min_layer=8"
     assert params_text({**row, "batch_size": 4}) == "eps=0.2 min_layer=8 batch_size=4"
     assert params_text({"exit_layer": 15, "min_layer": 15, "mode": "self_speculative", "draft_len": 4}) == (
-        "exit_layer=15 min_layer=15 mode=self_speculative draft_len=4")
-
-
+        "exit_layer=15 min_layer=15 mode=self_speculative draft_len=4"
+    )

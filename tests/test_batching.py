@@ -177,14 +177,31 @@ def test_batched_trials_keep_whole_prompts():
 def test_batched_bench_rows(tmp_path):
     rows = {}
     for size in (1, 2, 4):
-        cfg = compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", f"bench.batch_size={size}", "prompts.n=4",
-                      "bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0")
+        cfg = compose(
+            "model=tiny-llama",
+            "gate=fixed",
+            "gate.exit_layer=2",
+            f"bench.batch_size={size}",
+            "prompts.n=4",
+            "bench.gen_tokens=6",
+            "bench.repeats=1",
+            "bench.warmup=0",
+        )
         rows[size] = run_trial(cfg, *prepare(cfg))
     for size, row in rows.items():
         assert row["status"] == "ok" and row["batch_size"] == size and row["n_prompts"] == 4
         assert row["step_layers_saved"] == pytest.approx(0.5)  # every sequence exits at 2 of 4
-    saturation = compose("model=tiny-llama", "gate=saturation", "gate.eps=0.8", "gate.min_layer=2", "bench.batch_size=4",
-                         "prompts.n=4", "bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0")
+    saturation = compose(
+        "model=tiny-llama",
+        "gate=saturation",
+        "gate.eps=0.8",
+        "gate.min_layer=2",
+        "bench.batch_size=4",
+        "prompts.n=4",
+        "bench.gen_tokens=6",
+        "bench.repeats=1",
+        "bench.warmup=0",
+    )
     row = run_trial(saturation, *prepare(saturation))
     assert row["step_layers_saved"] <= row["layers_saved"] + 1e-9  # a batch saves at most what its sequences do
 
@@ -192,10 +209,23 @@ def test_batched_bench_rows(tmp_path):
 def test_a_batch_needs_enough_prompts():
     # prompts.n known: a config-only rule, checked when the config is composed
     with pytest.raises(ConfigError, match="bench.batch_size=8: needs at least 8 prompts"):
-        compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "bench.batch_size=8", "prompts.n=4", "bench.gen_tokens=4")
+        compose(
+            "model=tiny-llama",
+            "gate=fixed",
+            "gate.exit_layer=2",
+            "bench.batch_size=8",
+            "prompts.n=4",
+            "bench.gen_tokens=4",
+        )
     # prompts.n=null (every prompt of the set): checked once the prompts are read
-    cfg = compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", "bench.batch_size=16", "prompts.n=null",
-                  "bench.gen_tokens=4")
+    cfg = compose(
+        "model=tiny-llama",
+        "gate=fixed",
+        "gate.exit_layer=2",
+        "bench.batch_size=16",
+        "prompts.n=null",
+        "bench.gen_tokens=4",
+    )
     with pytest.raises(ConfigError, match="bench.batch_size=16: needs at least 16 prompts"):
         run_trial(cfg, *prepare(cfg))
 
@@ -224,7 +254,10 @@ PLAN = [
     [3, 4, 1],  # to L again: a second head; overwrites from layer 1: 3
 ]
 STEP_LAYERS = {"propagate": [4, 3, 2, 4, 4], "full": [4, 4, 4, 4, 4]}
-EXTRA_HEADS = {("propagate", "hidden"): [1, 0, 0, 0, 1], ("full", "hidden"): [1, 1, 1, 0, 1]}  # full runs every step to L
+EXTRA_HEADS = {
+    ("propagate", "hidden"): [1, 0, 0, 0, 1],
+    ("full", "hidden"): [1, 1, 1, 0, 1],
+}  # full runs every step to L
 EXTRA_FILLS = {"propagate": [3, 2, 0, 0, 3], "full": [0, 0, 0, 0, 0]}  # full computes K/V, fills nothing
 
 
@@ -257,7 +290,10 @@ def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
     assert charged < plain
     # 2 second heads and 3 + 2 + 3 = 8 overwritten layers over the 5 steps
     assert len(gen.step_layers) * costs.step_ms / charged == pytest.approx(
-        len(gen.step_layers) * costs.step_ms / plain + 2 * costs.head_ms + 8 * costs.fill_ms("propagate"))
+        len(gen.step_layers) * costs.step_ms / plain + 2 * costs.head_ms + 8 * costs.fill_ms("propagate")
+    )
     # a fixed gate exits every sequence at once: nothing extra
-    fixed = BatchEngine(tiny, make_gate(GateConfig(name="fixed", exit_layer=2), 4), "propagate").generate_batch(prompts, N)
+    fixed = BatchEngine(tiny, make_gate(GateConfig(name="fixed", exit_layer=2), 4), "propagate").generate_batch(
+        prompts, N
+    )
     assert set(fixed.extra_heads) == {0} and set(fixed.extra_fill_layers) == {0}

@@ -7,7 +7,8 @@ import contextlib
 import pytest
 
 from conftest import compose, run_cli
-from sweep.bench import prepare, run_trial, trial_id
+from sweep.bench import prepare, run_trial
+from sweep.identity import trial_columns
 from sweep.cli import main
 from sweep.costs import CostModel
 from sweep.gates import make_gate
@@ -81,7 +82,17 @@ def test_fixed_gate_metrics(tmp_path):
 
 
 def test_bench_writes_one_row_with_the_schema(tmp_path, capsys):
-    code = main(["bench", "model=tiny-qwen2", "gate=margin", "gate.theta=0.4", "gate.min_layer=1", f"results.root={tmp_path}", *FAST])
+    code = main(
+        [
+            "bench",
+            "model=tiny-qwen2",
+            "gate=margin",
+            "gate.theta=0.4",
+            "gate.min_layer=1",
+            f"results.root={tmp_path}",
+            *FAST,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "status: ok" in out and "speedup_wall" in out
     df = read("trials", tmp_path)
@@ -93,6 +104,9 @@ def test_bench_writes_one_row_with_the_schema(tmp_path, capsys):
 
 
 def test_trial_id_is_a_stable_hash_of_the_trial_config(tmp_path):
+    def trial_id(cfg):
+        return trial_columns(cfg)["trial_id"]
+
     a = trial_id(bench_cfg(tmp_path, "gate=saturation", "gate.eps=0.2"))
     assert a == trial_id(bench_cfg(tmp_path / "elsewhere", "gate=saturation", "gate.eps=0.2", "run_id=other"))
     assert a != trial_id(bench_cfg(tmp_path, "gate=saturation", "gate.eps=0.3"))
@@ -142,7 +156,16 @@ def test_a_trial_that_raises_is_a_failed_row(tmp_path, capsys, monkeypatch):
 
 
 def test_cost_model_arithmetic():
-    costs = CostModel(layer_ms=1.0, head_ms=3.0, lens_probe_ms=3.5, hidden_probe_ms=0.1, kv_ms=0.1, overhead_ms=1.0, step_ms=14.0, num_layers=10)
+    costs = CostModel(
+        layer_ms=1.0,
+        head_ms=3.0,
+        lens_probe_ms=3.5,
+        hidden_probe_ms=0.1,
+        kv_ms=0.1,
+        overhead_ms=1.0,
+        step_ms=14.0,
+        num_layers=10,
+    )
     from sweep.config import GateConfig
 
     margin = make_gate(GateConfig(name="margin", min_layer=1, theta=1.0), 10)
@@ -167,7 +190,14 @@ def test_measured_cost_model_is_sane():
     lm = load("model=tiny-mistral")
     costs = cost_model(lm, list(range(1, 30)))
     assert costs.num_layers == 4
-    for value in (costs.layer_ms, costs.head_ms, costs.lens_probe_ms, costs.hidden_probe_ms, costs.kv_ms, costs.step_ms):
+    for value in (
+        costs.layer_ms,
+        costs.head_ms,
+        costs.lens_probe_ms,
+        costs.hidden_probe_ms,
+        costs.kv_ms,
+        costs.step_ms,
+    ):
         assert value > 0
     assert costs.lens_probe_ms >= costs.head_ms * 0.5
     assert cost_model(lm, list(range(2, 31))) is costs  # measured once per process and prompt length
@@ -175,7 +205,15 @@ def test_measured_cost_model_is_sane():
 
 
 def test_bench_console_script(tmp_path):
-    res = run_cli("bench", "model=tiny-gemma3", "gate=saturation", "gate.eps=0.7", "gate.min_layer=2", f"results.root={tmp_path}", *FAST)
+    res = run_cli(
+        "bench",
+        "model=tiny-gemma3",
+        "gate=saturation",
+        "gate.eps=0.7",
+        "gate.min_layer=2",
+        f"results.root={tmp_path}",
+        *FAST,
+    )
     assert res.returncode == 0, res.stderr
     assert "determinism: ok" in res.stdout and "row: " in res.stdout
     assert read("trials", tmp_path)["gate"].to_list() == ["saturation"]

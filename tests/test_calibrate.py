@@ -9,7 +9,15 @@ import math
 import numpy as np
 import pytest
 
-from sweep.calibrate import binomial_cdf, certifiable_risk, fixed_sequence, hoeffding_bentkus_p, hoeffding_p, ordered, split
+from sweep.calibrate import (
+    binomial_cdf,
+    certifiable_risk,
+    fixed_sequence,
+    hoeffding_bentkus_p,
+    hoeffding_p,
+    ordered,
+    split,
+)
 from sweep.cli import main
 
 
@@ -71,8 +79,20 @@ def test_thresholds_are_ordered_from_conservative_and_split_is_seeded():
 
 
 def test_calibrate_command_on_a_tiny_model(capsys):
-    code = main(["calibrate", "model=tiny-qwen3", "model.tiny.init_std=0.02", "gate=margin", "gate.min_layer=1", "prompts.n=10",
-                 "bench.gen_tokens=6", "calibrate.delta=0.3", "calibrate.epsilon=0.3", "calibrate.grid='range(2.0, 0.0, step=-0.5)'"])
+    code = main(
+        [
+            "calibrate",
+            "model=tiny-qwen3",
+            "model.tiny.init_std=0.02",
+            "gate=margin",
+            "gate.min_layer=1",
+            "prompts.n=10",
+            "bench.gen_tokens=6",
+            "calibrate.delta=0.3",
+            "calibrate.epsilon=0.3",
+            "calibrate.grid='range(2.0, 0.0, step=-0.5)'",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "5 calibration and 5 held-out prompts" in out
@@ -85,7 +105,10 @@ def test_calibrate_command_on_a_tiny_model(capsys):
     [
         (["gate=full"], "gate=full: has no threshold to calibrate"),
         (["gate=margin", "calibrate.delta=0"], "calibrate.delta=0.0: must be a number in (0, 1)"),
-        (["gate=margin", "calibrate.delta=1"], "calibrate.delta=1.0: must be a number in (0, 1)"),  # crashed in the p-value before
+        (
+            ["gate=margin", "calibrate.delta=1"],
+            "calibrate.delta=1.0: must be a number in (0, 1)",
+        ),  # crashed in the p-value before
         (["gate=margin", "calibrate.split=1"], "calibrate.split=1.0: must be a number in (0, 1)"),
         (["gate=margin", "calibrate.pvalue=bonferroni"], "calibrate.pvalue=bonferroni: must be one of hb, hoeffding"),
         (["gate=margin", "gate.min_layer=1", "prompts.n=1"], "prompts.n: calibration needs at least 2 prompts"),
@@ -98,9 +121,25 @@ def test_bad_calibrate_input(overrides, message, capsys):
 
 def test_calibrate_reports_progress_on_long_loops(caplog):
     caplog.set_level(logging.INFO, logger="sweep")
-    code = main(["calibrate", "model=tiny-llama", "gate=saturation", "gate.min_layer=2", "prompts=humaneval", "prompts.n=40",
-                 "bench.gen_tokens=2", "calibrate.delta=0.5", "calibrate.epsilon=0.5", "calibrate.grid='range(0.01, 0.03, step=0.01)'"])
+    code = main(
+        [
+            "calibrate",
+            "model=tiny-llama",
+            "gate=saturation",
+            "gate.min_layer=2",
+            "prompts=humaneval",
+            "prompts.n=40",
+            "bench.gen_tokens=2",
+            "calibrate.delta=0.5",
+            "calibrate.epsilon=0.5",
+            "calibrate.grid='range(0.01, 0.03, step=0.01)'",
+        ]
+    )
     assert code == 0
     text = caplog.text
-    assert "full-depth baselines: 40 prompts x 2 tokens" in text and "baselines: 4/40 prompts" in text and "baselines: 40/40 prompts" in text
+    assert (
+        "full-depth baselines: 40 prompts x 2 tokens" in text
+        and "baselines: 4/40 prompts" in text
+        and "baselines: 40/40 prompts" in text
+    )
     assert "eps=0.01: 20/20 prompts" in text  # the calibration half, threshold by threshold

@@ -84,7 +84,14 @@ def test_a_killed_worker_is_retried(tmp_path):
 def two_node_cluster():
     """A head and one worker node on 127.0.0.1 (token auth), in a helper process."""
     helper = ROOT / "tests" / "helpers" / "local_cluster.py"
-    proc = subprocess.Popen([sys.executable, str(helper), "1"], env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(helper), "1"],
+        env=env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert line, proc.stderr.read()[-2000:]
     info = json.loads(line)
@@ -96,9 +103,23 @@ def two_node_cluster():
 
 def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_path):
     res = subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", two_node_cluster["dashboard"], "--",
-         "model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0", f"results.root={tmp_path}"],
-        env=env(), capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "submit.py"),
+            "--address",
+            two_node_cluster["dashboard"],
+            "--",
+            "model=tiny-llama",
+            "prompts.n=1",
+            "bench.gen_tokens=4",
+            "bench.repeats=1",
+            "bench.warmup=0",
+            f"results.root={tmp_path}",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "submitted raysubmit_" in res.stdout and "SUCCEEDED" in res.stdout
@@ -109,7 +130,15 @@ def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_pa
 
 
 def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
-    args = [SWEEP, "run", *SLOW_TRIALS, "cluster=existing", f"cluster.address={two_node_cluster['gcs']}", f"results.root={tmp_path}", "sweep.max_failures=3"]
+    args = [
+        SWEEP,
+        "run",
+        *SLOW_TRIALS,
+        "cluster=existing",
+        f"cluster.address={two_node_cluster['gcs']}",
+        f"results.root={tmp_path}",
+        "sweep.max_failures=3",
+    ]
     proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(tmp_path, 1, proc)
     helper = two_node_cluster["proc"]
@@ -123,13 +152,35 @@ def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
 
 def test_jobs_submit_rejects_bad_input_before_contacting_a_cluster():
     res = subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", "model=tiny-llama", "results.root=results"],
-        env=env(), capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "submit.py"),
+            "--address",
+            "http://127.0.0.1:9",
+            "--",
+            "model=tiny-llama",
+            "results.root=results",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2 and "results.root: pass an absolute path" in res.stderr
     res = subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", "model=nope", "results.root=/tmp/x"],
-        env=env(), capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "submit.py"),
+            "--address",
+            "http://127.0.0.1:9",
+            "--",
+            "model=nope",
+            "results.root=/tmp/x",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2 and "model=nope: unknown option" in res.stderr
 
@@ -137,8 +188,19 @@ def test_jobs_submit_rejects_bad_input_before_contacting_a_cluster():
 def test_jobs_submit_to_nothing_fails_fast(tmp_path):
     t0 = time.perf_counter()
     res = subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", "model=tiny-llama", f"results.root={tmp_path}"],
-        env=env(), capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "submit.py"),
+            "--address",
+            "http://127.0.0.1:9",
+            "--",
+            "model=tiny-llama",
+            f"results.root={tmp_path}",
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2 and "--address http://127.0.0.1:9: no Ray job server answers there" in res.stderr
     assert time.perf_counter() - t0 < 60

@@ -50,7 +50,10 @@ def test_model_name_is_derived_from_path():
 
 BAD = [
     (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-gemma3"),
-    (["gate=nope"], "gate=nope: unknown option; allowed: conformal, cosine, entropy, fixed, full, margin, pca, saturation, softmax"),
+    (
+        ["gate=nope"],
+        "gate=nope: unknown option; allowed: conformal, cosine, entropy, fixed, full, margin, pca, saturation, softmax",
+    ),
     (["prompts=nope"], "prompts=nope: unknown option; allowed: chat, humaneval, jsonl"),
     (["profile.nope=1"], "profile.nope: unknown key in profile; allowed: gen_tokens, topk"),
     (["+nope=1"], "nope: unknown key; allowed: model, gate, prompts"),
@@ -67,7 +70,10 @@ BAD = [
     (["model=hf"], "model.path: required for model=hf"),
     (["model=gguf"], "model.path: required for model=gguf"),
     (["prompts=jsonl"], "prompts.path: required for prompts=jsonl"),
-    (["model=tiny-llama", "model.family=gpt2"], "model.family=gpt2: must be one of llama, mistral, qwen2, qwen3, gemma3"),
+    (
+        ["model=tiny-llama", "model.family=gpt2"],
+        "model.family=gpt2: must be one of llama, mistral, qwen2, qwen3, gemma3",
+    ),
     (["model=tiny-llama", "model.tiny.kv_heads=3"], "model.tiny.kv_heads=3: must divide model.tiny.heads=4"),
     (["model=tiny-llama", "model.tiny.head_dim=5"], "model.tiny.head_dim=5: must be an even integer >= 2"),
     (["model.name=a/b"], "model.name=a/b: must be letters, digits"),
@@ -81,7 +87,11 @@ BAD = [
     (["resources.gpu=lots"], "resources.gpu=lots: must be auto or a number >= 0"),
     (["resources.cpu=0"], "resources.cpu=0.0: must be a number > 0"),
     (["cluster.auth=none"], "cluster.auth=none: must be one of token, disabled"),
-    (["search=nope"], "search=nope: unknown option; allowed: batching-grid, conformal-grid, gates-grid, margin-grid, optuna-constrained, optuna-mo, saturation-grid, screen, self-spec-grid"),
+    (
+        ["search=nope"],
+        "search=nope: unknown option; allowed: batching-grid, conformal-grid, gates-grid, margin-grid, "
+        "optuna-constrained, optuna-mo, saturation-grid, screen, self-spec-grid",
+    ),
     (["search.kind=random"], "search.kind=random: must be one of grid, optuna"),
     (["search.n_trials=0"], "search.n_trials=0: must be an integer in 1..100000"),
     (["sweep.max_failures=-1"], "sweep.max_failures=-1: must be an integer >= 0"),
@@ -130,7 +140,6 @@ def test_cli_config_prints_the_composed_config(capsys):
     assert main(["config", "model=tiny-gemma3", "profile.gen_tokens=5"]) == 0
     out = capsys.readouterr().out
     assert "gen_tokens: 5" in out and "family: gemma3" in out
-
 
 
 def test_defaults_live_in_conf_only():

@@ -200,7 +200,9 @@ def test_fixed_gate_exits_exactly_there(tiny, prompts):
 
 def test_full_gate_is_the_baseline(tiny, prompts):
     base = Engine(tiny).generate(prompts[0].input_ids, N, record=True)
-    full = Engine(tiny, make_gate(GATE_CONFIGS["full"], tiny.num_layers), "propagate").generate(prompts[0].input_ids, N, record=True)
+    full = Engine(tiny, make_gate(GATE_CONFIGS["full"], tiny.num_layers), "propagate").generate(
+        prompts[0].input_ids, N, record=True
+    )
     assert full.tokens == base.tokens and full.exit_layers == [tiny.num_layers] * N
     assert torch.equal(full.logits, base.logits)
 
@@ -208,7 +210,9 @@ def test_full_gate_is_the_baseline(tiny, prompts):
 def rope_and_rotate(lm, h, position, layer_index):
     """K's RoPE for one position, from the model's own rotary module and its family's helper."""
     model_type = lm.model.config.model_type
-    module = importlib.import_module(f"transformers.models.{model_type.removesuffix('_text')}.modeling_{model_type.removesuffix('_text')}")
+    module = importlib.import_module(
+        f"transformers.models.{model_type.removesuffix('_text')}.modeling_{model_type.removesuffix('_text')}"
+    )
     pos = torch.tensor([[position]])
     types = getattr(lm.model.config, "layer_types", None)
     if model_type == "gemma3_text":
@@ -332,7 +336,10 @@ def test_conformal_tau_is_the_prefill_quantile():
 @pytest.mark.parametrize(
     "gate_cfg,message",
     [
-        (GateConfig(name="fixed", min_layer=1, exit_layer=5), "gate.exit_layer=5: must be in 1..4 (from gate.min_layer to L=4 for this model)"),
+        (
+            GateConfig(name="fixed", min_layer=1, exit_layer=5),
+            "gate.exit_layer=5: must be in 1..4 (from gate.min_layer to L=4 for this model)",
+        ),
         (GateConfig(name="fixed", min_layer=3, exit_layer=2), "gate.exit_layer=2: must be in 3..4"),
         (GateConfig(name="margin", min_layer=5, theta=1.0), "gate.min_layer=5: must be in 1..4 (L=4 for this model)"),
     ],

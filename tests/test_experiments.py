@@ -21,11 +21,11 @@ REPLACED = {
     "profile-humaneval": "model=smollm2-135m prompts=humaneval prompts.n=2 profile.gen_tokens=16",
     "screen": "model=smollm2-135m search=screen prompts.n=4 bench.gen_tokens=16",
     "calibrate-saturation": "model=smollm2-135m gate=saturation gate.min_layer=8 prompts=humaneval "
-                            "prompts.n=164 calibrate.split=0.78 \"calibrate.grid='range(0.002, 0.042, step=0.002)'\" "
-                            "bench.gen_tokens=16",
+    "prompts.n=164 calibrate.split=0.78 \"calibrate.grid='range(0.002, 0.042, step=0.002)'\" "
+    "bench.gen_tokens=16",
     "cluster-gpu": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1",
     "cluster-gpu-humaneval": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1 "
-                             "resources.cpu=4 prompts=humaneval prompts.n=16 bench.gen_tokens=64 bench.repeats=5",
+    "resources.cpu=4 prompts=humaneval prompts.n=16 bench.gen_tokens=64 bench.repeats=5",
 }
 
 

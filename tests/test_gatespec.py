@@ -36,7 +36,12 @@ def test_every_gate_class_takes_its_declarations_from_its_spec():
     for cls in GATES:
         spec = GATE_SPECS.get(cls.name, key="gate")
         assert cls.spec is spec
-        assert (cls.params, cls.probe, cls.threshold, cls.aggressive) == (spec.params, spec.probe, spec.threshold, spec.aggressive)
+        assert (cls.params, cls.probe, cls.threshold, cls.aggressive) == (
+            spec.params,
+            spec.probe,
+            spec.threshold,
+            spec.aggressive,
+        )
 
 
 def test_gate_config_fields_are_the_tables_parameters():
@@ -48,7 +53,9 @@ def test_gate_config_fields_are_the_tables_parameters():
 def test_every_table_carrying_a_gate_has_exactly_the_tables_gate_columns():
     from sweep.store import TABLES
 
-    carrying = [t for t in TABLES.values() if "gate" in {c.name for c in t.columns} and "eps" in {c.name for c in t.columns}]
+    carrying = [
+        t for t in TABLES.values() if "gate" in {c.name for c in t.columns} and "eps" in {c.name for c in t.columns}
+    ]
     assert {t.name for t in carrying} >= {"trials", "simulated"}
     for table in carrying:
         columns = {c.name: c for c in table.columns}
@@ -62,16 +69,17 @@ def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
     import importlib
 
     import sweep.gatespec as gs
-    import sweep.store._schema as schema
+    import sweep.store._columns as columns
 
     extra = gs.ParamSpec("gamma", float, gs.Domain(lambda v: v > 0, "a number > 0"), "logits", "a test parameter")
     monkeypatch.setitem(gs.PARAMS, "gamma", extra)
     try:
-        fresh = importlib.reload(schema)
-        assert "gamma" in [c.name for c in fresh.GATE_FIELDS]
+        fresh = importlib.reload(columns)
+        added = [c for c in fresh.GATE_FIELDS if c.name == "gamma"]
+        assert len(added) == 1 and added[0].unit == "logits" and added[0].nullable
     finally:
         monkeypatch.delitem(gs.PARAMS, "gamma")
-        importlib.reload(schema)
+        importlib.reload(columns)
 
 
 @pytest.mark.parametrize(
@@ -83,14 +91,26 @@ def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
         (["gate=pca", "gate.k=null"], "gate.k: required for gate=pca"),
         (["gate=conformal", "gate.q=0"], "gate.q=0.0: must be a number in (0, 1]"),
         (["gate=softmax", "gate.decay=-1"], "gate.decay=-1.0: must be a number >= 0"),
-        (["gate=margin", "search=optuna-mo", "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 2)'}]"],
-         "search.spaces[0].gate.theta=2.0: must be a number in [0, 1]"),
-        (["search.spaces=[{gate: 'choice(margin, softmax)', gate.theta: 'choice(0.5, 3)'}]"],
-         "search.spaces[0].gate.theta=3: must be a number in [0, 1] (a probability margin) for gate=softmax"),
-        (["search.spaces=[{gate: saturation, gate.theta: 'choice(1, 2)'}]"],
-         "search.spaces[0].gate.theta=1: not a parameter of gate=saturation"),
-        (["search.spaces=[{gate: saturaton, gate.eps: 0.1}]"], "search.spaces[0].gate=saturaton: unknown gate (did you mean 'saturation'?)"),
-        (["gate=softmax", "calibrate.grid='range(0.5, 2.0, step=0.5)'"], "calibrate.grid (theta)=1.5: must be a number in [0, 1]"),
+        (
+            ["gate=margin", "search=optuna-mo", "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 2)'}]"],
+            "search.spaces[0].gate.theta=2.0: must be a number in [0, 1]",
+        ),
+        (
+            ["search.spaces=[{gate: 'choice(margin, softmax)', gate.theta: 'choice(0.5, 3)'}]"],
+            "search.spaces[0].gate.theta=3: must be a number in [0, 1] (a probability margin) for gate=softmax",
+        ),
+        (
+            ["search.spaces=[{gate: saturation, gate.theta: 'choice(1, 2)'}]"],
+            "search.spaces[0].gate.theta=1: not a parameter of gate=saturation",
+        ),
+        (
+            ["search.spaces=[{gate: saturaton, gate.eps: 0.1}]"],
+            "search.spaces[0].gate=saturaton: unknown gate (did you mean 'saturation'?)",
+        ),
+        (
+            ["gate=softmax", "calibrate.grid='range(0.5, 2.0, step=0.5)'"],
+            "calibrate.grid (theta)=1.5: must be a number in [0, 1]",
+        ),
     ],
 )
 def test_config_only_rules_fail_at_compose(overrides, message):
@@ -149,7 +169,12 @@ def test_bench_with_an_out_of_domain_threshold_fails_before_any_model_loads():
 
 
 def test_run_with_an_out_of_domain_search_value_fails_before_ray_starts():
-    seen = _python(SCRIPT, "run", "model=tiny-llama", "search=optuna-mo",
-                   "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 1.5)'}]")
+    seen = _python(
+        SCRIPT,
+        "run",
+        "model=tiny-llama",
+        "search=optuna-mo",
+        "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 1.5)'}]",
+    )
     assert seen["code"] == 2 and seen["loads"] == 0 and seen["ray"] is False
     assert "search.spaces[0].gate.theta=1.5: must be a number in [0, 1]" in seen["stderr"]

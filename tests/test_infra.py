@@ -30,7 +30,11 @@ def test_every_infra_yaml_parses(path):
 
 
 def gpu_group(spec: dict) -> dict:
-    groups = [g for g in spec["workerGroupSpecs"] if any("nvidia.com/gpu" in c["resources"]["limits"] for c in g["template"]["spec"]["containers"])]
+    groups = [
+        g
+        for g in spec["workerGroupSpecs"]
+        if any("nvidia.com/gpu" in c["resources"]["limits"] for c in g["template"]["spec"]["containers"])
+    ]
     assert groups, "no GPU worker group"
     return groups[0]
 
@@ -93,7 +97,7 @@ def test_dockerfile_builds_the_project_on_a_cuda_base():
 def test_readme_job_command_composes():
     readme = (ROOT / "README.md").read_text()
     line = next(line for line in readme.splitlines() if "jobs/submit.py" in line and "--address" in line)
-    tail = readme[readme.index(line):].split("```")[0]
+    tail = readme[readme.index(line) :].split("```")[0]
     overrides = [t for t in tail.replace("\\\n", " ").split() if "=" in t and not t.startswith("--")]
     assert overrides and any(o.startswith("results.root=/") for o in overrides)
     compose(*overrides)

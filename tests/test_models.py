@@ -172,9 +172,14 @@ def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
     monkeypatch.setenv("SWEEP_MODEL_CACHE", "1")
     monkeypatch.setattr(_loader, "_CACHE", {})
     # what is cached is under test here, not what is measured: a stand-in that says whose costs they are
-    monkeypatch.setattr(costs_module, "_measure", lambda lm, ids, repeats: CostModel(1, 1, 1, 1, 1, 1, 1, lm.num_layers))
-    models = [("model=tiny-llama", "seed=31", "model.tiny.layers=3"), ("model=tiny-qwen2", "seed=32", "model.tiny.layers=4"),
-              ("model=tiny-qwen3", "seed=33", "model.tiny.layers=5")]
+    monkeypatch.setattr(
+        costs_module, "_measure", lambda lm, ids, repeats: CostModel(1, 1, 1, 1, 1, 1, 1, lm.num_layers)
+    )
+    models = [
+        ("model=tiny-llama", "seed=31", "model.tiny.layers=3"),
+        ("model=tiny-qwen2", "seed=32", "model.tiny.layers=4"),
+        ("model=tiny-qwen3", "seed=33", "model.tiny.layers=5"),
+    ]
     k = 4
     before = model_loads()
     previous: list[weakref.ref] = []
@@ -187,7 +192,9 @@ def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
             gate.bind(lm.adapter)
             ours = gate.basis.double()
             assert torch.allclose(ours @ ours.T, torch.eye(k, dtype=torch.float64), atol=1e-5)
-            assert torch.allclose(ours.T @ ours, independent_subspace(lm.adapter.lm_head.weight, k), atol=1e-4), overrides
+            assert torch.allclose(ours.T @ ours, independent_subspace(lm.adapter.lm_head.weight, k), atol=1e-4), (
+                overrides
+            )
             costs = cost_model(lm, list(range(1, 9)))
             assert costs.num_layers == lm.num_layers, overrides
             assert cost_model(lm, list(range(2, 10))) is costs  # once per loaded model and prompt length

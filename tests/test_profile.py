@@ -123,10 +123,14 @@ def test_greedy_decode_equals_generate(tiny):
     ours = greedy_decode(tiny, prompt.input_ids, GEN)
     with torch.no_grad():
         ref = tiny.model.generate(
-            torch.tensor([prompt.input_ids]), max_new_tokens=GEN, min_new_tokens=GEN, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
+            torch.tensor([prompt.input_ids]),
+            max_new_tokens=GEN,
+            min_new_tokens=GEN,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
-    assert ours == ref[0, len(prompt.input_ids):].tolist()
+    assert ours == ref[0, len(prompt.input_ids) :].tolist()
 
 
 def hand_trace(cos_hidden, top1_match, L=3):
@@ -135,10 +139,23 @@ def hand_trace(cos_hidden, top1_match, L=3):
     for pos, (cs, ms) in enumerate(zip(cos_hidden, top1_match)):
         for layer in range(1, L + 1):
             rows.append(
-                dict(model="m", run_id="r", prompt_id="p", position=pos, phase="decode" if pos else "prefill",
-                     layer=layer, num_layers=L, cos_hidden=cs[layer - 1], cos_logits=cs[layer - 1] / 2,
-                     topk_overlap=0.5, top1_match=ms[layer - 1], delta=0.1 * layer, pca_delta=0.05 * layer * (pos + 1),
-                     margin=float(pos + layer), topk=10)
+                dict(
+                    model="m",
+                    run_id="r",
+                    prompt_id="p",
+                    position=pos,
+                    phase="decode" if pos else "prefill",
+                    layer=layer,
+                    num_layers=L,
+                    cos_hidden=cs[layer - 1],
+                    cos_logits=cs[layer - 1] / 2,
+                    topk_overlap=0.5,
+                    top1_match=ms[layer - 1],
+                    delta=0.1 * layer,
+                    pca_delta=0.05 * layer * (pos + 1),
+                    margin=float(pos + layer),
+                    topk=10,
+                )
             )
     return pl.DataFrame(rows)
 
@@ -189,13 +206,24 @@ def test_layer_curve_hand_computed():
     assert curve["layer"].to_list() == [1, 2, 3]
     assert curve["top1_agreement"].to_list() == [0.5, 1.0, 1.0]
     assert curve["delta_median"].to_list() == pytest.approx([0.1, 0.2, 0.3])
-    assert curve["pca_delta_median"].to_list() == pytest.approx([0.075, 0.15, 0.225])  # positions 0 and 1: 0.05 l and 0.1 l
+    assert curve["pca_delta_median"].to_list() == pytest.approx(
+        [0.075, 0.15, 0.225]
+    )  # positions 0 and 1: 0.05 l and 0.1 l
     assert curve["margin_median"].to_list() == [1.5, 2.5, 3.5]
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_profile_command_on_every_tiny_family(family, tmp_path, capsys):
-    code = main(["profile", f"model=tiny-{family}", "prompts.n=2", "profile.gen_tokens=4", f"results.root={tmp_path}", "run_id=t1"])
+    code = main(
+        [
+            "profile",
+            f"model=tiny-{family}",
+            "prompts.n=2",
+            "profile.gen_tokens=4",
+            f"results.root={tmp_path}",
+            "run_id=t1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "EAS (alpha=0.5, K=10" in out and "oracle exit (all positions" in out

@@ -28,8 +28,13 @@ def test_packaged_model_identity(smollm):
 
 def test_profile_humaneval_on_the_real_model(tmp_path, smollm):
     res = run_cli(
-        "profile", "model=smollm2-135m", "prompts=humaneval", "prompts.n=2", "profile.gen_tokens=16",
-        f"results.root={tmp_path}", "run_id=real",
+        "profile",
+        "model=smollm2-135m",
+        "prompts=humaneval",
+        "prompts.n=2",
+        "profile.gen_tokens=16",
+        f"results.root={tmp_path}",
+        "run_id=real",
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "EAS (alpha=0.5, K=10" in res.stdout and "oracle exit (decode positions" in res.stdout
@@ -47,7 +52,7 @@ def test_profile_humaneval_on_the_real_model(tmp_path, smollm):
         assert ids[: len(prompt.input_ids)] == list(prompt.input_ids)
         with torch.no_grad():
             out = model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
-            tops = [model.lm_head(model.model.norm(out.hidden_states[l]))[0].argmax(-1) for l in range(1, 30)]
+            tops = [model.lm_head(model.model.norm(out.hidden_states[layer]))[0].argmax(-1) for layer in range(1, 30)]
             tops.append(out.logits[0].argmax(-1))
         expect = torch.stack(tops, dim=1).reshape(-1).numpy()
         assert np.array_equal(sub["top1"].to_numpy(), expect)

@@ -23,7 +23,10 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
     assert set(trials["source"]) == {"measured"}
     assert sim.filter(pl.col("on_front"))["trial_id"].is_in(trials["trial_id"].to_list()).all()
     profile = read("profile", tmp_path)
-    assert profile["run_id"].n_unique() == 1 and sim["trace_run_id"].unique().to_list() == profile["run_id"].unique().to_list()
+    assert (
+        profile["run_id"].n_unique() == 1
+        and sim["trace_run_id"].unique().to_list() == profile["run_id"].unique().to_list()
+    )
 
 
 def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):
@@ -44,14 +47,35 @@ def test_selection_keeps_the_front_above_full_depth():
     from sweep.screen import select
 
     # f (eps 0.25) lies between the knee b (0.2) and c (0.3) on the threshold line but off the front
-    table = pl.DataFrame({
-        "trial_id": ["a", "b", "c", "d", "e", "f"], "model": ["m"] * 6, "gate": ["saturation"] * 6, "min_layer": [8] * 6,
-        "exit_layer": [None] * 6, "eps": [0.1, 0.2, 0.3, 0.4, 0.05, 0.25], "theta": [None] * 6, "q": [None] * 6,
-        "k": [None] * 6, "decay": [None] * 6,
-        "speedup_model": [1.2, 1.5, 2.0, 0.9, 0.95, 1.4], "agreement_tf": [0.9, 0.6, 0.2, 1.0, 1.0, 0.5],
-    }, schema_overrides={"exit_layer": pl.Int64, "theta": pl.Float64, "q": pl.Float64, "k": pl.Int64, "decay": pl.Float64})
+    table = pl.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d", "e", "f"],
+            "model": ["m"] * 6,
+            "gate": ["saturation"] * 6,
+            "min_layer": [8] * 6,
+            "exit_layer": [None] * 6,
+            "eps": [0.1, 0.2, 0.3, 0.4, 0.05, 0.25],
+            "theta": [None] * 6,
+            "q": [None] * 6,
+            "k": [None] * 6,
+            "decay": [None] * 6,
+            "speedup_model": [1.2, 1.5, 2.0, 0.9, 0.95, 1.4],
+            "agreement_tf": [0.9, 0.6, 0.2, 1.0, 1.0, 0.5],
+        },
+        schema_overrides={
+            "exit_layer": pl.Int64,
+            "theta": pl.Float64,
+            "q": pl.Float64,
+            "k": pl.Int64,
+            "decay": pl.Float64,
+        },
+    )
     out = select(table, neighbours=0)
-    assert out.filter("on_front")["trial_id"].sort().to_list() == ["a", "b", "c"]  # d, e are slower than full depth; f is dominated by b
+    assert out.filter("on_front")["trial_id"].sort().to_list() == [
+        "a",
+        "b",
+        "c",
+    ]  # d, e are slower than full depth; f is dominated by b
     assert out.filter("selected")["trial_id"].sort().to_list() == ["a", "b", "c"]
     wider = select(table, neighbours=1)  # the knee (b) and its threshold neighbours a and f
     assert wider.filter("selected")["trial_id"].sort().to_list() == ["a", "b", "c", "f"]

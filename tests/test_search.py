@@ -12,18 +12,21 @@ SEARCHES = sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml"))
 
 
 def test_expressions_parse_to_typed_params():
-    params = {p.key: p for p in parse_space(
-        {
-            "gate.eps": "choice(0.05, 0.1)",
-            "gate.min_layer": "int(interval(2, 8))",
-            "gate.theta": "tag(log, interval(0.5, 20))",
-            "gate.q": "interval(0.5, 1.0)",
-            "gate.min_depth": "range(0.25, 1.0, step=0.25)",
-            "gate": "saturation",
-            "bench.kv_policy": "choice(propagate, full)",
-        },
-        "s",
-    )}
+    params = {
+        p.key: p
+        for p in parse_space(
+            {
+                "gate.eps": "choice(0.05, 0.1)",
+                "gate.min_layer": "int(interval(2, 8))",
+                "gate.theta": "tag(log, interval(0.5, 20))",
+                "gate.q": "interval(0.5, 1.0)",
+                "gate.min_depth": "range(0.25, 1.0, step=0.25)",
+                "gate": "saturation",
+                "bench.kv_policy": "choice(propagate, full)",
+            },
+            "s",
+        )
+    }
     assert params["gate.eps"] == Param("gate.eps", "choice", (0.05, 0.1))
     assert params["gate.min_layer"].integer and (params["gate.min_layer"].low, params["gate.min_layer"].high) == (2, 8)
     assert params["gate.theta"].log and not params["gate.theta"].integer
@@ -92,13 +95,28 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["search.kind=grid", "search=optuna-mo"], "interval(...) is continuous; a grid needs choice(...) or range(...)"),
+        (
+            ["search.kind=grid", "search=optuna-mo"],
+            "interval(...) is continuous; a grid needs choice(...) or range(...)",
+        ),
         (["+search.objectives.speed=max"], "search.objectives.speed: not a metric"),
-        (["search.objectives={speed: max}"], "search.objectives.speed: not a key of search.objectives; add it with +search.objectives.speed=VALUE"),
+        (
+            ["search.objectives={speed: max}"],
+            "search.objectives.speed: not a key of search.objectives; add it with +search.objectives.speed=VALUE",
+        ),
         (["search.objectives.agreement=up"], "search.objectives.agreement=up: must be max or min"),
-        (["search=optuna-constrained", "search.constraints.agreement=high"], "search.constraints.agreement=high: must be a number"),
-        (["search.spaces=[{gate.eps: 'interval(0.5, 0.1)'}]", "search.kind=optuna", "search.n_trials=2"], "interval needs low < high"),
-        (["search.spaces=[{gate.eps: 'tag(log, interval(0, 1))'}]", "search.kind=optuna", "search.n_trials=2"], "a log interval needs low > 0"),
+        (
+            ["search=optuna-constrained", "search.constraints.agreement=high"],
+            "search.constraints.agreement=high: must be a number",
+        ),
+        (
+            ["search.spaces=[{gate.eps: 'interval(0.5, 0.1)'}]", "search.kind=optuna", "search.n_trials=2"],
+            "interval needs low < high",
+        ),
+        (
+            ["search.spaces=[{gate.eps: 'tag(log, interval(0, 1))'}]", "search.kind=optuna", "search.n_trials=2"],
+            "a log interval needs low > 0",
+        ),
         (["search.spaces=[{gate.eps: 'choice(0.1,'}]"], "cannot parse"),
         (["search=optuna-constrained", "+search.objectives.agreement=max"], "supported with a single objective"),
     ],

@@ -26,11 +26,14 @@ DTYPES = ("float32", "bfloat16")
 CONVERGING = {"gemma3": 0.5, "llama": 0.02, "mistral": 0.02, "qwen2": 0.017, "qwen3": 0.02}
 SETTINGS = {
     "full": [GateConfig(name="full", min_layer=1)],
-    "fixed": [GateConfig(name="fixed", min_layer=1, exit_layer=e) for e in (1, 2, 3, 4)] + [GateConfig(name="fixed", min_depth=0.5)],
+    "fixed": [GateConfig(name="fixed", min_layer=1, exit_layer=e) for e in (1, 2, 3, 4)]
+    + [GateConfig(name="fixed", min_depth=0.5)],
     "saturation": [GateConfig(name="saturation", min_layer=m, eps=e) for m in (1, 2) for e in (0.55, 0.75, 0.95)],
     "margin": [GateConfig(name="margin", min_layer=m, theta=t) for m in (1, 3) for t in (0.25, 0.45, 1.5)],
     "conformal": [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.05, 0.5, 1.0)],
-    "softmax": [GateConfig(name="softmax", min_layer=1, theta=t, decay=d) for t in (0.02, 0.05, 0.3, 0.6) for d in (None, 4.0)],
+    "softmax": [
+        GateConfig(name="softmax", min_layer=1, theta=t, decay=d) for t in (0.02, 0.05, 0.3, 0.6) for d in (None, 4.0)
+    ],
     "cosine": [GateConfig(name="cosine", min_layer=2, eps=e, decay=d) for e in (0.1, 0.2, 0.4) for d in (None, 2.0)],
     "entropy": [GateConfig(name="entropy", min_layer=1, theta=t) for t in (1.8, 3.5, 4.3, 5.0)],
     "pca": [GateConfig(name="pca", min_layer=2, eps=e, k=8) for e in (0.5, 0.7, 0.9)],
@@ -126,7 +129,9 @@ def test_simulation_equals_the_closed_loop_until_the_first_divergence(replays, f
         return
     assert any(e < L for _, exits in closed_loop for e in exits), f"{gate_name} never exits"
     if gate_name != "fixed":  # its one probe layer is its threshold
-        assert any(e > gate.min_layer for gate, exits in closed_loop for e in exits), f"{gate_name} always exits at its first probe layer"
+        assert any(e > gate.min_layer for gate, exits in closed_loop for e in exits), (
+            f"{gate_name} always exits at its first probe layer"
+        )
     assert len({tuple(exits) for _, exits in closed_loop}) > 1, f"every {gate_name} setting decides alike"
 
 
@@ -137,7 +142,12 @@ KNIFE_EDGE = {
     "softmax": ("prob_margin", lambda v: dict(theta=v)),
     "entropy": ("entropy", lambda v: dict(theta=v)),
     "cosine": ("cos_prev", lambda v: dict(eps=1.0 - v)),
-    "cosine-decay": ("cos_prev", lambda v: dict(eps=1.0 - (v - 0.1 * torch.exp(torch.tensor(-4.0 * 2 / N, dtype=torch.float64)).item()) / 0.9, decay=4.0)),
+    "cosine-decay": (
+        "cos_prev",
+        lambda v: dict(
+            eps=1.0 - (v - 0.1 * torch.exp(torch.tensor(-4.0 * 2 / N, dtype=torch.float64)).item()) / 0.9, decay=4.0
+        ),
+    ),
     "pca": ("pca_delta", lambda v: dict(eps=v, k=8)),
 }
 
@@ -167,11 +177,16 @@ def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
 
     t = 2  # every position is decided as the third generated token (CALM's decay)
     sig = Signals(
-        delta=grid("delta"), margin=grid("margin"), match=grid("top1_match", torch.bool),
-        prompt_index=torch.zeros(N, dtype=torch.long), token_index=torch.full((N,), t),
+        delta=grid("delta"),
+        margin=grid("margin"),
+        match=grid("top1_match", torch.bool),
+        prompt_index=torch.zeros(N, dtype=torch.long),
+        token_index=torch.full((N,), t),
         prefill_residual=[torch.tensor(cols["residual_inf"].reshape(T, L)[:P], dtype=torch.float32)],
-        prompt_ids=[prompt.id], gen_tokens=N,
-        extra={c: grid(c) for c in ("prob_margin", "entropy", "cos_prev", "pca_delta")}, pca_k=8,
+        prompt_ids=[prompt.id],
+        gen_tokens=N,
+        extra={c: grid(c) for c in ("prob_margin", "entropy", "cos_prev", "pca_delta")},
+        pca_k=8,
     )
     name = gate_key.removesuffix("-decay")
     if name == "conformal":
@@ -181,7 +196,9 @@ def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
         values = sorted({float(v) for v in grid(column)[:, : L - 1].flatten()})
         cfgs = [GateConfig(name=name, min_layer=1, **params(v)) for v in values]
     gates = [make_gate(c, L) for c in cfgs]
-    replayed = type(gates[0]).decisions(sig, torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64), cfgs[0].decay)
+    replayed = type(gates[0]).decisions(
+        sig, torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64), cfgs[0].decay
+    )
     mismatches = 0
     for k, gate in enumerate(gates):
         gate.bind(a)
@@ -198,8 +215,17 @@ def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
 def test_simulate_rows_and_predicted_speedup(traced, tiny):
     _, sig = traced
     L = tiny.num_layers
-    costs = CostModel(layer_ms=1.0, head_ms=2.0, lens_probe_ms=2.2, hidden_probe_ms=0.05, kv_ms=0.1, overhead_ms=0.5, step_ms=L + 2.5,
-                      num_layers=L, extra_probe_ms={"pca:8": 0.3})
+    costs = CostModel(
+        layer_ms=1.0,
+        head_ms=2.0,
+        lens_probe_ms=2.2,
+        hidden_probe_ms=0.05,
+        kv_ms=0.1,
+        overhead_ms=0.5,
+        step_ms=L + 2.5,
+        num_layers=L,
+        extra_probe_ms={"pca:8": 0.3},
+    )
     cfgs = [c for group in SETTINGS.values() for c in group]
     table = simulate(cfgs, sig, costs)
     assert table.height == len(cfgs)
@@ -207,7 +233,9 @@ def test_simulate_rows_and_predicted_speedup(traced, tiny):
     assert full["agreement_tf"] == 1.0 and full["exit_rate"] == 0.0 and full["speedup_model"] == pytest.approx(1.0)
     fixed = table.filter((pl.col("gate") == "fixed") & (pl.col("exit_layer") == 2)).row(0, named=True)
     assert fixed["exit_rate"] == 1.0 and fixed["mean_exit_layer"] == 2.0
-    expected = costs.step_ms / costs.token_ms(make_gate(cfgs[2], L), 2, 1, "propagate")  # exit at 2 after one probe, every step
+    expected = costs.step_ms / costs.token_ms(
+        make_gate(cfgs[2], L), 2, 1, "propagate"
+    )  # exit at 2 after one probe, every step
     assert fixed["speedup_model"] == pytest.approx(expected)
     assert table["agreement_tf"].is_between(0, 1).all()
 
@@ -240,10 +268,15 @@ def test_probe_counts_follow_the_engine():
 
 def test_costs_on_tensors_equal_costs_on_numbers():
     costs = CostModel(1.0, 3.0, 3.5, 0.1, 0.1, 1.0, 14.0, 10)
-    for name, cfg in [("margin", GateConfig(name="margin", theta=1.0)), ("saturation", GateConfig(name="saturation", eps=0.1))]:
+    for name, cfg in [
+        ("margin", GateConfig(name="margin", theta=1.0)),
+        ("saturation", GateConfig(name="saturation", eps=0.1)),
+    ]:
         gate = make_gate(cfg, 10)
         for policy in ("propagate", "full"):
             exits = torch.tensor([3.0, 10.0])
             probes = torch.tensor([3.0, 9.0])
             tensor = costs.token_ms(gate, exits, probes, policy)
-            assert tensor.tolist() == pytest.approx([costs.token_ms(gate, 3, 3, policy), costs.token_ms(gate, 10, 9, policy)])
+            assert tensor.tolist() == pytest.approx(
+                [costs.token_ms(gate, 3, 3, policy), costs.token_ms(gate, 10, 9, policy)]
+            )

@@ -53,8 +53,18 @@ def test_sliding_window_models_are_refused():
 
 
 def test_bench_rows_for_self_speculation(tmp_path):
-    cfg = compose("model=tiny-qwen2", "gate=fixed", "gate.exit_layer=2", "bench.mode=self_speculative", "bench.draft_len=3",
-                  "prompts.n=2", "bench.gen_tokens=10", "bench.repeats=1", "bench.warmup=0", f"results.root={tmp_path}")
+    cfg = compose(
+        "model=tiny-qwen2",
+        "gate=fixed",
+        "gate.exit_layer=2",
+        "bench.mode=self_speculative",
+        "bench.draft_len=3",
+        "prompts.n=2",
+        "bench.gen_tokens=10",
+        "bench.repeats=1",
+        "bench.warmup=0",
+        f"results.root={tmp_path}",
+    )
     row = run_trial(cfg, *prepare(cfg))
     assert row["status"] == "ok" and row["agreement"] == 1.0 and row["exact_match"] == 1.0
     assert 0 <= row["acceptance_rate"] <= 1 and row["tokens_per_verification"] >= 1 and row["speedup_model"] is None

@@ -33,8 +33,13 @@ def private_names(tree: ast.Module) -> set[str]:
             names.add(node.name)
         if isinstance(node, ast.ClassDef):
             names |= {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-            names |= {t.attr for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets
-                      if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+            names |= {
+                t.attr
+                for n in ast.walk(node)
+                if isinstance(n, ast.Assign)
+                for t in n.targets
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+            }
     return {n for n in names if n.startswith("_") and not n.endswith("__")}
 
 
@@ -63,8 +68,18 @@ def test_the_check_finds_what_it_looks_for(tmp_path):
     assert len(engine_privates_used_outside(tmp_path)) == 2
 
 
-INTERNALS = {"self_attn", "k_proj", "v_proj", "input_layernorm", "k_norm", "keys", "values", "crop", "is_sliding",
-             "is_initialized"}
+INTERNALS = {
+    "self_attn",
+    "k_proj",
+    "v_proj",
+    "input_layernorm",
+    "k_norm",
+    "keys",
+    "values",
+    "crop",
+    "is_sliding",
+    "is_initialized",
+}
 
 
 @pytest.mark.parametrize("module", ["models/_kvfill.py", "speculative.py", "batching.py", "engine.py", "costs.py"])
@@ -136,8 +151,16 @@ def test_one_interleaving_for_single_sequences_and_batches(batched):
     timings, reproduced = bench._timed_rounds(base, gated, refs, repeats=2)
     assert reproduced and len(timings.base_decode) == 2 and len(timings.base_decode[0]) == 2
     first = [unit[0].input_ids[0] for unit in units]
-    assert calls == [("base", first[0]), ("gated", first[0]), ("gated", first[1]), ("base", first[1]),
-                     ("gated", first[0]), ("base", first[0]), ("base", first[1]), ("gated", first[1])]
+    assert calls == [
+        ("base", first[0]),
+        ("gated", first[0]),
+        ("gated", first[1]),
+        ("base", first[1]),
+        ("gated", first[0]),
+        ("base", first[0]),
+        ("base", first[1]),
+        ("gated", first[1]),
+    ]
     assert [run.prompt for run in refs.prompt_runs(base, gated)] == prompts
 
 
@@ -153,8 +176,20 @@ def test_single_and_batched_trials_run_the_same_protocol(monkeypatch):
 
         monkeypatch.setattr(bench, name, spy)
     for size in (1, 2):
-        cfg = compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=2", f"bench.batch_size={size}", "prompts.n=2",
-                      "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0")
+        cfg = compose(
+            "model=tiny-llama",
+            "gate=fixed",
+            "gate.exit_layer=2",
+            f"bench.batch_size={size}",
+            "prompts.n=2",
+            "bench.gen_tokens=4",
+            "bench.repeats=1",
+            "bench.warmup=0",
+        )
         assert run_trial(cfg, *prepare(cfg))["status"] == "ok"
-    assert seen == [("_reference_runs", False), ("_timed_rounds", False),
-                    ("_reference_runs", True), ("_timed_rounds", True)]
+    assert seen == [
+        ("_reference_runs", False),
+        ("_timed_rounds", False),
+        ("_reference_runs", True),
+        ("_timed_rounds", True),
+    ]

@@ -18,8 +18,19 @@ L = 4
 
 
 def costs(**kw) -> CostModel:
-    base = dict(layer_ms=1.0, head_ms=2.0, lens_probe_ms=2.5, hidden_probe_ms=0.1, kv_ms=0.2, overhead_ms=0.5,
-                step_ms=6.5, num_layers=L, prefill_ms=100.0, prefill_lens_ms=5.0, prompt_tokens=10)
+    base = dict(
+        layer_ms=1.0,
+        head_ms=2.0,
+        lens_probe_ms=2.5,
+        hidden_probe_ms=0.1,
+        kv_ms=0.2,
+        overhead_ms=0.5,
+        step_ms=6.5,
+        num_layers=L,
+        prefill_ms=100.0,
+        prefill_lens_ms=5.0,
+        prompt_tokens=10,
+    )
     return CostModel(**{**base, **kw})
 
 
@@ -31,8 +42,11 @@ def gate(name, **kw):
 
 def test_layers_saved_counts_decode_steps_only():
     # the first token exits at layer 2 (decided on the prefill: it saves nothing); every decode step runs all 4 layers
-    run = _PromptRun(Prompt("p", "text", (1, 2, 3)), Generation([5, 6, 7], [L, L, L], [0, 0, 0], 0.0),
-                     Generation([5, 6, 7], [2, L, L], [1, 2, 2], 0.0))
+    run = _PromptRun(
+        Prompt("p", "text", (1, 2, 3)),
+        Generation([5, 6, 7], [L, L, L], [0, 0, 0], 0.0),
+        Generation([5, 6, 7], [2, L, L], [1, 2, 2], 0.0),
+    )
     t = Timings([[1.0]], [[1.0]], [[0.1]], [[0.1]])
     row = _metrics([run], t, costs(), gate("saturation", eps=0.1, min_layer=2), "propagate", L)
     assert row["layers_saved"] == 0.0  # before: 1 - (2 + 4 + 4) / 3 / 4 = 0.167
@@ -59,13 +73,27 @@ def median_ratio(base, gated):
     return statistics.median(sum(b) / sum(g) for b, g in zip(base, gated))
 
 
-@pytest.mark.parametrize("name,params", [
-    ("full", []), ("fixed", ["gate.exit_layer=2"]), ("saturation", ["gate.eps=0.9", "gate.min_layer=2"]),
-    ("margin", ["gate.theta=0.1", "gate.min_layer=1"]), ("conformal", ["gate.q=0.5", "gate.min_layer=2"]),
-])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("full", []),
+        ("fixed", ["gate.exit_layer=2"]),
+        ("saturation", ["gate.eps=0.9", "gate.min_layer=2"]),
+        ("margin", ["gate.theta=0.1", "gate.min_layer=1"]),
+        ("conformal", ["gate.q=0.5", "gate.min_layer=2"]),
+    ],
+)
 def test_every_gate_reports_end_to_end_speedups(tmp_path, name, params):
-    cfg = compose("model=tiny-llama", f"results.root={tmp_path}", "bench.gen_tokens=5", "bench.repeats=3", "bench.warmup=0",
-                  "prompts.n=2", f"gate={name}", *params)
+    cfg = compose(
+        "model=tiny-llama",
+        f"results.root={tmp_path}",
+        "bench.gen_tokens=5",
+        "bench.repeats=3",
+        "bench.warmup=0",
+        "prompts.n=2",
+        f"gate={name}",
+        *params,
+    )
     lm, g, prompts = prepare(cfg)
     row = run_trial(cfg, lm, g, prompts)
     assert row["status"] == "ok"
@@ -74,7 +102,9 @@ def test_every_gate_reports_end_to_end_speedups(tmp_path, name, params):
     # the reported figures, recomputed from the stored timings by another path
     assert row["speedup_wall"] == pytest.approx(median_ratio(base, gated))
     add = lambda a, b: [[x + y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]  # noqa: E731
-    assert row["speedup_e2e_wall"] == pytest.approx(median_ratio(add(base, row["round_baseline_prefill_ms"]), add(gated, row["round_prefill_ms"])))
+    assert row["speedup_e2e_wall"] == pytest.approx(
+        median_ratio(add(base, row["round_baseline_prefill_ms"]), add(gated, row["round_prefill_ms"]))
+    )
     assert row["speedup_e2e_model"] is not None and row["speedup_e2e_model"] > 0
     assert row["prompt_input_tokens"] == [len(p.input_ids) for p in prompts]
     if name == "conformal":
@@ -87,8 +117,20 @@ def test_analysis_can_rank_by_the_end_to_end_speedup(tmp_path, capsys):
     from sweep.cli import main
     from sweep.store import read
 
-    common = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=5", "bench.repeats=2", "bench.warmup=0", f"results.root={tmp_path}"]
-    for gate in (["gate=full"], ["gate=fixed", "gate.exit_layer=2"], ["gate=fixed", "gate.exit_layer=3"], ["gate=conformal", "gate.q=1.0", "gate.min_layer=2"]):
+    common = [
+        "model=tiny-llama",
+        "prompts.n=2",
+        "bench.gen_tokens=5",
+        "bench.repeats=2",
+        "bench.warmup=0",
+        f"results.root={tmp_path}",
+    ]
+    for gate in (
+        ["gate=full"],
+        ["gate=fixed", "gate.exit_layer=2"],
+        ["gate=fixed", "gate.exit_layer=3"],
+        ["gate=conformal", "gate.q=1.0", "gate.min_layer=2"],
+    ):
         assert main(["bench", *common, *gate]) == 0
     assert main(["analyze", f"results.root={tmp_path}", "analysis.speedup=speedup_e2e_wall"]) == 0
     pareto = read("pareto", tmp_path)

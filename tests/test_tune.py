@@ -25,7 +25,9 @@ def test_grid_sweep_writes_one_row_per_trial(ray_session, tmp_path):
     assert df["sweep_name"].unique().to_list() == [outcome.name]
     assert df["min_depth"].unique().sort().to_list() == [0.25, 0.5]
     # one model load per worker process, however many trials it ran
-    per_worker = df.group_by("worker_pid").agg(pl.len().alias("trials"), pl.col("worker_model_loads").max().alias("loads"))
+    per_worker = df.group_by("worker_pid").agg(
+        pl.len().alias("trials"), pl.col("worker_model_loads").max().alias("loads")
+    )
     assert per_worker["loads"].to_list() == [1] * per_worker.height
     assert per_worker["trials"].sum() == 8 and per_worker["trials"].max() > 1
 
@@ -46,7 +48,9 @@ def test_optuna_multi_objective_persists_its_study(ray_session, tmp_path):
     outcome = sweep(tmp_path, "search=optuna-mo", "search.n_trials=6")
     df = read("trials", tmp_path)
     assert df.height == 6 and set(df["gate"]) <= {"saturation", "margin"}
-    study = optuna.load_study(study_name="optuna-mo", storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path)))
+    study = optuna.load_study(
+        study_name="optuna-mo", storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path))
+    )
     assert len(study.directions) == 2
     assert len(study.trials) == 6
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
@@ -64,7 +68,10 @@ def test_constrained_search_hands_agreement_to_the_sampler(ray_session, tmp_path
     import optuna
 
     outcome = sweep(tmp_path, "search=optuna-constrained", "search.n_trials=3")
-    study = optuna.load_study(study_name="optuna-constrained", storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path)))
+    study = optuna.load_study(
+        study_name="optuna-constrained",
+        storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path)),
+    )
     assert len(study.directions) == 1
     for trial in study.trials:
         assert trial.user_attrs["agreement"] == pytest.approx(
@@ -74,7 +81,11 @@ def test_constrained_search_hands_agreement_to_the_sampler(ray_session, tmp_path
 
 
 def test_failed_trials_are_rows(ray_session, tmp_path):
-    outcome = sweep(tmp_path, "search=saturation-grid", "search.spaces=[{gate: saturation, gate.eps: 0.1, gate.min_layer: 'choice(2, 9)'}]")
+    outcome = sweep(
+        tmp_path,
+        "search=saturation-grid",
+        "search.spaces=[{gate: saturation, gate.eps: 0.1, gate.min_layer: 'choice(2, 9)'}]",
+    )
     df = read("trials", tmp_path).sort("min_layer")
     assert df["status"].to_list() == ["ok", "failed"]
     assert "gate.min_layer=9: must be in 1..4" in df["error"][1]
@@ -103,7 +114,9 @@ def test_bad_trial_values_fail_before_ray_runs_anything(ray_session, tmp_path):
 
 
 def test_duplicate_grid_points_run_once(ray_session, tmp_path):
-    outcome = sweep(tmp_path, "search.spaces=[{gate: saturation, gate.eps: 'choice(0.1, 0.1)'}, {gate: saturation, gate.eps: 0.1}]")
+    outcome = sweep(
+        tmp_path, "search.spaces=[{gate: saturation, gate.eps: 'choice(0.1, 0.1)'}, {gate: saturation, gate.eps: 0.1}]"
+    )
     assert outcome.total == 1 and len(outcome.rows) == 1 and not outcome.interrupted
 
 
@@ -122,7 +135,9 @@ def test_cli_gpu_request_fails_within_seconds_on_its_own_embedded_ray(tmp_path):
 
 def test_unreachable_cluster_address_fails_fast(tmp_path):
     t0 = time.perf_counter()
-    res = run_cli("run", *TINY_SWEEP, "cluster=existing", "cluster.address=127.0.0.1:9", f"results.root={tmp_path}", timeout=120)
+    res = run_cli(
+        "run", *TINY_SWEEP, "cluster=existing", "cluster.address=127.0.0.1:9", f"results.root={tmp_path}", timeout=120
+    )
     assert res.returncode == 2 and "cluster.address=127.0.0.1:9: nothing answers" in res.stderr
     assert time.perf_counter() - t0 < 60
 

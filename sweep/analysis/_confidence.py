@@ -66,7 +66,13 @@ def bootstrap_agreement(per_prompt: np.ndarray, rng: np.random.Generator, n_boot
 
 
 def with_confidence(
-    trials: pl.DataFrame, *, metric: str = "speedup_wall", n_boot: int = 1000, level: float = LEVEL, seed: int = 0, min_prompts: int = 8
+    trials: pl.DataFrame,
+    *,
+    metric: str = "speedup_wall",
+    n_boot: int = 1000,
+    level: float = LEVEL,
+    seed: int = 0,
+    min_prompts: int = 8,
 ) -> pl.DataFrame:
     """Add the ranked speedup columns (``ranked``) and agreement_lo/hi, speedup_lo/hi,
     ci_level, ci_prompts and ci_few_prompts.
@@ -78,9 +84,21 @@ def with_confidence(
     """
     frame = ranked(trials, metric).collect()
     tail = (1.0 - level) / 2.0
-    cols = {c: frame[c].to_list() if c in frame.columns else [None] * frame.height
-            for c in ("trial_id", "prompt_agreement", "round_baseline_ms", "round_ms", "round_baseline_prefill_ms", "round_prefill_ms", "skipped_compute")}
-    out: dict[str, list] = {k: [] for k in ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", "ci_prompts")}
+    cols = {
+        c: frame[c].to_list() if c in frame.columns else [None] * frame.height
+        for c in (
+            "trial_id",
+            "prompt_agreement",
+            "round_baseline_ms",
+            "round_ms",
+            "round_baseline_prefill_ms",
+            "round_prefill_ms",
+            "skipped_compute",
+        )
+    }
+    out: dict[str, list] = {
+        k: [] for k in ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", "ci_prompts")
+    }
     for i in range(frame.height):
         row = {k: v[i] for k, v in cols.items()}
         rng = trial_rng(row["trial_id"] or "", seed)
@@ -113,6 +131,9 @@ def _speedup_interval(row: dict, metric: str, rng: np.random.Generator, n_boot: 
     if metric == "speedup_e2e_wall":
         if not row["round_baseline_prefill_ms"] or not row["round_prefill_ms"]:
             return None, None
-        base, gated = base + np.asarray(row["round_baseline_prefill_ms"], float), gated + np.asarray(row["round_prefill_ms"], float)
+        base, gated = (
+            base + np.asarray(row["round_baseline_prefill_ms"], float),
+            gated + np.asarray(row["round_prefill_ms"], float),
+        )
     lo, hi = np.quantile(bootstrap_speedup(base, gated, rng, n_boot), [tail, 1 - tail])
     return float(lo), float(hi)

@@ -11,7 +11,7 @@ import math
 import polars as pl
 
 from sweep.analysis._confidence import ranked
-from sweep.gatespec import GATE_COLUMNS, gate_text
+from sweep.gatespec import gate_text
 
 TARGETS = (0.95, 0.98, 0.99, 1.0)
 KNEE_MIN_POINTS = 3  # a knee is a bend: fewer front points have none
@@ -50,11 +50,19 @@ def nondominated(rows: pl.DataFrame | pl.LazyFrame, x: str, y: str, by: tuple[st
     front = rows.join(per_x, on=[*keys, x], how="inner", nulls_equal=True).filter(
         (pl.col(y) == pl.col("_y_at_x")) & (pl.col("_y_beyond").is_null() | (pl.col(y) > pl.col("_y_beyond")))
     )
-    return front.drop("_y_at_x", "_y_beyond").sort([*keys, x, "trial_id"], descending=[False] * len(keys) + [True, False]).collect()
+    return (
+        front.drop("_y_at_x", "_y_beyond")
+        .sort([*keys, x, "trial_id"], descending=[False] * len(keys) + [True, False])
+        .collect()
+    )
 
 
 def chord_knees(
-    front: pl.DataFrame | pl.LazyFrame, by: tuple[str, ...], x: str = "speedup", y: str = "agreement", min_points: int = KNEE_MIN_POINTS
+    front: pl.DataFrame | pl.LazyFrame,
+    by: tuple[str, ...],
+    x: str = "speedup",
+    y: str = "agreement",
+    min_points: int = KNEE_MIN_POINTS,
 ) -> pl.DataFrame:
     """The knee of each front of at least ``min_points`` points by the chord method, with the
     number of front points.
@@ -74,7 +82,9 @@ def chord_knees(
         _dist=(norm(x) + norm(y) - 1.0).abs() / math.sqrt(2.0),
         front_points=_over(pl.len(), keys).cast(pl.Int32),
     )
-    order = scored.filter(pl.col("front_points") >= min_points).sort([*keys, "_dist", y, "trial_id"], descending=[False] * len(keys) + [True, True, False])
+    order = scored.filter(pl.col("front_points") >= min_points).sort(
+        [*keys, "_dist", y, "trial_id"], descending=[False] * len(keys) + [True, True, False]
+    )
     first = order.unique(subset=keys, keep="first", maintain_order=True).sort(keys) if keys else order.head(1)
     return first.drop("_dist").collect()
 
@@ -124,11 +134,18 @@ def knees_table(fronts: pl.DataFrame, min_points: int = KNEE_MIN_POINTS) -> pl.D
                 "kneedle_agreement": cross["agreement"] if cross else None,
             }
         )
-    schema = {"front_points": pl.Int32, "kneedle_trial_id": pl.String, "kneedle_speedup": pl.Float64, "kneedle_agreement": pl.Float64}
+    schema = {
+        "front_points": pl.Int32,
+        "kneedle_trial_id": pl.String,
+        "kneedle_speedup": pl.Float64,
+        "kneedle_agreement": pl.Float64,
+    }
     if not rows:
         from sweep.store import TABLES
 
-        return pl.DataFrame(schema={c.name: c.dtype for c in TABLES["knees"].columns if c.name not in ("schema_version", "created_at")})
+        return pl.DataFrame(
+            schema={c.name: c.dtype for c in TABLES["knees"].columns if c.name not in ("schema_version", "created_at")}
+        )
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None).sort("scope", "model", "gate")
 
 
@@ -136,12 +153,17 @@ def fronts(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall") ->
     """Both fronts the report uses: per model across gates (scope ``model``, gate_scope
     ``all``) and per (model, gate) (scope ``model+gate``)."""
     across = pareto_front(trials, metric, by=("model",)).with_columns(scope=pl.lit("model"), gate_scope=pl.lit("all"))
-    per_gate = pareto_front(trials, metric, by=("model", "gate")).with_columns(scope=pl.lit("model+gate"), gate_scope=pl.col("gate"))
+    per_gate = pareto_front(trials, metric, by=("model", "gate")).with_columns(
+        scope=pl.lit("model+gate"), gate_scope=pl.col("gate")
+    )
     return pl.concat([across, per_gate], how="vertical_relaxed")
 
 
 def best_at_targets(
-    trials: pl.DataFrame | pl.LazyFrame, targets: tuple[float, ...] = TARGETS, by: tuple[str, ...] = ("model",), metric: str = "speedup_wall"
+    trials: pl.DataFrame | pl.LazyFrame,
+    targets: tuple[float, ...] = TARGETS,
+    by: tuple[str, ...] = ("model",),
+    metric: str = "speedup_wall",
 ) -> pl.DataFrame:
     """Per group and target: the ok trial with the highest ranked ``speedup`` among those with
     agreement >= target (ties: higher agreement, then trial_id); null trial columns when

@@ -56,11 +56,7 @@ def eas_per_layer(trace: pl.DataFrame | pl.LazyFrame, alpha: float) -> pl.DataFr
     )
     w = (pl.col("num_layers") - pl.col("layer")) / pl.col("num_layers")
     s = pl.col("s").clip(0.0, 1.0)
-    return (
-        means.with_columns(w=w, a=s.pow(alpha) * w.pow(1.0 - alpha), s=s)
-        .sort("model", "variant", "layer")
-        .collect()
-    )
+    return means.with_columns(w=w, a=s.pow(alpha) * w.pow(1.0 - alpha), s=s).sort("model", "variant", "layer").collect()
 
 
 def oracle_exits(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
@@ -121,11 +117,20 @@ def format_summary(trace: pl.DataFrame, alpha: float) -> str:
         sub = trace.filter(pl.col("model") == model)
         curve = layer_curve(sub)
         L = int(sub["num_layers"][0])
-        lines.append(f"model {model}: L={L}, {sub.select(pl.struct('run_id', 'prompt_id', 'position').n_unique()).item()} positions")
-        lines.append(f"{'layer':>5}  {'delta (median)':>14}  {'pca_delta (median)':>18}  {'top-1 agree':>11}  {'margin (median)':>15}")
+        lines.append(
+            f"model {model}: L={L}, {sub.select(pl.struct('run_id', 'prompt_id', 'position').n_unique()).item()} "
+            f"positions"
+        )
+        lines.append(
+            f"{'layer':>5}  {'delta (median)':>14}  {'pca_delta (median)':>18}  {'top-1 agree':>11}  "
+            f"{'margin (median)':>15}"
+        )
         for row in curve.iter_rows(named=True):
             pca = "" if row["pca_delta_median"] is None else f"{row['pca_delta_median']:.4f}"
-            lines.append(f"{row['layer']:>5}  {row['delta_median']:>14.4f}  {pca:>18}  {row['top1_agreement']:>11.3f}  {row['margin_median']:>15.3f}")
+            lines.append(
+                f"{row['layer']:>5}  {row['delta_median']:>14.4f}  {pca:>18}  {row['top1_agreement']:>11.3f}  "
+                f"{row['margin_median']:>15.3f}"
+            )
         eas = {r["variant"]: r["eas"] for r in eas_table(sub, alpha).iter_rows(named=True)}
         k = _single_topk(sub)
         lines.append(
@@ -135,9 +140,9 @@ def format_summary(trace: pl.DataFrame, alpha: float) -> str:
         for r in oracle_summary(sub).iter_rows(named=True):
             lines.append(
                 f"oracle exit ({r['phase']} positions, n={r['positions']}): first match (the bound for any exit rule) "
-                f"mean layer {r['mean_first_match']:.2f} of {L}, {100 * r['frac_first_match_before_L']:.1f}% before layer {L}; "
-                f"saturation (top-1 stays equal) mean layer {r['mean_saturation']:.2f}, {100 * r['frac_saturation_before_L']:.1f}% before layer {L}"
+                f"mean layer {r['mean_first_match']:.2f} of {L}, {100 * r['frac_first_match_before_L']:.1f}% before "
+                f"layer {L}; "
+                f"saturation (top-1 stays equal) mean layer {r['mean_saturation']:.2f}, "
+                f"{100 * r['frac_saturation_before_L']:.1f}% before layer {L}"
             )
     return "\n".join(lines)
-
-

@@ -64,9 +64,11 @@ def validate(data: dict[str, Any]) -> Config:
         check_ladder(cfg.calibrate.grid, cfg.gate.name)
     _check_bench(cfg)
     if cfg.sweep.storage is not None and "://" in cfg.sweep.storage:
-        raise ConfigError(f"sweep.storage={cfg.sweep.storage}: a filesystem path is needed (a shared mount on a cluster)")
+        raise ConfigError(
+            f"sweep.storage={cfg.sweep.storage}: a filesystem path is needed (a shared mount on a cluster)"
+        )
     if cfg.prompts.name == "jsonl" and cfg.prompts.path is None:
-        raise ConfigError("prompts.path: required for prompts=jsonl (a file of {\"id\": ..., \"prompt\": ...} lines)")
+        raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
     return cfg
@@ -85,16 +87,18 @@ def _check_model(cfg: Config) -> None:
         raise ConfigError(f"model.tiny.kv_heads={m.tiny.kv_heads}: must divide model.tiny.heads={m.tiny.heads}")
 
 
-
-
 def _check_bench(cfg: Config) -> None:
     b = cfg.bench
     if b.mode == "self_speculative" and cfg.gate.name != "fixed":
-        raise ConfigError(f"bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K (not gate={cfg.gate.name})")
+        raise ConfigError(
+            f"bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K (not gate={cfg.gate.name})"
+        )
     if b.batch_size > 1 and b.mode != "early_exit":
         raise ConfigError(f"bench.batch_size={b.batch_size}: batches are measured for bench.mode=early_exit only")
     if cfg.prompts.n is not None and b.batch_size > cfg.prompts.n:
-        raise ConfigError(f"bench.batch_size={b.batch_size}: needs at least {b.batch_size} prompts (prompts.n={cfg.prompts.n})")
+        raise ConfigError(
+            f"bench.batch_size={b.batch_size}: needs at least {b.batch_size} prompts (prompts.n={cfg.prompts.n})"
+        )
 
 
 def _derive_name(path: str | None) -> str:

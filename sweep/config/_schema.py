@@ -98,7 +98,9 @@ class BenchConfig:
     kv_policy: Literal["propagate", "full"]
     cost_model: bool  # print the measured cost model
     mode: Literal["early_exit", "self_speculative"]
-    draft_len: int = field(check=in_range(1, 64), allowed="an integer in 1..64")  # self_speculative: drafts per verification
+    draft_len: int = field(
+        check=in_range(1, 64), allowed="an integer in 1..64"
+    )  # self_speculative: drafts per verification
     batch_size: int = field(check=in_range(1, 256), allowed="an integer in 1..256")  # sequences decoded together
 
 
@@ -116,7 +118,9 @@ class SearchConfig:
     sampler: Literal["tpe", "random", "nsga2"]
     objectives: dict = field(check=lambda v: len(v) > 0, allowed="a non-empty mapping of metric: max|min")
     constraints: dict = field(allowed="a mapping of metric: minimum value")
-    neighbours: int = field(check=in_range(0, 100), allowed="an integer in 0..100")  # screen: knee neighbours run closed-loop
+    neighbours: int = field(
+        check=in_range(0, 100), allowed="an integer in 0..100"
+    )  # screen: knee neighbours run closed-loop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +136,9 @@ class ClusterConfig:
 class ResourcesConfig:
     cpu: float = field(check=lambda v: v > 0, allowed="a number > 0")
     # auto: 1 where the cluster has GPUs, else 0
-    gpu: float | str = field(check=lambda v: v == "auto" or (not isinstance(v, str) and v >= 0), allowed="auto or a number >= 0")
+    gpu: float | str = field(
+        check=lambda v: v == "auto" or (not isinstance(v, str) and v >= 0), allowed="auto or a number >= 0"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,7 +151,9 @@ class SweepConfig:
 
 
 def _fractions(values: list) -> bool:
-    return len(values) > 0 and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in values)
+    return len(values) > 0 and all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t <= 1 for t in values
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

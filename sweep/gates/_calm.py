@@ -23,7 +23,9 @@ class _Decaying(Gate):
     def levels(cls, signals, values, decay: float | None) -> torch.Tensor:
         """(K, T, 1) thresholds per position (float64), decayed over each prompt's generation
         by the same ``decayed`` the engine's ``level`` uses."""
-        return decayed(level_tensor(values)[:, None, None], signals.token_index[None, :, None], signals.gen_tokens, decay)
+        return decayed(
+            level_tensor(values)[:, None, None], signals.token_index[None, :, None], signals.gen_tokens, decay
+        )
 
 
 @register

@@ -19,7 +19,15 @@ import torch
 
 from sweep.gatespec import PARAMS, GateSpec, check_model, gate_text
 from sweep.gates._registry import GATES, register
-from sweep.gates._signals import at_least, below, conformal_tau, lens_residual, level_tensor, logit_margin, saturation_delta
+from sweep.gates._signals import (
+    at_least,
+    below,
+    conformal_tau,
+    lens_residual,
+    level_tensor,
+    logit_margin,
+    saturation_delta,
+)
 
 if TYPE_CHECKING:
     from sweep.config import GateConfig

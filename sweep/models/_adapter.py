@@ -38,7 +38,9 @@ class Adapter:
         decoder = model.get_decoder()
         for attr in ("layers", "norm", "rotary_emb"):
             if not hasattr(decoder, attr):
-                raise InputError(f"{where}: {type(decoder).__name__} has no '{attr}'; this transformers release moved it")
+                raise InputError(
+                    f"{where}: {type(decoder).__name__} has no '{attr}'; this transformers release moved it"
+                )
         self.decoder = decoder
         self.layers = decoder.layers
         self.norm = decoder.norm
@@ -74,8 +76,14 @@ class Adapter:
         masks from them (transformers' ``masking_utils``) and its RoPE from the positions,
         so every row sees exactly what it would see alone.
         """
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep,
-                         attention_mask=attention_mask, position_ids=position_ids)
+        out = self.model(
+            input_ids=input_ids,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+        )
         return out.logits
 
     def lens(self, h: torch.Tensor) -> torch.Tensor:
@@ -117,8 +125,9 @@ class Adapter:
         for i, layer in enumerate(layers):
             cache.update(k[:, :, i].transpose(1, 2), v[:, :, i].transpose(1, 2), layer)
 
-    def overwrite_kv(self, h: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, cache, stop: int,
-                     rope: dict) -> None:
+    def overwrite_kv(
+        self, h: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, cache, stop: int, rope: dict
+    ) -> None:
         """Replace the last position's K/V of layers starts[i]..stop-1 of batch row rows[i] with
         the projections of h[i] (len(rows), 1, hidden): rows that exited earlier than the batch
         stopped. One matmul over the suffix from the earliest start serves every row."""
@@ -148,8 +157,9 @@ class Adapter:
         """The parts of decoder layer ``index`` a K/V fill recomputes, by the family's key paths."""
         fam, layer = self.family, self.layers[index]
         key_norm = None if fam.k_norm is None else get_by_path(layer, fam.k_norm)
-        return LayerKV(get_by_path(layer, fam.input_norm), get_by_path(layer, fam.k_proj),
-                       get_by_path(layer, fam.v_proj), key_norm)
+        return LayerKV(
+            get_by_path(layer, fam.input_norm), get_by_path(layer, fam.k_proj), get_by_path(layer, fam.v_proj), key_norm
+        )
 
     def derived(self, key: tuple, build: Callable[[], T]) -> T:
         """``build()``, computed once per loaded model and kept with it (the lm_head's PCA basis,
@@ -189,4 +199,3 @@ class Adapter:
         finally:
             for h in handles:
                 h.remove()
-

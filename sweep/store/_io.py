@@ -20,7 +20,14 @@ def table_spec(name: str) -> Table:
     return TABLES[name]
 
 
-def write_table(name: str, data: Mapping[str, Any] | pl.DataFrame, *, root: str | Path, provenance: Mapping[str, Any], stem: str = "") -> Path:
+def write_table(
+    name: str,
+    data: Mapping[str, Any] | pl.DataFrame,
+    *,
+    root: str | Path,
+    provenance: Mapping[str, Any],
+    stem: str = "",
+) -> Path:
     """Write one unit of work as ``<root>/<table>/<partitions>/<stem>.parquet``, atomically
     (a derived, single-file table as ``<root>/<table>.parquet``, replaced each time).
 
@@ -85,7 +92,9 @@ def files(name: str, root: str | Path) -> list[Path]:
     base = Path(root) / table.name
     if not base.is_dir():
         return []
-    return sorted(p for p in base.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(base).parts))
+    return sorted(
+        p for p in base.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(base).parts)
+    )
 
 
 def scan(name: str, root: str | Path) -> pl.LazyFrame:

@@ -38,16 +38,24 @@ def _compose_gate(overrides: tuple[str, ...]) -> GateConfig:
     return compose(list(overrides)).gate
 
 
-CASES: dict[str, GateCase] = {case.name: case for case in (
-    GateCase(("gate=full", "gate.min_layer=1"), exits=False, mixed=False),
-    GateCase(("gate=fixed", "gate.min_layer=1", "gate.exit_layer=2"), mixed=False),
-    GateCase(("gate=saturation", "gate.min_layer=2", "gate.eps=0.6"), per_family={"gemma3": ("gate.eps=0.45",)}),
-    GateCase(("gate=margin", "gate.min_layer=1", "gate.theta=1.0"), per_family={"gemma3": ("gate.theta=2.5",)}),
-    GateCase(("gate=conformal", "gate.min_layer=1", "gate.q=0.05"), converging=True,
-             per_family={"gemma3": ("gate.q=0.7",)}),
-    GateCase(("gate=softmax", "gate.min_layer=1", "gate.theta=0.1", "gate.decay=4.0"),
-             per_family={"gemma3": ("gate.theta=0.6",)}),
-    GateCase(("gate=cosine", "gate.min_layer=2", "gate.eps=0.15"), per_family={"gemma3": ("gate.eps=0.1",)}),
-    GateCase(("gate=entropy", "gate.min_layer=1", "gate.theta=4.0"), per_family={"gemma3": ("gate.theta=2.0",)}),
-    GateCase(("gate=pca", "gate.min_layer=2", "gate.eps=0.6", "gate.k=8")),
-)}
+CASES: dict[str, GateCase] = {
+    case.name: case
+    for case in (
+        GateCase(("gate=full", "gate.min_layer=1"), exits=False, mixed=False),
+        GateCase(("gate=fixed", "gate.min_layer=1", "gate.exit_layer=2"), mixed=False),
+        GateCase(("gate=saturation", "gate.min_layer=2", "gate.eps=0.6"), per_family={"gemma3": ("gate.eps=0.45",)}),
+        GateCase(("gate=margin", "gate.min_layer=1", "gate.theta=1.0"), per_family={"gemma3": ("gate.theta=2.5",)}),
+        GateCase(
+            ("gate=conformal", "gate.min_layer=1", "gate.q=0.05"),
+            converging=True,
+            per_family={"gemma3": ("gate.q=0.7",)},
+        ),
+        GateCase(
+            ("gate=softmax", "gate.min_layer=1", "gate.theta=0.1", "gate.decay=4.0"),
+            per_family={"gemma3": ("gate.theta=0.6",)},
+        ),
+        GateCase(("gate=cosine", "gate.min_layer=2", "gate.eps=0.15"), per_family={"gemma3": ("gate.eps=0.1",)}),
+        GateCase(("gate=entropy", "gate.min_layer=1", "gate.theta=4.0"), per_family={"gemma3": ("gate.theta=2.0",)}),
+        GateCase(("gate=pca", "gate.min_layer=2", "gate.eps=0.6", "gate.k=8")),
+    )
+}

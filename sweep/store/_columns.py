@@ -1,0 +1,93 @@
+"""The results contract's building blocks: columns, tables, the provenance every row carries,
+the gate setting's columns (from the gate-spec table) and the schema version.
+
+The tables themselves are declared in ``_trials.py`` (bench trials) and ``_tables.py`` (the
+profile trace and the derived tables); ``_schema.py`` lists them all and renders docs/schema.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
+
+# 2: layers_saved counts decode steps only (the first token saves nothing)
+# 3: trials carry trial_key, the JSON text that trial_id hashes
+SCHEMA_VERSION = 3
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: pl.DataType
+    unit: str
+    meaning: str
+    nullable: bool = False
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    partition_by: tuple[str, ...]  # hive directories, in order: root/<table>/<col>=<value>/...
+    unit_of_work: str  # what one file holds
+    description: str
+    columns: tuple[Column, ...]
+    single_file: bool = False  # a derived table: one file <root>/<name>.parquet, replaced by each writer
+
+    @property
+    def schema(self) -> pl.Schema:
+        return pl.Schema({c.name: c.dtype for c in self.columns})
+
+
+PROVENANCE: tuple[Column, ...] = (
+    Column("schema_version", pl.Int32(), "", "version of this schema the row was written under"),
+    Column("run_id", pl.String(), "", "id of the command run that wrote the row"),
+    Column("created_at", pl.Datetime("us", "UTC"), "UTC", "when the row's file was written"),
+    Column("model", pl.String(), "", "model label (conf/model name or derived from model.path)"),
+    Column("model_source", pl.String(), "", "packaged | gguf | hf | tiny"),
+    Column(
+        "model_hash",
+        pl.String(),
+        "",
+        "content hash of the weights (sha256 of the file, sampled above 256 MiB; hub:ID@commit for hub models)",
+    ),
+    Column("model_revision", pl.String(), "", "hub commit or revision, null when not from a hub", nullable=True),
+    Column("family", pl.String(), "", "model family (llama, mistral, qwen2, qwen3, gemma3)"),
+    Column("num_layers", pl.Int32(), "layers", "L, the number of decoder layers"),
+    Column("device", pl.String(), "", "cpu or cuda:N (GPU name)"),
+    Column("dtype", pl.String(), "", "weights and activations dtype"),
+    Column("seed", pl.Int64(), "", "config seed"),
+    Column("git_sha", pl.String(), "", "project commit, '-dirty' when the checkout had changes"),
+    Column("sweep_version", pl.String(), "", "version of this package"),
+    Column("torch_version", pl.String(), "", "torch version"),
+    Column("transformers_version", pl.String(), "", "transformers version"),
+    Column("python_version", pl.String(), "", "Python version"),
+)
+
+
+# a gate setting, as trials and simulated rows carry it: the parameter columns come from the
+# gate-spec table (sweep.gatespec), so a new gate parameter is a new column of every table here
+def _gate_column(param: ParamSpec) -> Column:
+    takers = [g.name for g in GATE_SPECS if param.name in g.accepts]
+    unset = "gates that do not take it" if len(takers) > 2 else "gates other than " + " and ".join(takers)
+    meaning = param.meaning if "null" in param.meaning else f"{param.meaning}; null for {unset}"
+    return Column(param.name, {int: pl.Int32(), float: pl.Float64()}[param.type], param.unit, meaning, nullable=True)
+
+
+GATE_FIELDS: tuple[Column, ...] = (
+    Column("gate", pl.String(), "", f"gate name ({', '.join(GATE_SPECS.names())})"),
+    Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit (resolved from min_depth when set)"),
+    Column(
+        "min_depth",
+        pl.Float64(),
+        "fraction",
+        "min_layer as a fraction of depth, when the setting gave it that way",
+        nullable=True,
+    ),
+) + tuple(_gate_column(p) for p in PARAMS.values())
+
+
+def metric(name: str, unit: str, meaning: str, dtype: pl.DataType | None = None) -> Column:
+    return Column(name, dtype if dtype is not None else pl.Float64(), unit, meaning, nullable=True)

@@ -1,0 +1,258 @@
+"""The trials table: one row per bench trial (see ``_columns`` for the building blocks)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from sweep.store._columns import GATE_FIELDS, PROVENANCE, Column, Table, metric
+
+TRIALS = Table(
+    name="trials",
+    partition_by=("model", "gate"),
+    unit_of_work="trial: one (model, gate, thresholds, bench settings) measured by the bench",
+    description=(
+        "One row per bench trial. Metrics compare the gated generation with the full-depth greedy "
+        "baseline on the same prompts, token by token, and time both interleaved in one process. "
+        "Decode timings cover tokens 2..n; prefill (full depth on both sides) is timed apart, with the gate's "
+        "calibration and the first token's decision, and enters the end-to-end figures (`speedup_e2e_*`). "
+        "Failed trials are rows too (status `failed`, metrics null, `error` set); a trial whose two "
+        "full-depth baselines (or any timed repeat) disagree is `nondeterministic`, never `ok`."
+    ),
+    columns=PROVENANCE
+    + (
+        Column(
+            "trial_id",
+            pl.String(),
+            "",
+            "stable hash of the trial's config (model identity, gate, bench, prompts, device, dtype, seed)",
+        ),
+        Column(
+            "trial_key",
+            pl.String(),
+            "JSON",
+            "the trial's defining config as canonical JSON text (model, gate, bench without cost_model, prompts, "
+            "device "
+            "(cpu or cuda), dtype, seed); trial_id is the first 16 hex digits of its sha256 "
+            "(sweep.identity.id_of_key); "
+            "null in rows written under schema 2",
+            nullable=True,
+        ),
+        Column(
+            "source",
+            pl.String(),
+            "",
+            "measured (a closed-loop bench trial; simulated settings are in the `simulated` table)",
+            nullable=True,
+        ),
+        Column("status", pl.String(), "", "ok | nondeterministic | failed"),
+        Column("error", pl.String(), "", "why a trial failed (one line); null otherwise", nullable=True),
+    )
+    + GATE_FIELDS
+    + (
+        Column("kv_policy", pl.String(), "", "propagate | full: K/V of skipped layers"),
+        Column(
+            "mode",
+            pl.String(),
+            "",
+            "early_exit | self_speculative (draft with layers 1..exit_layer, verify with the full model)",
+            nullable=True,
+        ),
+        Column(
+            "draft_len",
+            pl.Int32(),
+            "tokens",
+            "self_speculative: tokens drafted per verification; null otherwise",
+            nullable=True,
+        ),
+        Column(
+            "batch_size",
+            pl.Int32(),
+            "sequences",
+            "sequences decoded together (whole prompts, left-padded to the batch's longest; a batch saves compute "
+            "only once all its sequences exit)",
+            nullable=True,
+        ),
+        Column("prompt_set", pl.String(), "", "chat | humaneval | jsonl"),
+        Column("n_prompts", pl.Int32(), "prompts", "prompts in the trial"),
+        Column("gen_tokens", pl.Int32(), "tokens", "greedy tokens generated per prompt"),
+        Column("warmup", pl.Int32(), "generations", "untimed warm-up generations per side"),
+        Column("repeats", pl.Int32(), "rounds", "timed rounds (each: every prompt, both sides, interleaved)"),
+        metric("agreement", "fraction", "generated positions whose token equals the baseline's"),
+        metric(
+            "prefix_agreement", "fraction", "mean over prompts of (positions before the first divergence) / gen_tokens"
+        ),
+        metric("exact_match", "fraction", "prompts whose whole generation equals the baseline's"),
+        metric(
+            "exit_rate",
+            "fraction",
+            "generated tokens that exited before layer L (all gen_tokens; the first token's exit is decided at the "
+            "prefill's last position and saves no compute)",
+        ),
+        metric("mean_exit_layer", "layers", "mean exit layer over all generated tokens (L when not exited)"),
+        metric(
+            "layers_saved",
+            "fraction",
+            "decoder-layer compute skipped on decode steps (tokens 2..n, per sequence): 1 - mean exit layer there / "
+            "L, before probe and K/V costs (the first token is decided after a full-depth prefill and saves nothing)",
+        ),
+        metric(
+            "step_layers_saved",
+            "fraction",
+            "decoder-layer work skipped on decode steps: 1 - mean layers run per step / L (a batch runs to its "
+            "deepest sequence)",
+        ),
+        metric(
+            "speedup_wall",
+            "ratio",
+            "decode only: median over rounds of (baseline decode time summed over units / gated decode time summed "
+            "over units), from round_baseline_ms and round_ms (same prompts, interleaved)",
+        ),
+        metric(
+            "speedup_e2e_wall",
+            "ratio",
+            "whole requests: as speedup_wall over prefill (with the gate's calibration and first decision) + decode "
+            "time, from the round_* columns",
+        ),
+        metric(
+            "speedup_model",
+            "ratio",
+            "speedup the measured cost model predicts from the gated run's exits and probes on decode steps (tokens "
+            "2..n, as timed); batches: from the layers each step ran, plus the second head and K/V overwrites of "
+            "partly exited steps",
+        ),
+        metric(
+            "speedup_e2e_model",
+            "ratio",
+            "end-to-end speedup the cost model predicts: every prompt's prefill (linear in its length from the "
+            "measured prompt) and the gate's calibration (cost_calibration_ms) plus the decode steps of "
+            "speedup_model; null for self_speculative",
+        ),
+        metric("baseline_ms_per_token", "ms", "median over repeats of full-depth decode ms per token"),
+        metric("ms_per_token", "ms", "median over repeats of gated decode ms per token"),
+        metric("probe_cost_layers", "layers", "one probe of this gate, in layer-equivalents (0 for full, fixed)"),
+        metric(
+            "kv_cost_layers", "layers", "filling one skipped layer's K/V, in layer-equivalents (1 under kv_policy=full)"
+        ),
+        metric("head_cost_layers", "layers", "final norm + lm_head on one position, in layer-equivalents"),
+        metric("cost_layer_ms", "ms", "measured cost of one decoder layer in a decode step"),
+        metric("cost_head_ms", "ms", "measured cost of final norm + lm_head on one position"),
+        metric("cost_probe_ms", "ms", "measured cost of one probe of this gate"),
+        metric("cost_kv_ms", "ms", "measured cost of the K/V fill of one skipped layer (propagate)"),
+        metric("cost_overhead_ms", "ms", "rest of a full-depth decode step (embedding, mask, RoPE, framework)"),
+        metric("cost_prefill_ms", "ms", "cost model: full-depth prefill per prompt, mean over the trial's prompts"),
+        metric(
+            "cost_calibration_ms",
+            "ms",
+            "cost model: the gate's per-prompt calibration (conformal: a lens over every prompt position per probed "
+            "layer and layer L), mean over prompts; 0 for gates without one",
+        ),
+        Column(
+            "deterministic",
+            pl.Boolean(),
+            "",
+            "two full-depth baselines and every timed repeat reproduced their tokens",
+            nullable=True,
+        ),
+        metric("determinism_max_logit_diff", "logits", "max |logit difference| between the two full-depth baselines"),
+        metric(
+            "calibration_ms",
+            "ms",
+            "mean per-prompt gate calibration time (conformal's tau), measured; outside decode timing, inside the "
+            "prefill timing",
+        ),
+        metric("bench_seconds", "s", "wall time of the whole trial"),
+        metric("acceptance_rate", "fraction", "self_speculative: drafted tokens the full model accepted"),
+        metric("mean_accepted_length", "tokens", "self_speculative: mean accepted drafts per verification"),
+        metric(
+            "tokens_per_verification",
+            "tokens",
+            "self_speculative: tokens committed per full-model pass (accepted drafts + 1)",
+        ),
+        Column(
+            "sweep_name",
+            pl.String(),
+            "",
+            "the `sweep run` experiment the trial belongs to; null for `sweep bench`",
+            nullable=True,
+        ),
+        Column(
+            "worker_pid",
+            pl.Int64(),
+            "",
+            "process id of the Ray worker that ran the trial; null for `sweep bench`",
+            nullable=True,
+        ),
+        Column(
+            "worker_model_loads",
+            pl.Int32(),
+            "loads",
+            "models that worker process had loaded when the trial ended (1 = loaded once, reused)",
+            nullable=True,
+        ),
+        metric(
+            "trial_seconds", "s", "worker-side wall time of the whole trial (compose, model from cache or load, bench)"
+        ),
+        Column(
+            "prompt_ids",
+            pl.List(pl.String()),
+            "",
+            "prompt ids, in order (the per-prompt lists below follow it)",
+            nullable=True,
+        ),
+        Column(
+            "prompt_input_tokens",
+            pl.List(pl.Int32()),
+            "tokens",
+            "per prompt: its input length as decoded (the same at every batch size)",
+            nullable=True,
+        ),
+        Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
+        Column(
+            "prompt_prefix_agreement", pl.List(pl.Float64()), "fraction", "prefix agreement per prompt", nullable=True
+        ),
+        Column(
+            "prompt_speedup_wall",
+            pl.List(pl.Float64()),
+            "ratio",
+            "per prompt: median over repeats of baseline / gated decode time",
+            nullable=True,
+        ),
+        Column(
+            "prompt_baseline_ms",
+            pl.List(pl.Float64()),
+            "ms",
+            "per prompt: median over repeats of full-depth decode ms per token",
+            nullable=True,
+        ),
+        Column(
+            "prompt_ms",
+            pl.List(pl.Float64()),
+            "ms",
+            "per prompt: median over repeats of gated decode ms per token",
+            nullable=True,
+        ),
+        Column(
+            "round_baseline_ms",
+            pl.List(pl.List(pl.Float64())),
+            "ms",
+            "[round][unit] full-depth decode ms (tokens 2..n); a unit is a prompt, or a batch of batch_size prompts "
+            "in prompt_ids order",
+            nullable=True,
+        ),
+        Column("round_ms", pl.List(pl.List(pl.Float64())), "ms", "[round][unit] gated decode ms", nullable=True),
+        Column(
+            "round_baseline_prefill_ms",
+            pl.List(pl.List(pl.Float64())),
+            "ms",
+            "[round][unit] full-depth prefill ms (to the first token)",
+            nullable=True,
+        ),
+        Column(
+            "round_prefill_ms",
+            pl.List(pl.List(pl.Float64())),
+            "ms",
+            "[round][unit] gated prefill ms (prefill, calibration, first decision)",
+            nullable=True,
+        ),
+    ),
+)
