@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweep.config import Config
-from sweep.costs import CostModel, cost_model
+from sweep.costs import CostModel, DecodeSteps, cost_model
 from sweep.engine import Decoded, Engine
 from sweep.estimators import Timings, mean_agreement
 from sweep.gatespec import GATE_COLUMNS
@@ -81,25 +81,6 @@ class _References:
         ]
 
 
-@dataclass
-class _Steps:
-    """The gated decode steps as the cost model charges them: the layers each ran, its probes,
-    and the extra heads and K/V fill layers only a batch pays. A single sequence's steps are its
-    own (no extras); a batch's step runs to its deepest row (see ``BatchGeneration``)."""
-
-    layers: list[int]
-    probes: list[int]
-    extra_heads: list[int] = field(default_factory=list)
-    extra_fills: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of_batches(cls, gens: list) -> _Steps:
-        def joined(name: str) -> list[int]:
-            return [v for gen in gens for v in getattr(gen, name)]
-
-        return cls(joined("step_layers"), joined("probes"), joined("extra_heads"), joined("extra_fill_layers"))
-
-
 def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     """Load and check everything a trial needs; bad input fails here, before any work."""
     items = read_prompts(cfg.prompts)
@@ -136,7 +117,7 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
     refs = _reference_runs(baseline, gated, units)
     timings, reproduced = _timed_rounds(baseline, gated, refs, b.repeats)
     runs = refs.prompt_runs(baseline, gated)
-    steps = _Steps.of_batches(refs.gated) if gated.batched else None
+    steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
     row = _metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
     speculation = {"acceptance_rate": None, "mean_accepted_length": None, "tokens_per_verification": None}
     row.update(_speculation(runs) if b.mode == "self_speculative" else speculation)
@@ -252,7 +233,7 @@ def _metrics(
     gate: Gate,
     kv_policy: str,
     L: int,
-    charged: _Steps | None = None,
+    charged: DecodeSteps | None = None,
 ) -> dict[str, Any]:
     """The trial's figures; ``t`` is per prompt (single sequences) or per batch; ``charged`` the
     gated decode steps the cost model charges (by default each prompt's own: single sequences)."""
@@ -265,8 +246,7 @@ def _metrics(
     exits = [e for run in runs for e in run.gated.exit_layers]
     decode_exits = [e for run in runs for e in run.gated.exit_layers[1:]]  # the first token saves nothing
     decode_probes = [p for run in runs for p in run.gated.probes[1:]]
-    charged = charged or _Steps(decode_exits, decode_probes)
-    model_args = (charged.layers, charged.probes, kv_policy)
+    charged = charged or DecodeSteps(decode_exits, decode_probes)
     steps = n - 1
     rounds = range(len(t.base_decode))
     per_unit = len(t.base_decode[0]) == len(runs)  # per prompt; else per batch (no per-prompt timings)
@@ -281,8 +261,8 @@ def _metrics(
         "layers_saved": 1.0 - statistics.fmean(decode_exits) / L,
         "speedup_wall": t.speedup(),
         "speedup_e2e_wall": t.speedup_e2e(),
-        "speedup_model": costs.speedup(gate, *model_args, charged.extra_heads, charged.extra_fills),
-        "speedup_e2e_model": costs.speedup_e2e(gate, *model_args, lengths, charged.extra_heads, charged.extra_fills),
+        "speedup_model": costs.speedup(gate, charged, kv_policy),
+        "speedup_e2e_model": costs.speedup_e2e(gate, charged, kv_policy, lengths),
         "baseline_ms_per_token": statistics.median(sum(r) for r in t.base_decode) * 1000 / (steps * len(runs)),
         "ms_per_token": statistics.median(sum(r) for r in t.gated_decode) * 1000 / (steps * len(runs)),
         "probe_cost_layers": costs.layers(probe_ms),

@@ -21,6 +21,25 @@ from sweep.models import LoadedModel
 from sweep.timing import Timer
 
 
+@dataclass
+class DecodeSteps:
+    """Gated decode steps as the cost model charges them: the layers each ran (its exit layer;
+    L when it did not exit), its probes, and the extra heads and K/V fill layers only a batch
+    pays (a batch's step runs to its deepest row; see ``BatchGeneration``)."""
+
+    layers: list[int]
+    probes: list[int]
+    extra_heads: list[int] = field(default_factory=list)
+    extra_fills: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of_batches(cls, gens: list) -> DecodeSteps:
+        def joined(name: str) -> list[int]:
+            return [v for gen in gens for v in getattr(gen, name)]
+
+        return cls(joined("step_layers"), joined("probes"), joined("extra_heads"), joined("extra_fill_layers"))
+
+
 @dataclass(frozen=True)
 class CostModel:
     layer_ms: float  # one decoder layer of a decode step
@@ -69,32 +88,16 @@ class CostModel:
             + self.head_ms * ((1.0 - exited) + exited * head_after_exit)
         )
 
-    def decode_ms(
-        self,
-        gate: Gate,
-        exit_layers: Sequence[int],
-        probes: Sequence[int],
-        kv_policy: str,
-        extra_heads: Sequence[int] = (),
-        extra_fill_layers: Sequence[int] = (),
-    ) -> float:
+    def decode_ms(self, gate: Gate, steps: DecodeSteps, kv_policy: str) -> float:
         """Predicted gated ms of the given decode steps; a batch's steps add the heads and K/V
-        fills no single sequence pays (see BatchGeneration)."""
-        gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(exit_layers, probes))
-        return gated + sum(extra_heads) * self.head_ms + sum(extra_fill_layers) * self.fill_ms(kv_policy)
+        fills no single sequence pays (see ``DecodeSteps``)."""
+        gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(steps.layers, steps.probes))
+        return gated + sum(steps.extra_heads) * self.head_ms + sum(steps.extra_fills) * self.fill_ms(kv_policy)
 
-    def speedup(
-        self,
-        gate: Gate,
-        exit_layers: Sequence[int],
-        probes: Sequence[int],
-        kv_policy: str,
-        extra_heads: Sequence[int] = (),
-        extra_fill_layers: Sequence[int] = (),
-    ) -> float:
+    def speedup(self, gate: Gate, steps: DecodeSteps, kv_policy: str) -> float:
         """Predicted full-depth ms over gated ms, summed over the given decode steps."""
-        gated = self.decode_ms(gate, exit_layers, probes, kv_policy, extra_heads, extra_fill_layers)
-        return len(exit_layers) * self.step_ms / gated if gated else float("nan")
+        gated = self.decode_ms(gate, steps, kv_policy)
+        return len(steps.layers) * self.step_ms / gated if gated else float("nan")
 
     def prefill_at(self, prompt_tokens: int) -> float:
         """Predicted ms of a full-depth prefill of ``prompt_tokens`` tokens (linear in length
@@ -106,24 +109,13 @@ class CostModel:
         prompt position per lens pass it declares (conformal: its probed layers and layer L)."""
         return gate.calibration_lenses() * self.prefill_lens_ms * prompt_tokens / self.prompt_tokens
 
-    def speedup_e2e(
-        self,
-        gate: Gate,
-        exit_layers: Sequence[int],
-        probes: Sequence[int],
-        kv_policy: str,
-        prompt_tokens: Sequence[int],
-        extra_heads: Sequence[int] = (),
-        extra_fill_layers: Sequence[int] = (),
-    ) -> float:
+    def speedup_e2e(self, gate: Gate, steps: DecodeSteps, kv_policy: str, prompt_tokens: Sequence[int]) -> float:
         """Predicted end-to-end speedup of whole requests: every prompt's prefill (and, on the
         gated side, its calibration) plus the given decode steps."""
         prefill = sum(self.prefill_at(p) for p in prompt_tokens)
         calibration = sum(self.calibration_ms(gate, p) for p in prompt_tokens)
-        gated = (
-            prefill + calibration + self.decode_ms(gate, exit_layers, probes, kv_policy, extra_heads, extra_fill_layers)
-        )
-        return (prefill + len(exit_layers) * self.step_ms) / gated if gated else float("nan")
+        gated = prefill + calibration + self.decode_ms(gate, steps, kv_policy)
+        return (prefill + len(steps.layers) * self.step_ms) / gated if gated else float("nan")
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -278,15 +278,15 @@ def test_extra_heads_and_fills_of_a_scripted_batch(policy, probe):
 def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
     """A step where some sequences exited but the batch ran on to L computes the model's head
     for the batch and the exited rows' own lens, and K/V overwrites: the cost model charges both."""
-    from sweep.costs import cost_model
+    from sweep.costs import DecodeSteps, cost_model
 
     tiny = load("model=tiny-llama")
     prompts = chat_prompts(tiny, 3)
     gate = Scripted(PLAN, 4, "hidden")
     gen = BatchEngine(tiny, gate, "propagate").generate_batch(prompts, len(PLAN))
     costs = cost_model(tiny, prompts[0], gates=[gate])
-    plain = costs.speedup(gate, gen.step_layers, gen.probes, "propagate")
-    charged = costs.speedup(gate, gen.step_layers, gen.probes, "propagate", gen.extra_heads, gen.extra_fill_layers)
+    plain = costs.speedup(gate, DecodeSteps(gen.step_layers, gen.probes), "propagate")
+    charged = costs.speedup(gate, DecodeSteps.of_batches([gen]), "propagate")
     assert charged < plain
     # 2 second heads and 3 + 2 + 3 = 8 overwritten layers over the 5 steps
     assert len(gen.step_layers) * costs.step_ms / charged == pytest.approx(

@@ -10,7 +10,7 @@ from conftest import compose, run_cli
 from sweep.bench import prepare, run_trial
 from sweep.identity import trial_columns
 from sweep.cli import main
-from sweep.costs import CostModel
+from sweep.costs import CostModel, DecodeSteps
 from sweep.gates import make_gate
 from sweep.store import read
 
@@ -179,7 +179,7 @@ def test_cost_model_arithmetic():
     assert costs.token_ms(sat, 5, 5, "propagate") == pytest.approx(1 + 5 + 0.5 + 0.5 + 3)
     # no exit: full depth plus every probe
     assert costs.token_ms(sat, 10, 9, "propagate") == pytest.approx(1 + 10 + 0.9 + 3)
-    assert costs.speedup(fixed, [5, 5], [1, 1], "propagate") == pytest.approx(14 / (1 + 5 + 0.5 + 3))
+    assert costs.speedup(fixed, DecodeSteps([5, 5], [1, 1]), "propagate") == pytest.approx(14 / (1 + 5 + 0.5 + 3))
     assert costs.layers(3.0) == 3.0
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import compose
 from sweep.bench import Timings, _metrics, _PromptRun, prepare, run_trial
-from sweep.costs import CostModel
+from sweep.costs import CostModel, DecodeSteps
 from sweep.engine import Generation
 from sweep.gates import make_gate
 from sweep.prompts import Prompt
@@ -62,10 +62,10 @@ def test_end_to_end_cost_model_in_closed_form():
     # two decode steps, both exit at layer 2 after one probe: overhead 0.5 + 2 layers + probe 2.5 + 2 K/V fills 0.4
     step = 0.5 + 2 * 1.0 + 2.5 + 2 * 0.2
     decode_only = 2 * 6.5 / (2 * step)
-    assert c.speedup(conformal, [2, 2], [1, 1], "propagate") == pytest.approx(decode_only)
+    assert c.speedup(conformal, DecodeSteps([2, 2], [1, 1]), "propagate") == pytest.approx(decode_only)
     prefill = 100.0 * 20 / 10
     e2e = (prefill + 2 * 6.5) / (prefill + 30.0 + 2 * step)
-    assert c.speedup_e2e(conformal, [2, 2], [1, 1], "propagate", [20]) == pytest.approx(e2e)
+    assert c.speedup_e2e(conformal, DecodeSteps([2, 2], [1, 1]), "propagate", [20]) == pytest.approx(e2e)
     assert e2e < decode_only  # the prefill dilutes the saving and calibration costs extra
 
 
