@@ -19,7 +19,7 @@ from sweep.config import Config
 from sweep.costs import CostModel, DecodeSteps, cost_model
 from sweep.engine import Decoded, Engine
 from sweep.estimators import Timings, mean_agreement
-from sweep.gatespec import GATE_COLUMNS
+from sweep.gatespec import setting_columns
 from sweep.gates import Gate, make_gate
 from sweep.identity import trial_columns
 from sweep.models import LoadedModel, load_model
@@ -169,11 +169,7 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "source": "measured",
         "gate": g.name,
         "min_depth": g.min_depth,
-        **(
-            gate.values()
-            if gate is not None
-            else {**{p: getattr(g, p) for p in GATE_COLUMNS}, "min_layer": g.min_layer}
-        ),
+        **setting_columns(g, gate.resolved if gate is not None else None),
         "kv_policy": b.kv_policy,
         "mode": b.mode,
         "batch_size": b.batch_size,

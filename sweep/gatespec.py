@@ -251,6 +251,17 @@ def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> R
     return Resolved(min_layer, exit_layer)
 
 
+def setting_columns(gate: Any, resolved: Resolved | None = None) -> dict[str, Any]:
+    """A gate setting as every results table carries it: each gate column (null where the gate
+    does not take it) and min_layer; layer indices as ``resolved`` for a model when given."""
+    spec = GATE_SPECS.get(gate.name, key="gate.name")
+    columns = {p: (getattr(gate, p) if p in spec.accepts else None) for p in PARAMS}
+    columns["min_layer"] = gate.min_layer
+    if resolved is not None:
+        columns.update(exit_layer=resolved.exit_layer, min_layer=resolved.min_layer)
+    return columns
+
+
 def gate_text(values: Mapping[str, Any], *, with_min_layer: bool = True) -> str:
     """A gate setting's parameters as ``key=value`` text (the ones set), then min_layer: the one
     text form of a gate setting (rows, progress lines, reports, knee labels)."""

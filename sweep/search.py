@@ -105,11 +105,7 @@ def _frange(start, stop, step):
 
 def spaces(search: SearchConfig) -> list[list[Param]]:
     """The sweep's sub-spaces, parsed (once per distinct list: every trial's config carries it)."""
-    try:
-        text = json.dumps(search.spaces, sort_keys=True)
-    except TypeError:
-        return [parse_space(space, f"search.spaces[{i}]") for i, space in enumerate(search.spaces)]
-    return [list(params) for params in _parsed(text)]
+    return [list(params) for params in _parsed(json.dumps(search.spaces, sort_keys=True))]
 
 
 @functools.lru_cache(maxsize=64)

@@ -150,57 +150,21 @@ def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
     assert_each_trial_once(tmp_path, 8)
 
 
+def _submit_to_nothing(*overrides: str) -> subprocess.CompletedProcess:
+    """jobs/submit.py against an address where no job server answers."""
+    command = [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", *overrides]
+    return subprocess.run(command, env=env(), capture_output=True, text=True, timeout=120)
+
+
 def test_jobs_submit_rejects_bad_input_before_contacting_a_cluster():
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "jobs" / "submit.py"),
-            "--address",
-            "http://127.0.0.1:9",
-            "--",
-            "model=tiny-llama",
-            "results.root=results",
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = _submit_to_nothing("model=tiny-llama", "results.root=results")
     assert res.returncode == 2 and "results.root: pass an absolute path" in res.stderr
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "jobs" / "submit.py"),
-            "--address",
-            "http://127.0.0.1:9",
-            "--",
-            "model=nope",
-            "results.root=/tmp/x",
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = _submit_to_nothing("model=nope", "results.root=/tmp/x")
     assert res.returncode == 2 and "model=nope: unknown option" in res.stderr
 
 
 def test_jobs_submit_to_nothing_fails_fast(tmp_path):
     t0 = time.perf_counter()
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "jobs" / "submit.py"),
-            "--address",
-            "http://127.0.0.1:9",
-            "--",
-            "model=tiny-llama",
-            f"results.root={tmp_path}",
-        ],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    res = _submit_to_nothing("model=tiny-llama", f"results.root={tmp_path}")
     assert res.returncode == 2 and "--address http://127.0.0.1:9: no Ray job server answers there" in res.stderr
     assert time.perf_counter() - t0 < 60

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from sweep.gatespec import PARAMS, GateSpec, check_model, gate_text
+from sweep.gatespec import GateSpec, check_model, gate_text, setting_columns
 from sweep.gates._registry import GATES, register
 from sweep.gates._signals import (
     at_least,
@@ -87,9 +87,7 @@ class Gate:
     def values(self) -> dict:
         """The setting as the results tables carry it: every gate column (null where the gate
         does not take it), layer indices as resolved for the model."""
-        values = {p: (getattr(self.cfg, p) if p in self.spec.accepts else None) for p in PARAMS}
-        values.update(exit_layer=getattr(self, "exit_layer", None), min_layer=self.min_layer)
-        return values
+        return setting_columns(self.cfg, self.resolved)
 
     def describe(self) -> str:
         return f"gate={self.name} " + gate_text(self.values())
