@@ -6,11 +6,20 @@ figures: each model's trials with the Pareto front and its knee, the per-layer c
 the post-mortem's thresholds, EAS per layer, and the best speedup at each agreement target.
 The report is a list of sections (``sweep.report_sections.SECTIONS``) over one
 ``ReportContext``, assembled and written once.
+
+Nothing is written until everything is computed: ``analyse`` only computes; ``write_report``
+renders the sections (their figures into a hidden staging directory beside the report's),
+and only then writes the tables, moves the figures into place and writes report.md, so a
+failure anywhere before leaves the root as it was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import shutil
+import uuid
 from pathlib import Path
 
 import polars as pl
@@ -36,14 +45,14 @@ CI_ROWS = 20000  # above this many ok trials, intervals are computed for front a
 
 
 def run_analyze(cfg) -> tuple[Path, list[str]]:
-    """Compute and write everything; returns (report path, one verdict line per model)."""
+    """Compute everything, then write it; returns (report path, one verdict line per model)."""
     ctx = analyse(cfg)
     return write_report(ctx), ctx.verdicts
 
 
 def analyse(cfg) -> ReportContext:
-    """Load the rows, compute fronts, knees and targets, write them beside the data; the report's context."""
-    from sweep.store import write_table
+    """Load the rows, compute fronts, knees and targets: the report's context. Writes nothing."""
+    from sweep.paths import inside
 
     root = Path(cfg.results.root)
     trials = load_trials(root).collect()
@@ -63,13 +72,12 @@ def analyse(cfg) -> ReportContext:
         front = with_confidence(front, **conf)
     knees = knees_table(front) if front.height else pl.DataFrame()
     targets = _targets(ok, tuple(a.targets), conf)
-    if front.height:
-        write_table("pareto", _declared(front.drop("gate_scope"), "pareto"), root=root, provenance={})
-        write_table("knees", knees, root=root, provenance={})
-        write_table("targets", targets, root=root, provenance={})
+    out = Path(a.out) if a.out else root / "report"
+    if not a.out:
+        inside(root, out)  # <root>/report, not a symlink to elsewhere
     return ReportContext(
         root=root,
-        out=Path(a.out) if a.out else root / "report",
+        out=out,
         trials=trials,
         ok=ok,
         front=front,
@@ -88,15 +96,59 @@ def render(ctx: ReportContext) -> tuple[str, list[str]]:
 
 
 def write_report(ctx: ReportContext) -> Path:
-    """Render the report and write report.md once, atomically."""
-    text, made = render(ctx)
-    path = ctx.out / "report.md"
-    ctx.out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".report.md.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Render the report, then write everything: the analysis tables beside the data (when there
+    is a front), the figures and report.md (last, atomically) into ``ctx.out``.
+
+    The sections draw their figures into a hidden staging directory beside ``ctx.out``; a
+    failure while rendering removes it and leaves every output as it was.
+    """
+    staging = ctx.out.parent / f".{ctx.out.name}.{uuid.uuid4().hex[:12]}.tmp"
+    staging.mkdir(parents=True)
+    try:
+        staged = _with_out(ctx, staging)
+        text, made = render(staged)
+        _carry_cache(staged, ctx)  # verdicts and the like, computed once
+        ctx.verdicts  # noqa: B018 - computed before anything is written
+        _write_tables(ctx)
+        ctx.out.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(staging.iterdir()):
+            os.replace(entry, ctx.out / entry.name)
+        path = ctx.out / "report.md"
+        tmp = path.with_name(f".report.md.{uuid.uuid4().hex[:12]}.tmp")
+        try:
+            tmp.write_text(text)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     log.debug("report %s with %d figures", path, len(made))
     return path
+
+
+def _write_tables(ctx: ReportContext) -> None:
+    from sweep.store import write_table
+
+    if ctx.front.height:
+        write_table("pareto", _declared(ctx.front.drop("gate_scope"), "pareto"), root=ctx.root, provenance={})
+        write_table("knees", ctx.knees, root=ctx.root, provenance={})
+        write_table("targets", ctx.targets, root=ctx.root, provenance={})
+
+
+_CACHED = ("curves", "eas", "models", "verdicts")  # ReportContext's cached properties
+
+
+def _with_out(ctx: ReportContext, out: Path) -> ReportContext:
+    """``ctx`` drawing its figures into ``out``, with what it has already computed."""
+    other = dataclasses.replace(ctx, out=out)
+    _carry_cache(ctx, other)
+    return other
+
+
+def _carry_cache(src: ReportContext, dst: ReportContext) -> None:
+    for name in _CACHED:
+        if name in src.__dict__ and name not in dst.__dict__:
+            dst.__dict__[name] = src.__dict__[name]
 
 
 def _targets(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict) -> pl.DataFrame:

@@ -25,6 +25,9 @@ class Column:
     unit: str
     meaning: str
     nullable: bool = False
+    # the schema version that added the column: a reader requires a non-nullable column only of files
+    # written under that version or later (a non-nullable column added later bumps SCHEMA_VERSION)
+    since: int = 1
 
 
 @dataclass(frozen=True)

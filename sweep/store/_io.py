@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
@@ -11,6 +10,8 @@ from typing import Any, Mapping
 import polars as pl
 
 from sweep.errors import SweepError
+from sweep.paths import check_name, inside
+from sweep.store._guard import remove_stale_temps, temp_path, usable
 from sweep.store._schema import SCHEMA_VERSION, TABLES, Table
 
 
@@ -27,13 +28,17 @@ def write_table(
     root: str | Path,
     provenance: Mapping[str, Any],
     stem: str = "",
+    exclusive: bool = False,
 ) -> Path:
     """Write one unit of work as ``<root>/<table>/<partitions>/<stem>.parquet``, atomically
     (a derived, single-file table as ``<root>/<table>.parquet``, replaced each time).
 
     ``data`` holds the table's own columns; ``provenance`` the values shared by every
     row. The columns must be exactly the declared ones: a missing or unknown column is
-    a bug, caught here rather than by a downstream reader.
+    a bug, caught here rather than by a downstream reader. The stem and the partition
+    values become path components: each must be a safe name (``sweep.paths.check_name``),
+    and the final path must resolve inside ``root`` (symlinks included), else ConfigError
+    and nothing is written. ``exclusive``: never replace an existing file (FileExistsError).
     """
     table = table_spec(name)
     frame = data if isinstance(data, pl.DataFrame) else pl.DataFrame(dict(data))
@@ -49,29 +54,42 @@ def write_table(
         if not c.nullable and frame[c.name].null_count():
             raise SweepError(f"table {name}: column {c.name} has nulls but is declared not nullable")
     if table.single_file:
-        return atomic_write_parquet(frame, Path(root) / f"{name}.parquet", metadata=_metadata(name))
-    directory = Path(root) / name
-    for key in table.partition_by:
-        values = frame[key].unique()
-        if len(values) != 1:
-            raise SweepError(f"table {name}: one file must hold one {key} (got {len(values)})")
-        directory = directory / f"{key}={values[0]}"
-    return atomic_write_parquet(frame, directory / f"{stem}.parquet", metadata=_metadata(name))
+        path = Path(root) / f"{name}.parquet"
+    else:
+        directory = Path(root) / name
+        for key in table.partition_by:
+            values = frame[key].unique()
+            if len(values) != 1:
+                raise SweepError(f"table {name}: one file must hold one {key} (got {len(values)})")
+            directory = directory / f"{key}={check_name(key, str(values[0]))}"
+        path = directory / f"{check_name('stem', stem)}.parquet"
+    inside(root, path)
+    return atomic_write_parquet(frame, path, metadata=_metadata(name), exclusive=exclusive)
 
 
 def _metadata(name: str) -> dict[str, str]:
     return {"sweep.schema_version": str(SCHEMA_VERSION), "sweep.table": name}
 
 
-def atomic_write_parquet(frame: pl.DataFrame, path: Path, *, metadata: dict[str, str]) -> Path:
-    """Write to a hidden temporary file in the same directory, fsync, rename into place."""
+def atomic_write_parquet(frame: pl.DataFrame, path: Path, *, metadata: dict[str, str], exclusive: bool = False) -> Path:
+    """Write to a hidden temporary file in the same directory, fsync, rename into place.
+
+    The temporary name carries this host and pid (``_guard.temp_path``); orphans that killed
+    writers left in the directory are removed first. ``exclusive``: the final file must not
+    exist; it is linked into place (``os.link``, atomic, never replaces) and FileExistsError
+    propagates when another writer got there first.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:12]}.tmp")
+    remove_stale_temps(path.parent)
+    tmp = temp_path(path)
     try:
         frame.write_parquet(tmp, metadata=metadata)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -83,25 +101,33 @@ def atomic_write_parquet(frame: pl.DataFrame, path: Path, *, metadata: dict[str,
     return path
 
 
-def files(name: str, root: str | Path) -> list[Path]:
-    """Every finished file of a table (temporary and hidden files are never results)."""
+def files(name: str, root: str | Path, *, checked: bool = True) -> list[Path]:
+    """Every finished file of a table (temporary and hidden files are never results).
+
+    ``checked``: without the files that cannot be read as this table's (unreadable, another
+    table's or tool's, lacking required columns, a column of another type), each named in
+    one warning on the ``sweep.store`` logger (``_guard.usable``).
+    """
     table = table_spec(name)
     if table.single_file:
         path = Path(root) / f"{name}.parquet"
-        return [path] if path.is_file() else []
-    base = Path(root) / table.name
-    if not base.is_dir():
-        return []
-    return sorted(
-        p for p in base.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(base).parts)
-    )
+        found = [path] if path.is_file() else []
+    else:
+        base = Path(root) / table.name
+        if not base.is_dir():
+            return []
+        found = sorted(
+            p for p in base.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(base).parts)
+        )
+    return usable(table, found) if checked else found
 
 
 def scan(name: str, root: str | Path) -> pl.LazyFrame:
     """All rows of a table under ``root`` as a LazyFrame with the current schema.
 
     Files written under an older schema (fewer columns) load with nulls in the newer
-    columns; columns this version does not know are ignored.
+    columns; columns this version does not know are ignored; a file that cannot be read
+    as this table's is skipped with a warning (``files``).
     """
     table = table_spec(name)
     paths = files(name, root)

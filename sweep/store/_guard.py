@@ -1,0 +1,181 @@
+"""Safety on a shared ``results.root``: which files a reader may trust, and the temporary
+files a killed writer left behind.
+
+Many people and jobs write one root. A file there may be unreadable (a copy cut short,
+garbage), or valid Parquet of someone else's (another table's, another tool's). Such a file
+is named in one warning (logger ``sweep.store``) and skipped; the command goes on with the
+rest. The check reads only the file's footer (schema and key-value metadata) and is cached
+by (path, mtime, size), so a rescan costs one ``stat`` per file.
+
+A writer writes ``.<stem>~<host>~<pid>~<hex>.tmp`` and renames it into place; one killed
+mid-write leaves that file behind. The next writer of the directory removes it: at once when
+it was written on this host (same host name and pid namespace) by a process that is gone,
+otherwise once it is older than ``STALE_AFTER_S`` (a write takes seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import polars as pl
+
+from sweep.store._columns import SCHEMA_VERSION, Table
+
+log = logging.getLogger("sweep.store")
+
+STALE_AFTER_S = 3600.0  # a temporary file from another host (or an unknown writer) older than this is an orphan
+
+_TEMP_RE = re.compile(r"^\.(?P<stem>.+)~(?P<host>[^~]+)~(?P<pid>\d+)~(?P<hex>[0-9a-f]+)\.tmp$")
+_LEGACY_TEMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # .<stem>.<hex>.tmp, before host and pid were named
+
+_PARALLEL_FROM = 32  # unchecked files from which footers are read on threads
+
+# path -> (mtime_ns, size, reason it is skipped or None)
+_verdicts: dict[str, tuple[int, int, str | None]] = {}
+
+
+# --- which files a reader trusts -------------------------------------------------------------------------------
+
+
+def required_columns(table: Table, version: int | None) -> list[str]:
+    """The columns a file of ``table`` must hold to be read.
+
+    ``version`` is the file's ``sweep.schema_version`` metadata. A file this tool wrote holds
+    every non-nullable column its version had (``Column.since``). A file without the metadata
+    (rewritten by another tool, or foreign) must at least hold what every version of the table
+    had: its non-nullable provenance and its partition columns. A file of a newer version is
+    held to this version's columns.
+    """
+    if version is None:
+        core = {"schema_version", "run_id", "created_at", "model", *table.partition_by}
+        return [c.name for c in table.columns if not c.nullable and c.name in core]
+    return [c.name for c in table.columns if not c.nullable and c.since <= min(version, SCHEMA_VERSION)]
+
+
+def problem(table: Table, path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file of ``table``; None when it can."""
+    try:
+        schema = pl.read_parquet_schema(path)
+        meta = pl.read_parquet_metadata(path)
+    except Exception as exc:  # noqa: BLE001 - any failure to read the footer means the same: not usable
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"not a readable Parquet file ({type(exc).__name__}: {first[:200]})"
+    owner = meta.get("sweep.table")
+    if owner is not None and owner != table.name:
+        return f"written for table '{owner}', not '{table.name}'"
+    version: int | None = None
+    if owner is not None:
+        try:
+            version = int(meta.get("sweep.schema_version", ""))
+        except ValueError:
+            version = None
+    missing = [c for c in required_columns(table, version) if c not in schema]
+    if missing:
+        return f"lacks required column(s) {', '.join(missing)} of table '{table.name}'"
+    for c in table.columns:
+        if c.name in schema and schema[c.name] != c.dtype and schema[c.name] != pl.Null():
+            return f"column {c.name} is {schema[c.name]}, table '{table.name}' declares {c.dtype}"
+    return None
+
+
+def usable(table: Table, paths: list[Path]) -> list[Path]:
+    """``paths`` without the files a reader cannot trust, each of those named once in a warning.
+
+    Footers not checked before (or changed since) are read on a few threads: on shared storage
+    a footer read is mostly latency.
+    """
+    stats: dict[Path, tuple[int, int]] = {}
+    for path in paths:
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # replaced or removed since it was listed
+            continue
+        stats[path] = (st.st_mtime_ns, st.st_size)
+    unchecked = [p for p, key in stats.items() if _verdicts.get(str(p), (None, None))[:2] != key]
+    if len(unchecked) >= _PARALLEL_FROM:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            reasons = list(pool.map(lambda p: problem(table, p), unchecked))
+    else:
+        reasons = [problem(table, p) for p in unchecked]
+    for path, reason in zip(unchecked, reasons):
+        _verdicts[str(path)] = (*stats[path], reason)
+        if reason is not None:
+            log.warning("skipping %s: %s", path, reason)
+    return [p for p in stats if _verdicts[str(p)][2] is None]
+
+
+# --- temporary files -------------------------------------------------------------------------------------------
+
+
+def _host_token() -> str:
+    """This host's name and pid namespace: two writers with the same token see each other's pids."""
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname() or "host")[:64]
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return name
+    return f"{name}.{ns}"
+
+
+def temp_path(path: Path) -> Path:
+    """The hidden temporary name ``path`` is written under before its rename: ``.<stem>~<host>~<pid>~<hex>.tmp``."""
+    return path.with_name(f".{path.stem}~{_host_token()}~{os.getpid()}~{uuid.uuid4().hex[:12]}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def stale_temps(directory: Path, *, now: float | None = None) -> list[Path]:
+    """The orphaned temporary files in ``directory`` (see the module's docstring)."""
+    now = time.time() if now is None else now
+    host = _host_token()
+    found = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(".") or not entry.name.endswith(".tmp"):
+            continue
+        m = _TEMP_RE.match(entry.name)
+        if m is None and not _LEGACY_TEMP_RE.match(entry.name):
+            continue
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if age > STALE_AFTER_S:
+            found.append(Path(entry.path))
+        elif m is not None and m["host"] == host and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
+            found.append(Path(entry.path))
+    return found
+
+
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Remove the orphaned temporary files in ``directory``; the ones removed (another writer may race us)."""
+    removed = []
+    for path in stale_temps(directory):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # someone else's file on shared storage: leave it, say so
+            log.warning("cannot remove the orphaned temporary file %s: %s", path, exc)
+            continue
+        log.info("removed the orphaned temporary file %s", path)
+        removed.append(path)
+    return removed
