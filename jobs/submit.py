@@ -3,10 +3,16 @@
     python jobs/submit.py --address http://127.0.0.1:8265 -- \
         model=smollm2-135m search=saturation-grid results.root=/shared/results
 
-Ships this project's directory (without .venv, results, git data) as the job's working
-directory, runs `sweep run OVERRIDES cluster=existing` there, prints the submission id,
-follows the logs until the job ends, and says where the rows are. results.root must be
-an absolute path on storage every node shares.
+Ships an allowlist of this checkout (sweep/, conf/, jobs/, pyproject.toml, README.md,
+constraints.txt; no hidden files, caches or symlinks), copied into a fresh temporary
+directory, as the job's working directory: nothing else of the checkout (.git, .env, keys,
+.venv, results) leaves this machine, whatever .gitignore says. Runs `sweep run OVERRIDES
+cluster=existing` there, prints the submission id, follows the logs until the job ends, and
+says where the rows are. results.root must be an absolute path on storage every node shares.
+
+    python jobs/submit.py --dry-run -- OVERRIDES
+
+prints the files it would ship, their count and size, and the entrypoint, and contacts nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auth", choices=("token", "disabled"), default="token", help="the cluster's RAY_AUTH_MODE")
     parser.add_argument("--no-follow", action="store_true", help="print the submission id and return")
     parser.add_argument("--python", default="python", help="the Python on the cluster's nodes")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the files that would be shipped and the entrypoint; submit nothing",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for `sweep run` (after --)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
@@ -50,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             [*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"]
         )  # bad overrides fail here, not on the cluster
         ray_environment(ClusterConfig(address=args.address, auth=args.auth, dashboard=False))
+        if args.dry_run:
+            return _dry_run(args)
         from sweep.submit import follow_job, submit_job
 
         submission_id = submit_job(args.address, args.overrides, ROOT, auth=args.auth, python=args.python)
@@ -62,6 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     print(f"job {submission_id}: {status}; rows under {roots[-1]}/trials")
     return 0 if status == "SUCCEEDED" else 1
+
+
+def _dry_run(args) -> int:
+    """What a submission would ship and run; contacts no cluster."""
+    from sweep.submit import job_entrypoint, shipped_files
+
+    files = shipped_files(ROOT)
+    for rel in files:
+        print(rel)
+    size = sum((ROOT / rel).stat().st_size for rel in files)
+    print(f"{len(files)} files, {size} bytes ({size / 1024:.1f} KiB) from {ROOT} would be shipped to {args.address}")
+    print(f"entrypoint: {job_entrypoint(args.overrides, args.auth, args.python)}")
+    return 0
 
 
 if __name__ == "__main__":

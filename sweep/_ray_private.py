@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 PINNED_RAY = "2.60"
-FUNCTIONS = ("single_node_mode", "bootstrap_address", "replace_tuner_callbacks", "optuna_trial")
+FUNCTIONS = (
+    "single_node_mode",
+    "bootstrap_address",
+    "replace_tuner_callbacks",
+    "optuna_trial",
+    "embedded_session",
+    "reset_token_cache",
+)
 
 
 def single_node_mode() -> None:
@@ -43,3 +50,26 @@ def replace_tuner_callbacks(tuner: Any, callbacks: list) -> None:
 def optuna_trial(search: Any, trial_id: str) -> Any:
     """The Optuna trial an ``OptunaSearch`` runs for Tune trial ``trial_id``, or None."""
     return search._ot_trials.get(trial_id)
+
+
+def embedded_session() -> tuple[str, dict[str, list[int]]]:
+    """The session directory of the Ray this driver started (``ray.init(address="local")``)
+    and the pids of the processes it started (GCS, raylet, dashboard, monitors), by kind."""
+    import ray._private.worker as worker
+
+    node = worker._global_node
+    if node is None or not hasattr(node, "all_processes"):
+        from sweep.errors import SweepError
+
+        raise SweepError("no embedded Ray started in this process (or this Ray release keeps its node elsewhere)")
+    pids = {name: [info.process.pid for info in infos] for name, infos in node.all_processes.items()}
+    return node.get_session_dir_path(), pids
+
+
+def reset_token_cache() -> None:
+    """Make an imported Ray re-read its auth settings and token (RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH);
+    only while no Ray is running in this process."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
