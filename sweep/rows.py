@@ -26,28 +26,67 @@ class SweepOutcome:
     path: str
     root: str
     total: int
-    skipped: int
+    skipped: int  # trials whose finished row already existed (planned around, or reported again)
+    written: int = 0  # rows this run wrote
     rows: list[dict] = field(default_factory=list)
     overhead_s: list[float] = field(default_factory=list)
     interrupted: bool = False
     simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
 
 
+def row_path(root: str | Path, model: str, gate: str, trial_id: str) -> Path:
+    """Where the trials table keeps a trial's row (its partitions are model and gate)."""
+    from sweep.store import table_spec
+
+    values = {"model": model, "gate": gate}
+    directory = Path(root) / "trials"
+    for key in table_spec("trials").partition_by:
+        directory = directory / f"{key}={values[key]}"
+    return directory / f"{trial_id}.parquet"
+
+
+def finished_row(path: Path) -> dict | None:
+    """The row in ``path`` if it counts as done (ok or nondeterministic), else None."""
+    import polars as pl
+
+    from sweep.plan import DONE_STATUSES
+
+    try:
+        rows = pl.read_parquet(path).to_dicts()
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+    return rows[0] if len(rows) == 1 and rows[0].get("status") in DONE_STATUSES else None
+
+
 class RowWriter:
     """The single writer of trial rows, and the progress lines.
 
     Fed by ``sweep.tune.Progress``; also writes the rows Tune holds at the end that a
-    callback never saw (a restored sweep's), and failed rows for trials that errored.
+    callback never saw, and failed rows for trials that errored. A finished row (ok or
+    nondeterministic) is never replaced unless ``rerun``: a trial whose row exists (from an
+    earlier run, or computed meanwhile by a concurrent sweep into the same root) is counted
+    as skipped, not written. Once a row is written its claim (``sweep.claims``) is released.
     """
 
     def __init__(
-        self, root: str, total: int | None, base: list[str], run_id: str, sweep_name: str, device: str
+        self,
+        root: str,
+        total: int | None,
+        base: list[str],
+        run_id: str,
+        sweep_name: str,
+        device: str,
+        *,
+        rerun: bool = False,
     ) -> None:
         self.root, self.total, self.base, self.run_id, self.sweep_name = root, total, base, run_id, sweep_name
         self.device = device  # the trials' device, as the driver resolved it
-        self.rows: list[dict] = []
+        self.rerun = rerun
+        self.rows: list[dict] = []  # every trial's row this run reported (written or existing)
         self.overheads: list[float] = []
-        self._written: set[str] = set()
+        self.written = 0
+        self.existing = 0  # reported trials whose finished row was already there
+        self._seen: set[str] = set()
         self._started: dict[str, float] = {}
 
     def started(self, key: str) -> None:
@@ -58,18 +97,19 @@ class RowWriter:
             if result.get("error"):
                 log.warning(
                     "[%d/%s] a trial could not be composed, so it has no row: %s",
-                    len(self._written),
+                    len(self._seen),
                     self.total,
                     result["error"],
                 )
             return
         row = json.loads(result["row_json"])
-        if self.write(row) and not result.get("cached"):
+        cached = bool(result.get("cached"))
+        if self.write(row, cached=cached) and not cached:
             wall = time.perf_counter() - self._started.get(key, time.perf_counter())
             if row.get("bench_seconds") is not None:
                 self.overheads.append(wall - row["bench_seconds"])
         total = self.total if self.total is not None else "?"
-        log.info("[%d/%s] %s", len(self._written), total, describe(row, result.get("cached", False)))
+        log.info("[%d/%s] %s", len(self._seen), total, describe(row, cached, result.get("computed_by")))
 
     def errored(self, config: dict, error: str) -> None:
         """A trial Tune gave up on (its worker died more than sweep.max_failures times)."""
@@ -85,21 +125,32 @@ class RowWriter:
         row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
         row["sweep_name"] = self.sweep_name
         self.write(row)
-        log.warning("[%d/%s] trial gave up after retries: %s", len(self._written), self.total, error)
+        log.warning("[%d/%s] trial gave up after retries: %s", len(self._seen), self.total, error)
 
-    def write(self, row: dict) -> bool:
-        """Write a row once per trial id in this sweep; True if written now."""
+    def write(self, row: dict, *, cached: bool = False) -> bool:
+        """Write a row once per trial id in this sweep; True if written now.
+
+        ``cached``: the worker reported a finished row that is already in the store."""
         from datetime import datetime
 
+        from sweep import claims
         from sweep.store import write_table
 
-        if row["trial_id"] in self._written:
+        tid = row["trial_id"]
+        if tid in self._seen:
+            return False
+        self._seen.add(tid)
+        self.rows.append(row)
+        path = row_path(self.root, row["model"], row["gate"], tid)
+        if cached or (not self.rerun and finished_row(path) is not None):
+            self.existing += 1
+            claims.release(self.root, tid, self.run_id)
             return False
         if isinstance(row.get("created_at"), str):
             row["created_at"] = datetime.fromisoformat(row["created_at"])
-        write_table("trials", {k: [v] for k, v in row.items()}, root=self.root, provenance={}, stem=row["trial_id"])
-        self._written.add(row["trial_id"])
-        self.rows.append(row)
+        write_table("trials", {k: [v] for k, v in row.items()}, root=self.root, provenance={}, stem=tid)
+        claims.release(self.root, tid, self.run_id)
+        self.written += 1
         return True
 
 
@@ -112,13 +163,13 @@ def last_error(path: str | None) -> str:
         return "the worker died"
 
 
-def describe(row: dict, cached: bool) -> str:
+def describe(row: dict, cached: bool, computed_by: str | None = None) -> str:
     """One progress line for a finished trial."""
     head = f"{row['model']} gate={row['gate']} {gate_text(row)}"
     if row["status"] == "failed":
         return f"{head}: failed ({row.get('error')})"
     if cached:
-        tail = " (row from an earlier run)"
+        tail = f" (row computed by the concurrent sweep {computed_by})" if computed_by else " (row from an earlier run)"
     else:
         tail = (
             f" ({row.get('trial_seconds', 0):.1f} s, pid {row.get('worker_pid')}, "

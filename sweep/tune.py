@@ -28,13 +28,13 @@ from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
-from sweep import _ray_private
+from sweep import _ray_private, claims
 from sweep.config import ClusterConfig, Config, SearchConfig
 from sweep.errors import ConfigError, SweepError
 from sweep.gatespec import GATE_SPECS
 from sweep.identity import trial_device, trial_identity
 from sweep.plan import Plan, plan_sweep, screen_selection, select_trials, trial_config
-from sweep.rows import RowWriter, SweepOutcome, last_error
+from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, row_path
 from sweep.search import METRICS, Param, as_override, spaces
 from sweep.worker import screen_trace, trial_row
 
@@ -103,7 +103,10 @@ def start_ray(cluster: ClusterConfig) -> bool:
             "set it before Ray is imported"
         )
     if cluster.address is None:
+        from sweep.cluster_env import record_embedded_session, stop_leftover_sessions
+
         _ray_private.single_node_mode()  # servers on 127.0.0.1
+        stop_leftover_sessions()  # what killed drivers of earlier embedded clusters left running
         ray.init(
             address="local",
             num_cpus=cluster.num_cpus,
@@ -113,6 +116,7 @@ def start_ray(cluster: ClusterConfig) -> bool:
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
+        record_embedded_session()
     else:
         _require_reachable(cluster.address)
         try:
@@ -183,8 +187,9 @@ def trial_resources(cfg: Config) -> dict[str, float]:
 
 
 def _trainable(config: dict, base: list[str] = (), context: dict | None = None) -> None:
-    """One trial in a Ray worker: compose on the driver's device, bench (with this process's
-    cached model), report."""
+    """One trial in a Ray worker: compose on the driver's device, claim the trial in the
+    results root (``sweep.claims``: a concurrent sweep into the same root computes it once),
+    bench (with this process's cached model), report."""
     t0 = time.perf_counter()
     context = context or {}
     try:
@@ -197,7 +202,15 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
     if cached is not None:  # a row from an earlier run: report it again, do not redo the work
         tune.report({**_metrics(cached), "row_json": json.dumps(cached, default=str), "cached": True})
         return
-    row = trial_row(cfg, context["run_id"], context.get("sweep_name"), t0)
+    root, rerun = cfg.results.root, cfg.sweep.rerun
+    path = row_path(root, cfg.model.name, cfg.gate.name, tid)
+    owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
+    with claims.hold(root, tid, owner, (lambda: None) if rerun else (lambda: finished_row(path))) as held:
+        if held.row is not None:  # a concurrent sweep into the same root computed it
+            report = {**_metrics(held.row), "row_json": json.dumps(held.row, default=str), "cached": True}
+            tune.report({**report, "computed_by": held.waited_for})
+            return
+        row = trial_row(cfg, context["run_id"], context.get("sweep_name"), t0)
     tune.report({**_metrics(row), "row_json": json.dumps(row, default=str), "cached": False})
 
 
@@ -232,16 +245,23 @@ def _execute(plan: Plan) -> SweepOutcome:
     resources = trial_resources(cfg)
     device = trial_device(cfg.device, resources["gpu"])
     grid_trials, simulated = plan.grid_trials, None
-    if cfg.search.kind == "screen" and not cfg.resume:
-        grid_trials, simulated = _screen(plan, grid_trials, resources, device)
+    if cfg.search.kind == "screen":
+        chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
+        if chosen is None:
+            grid_trials, simulated = _screen(plan, grid_trials, resources, device)
+        else:
+            grid_trials = chosen
     planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
     total = len(planned) if planned is not None else cfg.search.n_trials
     outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), total or 0, skipped, simulated=simulated)
-    if planned == [] and not cfg.resume:
+    if planned == []:
         log.info("sweep %s: nothing to run", plan.name)
         return outcome
-    writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device)
+    writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
     tuner = _tuner(plan, planned, resources, device, Progress(writer))
+    if tuner is None:  # resume=true: the study has all its trials already
+        log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
+        return outcome
     log.info(
         "sweep %s: %s trials on %s (%s per trial); Tune state in %s",
         plan.name,
@@ -252,7 +272,14 @@ def _execute(plan: Plan) -> SweepOutcome:
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     interrupted = _reconcile(tuner.fit(), writer, total)
-    return dataclasses.replace(outcome, rows=writer.rows, overhead_s=writer.overheads, interrupted=interrupted)
+    return dataclasses.replace(
+        outcome,
+        rows=writer.rows,
+        written=writer.written,
+        skipped=skipped + writer.existing,
+        overhead_s=writer.overheads,
+        interrupted=interrupted,
+    )
 
 
 def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
@@ -261,10 +288,29 @@ def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
     unfinished = 0
     for result in results:
         if result.metrics and "row_json" in result.metrics:
-            writer.write(json.loads(result.metrics["row_json"]))
+            writer.write(json.loads(result.metrics["row_json"]), cached=bool(result.metrics.get("cached")))
         elif result.error is None and not (result.metrics and "status" in result.metrics):
             unfinished += 1
     return unfinished > 0 or len(results) < (total or 0)
+
+
+def screened_before(plan: Plan, settings, device: str):
+    """A resumed screen: the settings its earlier run selected for closed-loop trials (from
+    its rows in the `simulated` table), or None when it never got that far."""
+    import polars as pl
+
+    from sweep.store import scan
+
+    chosen = (
+        scan("simulated", plan.root)
+        .filter((pl.col("sweep_name") == plan.name) & pl.col("selected"))
+        .select("trial_id")
+        .collect()["trial_id"]
+    )
+    if chosen.len() == 0:
+        return None
+    keep = set(chosen.to_list())
+    return [s for s in settings if trial_identity(s[1], device).id in keep]
 
 
 def _screen(plan: Plan, settings, resources: dict, device: str):
@@ -291,14 +337,15 @@ def _tuner(plan: Plan, planned, resources: dict, device: str, callback):
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
     context["done"] = {} if planned is not None else plan.done
     trainable = tune.with_resources(tune.with_parameters(_trainable, base=plan.base, context=context), resources)
+    num_samples = cfg.search.n_trials
     if cfg.resume:
-        if not tune.Tuner.can_restore(str(path)):
-            raise ConfigError(f"sweep.name={plan.name}: {path} holds no restorable Tune experiment")
-        log.info("resuming sweep %s from %s", plan.name, path)
-        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
-        # callbacks are restored from the pickled state; this run's writer must replace them
-        _ray_private.replace_tuner_callbacks(tuner, [callback])
-        return tuner
+        # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
+        # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
+        log.info("resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, path)
+        if planned is None:
+            num_samples = remaining_trials(cfg.search, path)
+            if num_samples == 0:
+                return None
     run_config = tune.RunConfig(
         name=plan.name,
         storage_path=str(plan.storage),
@@ -317,7 +364,7 @@ def _tuner(plan: Plan, planned, resources: dict, device: str, callback):
         search_alg = ConcurrencyLimiter(search_alg, max_concurrent=cfg.sweep.max_concurrent)
     # metric and mode live on the searcher only: TuneConfig(metric=, mode=) would make it single-objective
     tune_config = tune.TuneConfig(
-        search_alg=search_alg, num_samples=cfg.search.n_trials, reuse_actors=True, trial_dirname_creator=_trial_dirname
+        search_alg=search_alg, num_samples=num_samples, reuse_actors=True, trial_dirname_creator=_trial_dirname
     )
     return tune.Tuner(trainable, tune_config=tune_config, run_config=run_config)
 
@@ -328,6 +375,28 @@ def _trial_dirname(trial) -> str:
 
 def optuna_storage_url(path: Path) -> str:
     return f"sqlite:///{path / 'optuna.db'}"
+
+
+def remaining_trials(search: SearchConfig, path: Path) -> int:
+    """Trials an interrupted Optuna sweep still has to run: ``n_trials`` less the study's
+    finished ones. Trials the interruption left running are marked failed in the study (no
+    worker will ever finish them). The study is SQLite rows, read as data."""
+    from optuna.trial import TrialState
+
+    if not (path / "optuna.db").is_file():
+        return search.n_trials
+    storage = optuna.storages.RDBStorage(optuna_storage_url(path))
+    try:
+        study = optuna.load_study(study_name=search.name, storage=storage)
+    except KeyError:  # no study of that name yet
+        return search.n_trials
+    finished = 0
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state == TrialState.RUNNING:
+            study.tell(trial.number, state=TrialState.FAIL)
+        else:
+            finished += 1
+    return max(search.n_trials - finished, 0)
 
 
 class ConstrainedOptunaSearch(OptunaSearch):

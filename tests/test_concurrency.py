@@ -1,0 +1,221 @@
+"""Sweeps that share a results root: each trial computed once, no finished row replaced,
+claims of dead workers broken, and a resume that loads no pickle from shared storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from sweep import claims
+from sweep.rows import RowWriter, row_path
+from sweep.store import files, read
+
+SWEEP = str(Path(sys.executable).with_name("sweep"))
+TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=24", "bench.repeats=4", "bench.warmup=0"]
+
+
+def env() -> dict:
+    e = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    e["PATH"] = f"{Path(sys.executable).parent}:{e.get('PATH', '')}"
+    e.pop("SWEEP_DEBUG", None)
+    return e
+
+
+def owner(run_id: str, pid: int | None = None, host: str | None = None) -> claims.Owner:
+    return claims.Owner(run_id, f"sweep-{run_id}", host or socket.gethostname(), pid or os.getpid())
+
+
+# ---------------------------------------------------------------- claims, in one process
+
+
+def test_a_second_claimant_waits_for_the_first_and_gets_its_row(tmp_path):
+    done: dict = {}
+    got: list = []
+    with claims.hold(tmp_path, "t1", owner("a"), lambda: done.get("row")) as first:
+        assert first.row is None  # A computes
+
+        def second():
+            with claims.hold(tmp_path, "t1", owner("b"), lambda: done.get("row")) as held:
+                got.append(held)
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(1.5)
+        assert not got, "B must wait while A holds the claim"
+        done["row"] = {"trial_id": "t1", "status": "ok"}
+    thread.join(timeout=10)
+    assert got and got[0].row == {"trial_id": "t1", "status": "ok"}
+
+
+def test_a_claim_released_without_a_row_is_taken_by_the_waiter(tmp_path):
+    got: list = []
+    with claims.hold(tmp_path, "t1", owner("a"), lambda: None):
+
+        def second():
+            with claims.hold(tmp_path, "t1", owner("b"), lambda: None) as held:
+                got.append(held)
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(1.0)
+        assert not got
+        claims.release(tmp_path, "t1", "a")  # A's driver wrote a failed row: B must run the trial
+        thread.join(timeout=10)
+    assert got and got[0].row is None
+
+
+def test_stale_and_dead_claims_are_broken_but_live_ones_are_not(tmp_path):
+    path = claims.claim_path(tmp_path, "t1")
+    path.parent.mkdir(parents=True)
+    # another host's claim, recently touched: wait (here: time out quickly)
+    path.write_text(json.dumps({**owner("x", host="elsewhere").__dict__}))
+    box: list = []
+
+    def waiter():
+        with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=3) as held:
+            box.append((held, json.loads(path.read_text())["run_id"]))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(1.0)
+    assert not box, "a fresh claim of another host must be waited for"
+    thread.join(timeout=15)  # then it goes stale (no heartbeat) and is broken
+    assert box and box[0][0].row is None and box[0][1] == "b"
+    path.unlink()
+    # a claim of a process of this host that no longer exists: broken at once
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path.write_text(json.dumps({**owner("x", pid=int(dead.stdout)).__dict__}))
+    t0 = time.time()
+    with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
+        assert held.row is None
+    assert time.time() - t0 < 5
+
+
+def test_a_heartbeat_keeps_a_long_trial_claimed(tmp_path):
+    with claims.hold(tmp_path, "t1", owner("a"), lambda: None, heartbeat_s=0.2):
+        path = claims.claim_path(tmp_path, "t1")
+        os.utime(path, (time.time() - 100, time.time() - 100))
+        time.sleep(0.6)
+        assert time.time() - path.stat().st_mtime < 1.0
+
+
+def test_a_claim_of_this_run_is_taken_over_at_once(tmp_path):
+    """A retried trial: the worker of the same run died holding the claim."""
+    path = claims.claim_path(tmp_path, "t1")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**owner("a", host="elsewhere").__dict__}))
+    with claims.hold(tmp_path, "t1", owner("a"), lambda: None, stale_s=600) as held:
+        assert held.row is None
+
+
+@pytest.mark.parametrize("bad", ["../x", ".hidden", "a/b", ".."])
+def test_claims_refuse_names_that_are_not_a_path_component(tmp_path, bad):
+    with pytest.raises(Exception, match="trial_id"):
+        claims.claim_path(tmp_path, bad)
+
+
+# ---------------------------------------------------------------- the row writer
+
+
+def _row(tid: str, status: str = "ok", run_id: str = "r1") -> dict:
+    from datetime import datetime, timezone
+
+    from sweep.store import TABLES
+
+    row = {c.name: None for c in TABLES["trials"].columns}
+    now = datetime.now(timezone.utc)
+    row.update(trial_id=tid, status=status, run_id=run_id, model="m", gate="saturation", created_at=now)
+    return row
+
+
+def _fake_row(tmp_path, tid, status="ok", run_id="r0"):
+    """A finished row written the way the store writes one, with every column (nullable or not)."""
+    from sweep.store import TABLES
+
+    schema = TABLES["trials"].schema
+    row = _row(tid, status, run_id)
+    frame = pl.DataFrame({k: [row[k]] for k in schema}, schema=schema)
+    path = row_path(tmp_path, "m", "saturation", tid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.write_parquet(path)
+    return path
+
+
+def test_the_writer_never_replaces_a_finished_row_unless_rerun(tmp_path):
+    path = _fake_row(tmp_path, "t1", run_id="first")
+    before = path.stat().st_mtime_ns
+    writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
+    assert writer.write(_row("t1", run_id="second")) is False
+    assert path.stat().st_mtime_ns == before and writer.written == 0 and writer.existing == 1
+    assert pl.read_parquet(path)["run_id"].item() == "first"
+
+
+# ---------------------------------------------------------------- real sweeps
+
+
+def _counts(out: str) -> tuple[int, int]:
+    m = re.search(r"(\d+) trials written, (\d+) skipped", out)
+    assert m, out[-2000:]
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_two_sweeps_into_one_root_compute_each_trial_once(tmp_path):
+    args = [SWEEP, "run", *TRIALS, f"results.root={tmp_path}", "resources.cpu=1"]
+    procs = [
+        subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    counts = [_counts(out) for out, _ in outs]
+    df = read("trials", tmp_path)
+    assert df.height == 8 and df["trial_id"].n_unique() == 8 and len(files("trials", tmp_path)) == 8
+    assert set(df["status"]) == {"ok"}
+    assert sum(w for w, _ in counts) == 8, counts  # each trial computed (and written) once, by one of the sweeps
+    assert all(w + s == 8 for w, s in counts), counts  # each sweep accounts for all 8
+    # every row was written by the sweep whose run computed it, and every claim was released
+    assert sorted(df["run_id"].value_counts()["count"].to_list()) == sorted(w for w, _ in counts if w)
+    assert not list((tmp_path / "claims").glob("*.json"))
+    print("concurrent sweeps (written, skipped):", counts)
+
+
+def test_resume_loads_no_pickle_and_rewrites_no_row(tmp_path):
+    """A planted tuner.pkl in the sweep's Tune directory is never unpickled, and a resume
+    writes only the rows that are missing."""
+    space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.4)'}]"
+    args = [SWEEP, "run", *TRIALS, f"results.root={tmp_path}", space]
+    first = subprocess.run(args, env=env(), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert set(read("trials", tmp_path)["status"]) == {"ok"}
+    name = re.search(r"sweep (\S+): ", first.stdout).group(1)
+    victim = sorted(files("trials", tmp_path))[0]
+    victim.unlink()  # one row lost: the resume must compute exactly that one
+    stamps = {p: p.stat().st_mtime_ns for p in files("trials", tmp_path)}
+    marker = tmp_path / "pwned"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    sweep_dir = tmp_path / "ray" / name
+    for pkl in [sweep_dir / "tuner.pkl", sweep_dir / "trainable.pkl", *sweep_dir.glob("searcher-state-*.pkl")]:
+        pkl.write_bytes(pickle.dumps(Planted()))
+    resumed = subprocess.run(
+        [*args, "resume=true", f"sweep.name={name}"], env=env(), capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not marker.exists(), "a pickle from the shared root was loaded"
+    assert _counts(resumed.stdout) == (1, 3)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the 3 finished rows untouched
+    assert victim.exists() and read("trials", tmp_path).height == 4
