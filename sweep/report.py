@@ -16,9 +16,11 @@ failure anywhere before leaves the root as it was.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -102,6 +104,7 @@ def write_report(ctx: ReportContext) -> Path:
     The sections draw their figures into a hidden staging directory beside ``ctx.out``; a
     failure while rendering removes it and leaves every output as it was.
     """
+    _remove_stale_staging(ctx.out)
     staging = ctx.out.parent / f".{ctx.out.name}.{uuid.uuid4().hex[:12]}.tmp"
     staging.mkdir(parents=True)
     try:
@@ -124,6 +127,21 @@ def write_report(ctx: ReportContext) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
     log.debug("report %s with %d figures", path, len(made))
     return path
+
+
+def _remove_stale_staging(out: Path) -> None:
+    """Staging directories an analyze killed mid-render left beside ``out`` (older than an hour)."""
+    from sweep.store._guard import STALE_AFTER_S
+
+    if not out.parent.is_dir():
+        return
+    for old in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
+        try:
+            if old.is_dir() and time.time() - old.stat().st_mtime > STALE_AFTER_S:
+                shutil.rmtree(old, ignore_errors=True)
+                log.info("removed the orphaned staging directory %s", old)
+        except OSError:
+            continue
 
 
 def _write_tables(ctx: ReportContext) -> None:

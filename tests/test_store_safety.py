@@ -182,6 +182,20 @@ def test_a_failing_report_writes_nothing(root, monkeypatch):
     assert snapshot(root) == before  # the earlier outputs stay as they were
 
 
+def test_an_orphaned_report_staging_directory_is_removed(root):
+    from sweep.report import run_analyze
+
+    old, fresh = root / ".report.0123456789ab.tmp", root / ".report.ba9876543210.tmp"
+    for d in (old, fresh):
+        d.mkdir()
+        (d / "pareto_x.png").write_bytes(b"x")
+    stamp = time.time() - guard.STALE_AFTER_S - 60
+    os.utime(old, (stamp, stamp))
+    run_analyze(compose(f"results.root={root}"))
+    assert not old.exists() and fresh.exists()  # a fresh one may be another analyze's, still rendering
+    assert not (root / "report" / "pareto_x.png").exists()
+
+
 # ---------------------------------------------------------------- C. orphaned temporary files
 
 

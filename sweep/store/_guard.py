@@ -50,8 +50,9 @@ def required_columns(table: Table, version: int | None) -> list[str]:
     ``version`` is the file's ``sweep.schema_version`` metadata. A file this tool wrote holds
     every non-nullable column its version had (``Column.since``). A file without the metadata
     (rewritten by another tool, or foreign) must at least hold what every version of the table
-    had: its non-nullable provenance and its partition columns. A file of a newer version is
-    held to this version's columns.
+    had and every reader relies on: ``schema_version``, ``run_id``, ``created_at``, ``model``
+    (those the table has) and its partition columns. A file of a newer version is held to this
+    version's columns.
     """
     if version is None:
         core = {"schema_version", "run_id", "created_at", "model", *table.partition_by}

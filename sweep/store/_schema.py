@@ -28,11 +28,17 @@ def markdown() -> str:
         "(`<root>/<table>/<column>=<value>/<file>.parquet`); the partition columns are also stored in the "
         "files. Each file is written to a hidden temporary name and renamed into place, so a reader never "
         "sees a half-written file; files whose names start with `.` are never results. Every file carries "
-        "key-value metadata `sweep.schema_version` and `sweep.table`.",
+        "key-value metadata `sweep.schema_version` and `sweep.table`. The temporary name carries the writer's "
+        "host and pid; the next writer of the directory removes one whose writer is gone (same host) or that is "
+        "over an hour old. A file under a table's directory that cannot be read as that table's (not Parquet, "
+        "another table's, lacking a required column, a column of another type) is named in a warning and skipped.",
         "",
         "Compatibility: columns are only ever added under one version. Renaming a column or changing its "
         "meaning or unit bumps the version. Read with the schema of the newest version and "
-        '`missing_columns="insert"` so older files load with nulls in newer columns (`sweep.store.scan` does).',
+        '`missing_columns="insert"` so older files load with nulls in newer columns (`sweep.store.scan` does). '
+        "A non-nullable column added later bumps the version (the reader requires it only of files of that "
+        "version or newer); a file without the metadata must hold at least the table's `schema_version`, `run_id`, "
+        "`created_at`, `model` and partition columns.",
         "",
     ]
     for table in TABLES.values():
