@@ -12,7 +12,6 @@ PINNED_RAY = "2.60"
 FUNCTIONS = (
     "single_node_mode",
     "bootstrap_address",
-    "replace_tuner_callbacks",
     "optuna_trial",
     "embedded_session",
     "reset_token_cache",
@@ -33,18 +32,6 @@ def bootstrap_address(address: str) -> str:
     import ray._private.services as services
 
     return services.canonicalize_bootstrap_address_or_die(address)
-
-
-def replace_tuner_callbacks(tuner: Any, callbacks: list) -> None:
-    """A restored Tuner keeps the callbacks pickled with its experiment; use ``callbacks`` instead."""
-    from sweep.errors import SweepError
-
-    internal = getattr(tuner, "_local_tuner", None)
-    if internal is None or not hasattr(internal, "_run_config"):
-        raise SweepError(
-            "resume: this Ray release keeps a Tuner's callbacks elsewhere; sweep/_ray_private.py needs updating"
-        )
-    internal._run_config.callbacks = callbacks
 
 
 def optuna_trial(search: Any, trial_id: str) -> Any:
