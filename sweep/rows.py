@@ -148,7 +148,22 @@ class RowWriter:
             return False
         if isinstance(row.get("created_at"), str):
             row["created_at"] = datetime.fromisoformat(row["created_at"])
-        write_table("trials", {k: [v] for k, v in row.items()}, root=self.root, provenance={}, stem=tid)
+        # no-clobber unless rerun or replacing a failed row: a row that appeared meanwhile wins
+        exclusive = not self.rerun and not path.exists()
+        try:
+            write_table(
+                "trials",
+                {k: [v] for k, v in row.items()},
+                root=self.root,
+                provenance={},
+                stem=tid,
+                exclusive=exclusive,
+            )
+        except FileExistsError:
+            log.warning("trial %s: a row appeared meanwhile (another sweep); kept it", tid)
+            self.existing += 1
+            claims.release(self.root, tid, self.run_id)
+            return False
         claims.release(self.root, tid, self.run_id)
         self.written += 1
         return True

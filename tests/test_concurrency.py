@@ -128,28 +128,31 @@ def test_claims_refuse_names_that_are_not_a_path_component(tmp_path, bad):
 # ---------------------------------------------------------------- the row writer
 
 
-def _row(tid: str, status: str = "ok", run_id: str = "r1") -> dict:
+def _dummy(dtype: pl.DataType):
+    """A value of ``dtype`` (every column filled, so the store accepts the row)."""
     from datetime import datetime, timezone
 
+    if isinstance(dtype, pl.List):
+        return [_dummy(dtype.inner)]
+    if isinstance(dtype, pl.Datetime):
+        return datetime.now(timezone.utc)
+    return {pl.Boolean: True, pl.String: "x", pl.Float64: 1.0, pl.Int32: 1, pl.Int64: 1}[dtype.base_type()]
+
+
+def _row(tid: str, status: str = "ok", run_id: str = "r1") -> dict:
     from sweep.store import TABLES
 
-    row = {c.name: None for c in TABLES["trials"].columns}
-    now = datetime.now(timezone.utc)
-    row.update(trial_id=tid, status=status, run_id=run_id, model="m", gate="saturation", created_at=now)
+    row = {c.name: _dummy(c.dtype) for c in TABLES["trials"].columns}
+    row.update(trial_id=tid, status=status, run_id=run_id, model="m", gate="saturation", schema_version=3)
     return row
 
 
 def _fake_row(tmp_path, tid, status="ok", run_id="r0"):
-    """A finished row written the way the store writes one, with every column (nullable or not)."""
-    from sweep.store import TABLES
+    """A row written through the store, as another sweep's driver writes it."""
+    from sweep.store._io import write_table  # the store's own, even where a test wraps sweep.store's
 
-    schema = TABLES["trials"].schema
     row = _row(tid, status, run_id)
-    frame = pl.DataFrame({k: [row[k]] for k in schema}, schema=schema)
-    path = row_path(tmp_path, "m", "saturation", tid)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.write_parquet(path)
-    return path
+    return write_table("trials", {k: [v] for k, v in row.items()}, root=tmp_path, provenance={}, stem=tid)
 
 
 def test_the_writer_never_replaces_a_finished_row_unless_rerun(tmp_path):
@@ -219,3 +222,26 @@ def test_resume_loads_no_pickle_and_rewrites_no_row(tmp_path):
     assert _counts(resumed.stdout) == (1, 3)
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # the 3 finished rows untouched
     assert victim.exists() and read("trials", tmp_path).height == 4
+
+
+def test_a_row_that_appears_while_the_writer_writes_is_kept(tmp_path, monkeypatch):
+    import sweep.store
+
+    real = sweep.store.write_table
+
+    def racing(*args, **kwargs):  # another sweep's driver wins the race to the same file
+        _fake_row(tmp_path, "t1", run_id="first")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep.store, "write_table", racing)
+    writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
+    assert writer.write(_row("t1", run_id="second")) is False
+    assert (writer.written, writer.existing) == (0, 1)
+    assert pl.read_parquet(row_path(tmp_path, "m", "saturation", "t1"))["run_id"].item() == "first"
+
+
+def test_a_failed_row_is_replaced_by_the_trials_next_run(tmp_path):
+    path = _fake_row(tmp_path, "t1", status="failed", run_id="first")
+    writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
+    assert writer.write(_row("t1", run_id="second")) is True
+    assert pl.read_parquet(path)["run_id"].item() == "second"
