@@ -77,7 +77,9 @@ def test_constrained_search_hands_agreement_to_the_sampler(ray_session, tmp_path
         assert trial.user_attrs["agreement"] == pytest.approx(
             read("trials", tmp_path).filter(pl.col("speedup_wall") == trial.values[0])["agreement"][0]
         )
-        assert trial.system_attrs["constraints:agreement"] == pytest.approx(0.98 - trial.user_attrs["agreement"])
+        # Optuna's list format: what optuna-dashboard reads, and what Optuna's samplers read as trial.constraints
+        assert trial.system_attrs["constraints"] == [pytest.approx(0.98 - trial.user_attrs["agreement"])]
+        assert trial.constraints == {"0": pytest.approx(0.98 - trial.user_attrs["agreement"])}
 
 
 def test_failed_trials_are_rows(ray_session, tmp_path):

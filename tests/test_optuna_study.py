@@ -1,0 +1,204 @@
+"""The Optuna study of a sweep stands on its own: loaded with plain `optuna.load_study`, it
+names its metrics, its parameters readably, links every trial to its Parquet row
+(`trial_id`), and keeps its constraints where optuna-dashboard and Optuna's samplers read them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+import polars as pl
+import pytest
+
+from conftest import compose, sweep
+from sweep.search import Param, spaces
+from sweep.store import read
+
+# a third sub-space whose trials fail in the bench (tiny-llama has 4 layers): failed trials
+# are in the study too; it fixes the margin gate again with another theta range, so both
+# margin sub-spaces' theta get their own name
+FAILING = (
+    "search.spaces=[{gate: saturation, gate.eps: 'tag(log, interval(0.02, 0.6))', "
+    "gate.min_depth: 'interval(0.1, 0.75)'}, {gate: margin, gate.theta: 'interval(1.0, 24.0)', "
+    "gate.min_depth: 'interval(0.1, 0.75)'}, {gate: margin, gate.theta: 'interval(2.0, 3.0)', gate.min_layer: 9}]"
+)
+
+
+def load(outcome) -> optuna.Study:
+    """The study as anyone opens it: a plain SQLite URL, no project code."""
+    storage = f"sqlite:///{Path(outcome.root) / 'ray' / outcome.name / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    return optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
+def check_study(study: optuna.Study, root: Path, n_trials: int) -> None:
+    """Metric names, user attributes, parameter names and constraints; the study joined to the
+    trials table on trial_id."""
+    assert study.metric_names == ["speedup_wall"]
+    assert study.user_attrs["objectives"] == {"speedup_wall": "max"}
+    assert study.user_attrs["constraints"] == ["agreement >= 0.98"]
+    assert study.user_attrs["subspaces"] == ["saturation", "margin#1", "margin#2"]
+    assert study.user_attrs["trials_table"] == str(root / "trials")
+    trials = study.trials
+    assert len(trials) == n_trials
+    rows = read("trials", root)
+    by_id = {row["trial_id"]: row for row in rows.to_dicts()}
+    allowed = {
+        "saturation": {"subspace", "gate.eps", "gate.min_depth"},
+        "margin#1": {"subspace", "margin#1/gate.theta", "gate.min_depth"},
+        "margin#2": {"subspace", "margin#2/gate.theta"},
+    }
+    for trial in trials:
+        attrs = trial.user_attrs
+        assert {"trial_id", "gate", "model", "status"} <= set(attrs), trial
+        assert attrs["model"] == "tiny-llama" and attrs["gate"] in {"saturation", "margin"}
+        assert set(trial.params) == allowed[trial.params["subspace"]]
+        row = by_id[attrs["trial_id"]]  # every trial, failed ones too, finds its row
+        assert (row["gate"], row["status"]) == (attrs["gate"], attrs["status"])
+        if trial.params["subspace"] == "margin#2":
+            assert trial.state == optuna.trial.TrialState.FAIL and attrs["status"] == "failed"
+            assert "must be in 1..4" in attrs["error"] and "constraints" not in trial.system_attrs
+            continue
+        assert trial.state == optuna.trial.TrialState.COMPLETE and attrs["status"] == "ok"
+        # optuna-dashboard reads the list in system attribute "constraints"; Optuna's samplers read it too
+        assert trial.system_attrs["constraints"] == [pytest.approx(0.98 - row["agreement"])]
+        assert trial.constraints == {"0": pytest.approx(0.98 - row["agreement"])}
+        assert not any(key.startswith("constraints:") for key in trial.system_attrs)
+        assert attrs["agreement"] == pytest.approx(row["agreement"])
+        theta = trial.params.get("margin#1/gate.theta")
+        assert row["theta"] == (pytest.approx(theta) if theta is not None else None)
+        if "gate.eps" in trial.params:
+            assert row["eps"] == pytest.approx(trial.params["gate.eps"])
+        assert row["min_depth"] == pytest.approx(trial.params["gate.min_depth"])
+
+    # the join a reader makes: trials_dataframe() on user_attrs_trial_id, the trials table on trial_id
+    df = pl.from_pandas(study.trials_dataframe())
+    assert "value_speedup_wall" in df.columns and "values_0" not in df.columns and "value" not in df.columns
+    joined = df.filter(pl.col("state") == "COMPLETE").join(
+        rows, left_on="user_attrs_trial_id", right_on="trial_id", how="left"
+    )
+    assert joined.height == sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) > 0
+    assert joined["run_id"].null_count() == 0  # every COMPLETE trial found its row
+    assert joined["value_speedup_wall"].to_list() == pytest.approx(joined["speedup_wall"].to_list())
+
+
+def test_study_stands_on_its_own_and_survives_a_resume(ray_session, tmp_path):
+    """A constrained sweep over three sub-spaces (one fails in the bench), then resumed with
+    one more trial: the study reloaded from SQLite keeps its names and attributes."""
+    outcome = sweep(tmp_path, "search=optuna-constrained", FAILING, "search.n_trials=4", "search.seed=3")
+    study = load(outcome)
+    assert {t.params["subspace"] for t in study.trials} == {"saturation", "margin#1", "margin#2"}, (
+        "pick a seed whose 4 trials visit every sub-space"
+    )
+    check_study(study, tmp_path, 4)
+    print("metric_names:", study.metric_names)
+    for trial in study.trials[:2]:
+        print(f"trial {trial.number}: {trial.state.name} params={trial.params}")
+        print(f"  user_attrs={trial.user_attrs}\n  system_attrs={trial.system_attrs}")
+
+    resumed = sweep(
+        tmp_path,
+        "search=optuna-constrained",
+        FAILING,
+        "search.n_trials=5",
+        "search.seed=3",
+        "resume=true",
+        f"sweep.name={outcome.name}",
+    )
+    assert resumed.name == outcome.name and resumed.total == 5
+    check_study(load(resumed), tmp_path, 5)
+
+
+def test_multi_objective_study_names_both_metrics(ray_session, tmp_path):
+    outcome = sweep(tmp_path, "search=optuna-mo", "search.n_trials=3")
+    study = load(outcome)
+    assert study.metric_names == ["speedup_wall", "agreement"]
+    df = study.trials_dataframe()
+    assert {"values_speedup_wall", "values_agreement", "user_attrs_trial_id"} <= set(df.columns)
+    rows = {r["trial_id"]: r for r in read("trials", tmp_path).to_dicts()}
+    for trial in study.trials:
+        row = rows[trial.user_attrs["trial_id"]]
+        assert trial.values == pytest.approx([row["speedup_wall"], row["agreement"]])
+        assert set(trial.params) <= {"subspace", "gate.eps", "gate.theta", "gate.min_depth"}
+        assert trial.params["subspace"] == row["gate"]  # subspaces labelled by their gate
+        assert "constraints" not in trial.system_attrs
+
+
+# ---------------------------------------------------------------- names, without Ray
+
+
+def test_parameter_names_are_config_paths_unless_distributions_differ(ray_session):
+    from sweep.tune import param_names, subspace_labels
+
+    for name in ("optuna-mo", "optuna-constrained"):
+        parsed = spaces(compose(f"search={name}").search)
+        labels = subspace_labels(parsed)
+        assert labels == ["saturation", "margin"]
+        assert param_names(parsed, labels) == [
+            {"gate.eps": "gate.eps", "gate.min_depth": "gate.min_depth"},
+            {"gate.theta": "gate.theta", "gate.min_depth": "gate.min_depth"},
+        ]
+    subspaces = [
+        [Param("gate", "fixed", ("softmax",)), Param("gate.theta", "interval", low=0.1, high=0.9)],
+        [Param("gate", "fixed", ("margin",)), Param("gate.theta", "interval", low=1.0, high=24.0)],
+        [Param("gate.theta", "choice", (1, 2))],
+    ]
+    labels = subspace_labels(subspaces)
+    assert labels == ["softmax", "margin", "space2"]
+    assert [list(names.values()) for names in param_names(subspaces, labels)] == [
+        ["softmax/gate.theta"],
+        ["margin/gate.theta"],
+        ["space2/gate.theta"],
+    ]
+
+
+def test_a_name_keeps_one_distribution_per_study(ray_session):
+    """Sub-spaces that give one config path different distributions (even different kinds)
+    run in one study without Optuna refusing a parameter."""
+    from sweep.tune import DefineByRun
+
+    cfg = compose(
+        "search=optuna-mo",
+        "search.spaces=[{gate: saturation, gate.min_depth: 'interval(0.1, 0.5)'}, "
+        "{gate: margin, gate.min_depth: 'choice(0.25, 0.5)'}, {gate: margin, gate.min_depth: 'interval(0.5, 0.75)'}]",
+    )
+    space = DefineByRun(spaces(cfg.search))
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(12):
+        trial = study.ask()
+        overrides = space(trial)["trial"]
+        study.tell(trial, [0.5, 0.5])
+        (value,) = [o for o in overrides if o.startswith("gate.min_depth=")]
+        assert float(value.split("=")[1]) == pytest.approx(next(iter(v for k, v in trial.params.items() if "/" in k)))
+    names = {name for t in study.trials for name in t.params}
+    assert names == {"subspace", "saturation/gate.min_depth", "margin#1/gate.min_depth", "margin#2/gate.min_depth"}
+    assert all(re.fullmatch(r"[\w#]+/gate\.min_depth|subspace", n) for n in names)
+
+
+def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
+    """A trial whose worker died (Tune gives up on it: no result) or that Tune stopped before
+    it ran carries what the driver can compose: the trial id its row would have, gate, model."""
+    from conftest import TINY_SWEEP
+    from sweep.identity import trial_identity
+    from sweep.plan import trial_config
+    from sweep.tune import _optuna_search
+
+    base = [*TINY_SWEEP, "search=optuna-mo"]
+    search = _optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)
+    died, stopped = search.suggest("died"), search.suggest("stopped")
+    search.on_trial_complete("died", error=True)
+    search.on_trial_complete("stopped")
+    study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    first, second = study.trials
+    cfg = trial_config(base, died["trial"], "cpu")
+    assert first.state == optuna.trial.TrialState.FAIL
+    assert first.user_attrs == {
+        "status": "failed",
+        "error": "the trial's worker failed more than sweep.max_failures times",
+        "trial_id": trial_identity(cfg, "cpu").id,
+        "gate": cfg.gate.name,
+        "model": "tiny-llama",
+    }
+    assert second.state == optuna.trial.TrialState.PRUNED and second.user_attrs["status"] == "not run"
+    assert second.user_attrs["trial_id"] == trial_identity(trial_config(base, stopped["trial"], "cpu"), "cpu").id
