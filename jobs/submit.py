@@ -7,17 +7,27 @@ Ships an allowlist of this checkout (sweep/, conf/, jobs/, pyproject.toml, READM
 constraints.txt; no hidden files, caches or symlinks), copied into a fresh temporary
 directory, as the job's working directory: nothing else of the checkout (.git, .env, keys,
 .venv, results) leaves this machine, whatever .gitignore says. Runs `sweep run OVERRIDES
-cluster=existing` there, prints the submission id, follows the logs until the job ends, and
-says where the rows are. results.root must be an absolute path on storage every node shares.
+cluster=existing` there, prints the submission id and commit, follows the logs until the job ends,
+and says where the rows are. results.root must be an absolute path on storage every node shares.
+
+The job server is --address, else $RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS (Ray's variables, in
+Ray's order), else http://127.0.0.1:8265; it must be the dashboard's http(s):// URL: a cluster (GCS)
+address such as RAY_ADDRESS=10.0.0.5:6379 is refused with the URL to pass instead.
+
+The job's rows carry this checkout's commit (git_sha, `-dirty` when the shipped files differ from
+it) and the submission id, which this script chooses and passes to the job (SWEEP_GIT_SHA,
+SWEEP_SUBMISSION_ID); the Ray job's metadata names the experiment, search, model and commit.
 
     python jobs/submit.py --dry-run -- OVERRIDES
 
-prints the files it would ship, their count and size, and the entrypoint, and contacts nothing.
+prints the files it would ship, their count and size, the entrypoint, the commit and the job's
+metadata, and contacts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -31,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Submit `sweep run` to a Ray cluster's job server.")
     parser.add_argument(
         "--address",
-        default=os.environ.get("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265"),
-        help="the job server (dashboard) URL",
+        default=None,
+        help="the job server's (dashboard's) http(s) URL; default: $RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS, "
+        "else http://127.0.0.1:8265",
     )
     parser.add_argument("--auth", choices=("token", "disabled"), default="token", help="the cluster's RAY_AUTH_MODE")
     parser.add_argument("--no-follow", action="store_true", help="print the submission id and return")
@@ -49,24 +60,36 @@ def main(argv: list[str] | None = None) -> int:
     from sweep.cluster_env import ray_environment
     from sweep.config import ClusterConfig, compose
     from sweep.errors import ConfigError, SweepError
+    from sweep.submit import job_metadata, resolve_address, submitted_commit
 
     try:
+        args.address = resolve_address(args.address)
         roots = [o.split("=", 1)[1] for o in args.overrides if o.startswith("results.root=")]
         if not roots or not os.path.isabs(roots[-1]):
             raise ConfigError(
                 "results.root: pass an absolute path on storage shared by the cluster's nodes "
                 "(results.root=/shared/results)"
             )
-        compose(
-            [*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"]
-        )  # bad overrides fail here, not on the cluster
+        # bad overrides fail here, not on the cluster
+        cfg = compose([*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"])
         ray_environment(ClusterConfig(address=args.address, auth=args.auth, dashboard=False))
+        commit = submitted_commit(ROOT)
+        metadata = job_metadata(cfg, args.overrides, commit)
         if args.dry_run:
-            return _dry_run(args)
-        from sweep.submit import follow_job, submit_job
+            return _dry_run(args, commit, metadata)
+        from sweep.submit import follow_job, new_submission_id, submit_job
 
-        submission_id = submit_job(args.address, args.overrides, ROOT, auth=args.auth, python=args.python)
-        print(f"submitted {submission_id} to {args.address}", flush=True)
+        submission_id = submit_job(
+            args.address,
+            args.overrides,
+            ROOT,
+            auth=args.auth,
+            python=args.python,
+            submission_id=new_submission_id(),
+            git_sha=commit,
+            metadata=metadata,
+        )
+        print(f"submitted {submission_id} to {args.address} (commit {commit})", flush=True)
         if args.no_follow:
             return 0
         status = follow_job(args.address, submission_id, sys.stdout)
@@ -77,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if status == "SUCCEEDED" else 1
 
 
-def _dry_run(args) -> int:
+def _dry_run(args, commit: str, metadata: dict[str, str]) -> int:
     """What a submission would ship and run; contacts no cluster."""
     from sweep.submit import job_entrypoint, shipped_files
 
@@ -86,6 +109,8 @@ def _dry_run(args) -> int:
         print(rel)
     size = sum((ROOT / rel).stat().st_size for rel in files)
     print(f"{len(files)} files, {size} bytes ({size / 1024:.1f} KiB) from {ROOT} would be shipped to {args.address}")
+    print(f"commit: {commit}")
+    print(f"metadata: {json.dumps(metadata, sort_keys=True)}")
     print(f"entrypoint: {job_entrypoint(args.overrides, args.auth, args.python)}")
     return 0
 

@@ -15,24 +15,46 @@ _FULL_HASH_LIMIT = 256 * 2**20  # files up to this size are hashed whole
 _SAMPLE = 2**20  # larger files: size plus 1 MiB from the start, middle and end
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+GIT_SHA_ENV = "SWEEP_GIT_SHA"  # the commit, when this copy of the project is not a git checkout
+SUBMISSION_ID_ENV = "SWEEP_SUBMISSION_ID"  # the Ray job this process runs in (jobs/submit.py sets both)
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
+
+
+def checkout_commit(root: str | Path) -> str | None:
+    """The commit checked out at ``root``, with ``-dirty`` when tracked files have changes; None
+    when ``root`` is not the top of a git work tree (a staged or installed copy, even one that
+    lies inside some other repository) or git is unavailable."""
+    root = Path(root).resolve()
+    try:
+        if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root:
+            return None
+        sha = _git(root, "rev-parse", "HEAD")
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("-dirty" if dirty else "")
+
+
 @functools.lru_cache(maxsize=1)
 def git_sha() -> str:
-    """Commit of the project checkout, with ``-dirty`` when it has changes; 'unknown' outside git."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("SWEEP_GIT_SHA", "unknown")
-    return sha + ("-dirty" if dirty else "")
+    """Commit of the project, with ``-dirty`` when it has changes: from git where the project is a
+    checkout, else ``$SWEEP_GIT_SHA`` (a Ray job's staged working directory has no .git; the
+    submitter passes its commit), else 'unknown'."""
+    return checkout_commit(PROJECT_ROOT) or os.environ.get(GIT_SHA_ENV) or "unknown"
+
+
+def submission_id() -> str | None:
+    """The submission id of the Ray job this process belongs to (``$SWEEP_SUBMISSION_ID``, which
+    jobs/submit.py puts in the job's runtime_env so that the driver and every worker see it); None
+    outside a job. Ray 2.60 itself sets no such variable for workers: the job supervisor passes the
+    id to the driver only, inside ``RAY_JOB_CONFIG_JSON_ENV_VAR`` (ray/dashboard/modules/job/job_supervisor.py)."""
+    return os.environ.get(SUBMISSION_ID_ENV) or None
 
 
 @functools.lru_cache(maxsize=1)

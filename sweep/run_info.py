@@ -6,7 +6,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Any
 
-from sweep.provenance import git_sha, library_versions
+from sweep.provenance import git_sha, library_versions, submission_id
 
 
 def new_run_id() -> str:
@@ -16,7 +16,14 @@ def new_run_id() -> str:
 
 def provenance(cfg, lm, run_id: str) -> dict[str, Any]:
     """The provenance columns of the results schema, for rows of ``lm`` written by this run."""
-    return {"run_id": run_id, **lm.provenance(), "seed": cfg.seed, "git_sha": git_sha(), **library_versions()}
+    return {
+        "run_id": run_id,
+        **lm.provenance(),
+        "seed": cfg.seed,
+        "git_sha": git_sha(),
+        "submission_id": submission_id(),
+        **library_versions(),
+    }
 
 
 def provenance_unloaded(cfg, run_id: str) -> dict[str, Any]:
@@ -34,5 +41,6 @@ def provenance_unloaded(cfg, run_id: str) -> dict[str, Any]:
         "dtype": cfg.dtype,
         "seed": cfg.seed,
         "git_sha": git_sha(),
+        "submission_id": submission_id(),
         **library_versions(),
     }

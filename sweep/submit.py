@@ -3,14 +3,25 @@
 What the job gets as its working directory is an allowlist (``SHIPPED``), copied into a fresh
 temporary directory: never the checkout itself, so its ``.git``, ``.env``, keys, venvs and
 results stay here whatever .gitignore or ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE`` say.
+
+The submitter records where the job came from, since the staged copy has no .git: it picks the
+submission id itself, and passes it and this checkout's commit (``-dirty`` when the shipped files
+differ from it) in the job's runtime_env (``SWEEP_SUBMISSION_ID``, ``SWEEP_GIT_SHA``: every process
+of the job, driver and workers, sees them, and every row it writes carries them) and in the job's
+metadata (with the experiment, search and sweep name), which `ray job list` and the dashboard show.
+
 Ray's job client is imported when called: call ``sweep.cluster_env.ray_environment`` first.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import random
 import shlex
+import string
+import subprocess
 import shutil
 import stat
 import tempfile
@@ -29,6 +40,78 @@ log = logging.getLogger("sweep.submit")
 SHIPPED = ("sweep", "conf", "jobs", "pyproject.toml", "README.md", "constraints.txt")
 SKIPPED_DIRS = ("__pycache__",)
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+# where the job server's address comes from, in Ray's own order (ray.dashboard.utils.get_address_for_submission_client)
+ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+
+
+def resolve_address(flag: str | None, environ: dict[str, str] | None = None) -> str:
+    """The job server's URL: ``--address``, else ``$RAY_API_SERVER_ADDRESS``, else ``$RAY_ADDRESS``,
+    else http://127.0.0.1:8265.
+
+    Job submission talks HTTP to the dashboard (`RAY_ADDRESS=http://HEAD:8265`, as `ray job submit`
+    documents it). ``RAY_ADDRESS`` is also the variable `ray.init` reads a cluster (GCS) address
+    from (``HOST:6379``, ``auto``); Ray's job client would then look the dashboard up through the GCS
+    (and retry for a while when none answers). That is refused here, with the address to pass
+    instead, as is a Ray Client address (``ray://``). ConfigError when the address is not an
+    http(s) URL."""
+    environ = os.environ if environ is None else environ
+    source, value = "--address", (flag or "").strip()
+    if not value:
+        for name in ADDRESS_ENV:
+            if environ.get(name, "").strip():
+                source, value = f"${name}", environ[name].strip()
+                break
+        else:
+            return DEFAULT_ADDRESS
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme.lower() in ("http", "https") and rest.strip("/"):
+        return value.rstrip("/")
+    host = (rest if sep else value).split("/")[0].rsplit(":", 1)[0] or "HEAD"
+    if host == "auto":
+        host = "HEAD"
+    if sep and scheme.lower() == "ray":
+        kind = "a Ray Client address (ray://)"
+    elif sep:
+        kind = f"a {scheme}:// address"
+    else:
+        kind = "a cluster (GCS) address, the kind `ray start --address` and `ray.init` take"
+    raise ConfigError(
+        f"{source}={value}: {kind}; jobs are submitted to the cluster's job server, the dashboard's HTTP URL: "
+        f"pass --address http://{host}:8265 (8265 unless the head set --dashboard-port)"
+    )
+
+
+def new_submission_id() -> str:
+    """A fresh id of the form Ray gives one itself (``raysubmit_`` and 16 letters and digits;
+    ray/dashboard/modules/job/job_manager.py generate_job_id)."""
+    alphabet = sorted(set(string.ascii_letters + string.digits) - set("IloO0"))
+    return "raysubmit_" + "".join(random.SystemRandom().choices(alphabet, k=16))
+
+
+def submitted_commit(root: Path) -> str:
+    """The commit the job's code comes from: ``root``'s checked-out commit, with ``-dirty`` when a
+    tracked file has changes or a shipped file is not in git (untracked or ignored: shipping ignores
+    .gitignore); ``$SWEEP_GIT_SHA`` where ``root`` is not a git checkout; else 'unknown'."""
+    from sweep.provenance import GIT_SHA_ENV, checkout_commit
+
+    commit = checkout_commit(root)
+    if commit is None:
+        return os.environ.get(GIT_SHA_ENV) or "unknown"
+    if not commit.endswith("-dirty"):
+        try:
+            others = subprocess.run(
+                ["git", "-C", str(root), "ls-files", "--others", "-z", "--", *SHIPPED],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            others = ""
+        if set(filter(None, others.split("\0"))) & set(shipped_files(root)):
+            commit += "-dirty"
+    return commit
 
 
 def shipped_files(root: Path) -> list[str]:
@@ -75,30 +158,83 @@ def job_entrypoint(overrides: list[str], auth: str = "token", python: str = "pyt
     return " ".join([python, "-m", "sweep.cli", "run", *map(shlex.quote, args)])
 
 
-def job_runtime_env(staged: Path) -> dict[str, Any]:
-    """The job's runtime_env: the staged copy as its working directory."""
-    runtime_env: dict[str, Any] = {"working_dir": str(staged)}
+def job_runtime_env(staged: Path, git_sha: str = "unknown", submission_id: str | None = None) -> dict[str, Any]:
+    """The job's runtime_env: the staged copy as its working directory, and the commit and
+    submission id as environment variables of every process of the job (``sweep.provenance``)."""
+    from sweep.provenance import GIT_SHA_ENV, SUBMISSION_ID_ENV
+
+    env_vars = {GIT_SHA_ENV: git_sha}
+    if submission_id:
+        env_vars[SUBMISSION_ID_ENV] = submission_id
     if os.environ.get("SWEEP_DEBUG"):
-        runtime_env["env_vars"] = {"SWEEP_DEBUG": os.environ["SWEEP_DEBUG"]}
-    return runtime_env
+        env_vars["SWEEP_DEBUG"] = os.environ["SWEEP_DEBUG"]
+    return {"working_dir": str(staged), "env_vars": env_vars}
 
 
-def submit_job(dashboard: str, overrides: list[str], root: Path, *, auth: str = "token", python: str = "python") -> str:
-    """Submit ``job_entrypoint(overrides)`` to the cluster's job server, shipping a staged copy
-    of ``shipped_files(root)`` as its working directory; returns the submission id."""
+def job_metadata(cfg, overrides: list[str], git_sha: str) -> dict[str, str]:
+    """The Ray job's metadata (strings; `ray job list`, the dashboard and the job's driver see
+    them): the sweep's experiment, search, model and name (when set), the commit, where rows go."""
+    experiments = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == "experiment"]
+    metadata = {
+        "sweep_search": cfg.search.name,
+        "sweep_model": cfg.model.name or "model",
+        "git_sha": git_sha,
+        "results_root": cfg.results.root,
+        "sweep_overrides": " ".join(overrides),
+    }
+    if experiments:
+        metadata["sweep_experiment"] = experiments[-1]
+    if cfg.sweep.name:
+        metadata["sweep_name"] = cfg.sweep.name
+    return metadata
+
+
+def job_client(dashboard: str):
+    """Ray's job client for exactly ``dashboard``: Ray's constructor prefers ``$RAY_API_SERVER_ADDRESS``
+    and ``$RAY_ADDRESS`` over the address it is given, so both are hidden from it meanwhile
+    (``resolve_address`` has already weighed them)."""
     from ray.job_submission import JobSubmissionClient
 
-    entrypoint = job_entrypoint(overrides, auth, python)
+    hidden = {name: os.environ.pop(name) for name in ADDRESS_ENV if name in os.environ}
     try:
-        client = JobSubmissionClient(dashboard)
+        return JobSubmissionClient(dashboard)
+    finally:
+        os.environ.update(hidden)
+
+
+def submit_job(
+    dashboard: str,
+    overrides: list[str],
+    root: Path,
+    *,
+    auth: str = "token",
+    python: str = "python",
+    submission_id: str | None = None,
+    git_sha: str | None = None,
+    metadata: dict[str, str] | None = None,
+) -> str:
+    """Submit ``job_entrypoint(overrides)`` to the cluster's job server, shipping a staged copy
+    of ``shipped_files(root)`` as its working directory, under ``submission_id`` (a fresh one by
+    default), with ``git_sha`` (``submitted_commit(root)`` by default) in its environment;
+    returns the submission id."""
+    entrypoint = job_entrypoint(overrides, auth, python)
+    submission_id = submission_id or new_submission_id()
+    git_sha = git_sha or submitted_commit(root)
+    try:
+        client = job_client(dashboard)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"--address {dashboard}: no Ray job server answers there ({_first_line(exc)})") from None
     with staged_project(root) as (staged, _):
-        runtime_env = job_runtime_env(staged)
-        deadline = time.monotonic() + 60
+        runtime_env = job_runtime_env(staged, git_sha, submission_id)
+        deadline = time.monotonic() + 180  # a loaded head can take minutes to register its job agent
         while True:
             try:
-                return client.submit_job(entrypoint=entrypoint, runtime_env=dict(runtime_env))
+                return client.submit_job(
+                    entrypoint=entrypoint,
+                    runtime_env=json.loads(json.dumps(runtime_env)),  # the client rewrites working_dir in place
+                    submission_id=submission_id,
+                    metadata=dict(metadata or {}, git_sha=git_sha),
+                )
             except RuntimeError as exc:  # a cluster that just started has no job agent yet
                 if "No available agent" not in str(exc) or time.monotonic() > deadline:
                     raise SweepError(
@@ -112,9 +248,9 @@ def follow_job(dashboard: str, submission_id: str, out) -> str:
     """Stream the job's logs to ``out`` until it ends; returns its final status."""
     import asyncio
 
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobStatus
 
-    client = JobSubmissionClient(dashboard)
+    client = job_client(dashboard)
 
     async def tail() -> None:
         async for lines in client.tail_job_logs(submission_id):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,8 +126,14 @@ def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_pa
     assert "submitted raysubmit_" in res.stdout and "SUCCEEDED" in res.stdout
     assert f"rows under {tmp_path}/trials" in res.stdout
     assert_each_trial_once(tmp_path, 8)
-    nodes = read("trials", tmp_path)["worker_pid"].n_unique()
+    rows = read("trials", tmp_path)
+    nodes = rows["worker_pid"].n_unique()
     assert nodes >= 2  # both nodes' workers ran trials
+    # the job ran from a staged copy without .git: its rows carry the submitter's commit and the job's id
+    submission_id, commit = re.search(r"submitted (raysubmit_\w+) to \S+ \(commit (\S+)\)", res.stdout).groups()
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit), commit  # this checkout is a git checkout
+    assert set(rows["git_sha"]) == {commit}
+    assert set(rows["submission_id"]) == {submission_id}
 
 
 def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
