@@ -28,12 +28,35 @@ Overrides use Hydra's syntax, e.g. `sweep profile model=tiny-llama prompts.n=2`.
 """
 
 
-def _profile(overrides: list[str]) -> int:
+# the directories each command writes into (config keys; null ones are skipped): checked
+# right after compose, before any model loads or Ray starts (`sweep calibrate` writes nothing)
+OUTPUTS = {
+    "profile": ("results.root",),
+    "bench": ("results.root",),
+    "run": ("results.root", "sweep.storage"),
+    "analyze": ("results.root", "analysis.out"),
+}
+
+
+def compose_for(command: str, overrides: list[str]):
+    """The validated config of ``command``, its output directories checked writable (nothing created)."""
     from sweep.config import compose
+    from sweep.paths import check_writable_dir
+
+    cfg = compose(overrides)
+    for key in OUTPUTS.get(command, ()):
+        section, _, leaf = key.partition(".")
+        path = getattr(getattr(cfg, section), leaf)
+        if path is not None:
+            check_writable_dir(key, path)
+    return cfg
+
+
+def _profile(overrides: list[str]) -> int:
     from sweep.analysis import format_summary
     from sweep.profile import run_profile
 
-    cfg = compose(overrides)
+    cfg = compose_for("profile", overrides)
     path, trace = run_profile(cfg)
     print(format_summary(trace, cfg.eas.alpha))
     print(f"trace: {path}")
@@ -42,20 +65,19 @@ def _profile(overrides: list[str]) -> int:
 
 def _bench(overrides: list[str]) -> int:
     from sweep.bench import run_bench
-    from sweep.config import compose
 
-    path, row, summary = run_bench(compose(overrides))
+    path, row, summary = run_bench(compose_for("bench", overrides))
     print(summary)
     print(f"row: {path}")
     return 0 if row["status"] == "ok" else 1
 
 
 def _run(overrides: list[str]) -> int:
-    from sweep.config import compose
-
     from sweep.cluster_env import ray_environment
+    from sweep.config import check_sweep_name
 
-    cfg = compose(overrides)
+    cfg = compose_for("run", overrides)
+    check_sweep_name(cfg)
     ray_environment(cfg.cluster)  # before Ray is imported
     from sweep.rows import overhead_summary
     from sweep.tune import run_sweep
@@ -84,7 +106,7 @@ def sweep_report(outcome) -> str:
     from sweep.analysis import pareto_front
 
     lines = [
-        f"sweep {outcome.name}: {len(outcome.rows)} trials written, {outcome.skipped} skipped (rows exist)",
+        f"sweep {outcome.name}: {outcome.written} trials written, {outcome.skipped} skipped (their rows exist)",
         f"rows: {outcome.root}/trials (one Parquet file per trial); Tune state and Optuna study: {outcome.path}",
     ]
     if not outcome.rows:
@@ -125,10 +147,9 @@ def sweep_report(outcome) -> str:
 
 
 def _analyze(overrides: list[str]) -> int:
-    from sweep.config import compose
     from sweep.report import run_analyze
 
-    path, verdicts = run_analyze(compose(overrides))
+    path, verdicts = run_analyze(compose_for("analyze", overrides))
     for line in verdicts:
         print(line)
     print(f"report: {path}")
@@ -161,9 +182,8 @@ def _screen_report(outcome) -> list[str]:
 
 def _calibrate(overrides: list[str]) -> int:
     from sweep.calibrate import format_calibration, run_calibrate
-    from sweep.config import compose
 
-    cfg = compose(overrides)
+    cfg = compose_for("calibrate", overrides)
     print(format_calibration(cfg, run_calibrate(cfg)))
     return 0
 

@@ -40,10 +40,23 @@ class ParamSpec:
     meaning: str
 
 
-def _positive_int(limit: int | None = None) -> Domain:
-    if limit is None:
-        return Domain(lambda v: v >= 1, "an integer >= 1")
-    return Domain(lambda v: 1 <= v <= limit, f"an integer in 1..{limit}")
+def _positive_int(bound: str = "") -> Domain:
+    """An integer >= 1; ``bound`` names the upper bound that only the model knows."""
+    return Domain(lambda v: _integer(v) and v >= 1, "an integer >= 1" + (f" and at most {bound}" if bound else ""))
+
+
+def _finite(check: Callable[[float], bool], allowed: str) -> Domain:
+    """A float domain: a finite number (never inf or nan) that passes ``check``; ``allowed``
+    says which (a bounded range already excludes inf, an open one says "(finite)")."""
+    return Domain(lambda v: _number(v) and math.isfinite(v) and check(v), f"a number {allowed}")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 PARAMS: dict[str, ParamSpec] = {
@@ -53,26 +66,24 @@ PARAMS: dict[str, ParamSpec] = {
         ParamSpec(
             "eps",
             float,
-            Domain(lambda v: v > 0, "a number > 0"),
+            _finite(lambda v: v > 0, "> 0 (finite)"),
             "ratio",
             "threshold of saturation (delta), cosine (1 - cos) and pca (projection change)",
         ),
         ParamSpec(
             "theta",
             float,
-            Domain(lambda v: v >= 0, "a number >= 0"),
+            _finite(lambda v: v >= 0, ">= 0 (finite)"),
             "per gate: logits | probability | nats",
             "threshold: margin gate in logits (top1 - top2 of z_l), softmax gate in probability (top-1 minus "
             "top-2 probability), entropy gate in nats",
         ),
-        ParamSpec(
-            "q", float, Domain(lambda v: 0 < v <= 1, "a number in (0, 1]"), "", "conformal gate's calibration quantile"
-        ),
-        ParamSpec("k", int, _positive_int(65536), "directions", "pca gate's principal directions"),
+        ParamSpec("q", float, _finite(lambda v: 0 < v <= 1, "in (0, 1]"), "", "conformal gate's calibration quantile"),
+        ParamSpec("k", int, _positive_int("the model's hidden size"), "directions", "pca gate's principal directions"),
         ParamSpec(
             "decay",
             float,
-            Domain(lambda v: v >= 0, "a number >= 0"),
+            _finite(lambda v: v >= 0, ">= 0 (finite)"),
             "",
             "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed",
         ),
@@ -158,7 +169,7 @@ for _spec in (
         optional=("decay",),
         threshold="theta",
         aggressive=-1,
-        domains={"theta": Domain(lambda v: 0 <= v <= 1, "a number in [0, 1] (a probability margin)")},
+        domains={"theta": _finite(lambda v: 0 <= v <= 1, "in [0, 1] (a probability margin)")},
         units={"theta": "probability"},
     ),
     GateSpec(
@@ -246,9 +257,18 @@ def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> R
                 f"gate.exit_layer={gate.exit_layer}: must be in {min_layer}..{num_layers} "
                 f"(from gate.min_layer to L={num_layers} for this model)"
             )
-    if "k" in spec.accepts and hidden_size is not None and gate.k is not None and gate.k > hidden_size:
-        raise ConfigError(f"gate.k={gate.k}: must be at most the hidden size {hidden_size}")
+    if hidden_size is not None:
+        check_k(gate, hidden_size)
     return Resolved(min_layer, exit_layer)
+
+
+def check_k(gate: Any, hidden_size: int, bound: str | None = None) -> None:
+    """The pca gate's k against the model's hidden size, its real bound (known from a tiny
+    model's config at compose, from the loaded model otherwise); ``bound`` says where it comes from."""
+    spec = GATE_SPECS.get(gate.name, key="gate.name")
+    if "k" in spec.accepts and gate.k is not None and gate.k > hidden_size:
+        bound = bound or f"the hidden size of this model, {hidden_size}"
+        raise ConfigError(f"gate.k={gate.k}: must be an integer in 1..{hidden_size} (at most {bound})")
 
 
 def setting_columns(gate: Any, resolved: Resolved | None = None) -> dict[str, Any]:

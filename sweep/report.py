@@ -1,7 +1,7 @@
 """`sweep analyze`: the analysis tables beside the data, and a report with figures.
 
-Reads every trial and profile row under results.root; writes pareto.parquet,
-knees.parquet and targets.parquet there, and <results.root>/report/report.md with PNG
+Reads every trial and profile row under results.root; writes the pareto, knees and targets
+tables there (``<root>/<table>/<table>.parquet``), and <results.root>/report/report.md with PNG
 figures: each model's trials with the Pareto front and its knee, the per-layer curves with
 the post-mortem's thresholds, EAS per layer, and the best speedup at each agreement target.
 The report is a list of sections (``sweep.report_sections.SECTIONS``) over one
@@ -148,7 +148,7 @@ def _write_tables(ctx: ReportContext) -> None:
     from sweep.store import write_table
 
     if ctx.front.height:
-        write_table("pareto", _declared(ctx.front.drop("gate_scope"), "pareto"), root=ctx.root, provenance={})
+        write_table("pareto", _declared(ctx.front, "pareto"), root=ctx.root, provenance={})
         write_table("knees", ctx.knees, root=ctx.root, provenance={})
         write_table("targets", ctx.targets, root=ctx.root, provenance={})
 

@@ -67,7 +67,7 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             ls="none",
             label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise",
         )
-    line = front.filter((pl.col("model") == model) & (pl.col("scope") == "model")).sort("speedup")
+    line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
     if line.height:
         ax.plot(
             line["speedup"].to_list(),
@@ -77,12 +77,12 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             lw=1.5,
             label="Pareto front (all gates)",
         )
-    knee = knees.filter((pl.col("model") == model) & (pl.col("scope") == "model")) if knees.height else knees
+    knee = knees.filter((pl.col("model") == model) & (pl.col("front") == "model")) if knees.height else knees
     if knee.height:
         k = knee.row(0, named=True)
         ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
         ax.annotate(
-            f"knee: {k['knee_gate']} {k['knee_params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
+            f"knee: {k['gate']} {k['params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
             (k["speedup"], k["agreement"]),
             xytext=(0.97, 0.55),
             textcoords="axes fraction",

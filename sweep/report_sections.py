@@ -19,6 +19,7 @@ from sweep.analysis import (
     KNEE_MIN_POINTS,
     eas_per_layer,
     eas_table,
+    front_gate,
     layer_curve,
     oracle_summary,
 )
@@ -34,9 +35,9 @@ class ReportContext:
     out: Path  # the report directory (figures are written there)
     trials: pl.DataFrame  # every trial row
     ok: pl.DataFrame  # ok trials, ranked speedup (with intervals)
-    front: pl.DataFrame  # pareto.parquet
-    knees: pl.DataFrame  # knees.parquet
-    targets: pl.DataFrame  # targets.parquet
+    front: pl.DataFrame  # the pareto table
+    knees: pl.DataFrame  # the knees table
+    targets: pl.DataFrame  # the targets table
     profiles: pl.LazyFrame | None  # None without profile rows
     alpha: float  # eas.alpha
     min_prompts: int  # analysis.ci_min_prompts
@@ -138,7 +139,11 @@ def _targets_table(ctx: ReportContext, model: str) -> list[str]:
 def _knees_table(ctx: ReportContext, model: str) -> list[str]:
     front, knees = ctx.front, ctx.knees
     sizes = (
-        front.filter(pl.col("model") == model).group_by("scope", "gate_scope").len().sort("scope", "gate_scope")
+        front.filter(pl.col("model") == model)
+        .with_columns(_front_gate=front_gate())
+        .group_by("front", "_front_gate")
+        .len()
+        .sort("front", "_front_gate", nulls_last=False)
         if front.height
         else front
     )
@@ -153,16 +158,17 @@ def _knees_table(ctx: ReportContext, model: str) -> list[str]:
         *_table_head("front", "points", "knee speedup", "knee agreement", "gate", "parameters", "Kneedle"),
     ]
     rows = knees.filter(pl.col("model") == model).iter_rows(named=True) if knees.height else []
-    by_front = {(r["scope"], r["gate"]): r for r in rows}
+    by_front = {(r["front"], r["gate"] if r["front"] == "model+gate" else None): r for r in rows}
     for f in sizes.iter_rows(named=True):
-        r = by_front.get((f["scope"], f["gate_scope"]))
+        r = by_front.get((f["front"], f["_front_gate"]))
+        label = f["_front_gate"] or "all"
         if r is None:
-            lines.append(f"| {f['gate_scope']} | {f['len']} | no knee (fewer than {KNEE_MIN_POINTS} points) | | | | |")
+            lines.append(f"| {label} | {f['len']} | no knee (fewer than {KNEE_MIN_POINTS} points) | | | | |")
             continue
         kneedle = f"{r['kneedle_speedup']:.3f}x / {r['kneedle_agreement']:.3f}" if r["kneedle_trial_id"] else "n/a"
         lines.append(
-            f"| {r['gate']} | {r['front_points']} | {r['speedup']:.3f} | {r['agreement']:.3f} | "
-            f"{r['knee_gate']} | {r['knee_params']} | {kneedle} |"
+            f"| {label} | {r['front_points']} | {r['speedup']:.3f} | {r['agreement']:.3f} | "
+            f"{r['gate']} | {r['params']} | {kneedle} |"
         )
     return lines + [""]
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sweep.errors import ConfigError
 from sweep.gatespec import GATE_SPECS, PARAMS, check_value
+from sweep.paths import check_name
 
 if TYPE_CHECKING:
     from sweep.config import SearchConfig
@@ -35,9 +37,15 @@ METRICS = (
 )
 
 
+MAX_VALUES = 10_000  # values one range(...) may expand to
+MAX_TRIALS = 100_000  # trials one grid may expand to
+
+
 @dataclass(frozen=True)
 class Param:
-    """One swept config path: ``fixed`` (one value), ``choice`` (values) or ``interval`` (low..high)."""
+    """One swept config path: ``fixed`` (one value), ``choice`` (values) or ``interval`` (low..high).
+
+    ``where`` names it in errors (``search.spaces[0].gate.eps``, ``calibrate.grid``)."""
 
     key: str
     kind: str
@@ -46,53 +54,68 @@ class Param:
     high: float | None = None
     log: bool = False
     integer: bool = False
+    where: str = field(default="", compare=False)
 
     def grid_values(self) -> tuple:
         if self.kind == "interval":
             raise ConfigError(
-                f"search.spaces: {self.key}: interval(...) is continuous; a grid needs choice(...) or range(...)"
+                f"{self.where or self.key}: interval(...) is continuous; a grid needs choice(...) or range(...)"
             )
         return self.values
 
 
 def parse_space(space: dict[str, Any], where: str) -> list[Param]:
     """Typed parameters of one sub-space, groups first (as Hydra applies them)."""
+    if not isinstance(space, dict) or not space:
+        raise ConfigError(f"{where}: must be a non-empty mapping of config path: value or sweep expression")
+    params = [parse_value(key, raw, f"{where}.{key}") for key, raw in space.items()]
+    return sorted(params, key=lambda p: "." in p.key)
+
+
+def parse_value(key: str, raw: Any, where: str) -> Param:
+    """One config path's value or sweep expression, parsed by Hydra's grammar; ``where``
+    names it in errors."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
     from hydra.errors import HydraException
 
-    if not isinstance(space, dict) or not space:
-        raise ConfigError(f"{where}: must be a non-empty mapping of config path: value or sweep expression")
-    parser = OverridesParser.create()
-    params = []
-    for key, raw in space.items():
-        text = "null" if raw is None else str(raw).lower() if isinstance(raw, bool) else str(raw)
-        try:
-            value = parser.parse_overrides([f"{key}={text}"])[0].value()
-        except HydraException as exc:
-            raise ConfigError(f"{where}.{key}={raw}: cannot parse ({str(exc).splitlines()[0]})") from None
-        if isinstance(value, ChoiceSweep):
-            params.append(Param(key, "choice", tuple(value.list)))
-        elif isinstance(value, RangeSweep):
-            params.append(Param(key, "choice", tuple(_frange(value.start, value.stop, value.step))))
-        elif isinstance(value, IntervalSweep):
-            integer = isinstance(value.start, int) and isinstance(value.end, int)
-            if not value.start < value.end:
-                raise ConfigError(f"{where}.{key}={raw}: interval needs low < high")
-            if "log" in value.tags and value.start <= 0:
-                raise ConfigError(f"{where}.{key}={raw}: a log interval needs low > 0")
-            params.append(
-                Param(key, "interval", low=value.start, high=value.end, log="log" in value.tags, integer=integer)
-            )
-        else:
-            params.append(Param(key, "fixed", (value,)))
-    return sorted(params, key=lambda p: "." in p.key)
+    text = "null" if raw is None else str(raw).lower() if isinstance(raw, bool) else str(raw)
+    try:
+        value = OverridesParser.create().parse_overrides([f"{key}={text}"])[0].value()
+    except HydraException as exc:
+        raise ConfigError(f"{where}={raw}: cannot parse ({str(exc).splitlines()[0]})") from None
+    if isinstance(value, ChoiceSweep):
+        return Param(key, "choice", tuple(value.list), where=where)
+    if isinstance(value, RangeSweep):
+        return Param(key, "choice", tuple(_frange(value.start, value.stop, value.step, f"{where}={raw}")), where=where)
+    if isinstance(value, IntervalSweep):
+        _check_finite((value.start, value.end), f"{where}={raw}: interval")
+        if not value.start < value.end:
+            raise ConfigError(f"{where}={raw}: interval needs low < high")
+        if "log" in value.tags and value.start <= 0:
+            raise ConfigError(f"{where}={raw}: a log interval needs low > 0")
+        integer = isinstance(value.start, int) and isinstance(value.end, int)
+        return Param(
+            key, "interval", low=value.start, high=value.end, log="log" in value.tags, integer=integer, where=where
+        )
+    return Param(key, "fixed", (value,), where=where)
 
 
-def _frange(start, stop, step):
-    """Hydra's range(start, stop, step), without float drift (0.1 + 0.2 stays 0.3)."""
+def _check_finite(values: tuple, what: str) -> None:
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"{what} bounds must be finite numbers (got {v})")
+
+
+def _frange(start, stop, step, what: str = "range(...)"):
+    """Hydra's range(start, stop, step), without float drift (0.1 + 0.2 stays 0.3); finite
+    bounds, a step that is not 0, and at most ``MAX_VALUES`` values."""
+    _check_finite((start, stop, step), f"{what}: range")
     if step == 0:
-        raise ConfigError("search.spaces: range(...) step must not be 0")
+        raise ConfigError(f"{what}: range(...) step must not be 0")
+    count = math.ceil((stop - start) / step)
+    if count > MAX_VALUES:
+        raise ConfigError(f"{what}: range(...) has {count} values; at most {MAX_VALUES} (use a larger step)")
     integer = all(isinstance(v, int) for v in (start, stop, step))
     out, i = [], 0
     while True:
@@ -125,9 +148,14 @@ def as_override(key: str, value: Any) -> str:
 
 
 def grid(search: SearchConfig) -> list[list[str]]:
-    """Every trial of a grid sweep: the union over sub-spaces of each one's cross product."""
+    """Every trial of a grid sweep: the union over sub-spaces of each one's cross product
+    (at most ``MAX_TRIALS``)."""
+    parsed = spaces(search)
+    total = sum(math.prod(len(p.grid_values()) for p in params) for params in parsed)
+    if total > MAX_TRIALS:
+        raise ConfigError(f"search.spaces: the grid has {total} trials; at most {MAX_TRIALS} (use fewer values)")
     trials = []
-    for params in spaces(search):
+    for params in parsed:
         for combo in itertools.product(*(p.grid_values() for p in params)):
             trials.append([as_override(p.key, v) for p, v in zip(params, combo)])
     return trials
@@ -145,14 +173,15 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
     for metric, bound in search.constraints.items():
         if metric not in METRICS:
             raise ConfigError(f"search.constraints.{metric}: not a metric; allowed: {', '.join(METRICS)}")
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)):
-            raise ConfigError(f"search.constraints.{metric}={bound}: must be a number (the metric's minimum)")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
+            raise ConfigError(f"search.constraints.{metric}={bound}: must be a number (finite: the metric's minimum)")
     if search.kind == "optuna" and search.n_trials is None:
         raise ConfigError("search.n_trials: required for an optuna search")
     if search.constraints and len(search.objectives) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts
         _check_gate_values(params, gate, f"search.spaces[{i}]")
+        _check_names(params)
     if search.kind in ("grid", "screen"):
         grid(search)
 
@@ -174,14 +203,32 @@ def _check_gate_values(params: list[Param], gate: str | None, where: str) -> Non
                 check_value(spec, param, value, f"{where}.{p.key}")
 
 
+NAME_KEYS = ("model.name",)  # config paths a sub-space may set whose value becomes a directory name
+
+
+def _check_names(params: list[Param]) -> None:
+    for p in params:
+        if p.key in NAME_KEYS:
+            if p.kind == "interval":
+                raise ConfigError(f"{p.where}: must be a name or choice(...) of names")
+            for value in p.values:
+                if value is not None:
+                    check_name(p.where, str(value))
+
+
 def check_ladder(ladder: str, gate: str) -> list:
     """A calibration ladder (``calibrate.grid``) for ``gate``'s threshold: parsed, a grid, and
     every value in the gate's domain; returns its values."""
     spec = GATE_SPECS.get(gate, key="gate")
     if spec.threshold is None:
         raise ConfigError(f"gate={gate}: has no threshold to calibrate; use a gate with one (saturation, margin, ...)")
-    (param,) = parse_space({f"gate.{spec.threshold}": ladder}, "calibrate.grid")
+    param = parse_value(f"gate.{spec.threshold}", ladder, "calibrate.grid")
     values = list(param.grid_values())
+    domain = spec.domain(spec.threshold)  # its check refuses strings, booleans and null as well
     for value in values:
-        check_value(spec, spec.threshold, value, f"calibrate.grid ({spec.threshold})")
+        if not domain.check(value):
+            raise ConfigError(
+                f"calibrate.grid={ladder}: {value!r} is not a value of gate.{spec.threshold}; "
+                f"gate={gate} needs each to be {domain.allowed}"
+            )
     return values

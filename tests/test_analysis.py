@@ -98,9 +98,14 @@ def test_fronts_per_model_and_gate():
     across = pareto_front(df, by=("model",))
     assert set(ids(across.filter(pl.col("model") == "m"))) == {"t000", "t010", "t001"}
     both = fronts(df)
-    assert set(both["scope"]) == {"model", "model+gate"} and both.filter(pl.col("scope") == "model")[
-        "gate_scope"
-    ].unique().to_list() == ["all"]
+    assert set(both["front"]) == {"model", "model+gate"}
+    across_rows = both.filter(pl.col("front") == "model")
+    assert set(zip(across_rows["trial_id"], across_rows["gate"])) == {  # each trial keeps its own gate
+        ("t000", "saturation"),
+        ("t001", "saturation"),
+        ("t010", "margin"),
+        ("t020", "saturation"),
+    }
 
 
 def test_chord_knee_of_the_classic_front():
@@ -121,7 +126,10 @@ def test_chord_knee_edge_cases():
     grouped = chord_knees(pareto_front(both, by=("model",)), by=("model",))
     assert dict(zip(grouped["model"], grouped["trial_id"])) == {"m": "t002"}  # model x's front is one point
     table = knees_table(fronts(both))
-    assert set(zip(table["scope"], table["model"])) == {("model", "m"), ("model+gate", "m")}
+    assert set(zip(table["front"], table["model"], table["gate"])) == {
+        ("model", "m", "saturation"),
+        ("model+gate", "m", "saturation"),
+    }
 
 
 def test_knees_of_a_front_with_a_known_corner():
@@ -133,7 +141,7 @@ def test_knees_of_a_front_with_a_known_corner():
     front = pareto_front(curve)
     assert front.height == 15
     table = knees_table(fronts(curve))
-    row = table.filter(pl.col("scope") == "model").row(0, named=True)
+    row = table.filter(pl.col("front") == "model").row(0, named=True)
     assert row["front_points"] == 15 and row["trial_id"] == "t009" and row["kneedle_trial_id"] == "t009"
     assert kneedle_knee(front.head(11)) is None  # the cross-check needs 12 points
 
@@ -369,13 +377,14 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("tiny-llama: ") and f"report: {tmp_path}/report/report.md" in out
     pareto, knees, targets = read("pareto", tmp_path), read("knees", tmp_path), read("targets", tmp_path)
-    assert set(pareto["scope"]) == {"model", "model+gate"} and pareto["agreement_lo"].null_count() == 0
+    assert set(pareto["front"]) == {"model", "model+gate"} and pareto["agreement_lo"].null_count() == 0
     assert (knees["front_points"] >= 3).all() and targets["target"].to_list() == [0.95, 0.98, 0.99, 1.0]
-    per_gate = pareto.filter(pl.col("scope") == "model+gate").group_by("gate").len()
-    expected = set(per_gate.filter(pl.col("len") >= 3)["gate"]) | (
-        {"all"} if pareto.filter(pl.col("scope") == "model").height >= 3 else set()
+    per_gate = pareto.filter(pl.col("front") == "model+gate").group_by("gate").len()
+    expected = {("model+gate", g) for g in per_gate.filter(pl.col("len") >= 3)["gate"]} | (
+        {("model", None)} if pareto.filter(pl.col("front") == "model").height >= 3 else set()
     )
-    assert set(knees["gate"]) == expected  # fronts of 1-2 points have no knee
+    named = {(r["front"], r["gate"] if r["front"] == "model+gate" else None) for r in knees.iter_rows(named=True)}
+    assert named == expected  # fronts of 1-2 points have no knee
     for table in (pareto, targets.drop_nulls("trial_id")):
         assert (table["speedup_lo"] <= table["speedup"]).all() and (table["speedup"] <= table["speedup_hi"]).all()
         assert (table["agreement_lo"] <= table["agreement"]).all() and (

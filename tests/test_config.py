@@ -76,7 +76,7 @@ BAD = [
     ),
     (["model=tiny-llama", "model.tiny.kv_heads=3"], "model.tiny.kv_heads=3: must divide model.tiny.heads=4"),
     (["model=tiny-llama", "model.tiny.head_dim=5"], "model.tiny.head_dim=5: must be an even integer >= 2"),
-    (["model.name=a/b"], "model.name=a/b: must be letters, digits"),
+    (["model.name=a/b"], "model.name=a/b: must be 1-128 letters, digits, '.', '_' or '-', starting with a letter"),
     (["gate=fixed", "gate.exit_layer=0"], "gate.exit_layer=0: must be an integer >= 1"),
     (["gate=saturation", "gate.eps=null"], "gate.eps: required for gate=saturation"),
     (["gate=margin", "gate.theta=null"], "gate.theta: required for gate=margin"),

@@ -109,7 +109,8 @@ def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
         ),
         (
             ["gate=softmax", "calibrate.grid='range(0.5, 2.0, step=0.5)'"],
-            "calibrate.grid (theta)=1.5: must be a number in [0, 1]",
+            "calibrate.grid=range(0.5, 2.0, step=0.5): 1.5 is not a value of gate.theta; gate=softmax needs each to "
+            "be a number in [0, 1]",
         ),
     ],
 )
@@ -136,7 +137,7 @@ def test_check_model_is_the_one_check_against_the_model():
     assert check_model(compose(["gate=saturation", "gate.min_depth=0.5"]).gate, 30).min_layer == 15
     pca = compose(["gate=pca", "gate.k=128", "gate.min_layer=1"]).gate
     assert check_model(pca, 4).min_layer == 1  # the hidden size unknown: k is checked when it is
-    with pytest.raises(ConfigError, match="gate.k=128: must be at most the hidden size 64"):
+    with pytest.raises(ConfigError, match=r"gate.k=128: must be an integer in 1..64 \(at most the hidden size"):
         check_model(pca, 4, hidden_size=64)
 
 

@@ -24,7 +24,6 @@ PROV = {
     "dtype": "float32",
     "seed": 0,
     "git_sha": "abc",
-    "submission_id": None,
     "sweep_version": "0",
     "torch_version": "t",
     "transformers_version": "t",
@@ -67,17 +66,18 @@ def test_round_trip_with_schema_version_and_partition(tmp_path):
     assert df.height == 4 and df.columns == [c.name for c in TABLES["profile"].columns]
     assert df["schema_version"].unique().to_list() == [SCHEMA_VERSION]
     assert df.schema["created_at"] == pl.Datetime("us", "UTC")
-    # a downstream user's plain polars read sees the same rows
+    # a downstream user's plain polars read sees the same rows; the partition column is the directory name
     assert pl.read_parquet(tmp_path / "profile" / "**" / "*.parquet", hive_partitioning=False).height == 4
+    assert "model" not in pq.read_schema(path).names and pl.read_parquet(tmp_path / "profile")["model"][0] == "m-1"
 
 
 def test_failure_mid_write_leaves_no_readable_file(tmp_path, monkeypatch):
-    def half_write(self, file, **kwargs):
-        with open(file, "wb") as f:
+    def half_write(table, where, **kwargs):
+        with open(where, "wb") as f:
             f.write(b"PAR1 half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", half_write)
+    monkeypatch.setattr(pq, "write_table", half_write)
     with pytest.raises(OSError, match="disk full"):
         write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
     left = [p for p in tmp_path.rglob("*") if p.is_file()]
@@ -130,7 +130,7 @@ def test_every_table_carries_provenance():
 
 def test_trials_store_their_key_beside_their_id():
     trials = [c.name for c in TABLES["trials"].columns]
-    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 3
+    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 4
     assert "trial_key" not in {c.name for c in TABLES["simulated"].columns}
 
 
@@ -153,3 +153,36 @@ def test_created_at_is_utc_now(tmp_path):
     write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
     ts = read("profile", tmp_path)["created_at"][0]
     assert abs((datetime.now(timezone.utc) - ts).total_seconds()) < 60
+
+
+def test_a_numeric_model_name_stays_a_string(tmp_path):
+    path = write_table("profile", profile_rows(), root=tmp_path, provenance={**PROV, "model": "123"}, stem="r1")
+    assert path.parent.name == "model=123"
+    df = read("profile", tmp_path)
+    assert df.schema["model"] == pl.String() and df["model"].unique().to_list() == ["123"]
+
+
+def test_schema_3_files_with_partition_columns_inside_still_load(tmp_path):
+    """Before schema 4 the partition columns were also stored in the files (as large_string)."""
+    write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="new")
+    old = read("profile", tmp_path).with_columns(run_id=pl.lit("old"), schema_version=pl.lit(3, pl.Int32))
+    target = tmp_path / "profile" / "model=m-1" / "old.parquet"
+    old.write_parquet(target, metadata={"sweep.table": "profile", "sweep.schema_version": "3"})
+    assert pq.read_schema(target).field("model").type == "large_string"
+    df = read("profile", tmp_path)
+    assert df.height == 8 and df["model"].unique().to_list() == ["m-1"]
+    assert sorted(df["schema_version"].unique().to_list()) == [3, SCHEMA_VERSION]
+
+
+def test_every_column_carries_its_unit_and_meaning_in_the_file(tmp_path):
+    import json
+
+    path = write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
+    schema = pq.read_schema(path)
+    for c in TABLES["profile"].file_columns:
+        meta = schema.field(c.name).metadata
+        assert meta[b"unit"].decode() == c.unit and meta[b"description"].decode() == c.meaning
+    assert schema.field("margin").metadata[b"unit"] == b"logits"
+    theta = {c.name: c for c in TABLES["trials"].columns}["theta"].field_metadata()
+    assert json.loads(theta["unit_by_gate"]) == {"margin": "logits", "softmax": "probability", "entropy": "nats"}
+    assert pl.read_parquet_metadata(path)["sweep.table"] == "profile"  # the file's key-value metadata too

@@ -96,8 +96,7 @@ def test_foreign_parquet_files_are_named_and_skipped(tmp_path, caplog):
     assert df.height == 4 and df["run_id"].null_count() == 0
     assert sorted(skipped(caplog)) == sorted(
         [
-            f"skipping {foreign}: lacks required column(s) schema_version, run_id, created_at, model "
-            "of table 'profile'",
+            f"skipping {foreign}: lacks required column(s) schema_version, run_id, created_at of table 'profile'",
             f"skipping {other}: written for table 'trials', not 'profile'",
             f"skipping {typed}: column layer is String, table 'profile' declares Int32",
             f"skipping {ours}: lacks required column(s) delta of table 'profile'",
@@ -114,9 +113,22 @@ def test_required_columns_follow_the_schema_version():
         Column("z", pl.Int32(), "", "", nullable=True),
     )
     t = Table("t", ("model",), "", "", cols)
-    assert guard.required_columns(t, 3) == ["schema_version", "model", "x"]
-    assert guard.required_columns(t, 1) == ["schema_version", "model", "x"]
-    assert guard.required_columns(t, None) == ["schema_version", "model"]  # no metadata: what every version had
+    # the partition column (model) is never required: it is the file's directory name
+    assert guard.required_columns(t, 3) == ["schema_version", "x"]
+    assert guard.required_columns(t, 1) == ["schema_version", "x"]
+    assert guard.required_columns(t, None) == ["schema_version"]  # no metadata: what every version had
+    assert guard.required_columns(Table("u", (), "", "", cols), None) == ["schema_version", "model"]
+
+
+def test_a_file_outside_the_partition_layout_is_named_and_skipped(tmp_path, caplog):
+    write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r1")
+    stray = tmp_path / "profile" / "stray.parquet"
+    shutil.copy(tmp_path / "profile" / "model=m-1" / "r1.parquet", stray)
+    with caplog.at_level(logging.WARNING, logger="sweep.store"):
+        assert read("profile", tmp_path).height == 4
+    assert skipped(caplog) == [
+        f"skipping {stray}: not in the layout of table 'profile' (profile/model=<value>/<file>.parquet)"
+    ]
 
 
 def test_a_rewritten_older_file_with_our_metadata_still_loads(tmp_path, caplog):

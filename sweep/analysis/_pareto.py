@@ -107,55 +107,42 @@ def kneedle_knee(front: pl.DataFrame, x: str = "speedup", y: str = "agreement", 
 
 
 def knees_table(fronts: pl.DataFrame, min_points: int = KNEE_MIN_POINTS) -> pl.DataFrame:
-    """One knee row per (scope, model, gate) front of at least ``min_points`` points, the
-    Kneedle cross-check beside it."""
+    """One knee row per front (``front``, model, and the gate of a ``model+gate`` front) of at least
+    ``min_points`` points, the Kneedle cross-check beside it. ``gate`` and the setting columns are the
+    knee trial's own (typed as in ``trials``): join to the fronts on (trial_id, front)."""
+    from sweep.store import TABLES
+
+    names = [c.name for c in TABLES["knees"].columns if c.name not in ("schema_version", "created_at")]
+    schema = {c.name: c.dtype for c in TABLES["knees"].columns if c.name in names}
     rows = []
-    for key, front in fronts.partition_by(["scope", "model", "gate_scope"], as_dict=True, maintain_order=True).items():
+    keyed = fronts.with_columns(_front_gate=front_gate())
+    for _, front in keyed.partition_by(["front", "model", "_front_gate"], as_dict=True, maintain_order=True).items():
         if front.height < min_points:
             continue
-        scope, model, gate = key
-        knee = chord_knees(front, by=(), min_points=min_points).row(0, named=True)
+        knee = chord_knees(front.drop("_front_gate"), by=(), min_points=min_points).row(0, named=True)
         cross = kneedle_knee(front)
-        rows.append(
-            {
-                "scope": scope,
-                "model": model,
-                "gate": gate,
-                "front_points": front.height,
-                "trial_id": knee["trial_id"],
-                "speedup_metric": knee["speedup_metric"],
-                "speedup": knee["speedup"],
-                "speedup_wall": knee["speedup_wall"],
-                "agreement": knee["agreement"],
-                "knee_gate": knee["gate"],
-                "knee_params": params_text(knee),
-                "kneedle_trial_id": cross["trial_id"] if cross else None,
-                "kneedle_speedup": cross["speedup"] if cross else None,
-                "kneedle_agreement": cross["agreement"] if cross else None,
-            }
+        row = {name: knee.get(name) for name in names}
+        row.update(
+            front_points=front.height,
+            params=params_text(knee),
+            kneedle_trial_id=cross["trial_id"] if cross else None,
+            kneedle_speedup=cross["speedup"] if cross else None,
+            kneedle_agreement=cross["agreement"] if cross else None,
         )
-    schema = {
-        "front_points": pl.Int32,
-        "kneedle_trial_id": pl.String,
-        "kneedle_speedup": pl.Float64,
-        "kneedle_agreement": pl.Float64,
-    }
-    if not rows:
-        from sweep.store import TABLES
+        rows.append(row)
+    return pl.DataFrame(rows, schema=schema).sort("front", "model", "gate")
 
-        return pl.DataFrame(
-            schema={c.name: c.dtype for c in TABLES["knees"].columns if c.name not in ("schema_version", "created_at")}
-        )
-    return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None).sort("scope", "model", "gate")
+
+def front_gate() -> pl.Expr:
+    """The gate that names a front: the trial's gate on a ``model+gate`` front, null on a ``model`` front."""
+    return pl.when(pl.col("front") == "model+gate").then(pl.col("gate")).otherwise(pl.lit(None, pl.String))
 
 
 def fronts(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall") -> pl.DataFrame:
-    """Both fronts the report uses: per model across gates (scope ``model``, gate_scope
-    ``all``) and per (model, gate) (scope ``model+gate``)."""
-    across = pareto_front(trials, metric, by=("model",)).with_columns(scope=pl.lit("model"), gate_scope=pl.lit("all"))
-    per_gate = pareto_front(trials, metric, by=("model", "gate")).with_columns(
-        scope=pl.lit("model+gate"), gate_scope=pl.col("gate")
-    )
+    """Both fronts the report uses, told apart by ``front``: per model across gates (``model``) and
+    per (model, gate) (``model+gate``); ``gate`` stays each trial's own."""
+    across = pareto_front(trials, metric, by=("model",)).with_columns(front=pl.lit("model"))
+    per_gate = pareto_front(trials, metric, by=("model", "gate")).with_columns(front=pl.lit("model+gate"))
     return pl.concat([across, per_gate], how="vertical_relaxed")
 
 

@@ -1,6 +1,6 @@
 """Configuration: Hydra composition of conf/ into validated, typed dataclasses."""
 
-from sweep.config._compose import compose, compose_dict, config_dir, validate
+from sweep.config._compose import check_sweep_name, compose, compose_dict, config_dir, validate
 from sweep.config._schema import (
     AnalysisConfig,
     BenchConfig,
@@ -35,6 +35,7 @@ __all__ = [
     "SearchConfig",
     "SweepConfig",
     "TinyConfig",
+    "check_sweep_name",
     "compose",
     "compose_dict",
     "config_dir",

@@ -7,6 +7,7 @@ or option and what is allowed; nothing else in the package touches Hydra's compo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import typing
@@ -16,7 +17,8 @@ from typing import Any
 from sweep.config._fields import build
 from sweep.config._schema import Config
 from sweep.errors import ConfigError
-from sweep.gatespec import check_gate
+from sweep.gatespec import check_gate, check_k
+from sweep.paths import is_name
 from sweep.search import check_ladder, check_search
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
@@ -57,8 +59,8 @@ def validate(data: dict[str, Any]) -> Config:
     """Check types, ranges and cross-field rules; fill derived values (names)."""
     data = {k: v for k, v in data.items() if k != "hydra"}
     cfg = build(Config, data)
-    _check_model(cfg)
     check_gate(cfg.gate)
+    _check_model(cfg)
     check_search(cfg.search, cfg.gate.name)
     if cfg.calibrate.grid is not None:
         check_ladder(cfg.calibrate.grid, cfg.gate.name)
@@ -74,6 +76,24 @@ def validate(data: dict[str, Any]) -> Config:
     return cfg
 
 
+RUN_ID_LENGTH = len("20250101T000000Z-abcdef")  # sweep.run_info.new_run_id's
+
+
+def check_sweep_name(cfg: Config) -> str:
+    """`sweep run`'s directory name, <search.name>-<run_id> unless sweep.name is set, is a name
+    too (``sweep.paths``); a placeholder stands for a run_id not yet drawn."""
+    if cfg.sweep.name is not None:
+        return cfg.sweep.name
+    run_id = cfg.run_id if cfg.run_id is not None else "x" * RUN_ID_LENGTH
+    derived = f"{cfg.search.name}-{run_id}"
+    if not is_name(derived):
+        raise ConfigError(
+            f"search.name={cfg.search.name}: the sweep's name <search.name>-<run_id> would be {len(derived)} "
+            f"characters, over 128; shorten search.name or run_id, or set sweep.name=NAME"
+        )
+    return derived
+
+
 def _check_model(cfg: Config) -> None:
     m = cfg.model
     if m.source in ("hf", "gguf") and m.path is None:
@@ -85,6 +105,8 @@ def _check_model(cfg: Config) -> None:
         raise ConfigError("model.package and model.file: required for a packaged model")
     if m.tiny is not None and m.tiny.heads % m.tiny.kv_heads != 0:
         raise ConfigError(f"model.tiny.kv_heads={m.tiny.kv_heads}: must divide model.tiny.heads={m.tiny.heads}")
+    if m.source == "tiny" and m.tiny is not None:  # its hidden size is known before any weights exist
+        check_k(cfg.gate, m.tiny.hidden, f"model.tiny.hidden={m.tiny.hidden}, the hidden size of model={m.name}")
 
 
 def _check_bench(cfg: Config) -> None:
@@ -102,17 +124,21 @@ def _check_bench(cfg: Config) -> None:
 
 
 def _derive_name(path: str | None) -> str:
-    """A row-safe model label from a hub id, a directory or a file path."""
+    """A model label from a hub id, a directory or a file path: always a safe name
+    (``sweep.paths``), since it becomes a directory under results.root."""
     assert path is not None
     p = Path(path)
     if p.suffix == ".gguf":
         stem = p.stem
-    elif p.exists():
+    elif os.path.exists(p):  # (False, not an error, for a path too long to be a file)
         stem = p.resolve().name
     else:
         stem = path.strip("/").replace("/", "--")
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)
-    return name or "model"
+    name = re.sub(r"^[^A-Za-z0-9]+", "", name)  # no leading dot ('.', '..', '.hidden'), '_' or '-'
+    if len(name) > 128:  # keep it unique: a cut name plus a hash of the whole path
+        name = f"{name[:119]}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+    return name if is_name(name) else "model"
 
 
 def _missing_option(exc: Any) -> str:
@@ -128,37 +154,54 @@ def _first_line(exc: BaseException, cause: BaseException | None = None) -> str:
     text = str(exc).strip()
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
-        key = m.group(1)
         deeper = re.search(r"full_key: (\S+)", str(cause or ""))
-        if deeper and deeper.group(1) != key:  # a new key inside a mapping such as search.objectives
-            new = deeper.group(1)
-            return f"{new}: not a key of {key}; add it with +{new}=VALUE"
-        parent, _, leaf = key.rpartition(".")
-        allowed = _keys_at(parent)
-        where = f"in {parent}" if parent else "at the top level"
-        return f"{key}: unknown key {where}; allowed: {', '.join(allowed)}" if allowed else f"{key}: unknown key"
+        return _unknown_key(m.group(1), deeper.group(1) if deeper else m.group(1))
     m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if m:
         return f"+{m.group(1)}: already set; drop the '+'"
     first = text.splitlines()[0] if text else type(exc).__name__
     if isinstance(exc, _override_parse_error()):
         return f"cannot parse the overrides ({first}); see Hydra's override grammar"
+    m = re.search(r"Sweep parameters '([^'=]+)=(.*)' requires --multirun", first)
+    if m:  # a sweep expression as a plain value: only quotes make it a string
+        return f"{m.group(1)}={m.group(2)}: a sweep expression as a value must be quoted: {m.group(1)}='{m.group(2)}'"
     return first
 
 
-def _keys_at(path: str) -> list[str]:
-    """Field names of the config section at dotted ``path`` ('' = top level)."""
+def _unknown_key(key: str, missing: str) -> str:
+    """The error for override ``key`` when ``missing`` (``key`` or a prefix of it, the first
+    part not in the config) does not exist: names both, and what is allowed where."""
+    if missing.startswith(key + "."):  # a mapping set whole (search.objectives={speed: max}): name the new key
+        key = missing
+    parent, _, leaf = missing.rpartition(".")
+    kind, allowed = _section(parent)
+    at = f" ({missing})" if missing != key else ""
+    if kind == "mapping":  # a free mapping such as search.objectives: new keys need a '+'
+        return f"{key}: not a key of {parent}{at}; add it with +{key}=VALUE"
+    if kind == "value" or leaf in allowed:  # the path goes through a value, not a section
+        value = parent if kind == "value" else missing
+        return f"{key}: {value} is a value, not a section; set {value}=VALUE"
+    where = f"in {parent}" if parent else "at the top level"
+    if allowed:
+        return f"{key}: unknown key {where}{at}; allowed: {', '.join(allowed)}"
+    return f"{key}: unknown key{at}"
+
+
+def _section(path: str) -> tuple[str, list[str]]:
+    """What the config holds at dotted ``path`` ('' = top level): ("section", its field
+    names), ("mapping", []) for a free mapping, ("value", []) for a leaf, ("", []) if unknown."""
     cls: Any = Config
     for part in [p for p in path.split(".") if p]:
+        if not dataclasses.is_dataclass(cls):
+            return "", []
         hints = typing.get_type_hints(cls)
         if part not in hints:
-            return []
-        tp = hints[part]
-        args = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
-        cls = args[0] if args else tp
-        if not dataclasses.is_dataclass(cls):
-            return []
-    return [f.name for f in dataclasses.fields(cls)]
+            return "", []
+        args = [a for a in typing.get_args(hints[part]) if dataclasses.is_dataclass(a)]
+        cls = args[0] if args else hints[part]
+    if dataclasses.is_dataclass(cls):
+        return "section", [f.name for f in dataclasses.fields(cls)]
+    return ("mapping" if cls is dict else "value"), []
 
 
 def _override_parse_error() -> type:

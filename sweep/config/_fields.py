@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Callable, Literal, Union
@@ -90,6 +91,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     return float(value) if tp is float else value
 
 
+def _finite(value: Any) -> bool:
+    """inf and nan are never a setting: every float field must be a finite number."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def build(cls: type, data: dict, prefix: str = "") -> Any:
     """Validate ``data`` against dataclass ``cls``; unknown keys and bad values are errors."""
     hints = typing.get_type_hints(cls)
@@ -115,7 +121,7 @@ def build(cls: type, data: dict, prefix: str = "") -> Any:
         else:
             value = _coerce(tp, value, key)
             check = f.metadata.get("check")
-            if check is not None and not check(value):
+            if not _finite(value) or (check is not None and not check(value)):
                 raise ConfigError(f"{key}={value}: must be {f.metadata.get('allowed') or 'valid'}")
         values[f.name] = value
     return cls(**values)

@@ -9,15 +9,24 @@ gate-spec table (``sweep.gatespec.check_model``).
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
 from sweep.config._fields import at_least, field, in_range
 from sweep.families import FAMILIES
 from sweep.gatespec import PARAMS
+from sweep.paths import NAME_ALLOWED, is_name
 
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+def _name(default=dataclasses.MISSING):
+    """A name that becomes a file or directory name under results.root (``sweep.paths``)."""
+    return field(default, check=is_name, allowed=f"{NAME_ALLOWED} (it becomes a file or directory name)")
+
+
+def _path(allowed: str = "a non-empty directory path"):
+    """An optional directory path: null, or a non-empty string (checked writable by the commands that write)."""
+    return field(None, check=lambda v: v.strip() != "" and "\0" not in v, allowed=f"{allowed} or null")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,14 +39,14 @@ class TinyConfig:
     kv_heads: int = field(check=at_least(1), allowed="an integer >= 1")
     head_dim: int = field(check=lambda v: v >= 2 and v % 2 == 0, allowed="an even integer >= 2")
     intermediate: int = field(check=at_least(1), allowed="an integer >= 1")
-    init_std: float = field(check=lambda v: v > 0, allowed="a number > 0")
+    init_std: float = field(check=lambda v: v > 0, allowed="a number > 0 (finite)")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Where a model comes from. ``name`` labels every row written for it."""
 
-    name: str | None = field(None, check=lambda v: bool(NAME_RE.match(v)), allowed="letters, digits, '.', '_' or '-'")
+    name: str | None = _name(None)  # null: derived from model.path
     source: Literal["packaged", "hf", "gguf", "tiny"]
     path: str | None = None
     revision: str | None = None
@@ -108,7 +117,7 @@ class BenchConfig:
 class SearchConfig:
     """A sweep: sub-spaces of config paths in Hydra's sweep grammar, searched by grid or Optuna."""
 
-    name: str
+    name: str = _name()  # the sweep's name is <search.name>-<run_id> unless sweep.name is set
     kind: Literal["grid", "optuna", "screen"]
     # each sub-space maps config paths (or the groups model/gate/prompts) to a value or a sweep
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
@@ -134,17 +143,17 @@ class ClusterConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ResourcesConfig:
-    cpu: float = field(check=lambda v: v > 0, allowed="a number > 0")
+    cpu: float = field(check=lambda v: v > 0, allowed="a number > 0 (finite)")
     # auto: 1 where the cluster has GPUs, else 0
     gpu: float | str = field(
-        check=lambda v: v == "auto" or (not isinstance(v, str) and v >= 0), allowed="auto or a number >= 0"
+        check=lambda v: v == "auto" or (not isinstance(v, str) and v >= 0), allowed="auto or a number >= 0 (finite)"
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepConfig:
-    name: str | None = field(None, check=lambda v: bool(NAME_RE.match(v)), allowed="letters, digits, '.', '_' or '-'")
-    storage: str | None = None  # Ray Tune storage path; null = <results.root>/ray (shared storage on a cluster)
+    name: str | None = _name(None)
+    storage: str | None = _path()  # Ray Tune storage path; null = <results.root>/ray (shared storage on a cluster)
     max_concurrent: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null (as many as fit)")
     max_failures: int = field(check=at_least(0), allowed="an integer >= 0")
     rerun: bool  # true: redo trials whose rows already exist
@@ -161,7 +170,7 @@ class AnalysisConfig:
     targets: list = field(check=_fractions, allowed="a non-empty list of numbers in [0, 1]")
     n_boot: int = field(check=in_range(10, 100000), allowed="an integer in 10..100000")
     seed: int = field(check=at_least(0), allowed="an integer >= 0")
-    out: str | None = None  # report directory; null = <results.root>/report
+    out: str | None = _path()  # report directory; null = <results.root>/report
     # the speedup fronts, knees, targets and verdicts rank by: decode only, or whole requests
     speedup: Literal["speedup_wall", "speedup_e2e_wall"]
     # intervals resampled from fewer prompts than this are flagged as unreliable
@@ -171,7 +180,8 @@ class AnalysisConfig:
 @dataclass(frozen=True, kw_only=True)
 class CalibrateConfig:
     delta: float = field(check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
-    epsilon: float = field(check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1]")
+    # < 1: at epsilon = 1 the guarantee (probability >= 1 - epsilon) says nothing
+    epsilon: float = field(check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
     grid: str | None = None  # the threshold ladder in Hydra's grammar; null = the gate's default
     split: float = field(check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
     pvalue: Literal["hb", "hoeffding"]
@@ -184,7 +194,7 @@ class EasConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ResultsConfig:
-    root: str = field(check=lambda v: v.strip() != "", allowed="a non-empty directory path")
+    root: str = field(check=lambda v: v.strip() != "" and "\0" not in v, allowed="a non-empty directory path")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,7 +207,7 @@ class Config:
     seed: int = field(check=at_least(0), allowed="an integer >= 0")
     device: Literal["auto", "cpu", "cuda"]
     dtype: Literal["float32", "bfloat16", "float16"]
-    run_id: str | None = field(None, check=lambda v: bool(NAME_RE.match(v)), allowed="letters, digits, '.', '_' or '-'")
+    run_id: str | None = _name(None)
     search: SearchConfig
     cluster: ClusterConfig
     resources: ResourcesConfig

@@ -1,6 +1,6 @@
 """Results store: the declared Parquet schema, atomic writes, tolerant readers."""
 
-from sweep.store._io import atomic_write_parquet, files, read, scan, table_spec, write_table
+from sweep.store._io import atomic_write_parquet, field_metadata, files, read, read_file, scan, table_spec, write_table
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
 
 __all__ = [
@@ -10,9 +10,11 @@ __all__ = [
     "Column",
     "Table",
     "atomic_write_parquet",
+    "field_metadata",
     "files",
     "markdown",
     "read",
+    "read_file",
     "scan",
     "table_spec",
     "write_table",

@@ -7,6 +7,7 @@ profile trace and the derived tables); ``_schema.py`` lists them all and renders
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import polars as pl
@@ -15,7 +16,11 @@ from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
 
 # 2: layers_saved counts decode steps only (the first token saves nothing)
 # 3: trials carry trial_key, the JSON text that trial_id hashes
-SCHEMA_VERSION = 3
+# 4: partition columns live in the directory names only (not in the files); every table in its own
+#    directory (pareto, knees, targets: <root>/<table>/<table>.parquet); units and meanings in the Parquet
+#    field metadata; pareto and knees carry `front` (model | model+gate) instead of `scope` / gate `all`,
+#    knees the knee's typed gate setting instead of knee_gate / knee_params text
+SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,16 @@ class Column:
     # the schema version that added the column: a reader requires a non-nullable column only of files
     # written under that version or later (a non-nullable column added later bumps SCHEMA_VERSION)
     since: int = 1
+    # a gate parameter whose unit depends on the gate: ((gate, unit), ...); ``unit`` then says "per gate"
+    unit_by_gate: tuple[tuple[str, str], ...] = ()
+
+    def field_metadata(self) -> dict[str, str]:
+        """The column's Parquet (Arrow) field metadata: ``unit`` and ``description`` (and
+        ``unit_by_gate``, JSON ``{gate: unit}``, where the unit depends on the gate)."""
+        meta = {"unit": self.unit, "description": self.meaning}
+        if self.unit_by_gate:
+            meta["unit_by_gate"] = json.dumps(dict(self.unit_by_gate))
+        return meta
 
 
 @dataclass(frozen=True)
@@ -37,11 +52,16 @@ class Table:
     unit_of_work: str  # what one file holds
     description: str
     columns: tuple[Column, ...]
-    single_file: bool = False  # a derived table: one file <root>/<name>.parquet, replaced by each writer
+    single_file: bool = False  # a derived table: one file <root>/<name>/<name>.parquet, replaced by each writer
 
     @property
     def schema(self) -> pl.Schema:
         return pl.Schema({c.name: c.dtype for c in self.columns})
+
+    @property
+    def file_columns(self) -> tuple[Column, ...]:
+        """The columns stored in each file: all but the partition columns (those are the directory names)."""
+        return tuple(c for c in self.columns if c.name not in self.partition_by)
 
 
 PROVENANCE: tuple[Column, ...] = (
@@ -63,13 +83,6 @@ PROVENANCE: tuple[Column, ...] = (
     Column("dtype", pl.String(), "", "weights and activations dtype"),
     Column("seed", pl.Int64(), "", "config seed"),
     Column("git_sha", pl.String(), "", "project commit, '-dirty' when the checkout had changes"),
-    Column(
-        "submission_id",
-        pl.String(),
-        "",
-        "Ray job submission id of the job that wrote the row (jobs/submit.py); null outside a Ray job",
-        nullable=True,
-    ),
     Column("sweep_version", pl.String(), "", "version of this package"),
     Column("torch_version", pl.String(), "", "torch version"),
     Column("transformers_version", pl.String(), "", "transformers version"),
@@ -80,10 +93,21 @@ PROVENANCE: tuple[Column, ...] = (
 # a gate setting, as trials and simulated rows carry it: the parameter columns come from the
 # gate-spec table (sweep.gatespec), so a new gate parameter is a new column of every table here
 def _gate_column(param: ParamSpec) -> Column:
-    takers = [g.name for g in GATE_SPECS if param.name in g.accepts]
-    unset = "gates that do not take it" if len(takers) > 2 else "gates other than " + " and ".join(takers)
+    takers = [g for g in GATE_SPECS if param.name in g.accepts]
+    names = [g.name for g in takers]
+    unset = "gates that do not take it" if len(names) > 2 else "gates other than " + " and ".join(names)
     meaning = param.meaning if "null" in param.meaning else f"{param.meaning}; null for {unset}"
-    return Column(param.name, {int: pl.Int32(), float: pl.Float64()}[param.type], param.unit, meaning, nullable=True)
+    units = tuple((g.name, g.unit(param.name)) for g in takers)
+    per_gate = len({u for _, u in units}) > 1
+    unit = "per gate: " + ", ".join(f"{u} ({g})" for g, u in units) if per_gate else param.unit
+    return Column(
+        param.name,
+        {int: pl.Int32(), float: pl.Float64()}[param.type],
+        unit,
+        meaning,
+        nullable=True,
+        unit_by_gate=units if per_gate else (),
+    )
 
 
 GATE_FIELDS: tuple[Column, ...] = (

@@ -51,17 +51,41 @@ def required_columns(table: Table, version: int | None) -> list[str]:
     every non-nullable column its version had (``Column.since``). A file without the metadata
     (rewritten by another tool, or foreign) must at least hold what every version of the table
     had and every reader relies on: ``schema_version``, ``run_id``, ``created_at``, ``model``
-    (those the table has) and its partition columns. A file of a newer version is held to this
-    version's columns.
+    (those the table has). A file of a newer version is held to this version's columns. The
+    partition columns are never required: they are the file's directory names (files of schema
+    4 and later do not hold them; older ones do, with the same values).
     """
     if version is None:
-        core = {"schema_version", "run_id", "created_at", "model", *table.partition_by}
-        return [c.name for c in table.columns if not c.nullable and c.name in core]
-    return [c.name for c in table.columns if not c.nullable and c.since <= min(version, SCHEMA_VERSION)]
+        core = {"schema_version", "run_id", "created_at", "model"}
+        found = [c.name for c in table.columns if not c.nullable and c.name in core]
+    else:
+        found = [c.name for c in table.columns if not c.nullable and c.since <= min(version, SCHEMA_VERSION)]
+    return [name for name in found if name not in table.partition_by]
+
+
+def partition_values(table: Table, path: Path) -> dict[str, str] | None:
+    """The partition values of a file of ``table`` from its directories (``.../<key>=<value>/<file>``,
+    one per partition column, in order); None when ``path`` is not laid out so."""
+    n = len(table.partition_by)
+    if not n:
+        return {}
+    dirs = Path(path).parts[-1 - n : -1]
+    if len(dirs) != n:
+        return None
+    values = {}
+    for key, part in zip(table.partition_by, dirs):
+        name, sep, value = part.partition("=")
+        if name != key or not sep or not value:
+            return None
+        values[key] = value
+    return values
 
 
 def problem(table: Table, path: Path) -> str | None:
     """Why ``path`` cannot be read as a file of ``table``; None when it can."""
+    if partition_values(table, path) is None:
+        layout = "/".join(f"{k}=<value>" for k in table.partition_by)
+        return f"not in the layout of table '{table.name}' ({table.name}/{layout}/<file>.parquet)"
     try:
         schema = pl.read_parquet_schema(path)
         meta = pl.read_parquet_metadata(path)

@@ -177,48 +177,65 @@ CONFIDENCE: tuple[Column, ...] = (
     ),
 )
 
+FRONT = Column(
+    "front",
+    pl.String(),
+    "",
+    "which Pareto front: `model` (all gates of the model) or `model+gate` (one gate's trials); with `model` "
+    "(and `gate` for model+gate) it names the front, and with trial_id it joins `knees` to `pareto`",
+)
+
 PARETO = Table(
     name="pareto",
     partition_by=(),
     unit_of_work="`sweep analyze` run (replaced each time)",
     description=(
-        "Written by `sweep analyze` beside the data as <results.root>/pareto.parquet: the trials on a Pareto front "
+        "Written by `sweep analyze` as <results.root>/pareto/pareto.parquet: the trials on a Pareto front "
         "of `speedup` (max; speedup_metric where the trial skipped compute, else 1.0) against agreement (max), over "
-        "`status == ok` rows. `scope` says which front: `model` (all gates of a model) or `model+gate`. Every column "
-        "of `trials`, plus the ones below."
+        "`status == ok` rows. A trial on both fronts is two rows, told apart by `front`: `model` (all gates of a "
+        "model) or `model+gate`; `gate` is always the trial's own. Every column of `trials`, plus the ones below."
     ),
-    columns=TRIALS.columns
-    + (Column("scope", pl.String(), "", "model (front across gates) | model+gate (front of one gate)"),)
-    + RANKED
-    + CONFIDENCE,
+    columns=TRIALS.columns + (FRONT,) + RANKED + CONFIDENCE,
     single_file=True,
 )
+
+_TRIAL_COLUMNS = {c.name: c for c in TRIALS.columns}
 
 KNEES = Table(
     name="knees",
     partition_by=(),
     unit_of_work="`sweep analyze` run (replaced each time)",
     description=(
-        "Written by `sweep analyze` as <results.root>/knees.parquet: one row per front (scope, model, gate) of at "
-        "least 3 points (fewer have no bend). The knee by the chord method on (`speedup`, agreement): both axes "
-        "min-max normalised over the front, the point farthest from the line joining the front's extremes (ties: "
-        "higher agreement, then trial_id). With 12 or more front points, the Kneedle knee (the `kneed` package: "
-        "concave, decreasing) as a cross-check."
+        "Written by `sweep analyze` as <results.root>/knees/knees.parquet: one row per front (`front`, `model`, and "
+        "for a `model+gate` front its gate) of at least 3 points (fewer have no bend). The knee by the chord method "
+        "on (`speedup`, agreement): both axes min-max normalised over the front, the point farthest from the line "
+        "joining the front's extremes (ties: higher agreement, then trial_id). With 12 or more front points, the "
+        "Kneedle knee (the `kneed` package: concave, decreasing) as a cross-check. `gate` and the setting columns "
+        "are the knee trial's own, typed as in `trials`; join to `pareto` on (trial_id, front), to `trials` on "
+        "trial_id."
     ),
     columns=(
         Column("schema_version", pl.Int32(), "", "version of this schema"),
         Column("created_at", pl.Datetime("us", "UTC"), "UTC", "when the file was written"),
-        Column("scope", pl.String(), "", "model | model+gate"),
+        FRONT,
         Column("model", pl.String(), "", "model label"),
-        Column("gate", pl.String(), "", "the gate, or `all` for a model's front across gates"),
         Column("front_points", pl.Int32(), "trials", "trials on the front"),
         Column("trial_id", pl.String(), "", "the knee trial (chord method)"),
+    )
+    + GATE_FIELDS
+    + tuple(_TRIAL_COLUMNS[name] for name in ("kv_policy", "mode", "draft_len", "batch_size"))
+    + (
+        Column(
+            "params",
+            pl.String(),
+            "",
+            "the knee trial's gate parameters (and bench mode, draft_len, batch_size when not the default), as "
+            "key=value text for display",
+        ),
         Column("speedup_metric", pl.String(), "", "what `speedup` ranks by: speedup_wall | speedup_e2e_wall"),
         Column("speedup", pl.Float64(), "ratio", "the knee's ranked speedup (see `pareto`)"),
         Column("speedup_wall", pl.Float64(), "ratio", "the knee's measured speedup_wall"),
         Column("agreement", pl.Float64(), "fraction", "the knee's agreement"),
-        Column("knee_gate", pl.String(), "", "the knee trial's gate"),
-        Column("knee_params", pl.String(), "", "the knee trial's gate parameters, as key=value text"),
         Column(
             "kneedle_trial_id",
             pl.String(),
@@ -237,9 +254,9 @@ TARGETS = Table(
     partition_by=(),
     unit_of_work="`sweep analyze` run (replaced each time)",
     description=(
-        "Written by `sweep analyze` as <results.root>/targets.parquet: per model and agreement target, the `ok` trial "
-        "with the highest ranked `speedup` among those with agreement >= target (ties: higher agreement, then "
-        "trial_id); trial columns null when no trial reaches the target."
+        "Written by `sweep analyze` as <results.root>/targets/targets.parquet: per model and agreement target, the "
+        "`ok` trial with the highest ranked `speedup` among those with agreement >= target (ties: higher agreement, "
+        "then trial_id); trial columns null when no trial reaches the target."
     ),
     columns=(
         Column("schema_version", pl.Int32(), "", "version of this schema"),
