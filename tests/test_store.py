@@ -24,6 +24,7 @@ PROV = {
     "dtype": "float32",
     "seed": 0,
     "git_sha": "abc",
+    "submission_id": None,
     "sweep_version": "0",
     "torch_version": "t",
     "transformers_version": "t",

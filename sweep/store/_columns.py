@@ -83,6 +83,13 @@ PROVENANCE: tuple[Column, ...] = (
     Column("dtype", pl.String(), "", "weights and activations dtype"),
     Column("seed", pl.Int64(), "", "config seed"),
     Column("git_sha", pl.String(), "", "project commit, '-dirty' when the checkout had changes"),
+    Column(
+        "submission_id",
+        pl.String(),
+        "",
+        "Ray job submission id of the job that wrote the row (jobs/submit.py); null outside a Ray job",
+        nullable=True,
+    ),
     Column("sweep_version", pl.String(), "", "version of this package"),
     Column("torch_version", pl.String(), "", "torch version"),
     Column("transformers_version", pl.String(), "", "transformers version"),
