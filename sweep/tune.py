@@ -489,25 +489,30 @@ class ConstrainedOptunaSearch(OptunaSearch):
         driver can compose."""
         if result and "row_json" in result:
             row = json.loads(result["row_json"])
-            attrs = {key: row.get(key) for key in ROW_ATTRS}
+            attrs = {key: row[key] for key in ROW_ATTRS if row.get(key) is not None}
             if row.get("status") == "failed":
                 attrs["error"] = str(row.get("error"))[:500]
-            return attrs
-        if result:
+        elif result:
             attrs = {"status": "failed", "error": str(result.get("error"))[:500]}
         elif error:
             attrs = {"status": "failed", "error": "the trial's worker failed more than sweep.max_failures times"}
         else:  # removed before it ran (the sweep was stopped): Optuna marks it pruned
             attrs = {"status": "not run"}
-        overrides = self._overrides.get(trial_id)
-        if overrides is not None and self._device is not None:
-            try:
-                cfg = trial_config(self._base, overrides, self._device)
-            except SweepError:
-                pass
-            else:
-                attrs.update(trial_id=trial_identity(cfg, self._device).id, gate=cfg.gate.name, model=cfg.model.name)
+        if not set(ROW_ATTRS) <= set(attrs):
+            attrs = {**self._composed(trial_id), **attrs}
         return attrs
+
+    def _composed(self, trial_id: str) -> dict[str, str]:
+        """A trial's id, gate and model as the driver composes its config (``RowWriter.errored``
+        does the same), or nothing when it does not compose."""
+        overrides = self._overrides.get(trial_id)
+        if overrides is None or self._device is None:
+            return {}
+        try:
+            cfg = trial_config(self._base, overrides, self._device)
+        except SweepError:
+            return {}
+        return {"trial_id": trial_identity(cfg, self._device).id, "gate": cfg.gate.name, "model": cfg.model.name}
 
 
 ROW_ATTRS = ("trial_id", "gate", "model", "status")  # user attributes every trial carries (from its row)

@@ -4,6 +4,7 @@ names its metrics, its parameters readably, links every trial to its Parquet row
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -186,11 +187,17 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
 
     base = [*TINY_SWEEP, "search=optuna-mo"]
     search = _optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)
-    died, stopped = search.suggest("died"), search.suggest("stopped")
+    died, stopped, partial = search.suggest("died"), search.suggest("stopped"), search.suggest("partial")
     search.on_trial_complete("died", error=True)
     search.on_trial_complete("stopped")
+    # a row without its partition columns (read from one Parquet file): gate and model composed
+    ok = {"status": "ok", "speedup_wall": 1.5, "agreement": 0.9}
+    search.on_trial_complete("partial", result={**ok, "row_json": json.dumps({**ok, "trial_id": "abc"})})
     study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    first, second = study.trials
+    first, second, third = study.trials
+    assert third.state == optuna.trial.TrialState.COMPLETE and third.values == [1.5, 0.9]
+    cfg3 = trial_config(base, partial["trial"], "cpu")
+    assert third.user_attrs == {"trial_id": "abc", "status": "ok", "gate": cfg3.gate.name, "model": "tiny-llama"}
     cfg = trial_config(base, died["trial"], "cpu")
     assert first.state == optuna.trial.TrialState.FAIL
     assert first.user_attrs == {
