@@ -50,10 +50,13 @@ def finished_row(path: Path) -> dict | None:
     import polars as pl
 
     from sweep.plan import DONE_STATUSES
+    from sweep.store import read_file
 
+    if not path.is_file():
+        return None
     try:
-        rows = pl.read_parquet(path).to_dicts()
-    except (OSError, pl.exceptions.PolarsError):
+        rows = read_file("trials", path).to_dicts()
+    except (OSError, SweepError, pl.exceptions.PolarsError):
         return None
     return rows[0] if len(rows) == 1 and rows[0].get("status") in DONE_STATUSES else None
 

@@ -1,0 +1,153 @@
+"""Bad input across every command, as a hostile-but-fair user types it.
+
+For each: a non-zero exit, exactly one `error:` line that names the key or file, no
+traceback, and nothing written (neither results.root nor the working directory gains a
+file). The CLI runs in this process (``sweep.cli.main``); jobs/submit.py in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from sweep.cli import main
+
+TINY = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+
+# (command line, a word the error line must contain); {root}: a fresh results.root, {file}: an existing plain file
+CASES: list[tuple[list[str], str]] = [
+    # profile
+    (["profile", "model=nope"], "model=nope"),
+    (["profile", *TINY, "prompts.n=0"], "prompts.n"),
+    (["profile", *TINY, "profile.gen_tokens=0"], "profile.gen_tokens"),
+    (["profile", *TINY, "prompts=jsonl"], "prompts.path"),
+    (["profile", *TINY, "prompts=jsonl", "prompts.path={root}/missing.jsonl"], "missing.jsonl"),
+    (["profile", *TINY, "dtype=float8"], "dtype"),
+    (["profile", *TINY, "device=tpu"], "device"),
+    (["profile", "model=hf"], "model.path"),
+    (["profile", *TINY, "model.name=../x"], "model.name"),
+    (["profile", *TINY, "run_id=.."], "run_id"),
+    (["profile", *TINY, "run_id=.hidden"], "run_id"),
+    (["profile", *TINY, "run_id=a/b"], "run_id"),
+    (["profile", *TINY, "results.root={file}"], "results.root"),
+    (["profile", *TINY, "results.root={file}/sub"], "results.root"),
+    # bench
+    (["bench", *TINY, "gate=saturation", "gate.eps=inf"], "gate.eps"),
+    (["bench", *TINY, "gate=margin", "gate.theta=nan"], "gate.theta"),
+    (["bench", *TINY, "gate=softmax", "gate.theta=1.5"], "gate.theta"),
+    (["bench", *TINY, "gate=softmax", "gate.decay=inf"], "gate.decay"),
+    (["bench", *TINY, "gate=saturation", "gate.theta=2"], "gate.theta"),
+    (["bench", *TINY, "gate=bogus"], "gate=bogus"),
+    (["bench", *TINY, "bench.repeats=0"], "bench.repeats"),
+    (["bench", *TINY, "bench.batch_size=4"], "bench.batch_size"),
+    (["bench", *TINY, "bench.mode=self_speculative", "gate=saturation"], "bench.mode"),
+    (["bench", *TINY, "gate.min_layer=0"], "gate.min_layer"),
+    (["bench", *TINY, "bogus.key=1"], "bogus"),
+    (["bench", *TINY, "gate=pca", "gate.k=99999"], "gate.k"),
+    (["bench", *TINY, "gate=fixed", "gate.exit_layer=99"], "gate.exit_layer"),
+    (["bench", *TINY, "results.root={file}"], "results.root"),
+    # run
+    (["run", *TINY, "search.name=../../escape"], "search.name"),
+    (["run", *TINY, "sweep.name=.."], "sweep.name"),
+    (["run", *TINY, "sweep.name=.hidden"], "sweep.name"),
+    (["run", *TINY, "search=nope"], "search=nope"),
+    (
+        ["run", *TINY, "search=optuna-mo", "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 1.5)'}]"],
+        "gate.theta",
+    ),
+    (["run", *TINY, "sweep.storage=s3://bucket/x"], "sweep.storage"),
+    (["run", *TINY, "resume=true", "sweep.name=nothing-here"], "sweep.name"),
+    (["run", *TINY, "cluster.auth=maybe"], "cluster.auth"),
+    (["run", *TINY, "search=optuna-mo", "search.n_trials=0"], "search.n_trials"),
+    (["run", *TINY, "results.root={file}"], "results.root"),
+    (["run", *TINY, "sweep.storage={file}/ray"], "sweep.storage"),
+    # analyze
+    (["analyze", "results.root={root}"], "results.root"),
+    (["analyze", "results.root={root}", "analysis.targets=[1.5]"], "analysis.targets"),
+    (["analyze", "results.root={root}", "analysis.n_boot=1"], "analysis.n_boot"),
+    (["analyze", "results.root={file}"], "results.root"),
+    # calibrate
+    (["calibrate", *TINY, "gate=saturation", "calibrate.delta=1"], "calibrate.delta"),
+    (["calibrate", *TINY, "gate=saturation", "calibrate.grid='choice(a,b)'"], "calibrate.grid"),
+    (["calibrate", *TINY, "gate=saturation", "calibrate.grid='choice(0.1,inf)'"], "calibrate.grid"),
+    (["calibrate", *TINY, "gate=full"], "gate=full"),
+    (["calibrate", *TINY, "gate=saturation", "calibrate.epsilon=0"], "calibrate.epsilon"),
+    (["calibrate", *TINY, "gate=saturation", "calibrate.split=1"], "calibrate.split"),
+    # config, schema, the command itself
+    (["config", "gate.nope=1"], "gate.nope"),
+    (["config", "gate=saturation", "gate.eps=nan"], "gate.eps"),
+    (["schema", "extra=1"], "schema"),
+    (["nosuchcommand"], "nosuchcommand"),
+]
+
+
+@pytest.fixture()
+def places(tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    plain = tmp_path / "plain-file"
+    plain.write_text("not a directory")
+    monkeypatch.delenv("SWEEP_DEBUG", raising=False)
+    return {"root": str(tmp_path / "results"), "file": str(plain), "cwd": cwd, "tmp": tmp_path}
+
+
+def _one_error_line(err: str, word: str) -> str:
+    assert "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert word in errors[0], f"{word!r} not named in: {errors[0]}"
+    return errors[0]
+
+
+def _nothing_written(places) -> None:
+    assert not Path(places["root"]).exists(), "results.root was created"
+    assert not any(places["cwd"].iterdir()), "files appeared in the working directory"
+    assert sorted(p.name for p in places["tmp"].iterdir()) == ["cwd", "plain-file"]
+    assert Path(places["file"]).read_text() == "not a directory"
+
+
+def test_there_are_at_least_40_bad_inputs():
+    assert len(CASES) >= 40, len(CASES)
+
+
+@pytest.mark.parametrize("argv, word", CASES, ids=[" ".join(c[0][:1] + c[0][-1:]) for c in CASES])
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(argv, word, places, capsys):
+    if "results.root=" not in " ".join(argv) and argv[0] not in ("config", "schema", "nosuchcommand"):
+        argv = [*argv, "results.root={root}"]
+    argv = [a.replace("{root}", places["root"]).replace("{file}", places["file"]) for a in argv]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code != 0, err
+    line = _one_error_line(err, word)
+    _nothing_written(places)
+    print(f"rc {code}: {line}")
+
+
+SUBMIT_CASES = [
+    (["--", "model=tiny-llama"], "results.root"),
+    (["--", "results.root=relative/path"], "results.root"),
+    (["--", "results.root=/shared/r", "gate.eps=inf", "gate=saturation"], "gate.eps"),
+    (["--address", "http://127.0.0.1:9", "--", "results.root=/shared/r", "search.name=../x"], "search.name"),
+]
+
+
+@pytest.mark.parametrize("argv, word", SUBMIT_CASES)
+def test_bad_submissions_are_one_line_and_contact_nothing(argv, word, places):
+    env = {k: v for k, v in os.environ.items() if k != "SWEEP_DEBUG"}
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "submit.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=places["cwd"],
+        env=env,
+    )
+    assert res.returncode != 0, res.stderr
+    _one_error_line(res.stderr, word)
+    assert not any(places["cwd"].iterdir())
