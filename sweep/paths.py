@@ -4,7 +4,9 @@ On a shared ``results.root`` a name from the command line (``search.name``, ``sw
 ``run_id``, a model label) becomes a directory or a file name. ``check_name`` is the one
 rule for such a name: a conservative character set, no leading dot (hidden files are never
 read back), never ``.`` or ``..``. ``inside`` is the one check that a path the tool is about
-to write resolves under its root (symlinks included).
+to write resolves under its root (symlinks included). ``check_writable_dir`` is the one
+check, before any work and creating nothing, that an output directory (``results.root``,
+``sweep.storage``, ``analysis.out``) is a directory the tool can write into or create.
 """
 
 from __future__ import annotations

@@ -169,8 +169,9 @@ def _first_line(exc: BaseException, cause: BaseException | None = None) -> str:
 
 
 def _unknown_key(key: str, missing: str) -> str:
-    """The error for override ``key`` when ``missing`` (``key`` or a prefix of it, the first
-    part not in the config) does not exist: names both, and what is allowed where."""
+    """The error for override ``key`` when ``missing`` (Hydra's full_key: the first part of
+    ``key`` not in the config, or a key inside a mapping ``key`` sets whole) does not exist:
+    names both, and what is allowed where."""
     if missing.startswith(key + "."):  # a mapping set whole (search.objectives={speed: max}): name the new key
         key = missing
     parent, _, leaf = missing.rpartition(".")
