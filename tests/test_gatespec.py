@@ -61,7 +61,12 @@ def test_every_table_carrying_a_gate_has_exactly_the_tables_gate_columns():
         columns = {c.name: c for c in table.columns}
         for param in PARAMS.values():
             assert param.name in columns, (table.name, param.name)
-            assert columns[param.name].unit == param.unit
+            units = {g.name: g.unit(param.name) for g in GATE_SPECS if param.name in g.accepts}
+            column = columns[param.name]
+            if len(set(units.values())) > 1:  # the unit depends on the gate: each gate's, from its spec
+                assert dict(column.unit_by_gate) == units and column.unit.startswith("per gate: ")
+            else:
+                assert column.unit == param.unit and not column.unit_by_gate
 
 
 def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
