@@ -297,9 +297,11 @@ def _metrics(
 
 def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | None = None) -> dict[str, Any]:
     """A trial that raised: a row with its status and error, metrics null."""
-    from sweep.store import TABLES
+    from sweep.store import PROVENANCE, TABLES
 
-    row = {c.name: None for c in TABLES["trials"].columns if c.nullable}
+    # null metrics; provenance is the caller's (a job's submission_id, the model's revision)
+    given = {c.name for c in PROVENANCE}
+    row = {c.name: None for c in TABLES["trials"].columns if c.nullable and c.name not in given}
     row.update(trial_fields(cfg, n_prompts, gate))
     row.update(
         status="failed",

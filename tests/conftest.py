@@ -87,3 +87,16 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def subprocess_env(**extra) -> dict:
+    """The environment for a `sweep` or Ray subprocess: token auth, Ray on loopback, no debug
+    tracebacks, and none of the private token path an in-process embedded Ray of this test
+    session set (``sweep.cluster_env``): a cluster a test starts uses the user's token, as does
+    the submitter that talks to it."""
+    e = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **extra}
+    e["PATH"] = f"{Path(sys.executable).parent}:{e.get('PATH', '')}"
+    for key in ("SWEEP_DEBUG", "RAY_AUTH_TOKEN_PATH"):
+        if key not in extra:
+            e.pop(key, None)
+    return e

@@ -15,18 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, descendants
+from conftest import ROOT, descendants, subprocess_env
 from sweep.store import files, read
 
 SLOW_TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=64", "bench.repeats=15", "bench.warmup=0"]
 SWEEP = str(Path(sys.executable).with_name("sweep"))
 
 
-def env(**extra) -> dict:
-    e = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **extra}
-    e["PATH"] = f"{Path(sys.executable).parent}:{e.get('PATH', '')}"
-    e.pop("SWEEP_DEBUG", None)
-    return e
+env = subprocess_env
 
 
 def wait_for_rows(root: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from conftest import subprocess_env
 from sweep import claims
 from sweep.rows import RowWriter, row_path
 from sweep.store import files, read
@@ -25,11 +26,7 @@ SWEEP = str(Path(sys.executable).with_name("sweep"))
 TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=24", "bench.repeats=4", "bench.warmup=0"]
 
 
-def env() -> dict:
-    e = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    e["PATH"] = f"{Path(sys.executable).parent}:{e.get('PATH', '')}"
-    e.pop("SWEEP_DEBUG", None)
-    return e
+env = subprocess_env
 
 
 def owner(run_id: str, pid: int | None = None, host: str | None = None) -> claims.Owner:

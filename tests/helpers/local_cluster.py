@@ -34,9 +34,13 @@ def main() -> None:
             "dashboard_host": "127.0.0.1",
             "dashboard_port": port,
             "node_ip_address": "127.0.0.1",
+            "dashboard_agent_listen_port": free_port(),  # not Ray's default 52365: another Ray may hold it
         },
     )
-    nodes = [cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1") for _ in range(workers)]
+    nodes = [
+        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", dashboard_agent_listen_port=free_port())
+        for _ in range(workers)
+    ]
     cluster.wait_for_nodes()
     print(json.dumps({"gcs": cluster.address, "dashboard": f"http://127.0.0.1:{port}", "workers": workers}), flush=True)
     try:
