@@ -15,6 +15,7 @@ FUNCTIONS = (
     "optuna_trial",
     "embedded_session",
     "reset_token_cache",
+    "set_trial_system_attr",
 )
 
 
@@ -60,3 +61,9 @@ def reset_token_cache() -> None:
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def set_trial_system_attr(trial: Any, key: str, value: Any) -> None:
+    """Set an Optuna trial's system attribute (Optuna-private: ``Trial._trial_id``; the same
+    call Optuna's own handling of ``constraints_func`` makes)."""
+    trial.storage.set_trial_system_attr(trial._trial_id, key, value)

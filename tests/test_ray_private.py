@@ -63,6 +63,16 @@ def test_optuna_trial_reads_the_searchers_trials(ray):
     assert _ray_private.optuna_trial(search, "t2") is None
 
 
+def test_set_trial_system_attr_reaches_optunas_storage(ray):
+    import optuna
+
+    study = optuna.create_study()
+    trial = study.ask()
+    assert isinstance(getattr(trial, "_trial_id", None), int)
+    _ray_private.set_trial_system_attr(trial, "constraints", [0.5])
+    assert study.trials[0].system_attrs["constraints"] == [0.5]
+
+
 def test_every_private_reach_is_listed_and_tested():
     own = _ray_private.__name__
     functions = {n for n, f in vars(_ray_private).items() if callable(f) and getattr(f, "__module__", "") == own}

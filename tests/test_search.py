@@ -59,7 +59,8 @@ def test_one_function_maps_every_kind_to_tune_and_optuna(ray_session):
     import optuna
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    d = ray_session.distributions
+    from sweep.study import distributions as d
+
     domain, dist = d(Param("k", "choice", (1, 2)))
     assert isinstance(domain, Categorical) and dist == optuna.distributions.CategoricalDistribution([1, 2])
     domain, dist = d(Param("k", "interval", low=2, high=8, integer=True))
@@ -73,7 +74,9 @@ def test_define_by_run_suggests_composable_overrides(ray_session):
     import optuna
 
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
-    space = ray_session.DefineByRun(spaces(compose("search=optuna-mo").search))
+    from sweep.study import DefineByRun
+
+    space = DefineByRun(spaces(compose("search=optuna-mo").search))
     seen = set()
     for _ in range(8):
         overrides = space(study.ask())["trial"]

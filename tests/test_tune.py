@@ -48,9 +48,7 @@ def test_optuna_multi_objective_persists_its_study(ray_session, tmp_path):
     outcome = sweep(tmp_path, "search=optuna-mo", "search.n_trials=6")
     df = read("trials", tmp_path)
     assert df.height == 6 and set(df["gate"]) <= {"saturation", "margin"}
-    study = optuna.load_study(
-        study_name="optuna-mo", storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path))
-    )
+    study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{outcome.path}/optuna.db")
     assert len(study.directions) == 2
     assert len(study.trials) == 6
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
@@ -70,7 +68,7 @@ def test_constrained_search_hands_agreement_to_the_sampler(ray_session, tmp_path
     outcome = sweep(tmp_path, "search=optuna-constrained", "search.n_trials=3")
     study = optuna.load_study(
         study_name="optuna-constrained",
-        storage=ray_session.optuna_storage_url(__import__("pathlib").Path(outcome.path)),
+        storage=f"sqlite:///{outcome.path}/optuna.db",
     )
     assert len(study.directions) == 1
     for trial in study.trials:
