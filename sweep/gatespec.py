@@ -90,7 +90,8 @@ PARAMS: dict[str, ParamSpec] = {
     )
 }
 GATE_COLUMNS: tuple[str, ...] = tuple(PARAMS)  # the gate parameter columns of every table, in display order
-LAYER_KEYS = ("min_layer", "min_depth")  # every gate takes these; min_depth resolves to min_layer per model
+# every gate takes these: min_layer (a layer index) or min_depth (a fraction of depth), resolved per model
+LAYER_KEYS = ("min_layer", "min_depth")
 
 
 @dataclass(frozen=True)
@@ -236,19 +237,31 @@ class Resolved:
     exit_layer: int | None  # the fixed gate's (from min_layer when unset); None for other gates
 
 
+def resolve_min_layer(gate: Any, num_layers: int) -> int:
+    """The first layer after which ``gate`` may exit on a model of ``num_layers`` layers.
+
+    An explicit ``min_layer`` wins (a layer index, at most L); otherwise ``min_depth``, a
+    fraction of depth: ``ceil(min_depth * L)``, at least 1 (the product rounded to 9 decimals
+    first, so 0.1 of 30 layers is 3, not 4); with neither, 1. The gates' conf files set
+    ``min_depth`` and leave ``min_layer`` null; composition keeps at most one of the two
+    (``sweep.config``: the one a user sets wins over a conf file's)."""
+    if gate.min_layer is not None:
+        if not 1 <= gate.min_layer <= num_layers:
+            raise ConfigError(
+                f"gate.min_layer={gate.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)"
+            )
+        return gate.min_layer
+    if gate.min_depth is not None:
+        return max(1, math.ceil(round(gate.min_depth * num_layers, 9)))
+    return 1
+
+
 def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> Resolved:
     """The one check of a gate config against a loaded model of ``num_layers`` layers (and
-    ``hidden_size``, when known): min_depth resolved to min_layer, layer indices within L,
-    the pca gate's k at most the hidden size."""
+    ``hidden_size``, when known): min_layer resolved (``resolve_min_layer``), layer indices
+    within L, the pca gate's k at most the hidden size."""
     spec = GATE_SPECS.get(gate.name, key="gate.name")
-    if gate.min_depth is not None:
-        min_layer = max(1, math.ceil(gate.min_depth * num_layers))
-    elif gate.min_layer > num_layers:
-        raise ConfigError(
-            f"gate.min_layer={gate.min_layer}: must be in 1..{num_layers} (L={num_layers} for this model)"
-        )
-    else:
-        min_layer = gate.min_layer
+    min_layer = resolve_min_layer(gate, num_layers)
     exit_layer = None
     if spec.name == "fixed":
         exit_layer = gate.exit_layer if gate.exit_layer is not None else min_layer
@@ -273,7 +286,8 @@ def check_k(gate: Any, hidden_size: int, bound: str | None = None) -> None:
 
 def setting_columns(gate: Any, resolved: Resolved | None = None) -> dict[str, Any]:
     """A gate setting as every results table carries it: each gate column (null where the gate
-    does not take it) and min_layer; layer indices as ``resolved`` for a model when given."""
+    does not take it) and min_layer; layer indices as ``resolved`` for a model when given (without
+    it, min_layer is the config's, null when the setting gives min_depth: only a model resolves it)."""
     spec = GATE_SPECS.get(gate.name, key="gate.name")
     columns = {p: (getattr(gate, p) if p in spec.accepts else None) for p in PARAMS}
     columns["min_layer"] = gate.min_layer

@@ -1,8 +1,8 @@
-"""Executing a sweep: every Ray and Optuna call of `sweep run`, in one place.
+"""Executing a sweep: the Ray side of `sweep run` (its Optuna side is ``sweep.study``).
 
 `sweep run` plans on the driver (``sweep.plan``: what to run, what is done, names), starts
 an embedded Ray bound to 127.0.0.1 (or joins a cluster), and runs bench trials through Ray
-Tune: a grid, or Optuna as the search algorithm (``sweep.study``: its study persisted in SQLite beside
+Tune: a grid, or Optuna as the search algorithm (its study persisted in SQLite beside
 Tune's experiment). Each trial is a list of Hydra overrides; a worker composes it on the
 device the driver resolved, reuses its process's model (one load per worker), runs the
 bench and reports the row; the driver is the single writer of the rows (``sweep.rows``).

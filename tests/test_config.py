@@ -101,6 +101,15 @@ BAD = [
     (["gate=conformal", "gate.q=1.5"], "gate.q=1.5: must be a number in (0, 1]"),
     (["gate=margin", "gate.theta=-1"], "gate.theta=-1.0: must be a number >= 0"),
     (["gate.min_layer=0"], "gate.min_layer=0: must be an integer >= 1"),
+    (
+        ["gate=margin", "gate.min_layer=3", "gate.min_depth=0.5"],
+        "gate.min_layer=3 and gate.min_depth=0.5: set one of them (min_layer: a layer index; min_depth: a fraction",
+    ),
+    (
+        ["gate.eps=0.1,0.2"],
+        "gate.eps=0.1,0.2: a comma list is a sweep; sweeps are `sweep run search=...`, e.g. sweep run "
+        "\"search.spaces=[{gate: saturation, gate.eps: 'choice(0.1,0.2)'}]\"",
+    ),
     (["profile.gen_tokens=[1,"], "cannot parse the overrides"),
 ]
 
@@ -144,8 +153,9 @@ def test_cli_config_prints_the_composed_config(capsys):
 
 def test_defaults_live_in_conf_only():
     """Every default value is in conf/ (config.yaml and the group files): a config dataclass
-    field has no default but null (GateConfig's name and min_layer aside, for gates built in
-    code), and the no-override composition validates, so conf/ sets every required field."""
+    field has no default but null (GateConfig's name aside, for gates built in code: min_layer
+    and min_depth null resolve to layer 1), and the no-override composition validates, so conf/
+    sets every required field."""
     import dataclasses as dc
     import typing
 
@@ -159,7 +169,7 @@ def test_defaults_live_in_conf_only():
                 yield from fields(sub, prefix + f.name + ".")
 
     for cls, f, key in fields(Config):
-        if cls.__name__ == "GateConfig" and f.name in ("name", "min_layer"):
+        if cls.__name__ == "GateConfig" and f.name == "name":
             continue
         assert f.default_factory is dc.MISSING, key
         assert f.default is dc.MISSING or f.default is None, f"{key} has a default ({f.default!r}) outside conf/"

@@ -12,7 +12,7 @@ import pytest
 
 from sweep.config import GateConfig, compose
 from sweep.errors import ConfigError
-from sweep.gatespec import GATE_COLUMNS, GATE_SPECS, PARAMS, check_gate, check_model, gate_text
+from sweep.gatespec import GATE_COLUMNS, GATE_SPECS, PARAMS, Resolved, check_gate, check_model, gate_text
 
 
 def _python(code: str, *args: str) -> dict:
@@ -184,3 +184,93 @@ def test_run_with_an_out_of_domain_search_value_fails_before_ray_starts():
     )
     assert seen["code"] == 2 and seen["loads"] == 0 and seen["ray"] is False
     assert "search.spaces[0].gate.theta=1.5: must be a number in [0, 1]" in seen["stderr"]
+
+
+# ---------------------------------------------------------------- depth-relative defaults (issue 13, item 10)
+
+SMOLLM2_DEPTH = 30  # SmolLM2-135M's layers: the defaults keep the layers it had before min_depth (layer 8, exit 15)
+BEFORE = {"full": (1, None), "fixed": (15, 15)}  # (min_layer, exit_layer) at L=30; every other gate: (8, None)
+
+
+@pytest.mark.parametrize("name", GATE_SPECS.names())
+def test_every_gates_default_first_layer_is_a_fraction_of_depth(name):
+    import yaml
+
+    from conftest import ROOT
+
+    conf = yaml.safe_load((ROOT / "conf" / "gate" / f"{name}.yaml").read_text())
+    if name != "full":  # the full gate never exits: min_layer 1, as before
+        assert conf["min_layer"] is None and 0 < conf["min_depth"] <= 1, conf
+    gate = compose([f"gate={name}"]).gate
+    assert check_model(gate, SMOLLM2_DEPTH) == Resolved(*BEFORE.get(name, (8, None)))
+    tiny = check_model(gate, 4)  # the default no longer fails on a 4-layer model ("must be in 1..4")
+    assert 1 <= tiny.min_layer <= 4 and (tiny.exit_layer is None) == (name != "fixed")
+    deep = check_model(gate, 80).min_layer  # and scales with depth
+    assert deep == {"full": 1, "fixed": 40}.get(name, 20)
+
+
+def test_an_explicit_min_layer_wins_over_the_default_min_depth():
+    gate = compose(["gate=saturation", "gate.min_layer=3"]).gate
+    assert (gate.min_layer, gate.min_depth) == (3, None)  # the row records min_depth null: the setting gave a layer
+    assert check_model(gate, 4).min_layer == 3 and check_model(gate, SMOLLM2_DEPTH).min_layer == 3
+    with pytest.raises(ConfigError, match=r"gate.min_layer=3: must be in 1..2 \(L=2"):
+        check_model(gate, 2)
+    # an explicit min_depth wins over a min_layer a conf file set (this experiment sets min_layer: 8)
+    assert compose(["experiment=calibrate-saturation"]).gate.min_layer == 8
+    depth = compose(["experiment=calibrate-saturation", "gate.min_depth=0.5"]).gate
+    assert (depth.min_layer, depth.min_depth) == (None, 0.5) and check_model(depth, SMOLLM2_DEPTH).min_layer == 15
+    with pytest.raises(ConfigError, match=r"^gate.min_layer=3 and gate.min_depth=0.5: set one of them"):
+        compose(["gate=saturation", "gate.min_layer=3", "gate.min_depth=0.5"])
+    # the fixed gate's min_depth only gives its default exit: an explicit exit_layer drops it
+    fixed = compose(["gate=fixed", "gate.exit_layer=10"]).gate
+    assert fixed.min_depth is None and check_model(fixed, SMOLLM2_DEPTH) == Resolved(1, 10)
+    with pytest.raises(ConfigError, match=r"gate.exit_layer=10: must be in 15..30"):  # both explicit: checked
+        check_model(compose(["gate=fixed", "gate.exit_layer=10", "gate.min_depth=0.5"]).gate, SMOLLM2_DEPTH)
+
+
+def test_min_layer_resolution_for_gates_built_in_code():
+    def resolved(**kw):
+        return check_model(GateConfig(name="margin", theta=1.0, **kw), SMOLLM2_DEPTH).min_layer
+
+    assert resolved() == 1  # neither: 1
+    assert resolved(min_layer=2, min_depth=0.9) == 2  # min_layer wins
+    assert resolved(min_depth=0.25) == 8  # ceil(7.5)
+    assert resolved(min_depth=0.1) == 3  # ceil(3.0), not ceil(3.0000000000000004) = 4
+    assert resolved(min_depth=0.01) == 1 and resolved(min_depth=1.0) == SMOLLM2_DEPTH
+
+
+def test_search_spaces_over_min_layer_or_min_depth_compose_to_one_of_them():
+    from sweep.search import grid
+
+    spaces = (
+        "search.spaces=[{gate: margin, gate.min_layer: 'choice(2, 3)'}, "
+        "{gate: saturation, gate.min_depth: 'choice(0.25, 0.5)'}]"
+    )
+    trials = grid(compose([spaces]).search)
+    gates = [compose(trial).gate for trial in trials]
+    assert [(g.name, g.min_layer, g.min_depth) for g in gates] == [
+        ("margin", 2, None),
+        ("margin", 3, None),
+        ("saturation", None, 0.25),
+        ("saturation", None, 0.5),
+    ]
+    assert [check_model(g, SMOLLM2_DEPTH).min_layer for g in gates] == [2, 3, 8, 15]
+
+
+def test_every_gate_with_its_defaults_benches_a_4_layer_model(tmp_path):
+    """Each gate's conf defaults run `sweep bench` on tiny-llama (L=4): the row carries the
+    resolved min_layer (and min_depth, the setting); an explicit gate.min_layer=3 wins."""
+    from sweep.bench import prepare, run_trial
+
+    fast = ["model=tiny-llama", f"results.root={tmp_path}", "prompts.n=1", "bench.gen_tokens=2"]
+    fast += ["bench.warmup=0", "bench.repeats=1"]
+    for name in GATE_SPECS.names():
+        cfg = compose([*fast, f"gate={name}"])
+        row = run_trial(cfg, *prepare(cfg))
+        assert row["status"] in ("ok", "nondeterministic"), (name, row.get("error"))
+        expected = {"full": 1, "fixed": 2}.get(name, 1)  # ceil(0.5 * 4) = 2; ceil(0.25 * 4) = 1
+        assert (row["min_layer"], row["min_depth"]) == (expected, cfg.gate.min_depth), name
+        assert row["exit_layer"] == (2 if name == "fixed" else None)
+    cfg = compose([*fast, "gate=saturation", "gate.min_layer=3"])
+    row = run_trial(cfg, *prepare(cfg))
+    assert (row["min_layer"], row["min_depth"]) == (3, None)

@@ -43,11 +43,59 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))
-        return OmegaConf.to_container(cfg, resolve=True)
+        data = OmegaConf.to_container(cfg, resolve=True)
     except MissingConfigException as exc:
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(_first_line(exc, exc.__cause__)) from None
+        raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
+    if isinstance(data.get("gate"), dict):
+        _layer_keys(data["gate"], _given(overrides))
+    return data
+
+
+def group_choices(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, str | None]:
+    """The option each config group (model, gate, prompts, search, cluster, experiment) takes
+    in the composition of ``overrides``: Hydra's runtime choices, for `sweep <command> --help`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    except MissingConfigException as exc:
+        raise ConfigError(_missing_option(exc)) from None
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
+    return {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+
+
+def _given(overrides: list[str] | tuple[str, ...]) -> set[str]:
+    """The keys the overrides set (``+``/``++`` stripped; ``~`` deletions are not settings)."""
+    return {o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o and not o.startswith("~")}
+
+
+def _layer_keys(gate: dict[str, Any], given: set[str]) -> None:
+    """Keep at most one of the gate's min_layer and min_depth (``sweep.gatespec.resolve_min_layer``):
+    what the overrides set wins over what a conf file set. The gates' conf files set min_depth
+    (a fraction of depth) and leave min_layer null, so ``gate.min_layer=K`` drops that default
+    min_depth, ``gate.min_depth=F`` drops a min_layer set by a conf file (an experiment's), and
+    setting both is an error; two from conf files: min_layer wins. For the fixed gate, whose
+    min_depth only gives the default exit layer, an explicit ``gate.exit_layer=K`` drops it too."""
+    layer, depth = gate.get("min_layer"), gate.get("min_depth")
+    set_layer = "gate.min_layer" in given and layer is not None
+    set_depth = "gate.min_depth" in given and depth is not None
+    if set_layer and set_depth:
+        raise ConfigError(
+            f"gate.min_layer={layer} and gate.min_depth={depth}: set one of them "
+            f"(min_layer: a layer index; min_depth: a fraction of depth, min_layer = ceil(min_depth * L))"
+        )
+    if set_depth:
+        gate["min_layer"] = None
+    elif layer is not None or (
+        gate.get("name") == "fixed" and "gate.exit_layer" in given and gate.get("exit_layer") is not None
+    ):
+        gate["min_depth"] = None
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -150,8 +198,11 @@ def _missing_option(exc: Any) -> str:
     return _first_line(exc)
 
 
-def _first_line(exc: BaseException, cause: BaseException | None = None) -> str:
+def _first_line(exc: BaseException, cause: BaseException | None = None, overrides=()) -> str:
     text = str(exc).strip()
+    m = re.match(r"Ambiguous value for argument '([^'=]+)=(.*)'", text)
+    if m:
+        return _comma_list(m.group(1).lstrip("+"), m.group(2), overrides)
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
         deeper = re.search(r"full_key: (\S+)", str(cause or ""))
@@ -166,6 +217,26 @@ def _first_line(exc: BaseException, cause: BaseException | None = None) -> str:
     if m:  # a sweep expression as a plain value: only quotes make it a string
         return f"{m.group(1)}={m.group(2)}: a sweep expression as a value must be quoted: {m.group(1)}='{m.group(2)}'"
     return first
+
+
+def _comma_list(key: str, value: str, overrides=()) -> str:
+    """A comma list as a value (Hydra's multirun sweep): one line pointing to `sweep run search=...`
+    with this key's sub-space as the example (naming the gate when the key is a gate parameter)."""
+    from sweep.gatespec import GATE_SPECS, LAYER_KEYS
+
+    param = key.removeprefix("gate.")
+    entries = [f"{key}: 'choice({value})'"]
+    if key.startswith("gate.") and param != "name":
+        chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") in ("gate", "gate.name")]
+        takes = [s.name for s in GATE_SPECS if param in s.accepts]
+        gate = chosen[-1] if chosen else (takes[0] if takes and param not in LAYER_KEYS else "saturation")
+        entries.insert(0, f"gate: {gate}")
+    space = "{" + ", ".join(entries) + "}"
+    return (
+        f"{key}={value}: a comma list is a sweep; sweeps are `sweep run search=...`, e.g. "
+        f'sweep run "search.spaces=[{space}]" or a shipped search such as search=saturation-grid '
+        f"(conf/search/)" + (f"; a list value is written {key}=[{value}]" if "." in key else "")
+    )
 
 
 def _unknown_key(key: str, missing: str) -> str:

@@ -70,8 +70,10 @@ class GateConfig:
     equal); which gate takes which, and narrower domains, are checked by ``check_gate``."""
 
     name: str = "full"  # a gate of sweep.gatespec.GATE_SPECS
-    min_layer: int = field(1, check=at_least(1), allowed="an integer >= 1")
-    # the same as a fraction of depth (min_layer = ceil(min_depth * L)), for sweeps over models of any depth
+    # the first layer after which the gate may exit: min_layer (a layer index) when set, else
+    # ceil(min_depth * L) (a fraction of depth, the conf/gate default), else 1 (gates built in code);
+    # sweep.gatespec.resolve_min_layer, once the model's depth L is known
+    min_layer: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null")
     min_depth: float | None = field(None, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1] or null")
     exit_layer: int | None = _gate_param("exit_layer")
     eps: float | None = _gate_param("eps")
