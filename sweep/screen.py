@@ -43,8 +43,12 @@ def dense_settings(cfg: Config, base: list[str], merge) -> list[tuple[list[str],
                 if swept is None:
                     out.append((fixed, corner))
                     continue
+                overrides = [*fixed, as_override(key, value)]
+                if threshold == "exit_layer":  # a layer index: composed, so min_depth drops as on the command line
+                    out.append((overrides, compose(merge(base, overrides))))
+                    continue
                 gate = build(GateConfig, {**dataclasses.asdict(corner.gate), threshold: value}, "gate.")
-                out.append(([*fixed, as_override(key, value)], dataclasses.replace(corner, gate=gate)))
+                out.append((overrides, dataclasses.replace(corner, gate=gate)))
     return out
 
 

@@ -119,7 +119,14 @@ def _gate_column(param: ParamSpec) -> Column:
 
 GATE_FIELDS: tuple[Column, ...] = (
     Column("gate", pl.String(), "", f"gate name ({', '.join(GATE_SPECS.names())})"),
-    Column("min_layer", pl.Int32(), "", "first layer after which the gate may exit (resolved from min_depth when set)"),
+    Column(
+        "min_layer",
+        pl.Int32(),
+        "",
+        "first layer after which the gate may exit (resolved from min_depth when set); null on a failed row whose "
+        "model never loaded when the setting gave min_depth (no depth to resolve it against)",
+        nullable=True,
+    ),
     Column(
         "min_depth",
         pl.Float64(),
