@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, run_cli
-from sweep.cli import COMMANDS, HELP, USAGE, main
+from sweep.cli import COMMANDS, main
+from sweep.cli_help import HELP, USAGE
 from sweep.config import compose, compose_dict
 
 
