@@ -111,7 +111,7 @@ def record_embedded_session() -> Path:
 
     session_dir, started = _ray_private.embedded_session()
     pids = {pid for group in started.values() for pid in group}
-    pids |= {child for pid in list(pids) for child in _descendants(pid)}  # the raylet's agents and workers
+    pids |= {child for pid in list(pids) for child in descendants(pid)}  # the raylet's agents and workers
     record = {
         "driver_pid": os.getpid(),
         "driver_start": _start_time(os.getpid()),
@@ -238,7 +238,8 @@ def _own_pids() -> list[int]:
     return out
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` among this user's processes (from /proc)."""
     children: dict[int, list[int]] = {}
     for child in _own_pids():
         fields = _stat_fields(child)

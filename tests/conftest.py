@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sweep.cluster_env import descendants  # noqa: F401 (tests import it from here)
 from sweep.families import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,24 +70,6 @@ def sweep(tmp_path, *overrides):
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", *overrides]
     return run_sweep(compose(*args), args)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren, ...), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def subprocess_env(**extra) -> dict:
