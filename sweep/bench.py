@@ -5,6 +5,13 @@ tokens, their max logit difference is recorded); the gated run; timing of baseli
 gated decoding interleaved over repeats (every timed run must reproduce its tokens
 too); then agreement, exits, wall-clock and cost-model speedups. A trial that fails
 the self-check is ``nondeterministic`` and never ``ok``.
+
+In a sweep worker (``run_trial(..., reuse=cache)``, see ``sweep.reuse``) the reference and
+its self-check are taken once per model, prompts, token count, seed and batch size and
+reused by the worker's later trials, warm-up runs once per such key and gate kind, and the
+gated reference is the first timed round's gated run; each trial still checks every timed
+baseline against the reference and every later gated round against its first. Rows name
+their reference (``reference_id``, ``reference_reused``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from sweep.gates import Gate, make_gate
 from sweep.identity import trial_columns
 from sweep.models import LoadedModel, load_model
 from sweep.prompts import Prompt, read_prompts, tokenize_prompts
+from sweep.reuse import Reference, ReferenceKey, ReuseCache, new_reference_id
 
 log = logging.getLogger("sweep.bench")
 
@@ -103,19 +111,33 @@ def gated_engine(cfg: Config, lm: LoadedModel, gate: Gate):
     return Engine(lm, gate, cfg.bench.kv_policy)
 
 
-def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> dict[str, Any]:
+def run_trial(
+    cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt], reuse: ReuseCache | None = None
+) -> dict[str, Any]:
     """Measure one trial; returns the trial table's own columns (provenance aside). The same
     protocol for single sequences and batches: prepare the engines, warm up, the reference runs
-    (determinism self-check), the interleaved timed rounds, the metrics."""
+    (determinism self-check), the interleaved timed rounds, the metrics.
+
+    With ``reuse`` (a sweep worker's ``sweep.reuse`` cache) the full-depth reference and its
+    self-check are taken once per ``ReferenceKey`` and reused by later trials of the key, warm-up
+    runs once per key and gate kind, and the gated reference is the first timed round's gated run
+    (later rounds must reproduce it); every timed baseline is still checked against the reference."""
     t_start = time.perf_counter()
     b = cfg.bench
     costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
     units, baseline, gated = _sides(cfg, lm, gate, prompts)
-    for _ in range(b.warmup):
-        baseline.run(units[0])
-        gated.run(units[0])
-    refs = _reference_runs(baseline, gated, units)
+    key = ReferenceKey.of(lm, prompts, gen_tokens=b.gen_tokens, seed=cfg.seed, batch_size=b.batch_size)
+    if reuse is None:
+        for _ in range(b.warmup):
+            baseline.run(units[0])
+            gated.run(units[0])
+        refs = _reference_runs(baseline, gated, units)
+        reference_id, reused = new_reference_id(key), False
+    else:
+        refs, reference_id, reused = _reused_references(reuse, key, cfg, lm, gate, units, baseline, gated)
     timings, reproduced = _timed_rounds(baseline, gated, refs, b.repeats)
+    if reuse is not None and not reproduced:
+        reuse.drop(key)  # the worker no longer reproduces it: the next trial re-runs the self-check
     runs = refs.prompt_runs(baseline, gated)
     steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
     row = _metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
@@ -127,9 +149,45 @@ def run_trial(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -
         error=None if deterministic else "full-depth baselines or timed repeats did not reproduce their tokens",
         deterministic=deterministic,
         determinism_max_logit_diff=refs.max_logit_diff,
+        reference_id=reference_id,
+        reference_reused=reused,
         bench_seconds=time.perf_counter() - t_start,
     )
     return {**trial_fields(cfg, len(runs), gate), **row}
+
+
+def _reused_references(
+    reuse: ReuseCache,
+    key: ReferenceKey,
+    cfg: Config,
+    lm: LoadedModel,
+    gate: Gate,
+    units: list[list[Prompt]],
+    baseline: _Side,
+    gated: _Side,
+) -> tuple[_References, str, bool]:
+    """The trial's references from ``reuse`` (taken and kept when the key is new and the
+    self-check passes); warm-up once per key (baseline) and per key and gate kind (gated).
+    Their gated list is left empty: the first timed round fills it."""
+    b = cfg.bench
+    gate_kind = (gate.probe_key, b.mode, b.kv_policy, b.draft_len if b.mode == "self_speculative" else None)
+    warm_base = reuse.needs_warmup((key, id(lm.adapter), "baseline"))
+    warm_gated = reuse.needs_warmup((key, id(lm.adapter), "gated", *gate_kind))
+    for _ in range(b.warmup):
+        if warm_base:
+            baseline.run(units[0])
+        if warm_gated:
+            gated.run(units[0])
+    ref = reuse.get(key)
+    if ref is not None:
+        refs = _References(units, baseline=list(ref.baseline), max_logit_diff=ref.max_logit_diff)
+        return refs, ref.id, True
+    reuse.counts["self_checks"] += 1
+    refs = _reference_runs(baseline, None, units)
+    reference_id = new_reference_id(key)
+    if refs.deterministic:
+        reuse.put(Reference(key, reference_id, list(refs.baseline), refs.max_logit_diff))
+    return refs, reference_id, False
 
 
 def _sides(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> tuple[list[list[Prompt]], _Side, _Side]:
@@ -182,9 +240,10 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
     }
 
 
-def _reference_runs(baseline: _Side, gated: _Side, units: list[list[Prompt]]) -> _References:
+def _reference_runs(baseline: _Side, gated: _Side | None, units: list[list[Prompt]]) -> _References:
     """Two full-depth baselines per unit (the self-check: the same tokens and, for single
-    sequences, their max logit difference), then the gated run."""
+    sequences, their max logit difference), then the gated run (none when ``gated`` is None:
+    the first timed round gives it)."""
     refs = _References(units, max_logit_diff=None if baseline.batched else 0.0)
     for unit in units:
         first, second = baseline.run(unit, record=True), baseline.run(unit, record=True)
@@ -194,27 +253,43 @@ def _reference_runs(baseline: _Side, gated: _Side, units: list[list[Prompt]]) ->
             log.warning("determinism self-check failed on %s: two full-depth baselines differ", ids)
         if refs.max_logit_diff is not None:
             refs.max_logit_diff = max(refs.max_logit_diff, float((first.logits - second.logits).abs().max()))
-            first.logits = None  # the logits served the self-check; a trial keeps tokens, not vocab-sized tensors
+        _lighten(first)
         refs.baseline.append(first)
-        refs.gated.append(gated.run(unit))
+        if gated is not None:
+            refs.gated.append(gated.run(unit))
     return refs
+
+
+def _lighten(record) -> None:
+    """Drop what served the self-check (vocab-sized logits, hidden states, the KV cache): a
+    trial, and a reused reference, keep tokens and exits."""
+    if getattr(record, "logits", None) is not None:
+        record.logits = None
+    if getattr(record, "exit_hidden", None):
+        record.exit_hidden = []
+    if getattr(record, "cache", None) is not None:
+        record.cache = None
 
 
 def _timed_rounds(baseline: _Side, gated: _Side, refs: _References, repeats: int) -> tuple[Timings, bool]:
     """Decode and prefill seconds [round][unit] per side, interleaved, alternating which side
-    goes first; whether every timed run reproduced its reference tokens. The one timing loop
-    of every trial: a unit is one prompt, or one batch."""
+    goes first; whether every timed run reproduced its reference tokens (a unit without a gated
+    reference takes its first timed gated run as one). The one timing loop of every trial: a
+    unit is one prompt, or one batch."""
     t = Timings.empty(repeats, len(refs.units))
     reproduced = True
     for r in range(repeats):
         for i, unit in enumerate(refs.units):
             sides = [
                 (baseline, refs.baseline[i].tokens, t.base_decode, t.base_prefill),
-                (gated, refs.gated[i].tokens, t.gated_decode, t.gated_prefill),
+                (gated, refs.gated[i].tokens if i < len(refs.gated) else None, t.gated_decode, t.gated_prefill),
             ]
             for side, expected, decode, prefill in sides if (r + i) % 2 == 0 else reversed(sides):
                 gen = side.run(unit)
-                reproduced &= gen.tokens == expected
+                if expected is None:  # no gated reference run: the first timed round's is the reference
+                    refs.gated.append(gen)
+                else:
+                    reproduced &= gen.tokens == expected
                 decode[r][i] = gen.decode_seconds
                 prefill[r][i] = gen.prefill_seconds
     if not reproduced:

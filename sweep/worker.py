@@ -15,8 +15,20 @@ from sweep.errors import SweepError
 from sweep.plan import trial_config
 
 
+REUSE_ENV = "SWEEP_REUSE"  # 0: every trial takes its own reference, self-check and warm-up (as `sweep bench`)
+
+
+def reuse_cache():
+    """This worker process's ``sweep.reuse`` cache, or None when ``$SWEEP_REUSE`` is 0/false/no/off."""
+    from sweep.reuse import process_cache
+
+    off = os.environ.get(REUSE_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+    return None if off else process_cache()
+
+
 def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> dict[str, Any]:
-    """Run one trial with this process's cached model; its row (a failed row when it raises)."""
+    """Run one trial with this process's cached model and reusable references (``sweep.reuse``);
+    its row (a failed row when it raises)."""
     from sweep.bench import failed_row, prepare, run_trial
     from sweep.models import model_loads
     from sweep.run_info import provenance, provenance_unloaded
@@ -24,7 +36,7 @@ def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> di
     lm = gate = None
     try:
         lm, gate, prompts = prepare(cfg)
-        row = run_trial(cfg, lm, gate, prompts)
+        row = run_trial(cfg, lm, gate, prompts, reuse=reuse_cache())
     except (SweepError, RuntimeError, ValueError, OSError) as exc:
         row = failed_row(cfg, cfg.prompts.n or 0, exc, gate)
     prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)

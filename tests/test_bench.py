@@ -217,3 +217,11 @@ def test_bench_console_script(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "determinism: ok" in res.stdout and "row: " in res.stdout
     assert read("trials", tmp_path)["gate"].to_list() == ["saturation"]
+
+
+def test_bench_rows_name_their_own_reference(tmp_path):
+    """`sweep bench` takes its own reference and self-check (no reuse): the row says so."""
+    assert main(["bench", "model=tiny-llama", f"results.root={tmp_path}", *FAST]) == 0
+    row = read("trials", tmp_path).row(0, named=True)
+    assert row["reference_reused"] is False and row["reference_id"].count("-") == 2
+    assert row["status"] == "ok"

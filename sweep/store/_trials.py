@@ -154,6 +154,22 @@ TRIALS = Table(
             nullable=True,
         ),
         metric("determinism_max_logit_diff", "logits", "max |logit difference| between the two full-depth baselines"),
+        Column(
+            "reference_id",
+            pl.String(),
+            "",
+            "the full-depth reference (and self-check) the trial's tokens were checked against: key digest, "
+            "worker pid and time taken; shared by the trials of one sweep worker that reused it",
+            nullable=True,
+        ),
+        Column(
+            "reference_reused",
+            pl.Boolean(),
+            "",
+            "true: the reference and its self-check were taken by an earlier trial in the same worker "
+            "(same model, dtype, device, prompts, gen_tokens, seed, batch_size); false: this trial took them",
+            nullable=True,
+        ),
         metric(
             "calibration_ms",
             "ms",

@@ -1,0 +1,138 @@
+"""Sweep throughput: the README's main job (`make run`), timed end to end, BEFORE and AFTER reuse.
+
+Runs `sweep run experiment=main` (SmolLM2-135M, the saturation grid's 8 trials, 2 prompts x 16
+tokens, 2 repeats, one worker) alternately with reuse off (``SWEEP_REUSE=0``: every trial takes
+its own warm-up, reference runs and determinism self-check, today's protocol) and on (the
+default: one reference and self-check per worker and key, see ``sweep.reuse``), each into its own
+temporary results root, and prints side by side: per trial ``bench_seconds / timed-rounds
+seconds`` (timed rounds: the sum of the row's round_* decode and prefill timings), the sweep's
+wall time (process start to exit: Ray start, model load, every trial), their medians and
+ratios, and each grid trial's speedup and agreement before and after.
+
+    .venv/bin/python benchmarks/sweep_throughput.py [--pairs 1] [--threads 1] [--keep DIR]
+
+``--threads`` sets OMP_NUM_THREADS for the sweeps (the Ray workers inherit it); 1 by default,
+as a 2-core machine shared with other work makes 2-thread OpenMP decoding erratic (spin-waits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / ".venv" / "bin" / "sweep"
+
+
+def run_sweep(root: Path, reuse: bool, threads: int, extra: list[str]) -> float:
+    """One `sweep run experiment=main` into ``root``; its wall seconds (process start to exit)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SWEEP_REUSE": "1" if reuse else "0"}
+    cmd = [str(SWEEP if SWEEP.exists() else "sweep"), "run", "experiment=main", f"results.root={root}", *extra]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (root / "sweep.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}); log in {root / 'sweep.log'}:\n{done.stderr[-2000:]}")
+    return wall
+
+
+def trial_rows(root: Path) -> list[dict]:
+    from sweep.store import read
+
+    rows = read("trials", root).to_dicts()
+    for row in rows:
+        timed_ms = sum(
+            sum(sum(unit) for unit in row[col])
+            for col in ("round_baseline_ms", "round_ms", "round_baseline_prefill_ms", "round_prefill_ms")
+        )
+        row["timed_seconds"] = timed_ms / 1000
+        row["overhead_ratio"] = row["bench_seconds"] / row["timed_seconds"]
+    seen = set()
+    for row in sorted(rows, key=lambda r: r["created_at"]):  # a worker's first trial loads and measures the model
+        row["first"] = row["worker_pid"] not in seen
+        seen.add(row["worker_pid"])
+    return sorted(rows, key=lambda r: (r["min_layer"], r["eps"]))
+
+
+def setting(row: dict) -> str:
+    return f"eps={row['eps']:<5} min_layer={row['min_layer']}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=1, help="BEFORE/AFTER pairs, alternating which goes first")
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the sweeps")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the results roots under this directory")
+    ap.add_argument("extra", nargs="*", help="more overrides for both sweeps (the same settings on both sides)")
+    args = ap.parse_args()
+
+    base = args.keep or Path(tempfile.mkdtemp(prefix="sweep-throughput-"))
+    base.mkdir(parents=True, exist_ok=True)
+    walls: dict[str, list[float]] = {"before": [], "after": []}
+    rows: dict[str, list[list[dict]]] = {"before": [], "after": []}
+    for i in range(args.pairs):
+        order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
+        for side in order:
+            root = base / f"{side}-{i}"
+            wall = run_sweep(root, reuse=side == "after", threads=args.threads, extra=args.extra)
+            walls[side].append(wall)
+            rows[side].append(trial_rows(root))
+            print(f"pair {i} {side:<6}: {wall:7.1f} s wall, {len(rows[side][-1])} trials ({root})", flush=True)
+
+    print(f"\nOMP_NUM_THREADS={args.threads}; {args.pairs} pair(s); medians over pairs and trials\n")
+    for side in ("before", "after"):
+        for p, rs in enumerate(rows[side]):
+            print(f"{side} (pair {p}): per trial")
+            print(
+                f"  {'setting':<24}{'bench s':>9}{'timed s':>9}{'ratio':>7}{'trial s':>9}{'speedup':>9}"
+                f"{'agree':>7}  reused  reference"
+            )
+            for r in rs:
+                print(
+                    f"  {setting(r):<24}{r['bench_seconds']:>9.2f}{r['timed_seconds']:>9.2f}{r['overhead_ratio']:>7.2f}"
+                    f"{r['trial_seconds']:>9.2f}{r['speedup_wall']:>9.3f}{r['agreement']:>7.3f}  "
+                    f"{str(r['reference_reused']):<7} {r['reference_id']}"
+                )
+    ratio = {s: statistics.median(r["overhead_ratio"] for rs in rows[s] for r in rs) for s in rows}
+    later = {s: statistics.median(r["overhead_ratio"] for rs in rows[s] for r in rs if not r["first"]) for s in rows}
+    wall = {s: statistics.median(walls[s]) for s in walls}
+    trials = {s: statistics.median(sum(r["trial_seconds"] for r in rs) for rs in rows[s]) for s in rows}
+    print("\nsummary                                   before     after  after/before")
+    print(f"  median bench_seconds / timed seconds  {ratio['before']:>8.2f}  {ratio['after']:>8.2f}")
+    print(f"  same, trials after a worker's first   {later['before']:>8.2f}  {later['after']:>8.2f}")
+    print(
+        f"  sweep wall time (s)                   {wall['before']:>8.1f}  {wall['after']:>8.1f}  "
+        f"{wall['after'] / wall['before']:>8.2f}"
+    )
+    print(
+        f"  sum of trial_seconds (s)              {trials['before']:>8.1f}  {trials['after']:>8.1f}  "
+        f"{trials['after'] / trials['before']:>8.2f}"
+    )
+    print(
+        f"  outside trials (Ray, load, driver) (s){wall['before'] - trials['before']:>8.1f}  "
+        f"{wall['after'] - trials['after']:>8.1f}"
+    )
+
+    print("\ngrid trials, before vs after (last pair)")
+    print(f"  {'setting':<24}{'speedup before':>15}{'after':>8}{'agree before':>14}{'after':>8}")
+    after = {setting(r): r for r in rows["after"][-1]}
+    same_agreement = True
+    for r in rows["before"][-1]:
+        a = after[setting(r)]
+        same_agreement &= r["prompt_agreement"] == a["prompt_agreement"]
+        print(
+            f"  {setting(r):<24}{r['speedup_wall']:>15.3f}{a['speedup_wall']:>8.3f}"
+            f"{r['agreement']:>14.3f}{a['agreement']:>8.3f}"
+        )
+    print(f"  agreement identical per prompt: {same_agreement}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Reuse within a sweep worker: one reference and self-check per key, every trial still checked."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+import torch
+
+from conftest import compose
+from sweep import bench
+from sweep.bench import prepare, run_trial
+from sweep.reuse import ReferenceKey, ReuseCache
+
+FAST = ["bench.gen_tokens=6", "bench.repeats=2", "bench.warmup=1", "prompts.n=2"]
+
+
+def cfg_of(*overrides):
+    return compose("model=tiny-llama", *FAST, *overrides)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the determinism self-checks (the reference runs) that really run."""
+    calls = {"n": 0}
+    real = bench._reference_runs
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_reference_runs", counting)
+    return calls
+
+
+@contextlib.contextmanager
+def noisy_layer(lm, *, scale: float = 3.0, seed: int = 0):
+    """Layer 0 adds seeded random noise on every call: the same model, now nondeterministic."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def noise(_module, _args, output):
+        if isinstance(output, tuple):
+            return (output[0] + scale * torch.randn(output[0].shape, generator=gen), *output[1:])
+        return output + scale * torch.randn(output.shape, generator=gen)
+
+    handle = lm.adapter.layers[0].register_forward_hook(noise)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def test_a_workers_second_trial_reuses_the_reference(counted):
+    cache = ReuseCache()
+    first_cfg = cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1")
+    second_cfg = cfg_of("gate=fixed", "gate.exit_layer=2")
+    lm, gate, prompts = prepare(first_cfg)
+    first = run_trial(first_cfg, lm, gate, prompts, reuse=cache)
+    assert counted["n"] == 1 and cache.counts["self_checks"] == 1
+    lm2, gate2, prompts2 = prepare(second_cfg)
+    assert lm2 is lm
+    second = run_trial(second_cfg, lm2, gate2, prompts2, reuse=cache)
+    assert counted["n"] == 1 and cache.counts["self_checks"] == 1  # no second determinism check ran
+    assert cache.counts["reused"] == 1
+    assert first["status"] == second["status"] == "ok"
+    assert first["reference_reused"] is False and second["reference_reused"] is True
+    assert first["reference_id"] == second["reference_id"]
+    assert second["determinism_max_logit_diff"] == first["determinism_max_logit_diff"] == 0.0
+    # the figures of a reused reference are the ones a fresh trial finds (decoding is deterministic)
+    fresh = run_trial(second_cfg, lm2, gate2, prompts2)
+    assert counted["n"] == 2 and fresh["reference_reused"] is False and fresh["reference_id"] != first["reference_id"]
+    for col in ("agreement", "prefix_agreement", "exit_rate", "mean_exit_layer", "prompt_agreement"):
+        assert second[col] == fresh[col]
+    # every trial still times its own baseline, interleaved with its gated run
+    assert len(second["round_baseline_ms"]) == 2 and len(second["round_ms"]) == 2
+
+
+def test_warmup_runs_once_per_key_and_gate_kind():
+    cache = ReuseCache()
+    for eps in (0.3, 0.2):
+        cfg = cfg_of("gate=saturation", f"gate.eps={eps}", "gate.min_layer=1")
+        run_trial(cfg, *prepare(cfg), reuse=cache)
+    assert cache.counts["warmups"] == 2  # the baseline's and the saturation gate's, once
+    cfg = cfg_of("gate=margin", "gate.theta=2.0", "gate.min_layer=1")
+    run_trial(cfg, *prepare(cfg), reuse=cache)
+    assert cache.counts["warmups"] == 3  # another probe: its gated side warms up once
+
+
+def test_a_layer_turned_nondeterministic_after_the_reference_is_caught(counted):
+    cache = ReuseCache()
+    cfg = cfg_of("gate=fixed", "gate.exit_layer=3")
+    lm, gate, prompts = prepare(cfg)
+    first = run_trial(cfg, lm, gate, prompts, reuse=cache)
+    assert first["status"] == "ok"
+    with noisy_layer(lm):
+        second = run_trial(cfg, lm, gate, prompts, reuse=cache)
+    assert second["reference_reused"] is True and counted["n"] == 1  # no self-check ran: the timed repeats caught it
+    assert second["status"] == "nondeterministic" and second["deterministic"] is False
+    assert cache.counts["dropped"] == 1  # the next trial re-runs the self-check
+    third = run_trial(cfg, lm, gate, prompts, reuse=cache)
+    assert third["reference_reused"] is False and counted["n"] == 2 and third["status"] == "ok"
+    assert third["reference_id"] != first["reference_id"]
+
+
+def test_a_nondeterministic_first_trial_keeps_no_reference():
+    cache = ReuseCache()
+    cfg = cfg_of("gate=full")
+    lm, gate, prompts = prepare(cfg)
+    with noisy_layer(lm):
+        row = run_trial(cfg, lm, gate, prompts, reuse=cache)
+    assert row["status"] == "nondeterministic" and row["determinism_max_logit_diff"] > 0
+    assert not cache.references
+    clean = run_trial(cfg, lm, gate, prompts, reuse=cache)
+    assert clean["status"] == "ok" and clean["reference_reused"] is False
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ["model=tiny-qwen2"],  # another model
+        ["seed=1"],  # a tiny model's seed: other weights
+        ["prompts.n=3"],  # other prompts
+        ["prompts.name=humaneval"],
+        ["dtype=bfloat16"],
+        ["bench.gen_tokens=5"],
+        ["bench.batch_size=2"],
+    ],
+)
+def test_reuse_never_crosses_keys(counted, change):
+    cache = ReuseCache()
+    base = cfg_of("gate=fixed", "gate.exit_layer=2")
+    first = run_trial(base, *prepare(base), reuse=cache)
+    other = cfg_of("gate=fixed", "gate.exit_layer=2", *change)
+    second = run_trial(other, *prepare(other), reuse=cache)
+    assert counted["n"] == 2 and cache.counts["reused"] == 0
+    assert second["reference_reused"] is False and second["reference_id"] != first["reference_id"]
+    assert second["reference_id"].split("-")[0] != first["reference_id"].split("-")[0]  # another key
+    # and the first key's reference is still there for its own trials
+    again = run_trial(base, *prepare(base), reuse=cache)
+    assert again["reference_reused"] is True and again["reference_id"] == first["reference_id"]
+
+
+def test_every_field_of_the_key_separates():
+    class LM:
+        content_hash, dtype, device = "abc", torch.float32, torch.device("cpu")
+
+    class P:
+        def __init__(self, id, ids):
+            self.id, self.input_ids = id, ids
+
+    def key(lm=LM, prompts=(P("a", (1, 2)),), **kw):
+        return ReferenceKey.of(lm, list(prompts), **{"gen_tokens": 4, "seed": 0, "batch_size": 1, **kw})
+
+    base = key()
+    assert key() == base and key().digest() == base.digest()
+    others = [
+        key(lm=type("L", (LM,), {"content_hash": "abd"})),
+        key(lm=type("L", (LM,), {"dtype": torch.bfloat16})),
+        key(lm=type("L", (LM,), {"device": torch.device("cuda", 0)})),
+        key(prompts=(P("b", (1, 2)),)),
+        key(prompts=(P("a", (1, 3)),)),
+        key(prompts=(P("a", (1, 2)), P("b", (3,)))),
+        key(gen_tokens=5),
+        key(seed=1),
+        key(batch_size=2),
+    ]
+    assert len({base, *others}) == len(others) + 1
+    assert len({k.digest() for k in [base, *others]}) == len(others) + 1
+
+
+def test_sweep_bench_takes_its_own_reference():
+    cfg = cfg_of("gate=full")
+    lm, gate, prompts = prepare(cfg)
+    a, b = run_trial(cfg, lm, gate, prompts), run_trial(cfg, lm, gate, prompts)
+    assert a["reference_reused"] is b["reference_reused"] is False and a["reference_id"] != b["reference_id"]
+
+
+def test_worker_rows_reuse_unless_disabled(monkeypatch):
+    from sweep.reuse import process_cache
+    from sweep.worker import REUSE_ENV, reuse_cache, trial_row
+
+    process_cache().clear()
+    monkeypatch.delenv(REUSE_ENV, raising=False)
+    assert reuse_cache() is process_cache()
+    rows = [trial_row(cfg_of("gate=fixed", f"gate.exit_layer={k}"), "run", "s", time.perf_counter()) for k in (1, 2)]
+    assert [r["reference_reused"] for r in rows] == [False, True] and rows[0]["reference_id"] == rows[1]["reference_id"]
+    assert all(r["status"] == "ok" for r in rows)
+    monkeypatch.setenv(REUSE_ENV, "0")
+    assert reuse_cache() is None
+    row = trial_row(cfg_of("gate=fixed", "gate.exit_layer=3"), "run", "s", time.perf_counter())
+    assert row["reference_reused"] is False and row["reference_id"] != rows[0]["reference_id"]
+    process_cache().clear()
