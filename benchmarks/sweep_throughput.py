@@ -11,6 +11,10 @@ ratios, and each grid trial's speedup and agreement before and after.
 
     .venv/bin/python benchmarks/sweep_throughput.py [--pairs 1] [--threads 1] [--keep DIR]
 
+``--shared`` instead compares, in this process, the grid's 8 settings run one trial each (reusing
+the reference, as a worker does) with the same 8 settings measured against one shared baseline
+per round (``sweep.bench.run_shared_trials``), alternately: wall time and each setting's speedup.
+
 ``--threads`` sets OMP_NUM_THREADS for the sweeps (the Ray workers inherit it); 1 by default,
 as a 2-core machine shared with other work makes 2-thread OpenMP decoding erratic (spin-waits).
 """
@@ -65,13 +69,59 @@ def setting(row: dict) -> str:
     return f"eps={row['eps']:<5} min_layer={row['min_layer']}"
 
 
+def shared_comparison(pairs: int, threads: int) -> None:
+    """One-setting trials (with reuse) against one shared-baseline group, alternately, in-process."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    from sweep.bench import prepare, run_shared_trials, run_trial
+    from sweep.config import compose
+    from sweep.reuse import ReuseCache
+
+    grid = [(eps, depth) for depth in (0.25, 0.5) for eps in (0.05, 0.1, 0.2, 0.3)]
+    cfgs = [
+        compose(["experiment=main", "gate=saturation", f"gate.eps={eps}", f"gate.min_depth={depth}"])
+        for eps, depth in grid
+    ]
+    prepared = [prepare(c) for c in cfgs]
+    lm, prompts = prepared[0][0], prepared[0][2]
+    cache = ReuseCache()
+    run_trial(cfgs[0], *prepared[0], reuse=cache)  # the worker's first trial: reference, warm-up, cost model
+    results: dict[str, list] = {"single": [], "shared": []}
+    for i in range(pairs):
+        for side in ("single", "shared") if i % 2 == 0 else ("shared", "single"):
+            t0 = time.perf_counter()
+            if side == "single":
+                rows = [run_trial(c, *p, reuse=cache) for c, p in zip(cfgs, prepared)]
+            else:
+                rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+            results[side].append((time.perf_counter() - t0, rows))
+            print(f"pair {i} {side:<6}: {results[side][-1][0]:7.1f} s", flush=True)
+    print(f"\nOMP_NUM_THREADS={threads}; 8 settings one trial each (reuse) vs one shared baseline per round")
+    print(f"  wall, median (s): single {statistics.median(w for w, _ in results['single']):.1f}", end="")
+    print(f"  shared {statistics.median(w for w, _ in results['shared']):.1f}")
+    print(f"  {'setting':<24}{'speedup single':>15}{'shared':>8}{'agree single':>14}{'shared':>8}")
+    for k in range(len(cfgs)):
+        single = [rows[k] for _, rows in results["single"]]
+        shared = [rows[k] for _, rows in results["shared"]]
+        sp = {n: statistics.median(r["speedup_wall"] for r in rs) for n, rs in (("a", single), ("b", shared))}
+        print(
+            f"  {setting(single[0]):<24}{sp['a']:>15.3f}{sp['b']:>8.3f}"
+            f"{single[0]['agreement']:>14.3f}{shared[0]['agreement']:>8.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=1, help="BEFORE/AFTER pairs, alternating which goes first")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the sweeps")
     ap.add_argument("--keep", type=Path, default=None, help="keep the results roots under this directory")
     ap.add_argument("extra", nargs="*", help="more overrides for both sweeps (the same settings on both sides)")
+    ap.add_argument("--shared", action="store_true", help="compare one-setting trials with a shared baseline")
     args = ap.parse_args()
+    if args.shared:
+        return shared_comparison(args.pairs, args.threads)
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="sweep-throughput-"))
     base.mkdir(parents=True, exist_ok=True)

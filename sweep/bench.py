@@ -138,6 +138,27 @@ def run_trial(
     timings, reproduced = _timed_rounds(baseline, gated, refs, b.repeats)
     if reuse is not None and not reproduced:
         reuse.drop(key)  # the worker no longer reproduces it: the next trial re-runs the self-check
+    return _row(cfg, lm, gate, costs, baseline, gated, refs, timings, reproduced, reference_id, reused, t_start)
+
+
+def _row(
+    cfg: Config,
+    lm: LoadedModel,
+    gate: Gate,
+    costs: CostModel,
+    baseline: _Side,
+    gated: _Side,
+    refs: _References,
+    timings: Timings,
+    reproduced: bool,
+    reference_id: str,
+    reused: bool,
+    t_start: float,
+    share: int = 1,
+) -> dict[str, Any]:
+    """A measured trial's row; ``bench_seconds`` is the wall time since ``t_start`` over ``share``
+    (the settings that shared it: ``run_shared_trials``)."""
+    b = cfg.bench
     runs = refs.prompt_runs(baseline, gated)
     steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
     row = _metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
@@ -151,9 +172,56 @@ def run_trial(
         determinism_max_logit_diff=refs.max_logit_diff,
         reference_id=reference_id,
         reference_reused=reused,
-        bench_seconds=time.perf_counter() - t_start,
+        bench_seconds=(time.perf_counter() - t_start) / share,
     )
     return {**trial_fields(cfg, len(runs), gate), **row}
+
+
+def run_shared_trials(
+    cfgs: list[Config], lm: LoadedModel, gates: list[Gate], prompts: list[Prompt], reuse: ReuseCache | None = None
+) -> list[dict[str, Any]]:
+    """Several gated settings of one model measured against one full-depth baseline per round:
+    per round and unit the baseline and every setting's gated run, in an order that alternates
+    (baseline, A, B, ... then ..., B, A, baseline); each setting its own row, its speedup against
+    the baseline timed in the same rounds. The settings must share what the reference depends on
+    (``ReferenceKey``: model, prompts, gen_tokens, seed, batch_size) and bench.repeats; gate,
+    kv_policy and mode may differ. One self-check for the group (or none, reused from ``reuse``);
+    each row's ``bench_seconds`` is the group's wall time over the number of settings."""
+    t_start = time.perf_counter()
+    keys = {
+        ReferenceKey.of(lm, prompts, gen_tokens=c.bench.gen_tokens, seed=c.seed, batch_size=c.bench.batch_size)
+        for c in cfgs
+    }
+    if not cfgs or len(keys) != 1 or len({c.bench.repeats for c in cfgs}) != 1 or len(gates) != len(cfgs):
+        raise ValueError("shared-baseline settings must share model, prompts, gen_tokens, seed, batch_size, repeats")
+    key = keys.pop()
+    costs = [cost_model(lm, prompts[0].input_ids, gates=[g]) for g in gates]
+    sides = [_sides(c, lm, g, prompts) for c, g in zip(cfgs, gates)]
+    units, baseline = sides[0][0], sides[0][1]
+    gated = [side[2] for side in sides]
+    cache = reuse if reuse is not None else ReuseCache()  # without one: a private cache, one self-check
+    shared, reference_id, reused = _reused_references(cache, key, cfgs[0], lm, gates[0], units, baseline, gated[0])
+    for cfg, gate, side in zip(cfgs[1:], gates[1:], gated[1:]):
+        _warm_gated(cache, key, cfg, lm, gate, units, side)
+    refs = [_References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff) for _ in cfgs]
+    timings, reproduced = _timed_rounds_shared(baseline, gated, refs, cfgs[0].bench.repeats)
+    if reuse is not None and not all(reproduced):
+        reuse.drop(key)
+    return [
+        _row(cfg, lm, gate, cost, baseline, side, ref, t, ok, reference_id, reused, t_start, share=len(cfgs))
+        for cfg, gate, cost, side, ref, t, ok in zip(cfgs, gates, costs, gated, refs, timings, reproduced)
+    ]
+
+
+def _warm_gated(
+    reuse: ReuseCache, key: ReferenceKey, cfg: Config, lm: LoadedModel, gate: Gate, units: list, gated: _Side
+) -> None:
+    """Warm-up of a gated side, once per reference key and gate kind (probe, mode, kv_policy)."""
+    b = cfg.bench
+    gate_kind = (gate.probe_key, b.mode, b.kv_policy, b.draft_len if b.mode == "self_speculative" else None)
+    if reuse.needs_warmup((key, id(lm.adapter), "gated", *gate_kind)):
+        for _ in range(b.warmup):
+            gated.run(units[0])
 
 
 def _reused_references(
@@ -169,15 +237,10 @@ def _reused_references(
     """The trial's references from ``reuse`` (taken and kept when the key is new and the
     self-check passes); warm-up once per key (baseline) and per key and gate kind (gated).
     Their gated list is left empty: the first timed round fills it."""
-    b = cfg.bench
-    gate_kind = (gate.probe_key, b.mode, b.kv_policy, b.draft_len if b.mode == "self_speculative" else None)
-    warm_base = reuse.needs_warmup((key, id(lm.adapter), "baseline"))
-    warm_gated = reuse.needs_warmup((key, id(lm.adapter), "gated", *gate_kind))
-    for _ in range(b.warmup):
-        if warm_base:
+    if reuse.needs_warmup((key, id(lm.adapter), "baseline")):
+        for _ in range(cfg.bench.warmup):
             baseline.run(units[0])
-        if warm_gated:
-            gated.run(units[0])
+    _warm_gated(reuse, key, cfg, lm, gate, units, gated)
     ref = reuse.get(key)
     if ref is not None:
         refs = _References(units, baseline=list(ref.baseline), max_logit_diff=ref.max_logit_diff)
@@ -276,25 +339,39 @@ def _timed_rounds(baseline: _Side, gated: _Side, refs: _References, repeats: int
     goes first; whether every timed run reproduced its reference tokens (a unit without a gated
     reference takes its first timed gated run as one). The one timing loop of every trial: a
     unit is one prompt, or one batch."""
-    t = Timings.empty(repeats, len(refs.units))
-    reproduced = True
+    timings, reproduced = _timed_rounds_shared(baseline, [gated], [refs], repeats)
+    return timings[0], reproduced[0]
+
+
+def _timed_rounds_shared(
+    baseline: _Side, gated: list[_Side], refs: list[_References], repeats: int
+) -> tuple[list[Timings], list[bool]]:
+    """``_timed_rounds`` for one baseline and several gated sides: per round and unit the
+    baseline and each gated side in turn (forward when round + unit is even, else reversed);
+    each side's Timings carry the baseline timed in the same rounds."""
+    units = refs[0].units
+    timings = [Timings.empty(repeats, len(units)) for _ in gated]
+    base_ok, gated_ok = True, [True] * len(gated)
     for r in range(repeats):
-        for i, unit in enumerate(refs.units):
-            sides = [
-                (baseline, refs.baseline[i].tokens, t.base_decode, t.base_prefill),
-                (gated, refs.gated[i].tokens if i < len(refs.gated) else None, t.gated_decode, t.gated_prefill),
-            ]
-            for side, expected, decode, prefill in sides if (r + i) % 2 == 0 else reversed(sides):
-                gen = side.run(unit)
-                if expected is None:  # no gated reference run: the first timed round's is the reference
-                    refs.gated.append(gen)
+        for i, unit in enumerate(units):
+            order = [None, *range(len(gated))]  # None: the baseline
+            for s in order if (r + i) % 2 == 0 else reversed(order):
+                if s is None:
+                    gen = baseline.run(unit)
+                    base_ok &= gen.tokens == refs[0].baseline[i].tokens
+                    for t in timings:
+                        t.base_decode[r][i], t.base_prefill[r][i] = gen.decode_seconds, gen.prefill_seconds
+                    continue
+                gen, ref, t = gated[s].run(unit), refs[s], timings[s]
+                if i >= len(ref.gated):  # no gated reference run: the first timed round's is the reference
+                    ref.gated.append(gen)
                 else:
-                    reproduced &= gen.tokens == expected
-                decode[r][i] = gen.decode_seconds
-                prefill[r][i] = gen.prefill_seconds
-    if not reproduced:
+                    gated_ok[s] &= gen.tokens == ref.gated[i].tokens
+                t.gated_decode[r][i], t.gated_prefill[r][i] = gen.decode_seconds, gen.prefill_seconds
+    reproduced = [base_ok and ok for ok in gated_ok]
+    if not all(reproduced):
         log.warning("a timed repeat did not reproduce its reference tokens")
-    return t, reproduced
+    return timings, reproduced
 
 
 def _metrics(

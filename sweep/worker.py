@@ -50,6 +50,41 @@ def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> di
     }
 
 
+def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: float) -> list[dict[str, Any]]:
+    """Several settings of one model, prompts and bench measured against one shared baseline
+    (``sweep.bench.run_shared_trials``): one row per setting, in order (failed rows when the group
+    raises). The worker side of a Tune trial that bundles grid settings; ``trial_seconds`` is the
+    group's over the number of settings."""
+    from sweep.bench import failed_row, prepare, run_shared_trials
+    from sweep.models import model_loads
+    from sweep.run_info import provenance, provenance_unloaded
+
+    prepared = []
+    try:
+        prepared = [prepare(cfg) for cfg in cfgs]
+        lm, prompts = prepared[0][0], prepared[0][2]
+        rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=reuse_cache())
+    except (SweepError, RuntimeError, ValueError, OSError) as exc:
+        gates = [p[1] for p in prepared] if len(prepared) == len(cfgs) else [None] * len(cfgs)
+        rows = [failed_row(cfg, cfg.prompts.n or 0, exc, gate) for cfg, gate in zip(cfgs, gates)]
+    seconds = (time.perf_counter() - t0) / len(cfgs)
+    out = []
+    loaded = prepared + [None] * (len(cfgs) - len(prepared))  # a setting that failed to prepare has no model
+    for cfg, row, p in zip(cfgs, rows, loaded):
+        prov = provenance(cfg, p[0], run_id) if p is not None else provenance_unloaded(cfg, run_id)
+        out.append(
+            {
+                **prov,
+                **row,
+                "sweep_name": sweep_name,
+                "worker_pid": os.getpid(),
+                "worker_model_loads": model_loads(),
+                "trial_seconds": seconds,
+            }
+        )
+    return out
+
+
 def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
     """The profile trace of the sweep's model and prompts at the bench's length, and the cost
     model (with the probes of ``probe_gates``), on the device trials will use."""

@@ -191,3 +191,67 @@ def test_worker_rows_reuse_unless_disabled(monkeypatch):
     row = trial_row(cfg_of("gate=fixed", "gate.exit_layer=3"), "run", "s", time.perf_counter())
     assert row["reference_reused"] is False and row["reference_id"] != rows[0]["reference_id"]
     process_cache().clear()
+
+
+def test_settings_share_one_baseline_per_round(counted):
+    """Item 3 of issue 14: several settings against one baseline timed in the same rounds, each
+    its own row with the figures a one-setting trial finds."""
+    from sweep.bench import run_shared_trials
+
+    cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
+    cfgs.append(cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1", "bench.kv_policy=full"))
+    prepared = [prepare(c) for c in cfgs]
+    lm, prompts = prepared[0][0], prepared[0][2]
+    rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts)
+    assert counted["n"] == 1  # one self-check for the group
+    assert [r["status"] for r in rows] == ["ok"] * 3 and len({r["reference_id"] for r in rows}) == 1
+    assert rows[0]["round_baseline_ms"] == rows[1]["round_baseline_ms"] == rows[2]["round_baseline_ms"]
+    assert rows[0]["round_ms"] != rows[1]["round_ms"]
+    for cfg, p, row in zip(cfgs, prepared, rows):
+        alone = run_trial(cfg, *p)
+        assert row["trial_id"] == alone["trial_id"] and row["kv_policy"] == alone["kv_policy"]
+        for col in ("agreement", "prompt_agreement", "exit_rate", "mean_exit_layer", "speedup_model"):
+            assert row[col] == pytest.approx(alone[col]) if col == "speedup_model" else row[col] == alone[col]
+    with pytest.raises(ValueError, match="must share"):
+        run_shared_trials(
+            [cfgs[0], cfg_of("gate=full", "bench.gen_tokens=5")], lm, [p[1] for p in prepared[:2]], prompts
+        )
+
+
+def test_a_drifting_setting_is_caught_in_a_shared_group():
+    from sweep.bench import run_shared_trials
+
+    cache = ReuseCache()
+    cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 3)]
+    prepared = [prepare(c) for c in cfgs]
+    lm, prompts = prepared[0][0], prepared[0][2]
+    run_trial(cfgs[0], *prepared[0], reuse=cache)  # takes the reference
+    with noisy_layer(lm):
+        rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+    assert all(r["reference_reused"] for r in rows) and all(r["status"] == "nondeterministic" for r in rows)
+    assert cache.counts["dropped"] == 1
+
+
+def test_worker_rows_of_a_shared_group():
+    from sweep.reuse import process_cache
+    from sweep.worker import shared_trial_rows
+
+    process_cache().clear()
+    cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
+    rows = shared_trial_rows(cfgs, "run", "s", time.perf_counter())
+    assert [r["status"] for r in rows] == ["ok", "ok"] and rows[0]["exit_layer"] == 1 and rows[1]["exit_layer"] == 2
+    assert rows[0]["model_hash"] == rows[1]["model_hash"] and rows[0]["worker_pid"] == rows[1]["worker_pid"]
+    bad = shared_trial_rows([cfgs[0], cfg_of("gate=fixed", "gate.exit_layer=2", "bench.gen_tokens=5")], "run", "s", 0.0)
+    assert [r["status"] for r in bad] == ["failed", "failed"] and "must share" in bad[0]["error"]
+    process_cache().clear()
+
+
+def test_self_speculative_trials_reuse_too():
+    cache = ReuseCache()
+    cfg = cfg_of("bench.mode=self_speculative", "gate=fixed", "gate.exit_layer=2", "bench.draft_len=2")
+    lm, gate, prompts = prepare(cfg)
+    first, second = (run_trial(cfg, lm, gate, prompts, reuse=cache) for _ in range(2))
+    alone = run_trial(cfg, lm, gate, prompts)
+    assert second["reference_reused"] and first["status"] == second["status"] == "ok"
+    for col in ("acceptance_rate", "mean_accepted_length", "tokens_per_verification", "agreement"):
+        assert first[col] == second[col] == alone[col]
