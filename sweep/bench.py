@@ -17,7 +17,6 @@ their reference (``reference_id``, ``reference_reused``).
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,26 +24,16 @@ from typing import Any
 from sweep.config import Config
 from sweep.costs import CostModel, DecodeSteps, cost_model
 from sweep.engine import Decoded, Engine
-from sweep.estimators import Timings, mean_agreement
+from sweep.estimators import Timings
 from sweep.gatespec import setting_columns
 from sweep.gates import Gate, make_gate
 from sweep.identity import trial_columns
 from sweep.models import LoadedModel, load_model
 from sweep.prompts import Prompt, read_prompts, tokenize_prompts
+from sweep.trial_metrics import PromptRun, metrics, speculation
 from sweep.reuse import Reference, ReferenceKey, ReuseCache, new_reference_id
 
 log = logging.getLogger("sweep.bench")
-
-
-@dataclass
-class _PromptRun:
-    """One prompt's reference runs, whichever path decoded it: its full-depth baseline and its
-    gated run (tokens, exit layer and probes per token). A single sequence's are its whole
-    ``Generation`` (self-speculation's counts included); a batch's are its rows' records."""
-
-    prompt: Prompt
-    baseline: Decoded
-    gated: Decoded
 
 
 @dataclass
@@ -81,9 +70,9 @@ class _References:
     deterministic: bool = True
     max_logit_diff: float | None = 0.0
 
-    def prompt_runs(self, baseline: _Side, gated: _Side) -> list[_PromptRun]:
+    def prompt_runs(self, baseline: _Side, gated: _Side) -> list[PromptRun]:
         return [
-            _PromptRun(prompt, base, gate)
+            PromptRun(prompt, base, gate)
             for unit, b, g in zip(self.units, self.baseline, self.gated)
             for prompt, base, gate in zip(unit, baseline.records(b), gated.records(g))
         ]
@@ -161,9 +150,9 @@ def _row(
     b = cfg.bench
     runs = refs.prompt_runs(baseline, gated)
     steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
-    row = _metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
-    speculation = {"acceptance_rate": None, "mean_accepted_length": None, "tokens_per_verification": None}
-    row.update(_speculation(runs) if b.mode == "self_speculative" else speculation)
+    row = metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
+    no_speculation = {"acceptance_rate": None, "mean_accepted_length": None, "tokens_per_verification": None}
+    row.update(speculation(runs) if b.mode == "self_speculative" else no_speculation)
     deterministic = refs.deterministic and reproduced
     row.update(
         status="ok" if deterministic else "nondeterministic",
@@ -266,21 +255,6 @@ def _sides(cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt]) -> t
     return units, _Side(baseline, b.gen_tokens, batched=True), _Side(gated, b.gen_tokens, batched=True)
 
 
-def _speculation(runs) -> dict[str, Any]:
-    """Self-speculation's own metrics, over the reference runs; no cost-model prediction."""
-    gens = [run.gated for run in runs]
-    drafted, accepted = sum(g.drafted for g in gens), sum(g.accepted for g in gens)
-    lengths = [a for g in gens for a in g.accepted_lengths]
-    rounds = sum(g.rounds for g in gens)
-    return {
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_accepted_length": statistics.fmean(lengths) if lengths else None,
-        "tokens_per_verification": sum(len(g.tokens) - 1 for g in gens) / rounds if rounds else None,
-        "speedup_model": None,
-        "speedup_e2e_model": None,
-    }
-
-
 def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[str, Any]:
     """The columns that describe the trial itself (known before it runs); layer indices as
     the gate resolved them for the model when it is known."""
@@ -372,79 +346,6 @@ def _timed_rounds_shared(
     if not all(reproduced):
         log.warning("a timed repeat did not reproduce its reference tokens")
     return timings, reproduced
-
-
-def _metrics(
-    runs: list[_PromptRun],
-    t: Timings,
-    costs: CostModel,
-    gate: Gate,
-    kv_policy: str,
-    L: int,
-    charged: DecodeSteps | None = None,
-) -> dict[str, Any]:
-    """The trial's figures; ``t`` is per prompt (single sequences) or per batch; ``charged`` the
-    gated decode steps the cost model charges (by default each prompt's own: single sequences)."""
-    n = len(runs[0].baseline.tokens)
-    agree, prefix = [], []
-    for run in runs:
-        same = [a == b for a, b in zip(run.gated.tokens, run.baseline.tokens)]
-        agree.append(sum(same) / n)
-        prefix.append((same.index(False) if False in same else n) / n)
-    exits = [e for run in runs for e in run.gated.exit_layers]
-    decode_exits = [e for run in runs for e in run.gated.exit_layers[1:]]  # the first token saves nothing
-    decode_probes = [p for run in runs for p in run.gated.probes[1:]]
-    charged = charged or DecodeSteps(decode_exits, decode_probes)
-    steps = n - 1
-    rounds = range(len(t.base_decode))
-    per_unit = len(t.base_decode[0]) == len(runs)  # per prompt; else per batch (no per-prompt timings)
-    lengths = [len(run.prompt.input_ids) for run in runs]
-    probe_ms = costs.probe_ms(gate)
-    row = {
-        "agreement": mean_agreement(agree),
-        "prefix_agreement": statistics.fmean(prefix),
-        "exact_match": statistics.fmean(a == 1.0 for a in agree),
-        "exit_rate": sum(e < L for e in exits) / len(exits),
-        "mean_exit_layer": statistics.fmean(exits),
-        "layers_saved": 1.0 - statistics.fmean(decode_exits) / L,
-        "speedup_wall": t.speedup(),
-        "speedup_e2e_wall": t.speedup_e2e(),
-        "speedup_model": costs.speedup(gate, charged, kv_policy),
-        "speedup_e2e_model": costs.speedup_e2e(gate, charged, kv_policy, lengths),
-        "baseline_ms_per_token": statistics.median(sum(r) for r in t.base_decode) * 1000 / (steps * len(runs)),
-        "ms_per_token": statistics.median(sum(r) for r in t.gated_decode) * 1000 / (steps * len(runs)),
-        "probe_cost_layers": costs.layers(probe_ms),
-        "kv_cost_layers": costs.layers(costs.fill_ms(kv_policy)),
-        "head_cost_layers": costs.layers(costs.head_ms),
-        "cost_layer_ms": costs.layer_ms,
-        "cost_head_ms": costs.head_ms,
-        "cost_probe_ms": probe_ms,
-        "cost_kv_ms": costs.kv_ms,
-        "cost_overhead_ms": costs.overhead_ms,
-        "cost_prefill_ms": statistics.fmean(costs.prefill_at(p) for p in lengths),
-        "cost_calibration_ms": statistics.fmean(costs.calibration_ms(gate, p) for p in lengths),
-        # a batch row's record has no calibration time of its own (0, as a batch never timed it)
-        "calibration_ms": statistics.fmean(getattr(run.gated, "calibration_seconds", 0.0) for run in runs) * 1000,
-        "prompt_ids": [run.prompt.id for run in runs],
-        "prompt_input_tokens": lengths,
-        "prompt_agreement": agree,
-        "prompt_prefix_agreement": prefix,
-        "prompt_speedup_wall": [
-            statistics.median(t.base_decode[r][i] / t.gated_decode[r][i] for r in rounds) for i in range(len(runs))
-        ]
-        if per_unit
-        else None,
-        "prompt_baseline_ms": [
-            statistics.median(t.base_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))
-        ]
-        if per_unit
-        else None,
-        "prompt_ms": [statistics.median(t.gated_decode[r][i] for r in rounds) * 1000 / steps for i in range(len(runs))]
-        if per_unit
-        else None,
-    }
-    # a batch runs to its deepest sequence: its steps' layers are the max over the batch
-    return {**row, **t.columns(), "step_layers_saved": 1.0 - statistics.fmean(charged.layers) / L}
 
 
 def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | None = None) -> dict[str, Any]:

@@ -8,7 +8,10 @@ import statistics
 import pytest
 
 from conftest import compose
-from sweep.bench import Timings, _metrics, _PromptRun, prepare, run_trial
+from sweep.bench import prepare, run_trial
+from sweep.estimators import Timings
+from sweep.trial_metrics import PromptRun as _PromptRun
+from sweep.trial_metrics import metrics as _metrics
 from sweep.costs import CostModel, DecodeSteps
 from sweep.engine import Generation
 from sweep.gates import make_gate
