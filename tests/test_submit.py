@@ -29,6 +29,16 @@ PLANTED = [
     ".venv/bin/python",
     "results/x.parquet",
 ]
+OVERRIDES = ["model=tiny-llama", "results.root=/shared/results"]
+
+
+def dry_run(*flags: str, root: Path = ROOT, **env_extra: str) -> subprocess.CompletedProcess:
+    """`jobs/submit.py --dry-run FLAGS -- OVERRIDES` of the checkout at ``root``, in a subprocess."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SWEEP_DEBUG", "RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")}
+    command = [sys.executable, str(root / "jobs" / "submit.py"), "--dry-run", *flags, "--", *OVERRIDES]
+    return subprocess.run(command, env={**env, **env_extra}, capture_output=True, text=True, timeout=60, cwd=root)
+
+
 PLANTED_INSIDE = ["sweep/.env", "sweep/__pycache__/cli.cpython-311.pyc", "conf/.secret.yaml", "sweep/stale.pyc"]
 
 
@@ -109,18 +119,8 @@ def test_the_job_package_holds_only_the_allowlist(monkeypatch, tmp_path, checkou
 
 
 def test_dry_run_lists_the_files_and_contacts_nothing(checkout):
-    env = {**os.environ, "PYTHONPATH": str(checkout), "SWEEP_GIT_SHA": "0123abc"}
-    env.pop("SWEEP_DEBUG", None)
-    command = [sys.executable, str(checkout / "jobs" / "submit.py"), "--dry-run", "--address", "http://127.0.0.1:9"]
     t0 = time.perf_counter()
-    res = subprocess.run(
-        [*command, "--", "model=tiny-llama", "results.root=/shared/results"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=checkout,
-    )
+    res = dry_run("--address", "http://127.0.0.1:9", root=checkout, PYTHONPATH=str(checkout), SWEEP_GIT_SHA="0123abc")
     assert res.returncode == 0, res.stderr
     assert time.perf_counter() - t0 < 30
     lines = res.stdout.splitlines()
@@ -144,15 +144,7 @@ def test_dry_run_lists_the_files_and_contacts_nothing(checkout):
 
 
 def test_jobs_submit_warns_when_auth_is_disabled():
-    command = [sys.executable, str(ROOT / "jobs" / "submit.py"), "--dry-run", "--auth", "disabled"]
-    env = {k: v for k, v in os.environ.items() if k != "SWEEP_DEBUG"}
-    res = subprocess.run(
-        [*command, "--", "model=tiny-llama", "results.root=/shared/results"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = dry_run("--auth", "disabled")
     assert res.returncode == 0, res.stderr
     assert "cluster.auth=disabled: any process that can reach the cluster's ports can run code in it" in res.stderr
     assert res.stdout.rstrip().endswith("cluster=existing cluster.auth=disabled")
@@ -352,16 +344,9 @@ def test_rays_client_gets_exactly_the_resolved_address(monkeypatch):
 
 
 def test_jobs_submit_reads_ray_address():
-    base = [sys.executable, str(ROOT / "jobs" / "submit.py"), "--dry-run"]
-    env = {k: v for k, v in os.environ.items() if k not in ("SWEEP_DEBUG", "RAY_API_SERVER_ADDRESS")}
-    overrides = ["--", "model=tiny-llama", "results.root=/shared/results"]
-    ok = subprocess.run(
-        [*base, *overrides], env={**env, "RAY_ADDRESS": "http://10.1.2.3:8265"}, capture_output=True, text=True
-    )
+    ok = dry_run(RAY_ADDRESS="http://10.1.2.3:8265")
     assert ok.returncode == 0, ok.stderr
     assert "would be shipped to http://10.1.2.3:8265" in ok.stdout
-    gcs = subprocess.run(
-        [*base, *overrides], env={**env, "RAY_ADDRESS": "10.1.2.3:6379"}, capture_output=True, text=True
-    )
+    gcs = dry_run(RAY_ADDRESS="10.1.2.3:6379")
     assert gcs.returncode == 2 and "pass --address http://10.1.2.3:8265" in gcs.stderr
     assert "would be shipped" not in gcs.stdout
