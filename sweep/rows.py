@@ -35,14 +35,10 @@ class SweepOutcome:
 
 
 def row_path(root: str | Path, model: str, gate: str, trial_id: str) -> Path:
-    """Where the trials table keeps a trial's row (its partitions are model and gate)."""
-    from sweep.store import table_spec
+    """Where the trials table keeps a trial's row (``sweep.store.table_path``)."""
+    from sweep.store import table_path
 
-    values = {"model": model, "gate": gate}
-    directory = Path(root) / "trials"
-    for key in table_spec("trials").partition_by:
-        directory = directory / f"{key}={values[key]}"
-    return directory / f"{trial_id}.parquet"
+    return table_path("trials", root, {"model": model, "gate": gate}, trial_id)
 
 
 def finished_row(path: Path) -> dict | None:

@@ -1,6 +1,16 @@
 """Results store: the declared Parquet schema, atomic writes, tolerant readers."""
 
-from sweep.store._io import atomic_write_parquet, field_metadata, files, read, read_file, scan, table_spec, write_table
+from sweep.store._io import (
+    atomic_write_parquet,
+    field_metadata,
+    files,
+    read,
+    read_file,
+    scan,
+    table_path,
+    table_spec,
+    write_table,
+)
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
 
 __all__ = [
@@ -16,6 +26,7 @@ __all__ = [
     "read",
     "read_file",
     "scan",
+    "table_path",
     "table_spec",
     "write_table",
 ]

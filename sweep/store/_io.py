@@ -65,17 +65,13 @@ def write_table(
     for c in table.columns:
         if not c.nullable and frame[c.name].null_count():
             raise SweepError(f"table {name}: column {c.name} has nulls but is declared not nullable")
-    directory = Path(root) / name
-    if table.single_file:
-        path = directory / f"{name}.parquet"
-    else:
-        for key in table.partition_by:
-            values = frame[key].unique()
-            if len(values) != 1:
-                raise SweepError(f"table {name}: one file must hold one {key} (got {len(values)})")
-            directory = directory / f"{key}={check_name(key, str(values[0]))}"
-        path = directory / f"{check_name('stem', stem)}.parquet"
-    inside(root, path)
+    values = {}
+    for key in table.partition_by:
+        unique = frame[key].unique()
+        if len(unique) != 1:
+            raise SweepError(f"table {name}: one file must hold one {key} (got {len(unique)})")
+        values[key] = unique[0]
+    path = table_path(name, root, values, stem)
     written = atomic_write_parquet(
         frame.drop(table.partition_by),
         path,
@@ -86,6 +82,22 @@ def write_table(
     if table.single_file:
         _remove_legacy(Path(root) / f"{name}.parquet")
     return written
+
+
+def table_path(name: str, root: str | Path, values: Mapping[str, Any], stem: str = "") -> Path:
+    """Where table ``name`` keeps the file of one unit of work: ``<root>/<table>/<key>=<value>/.../<stem>.parquet``
+    for the partition values ``values`` (``<root>/<table>/<table>.parquet`` for a single-file table).
+    Each value and the stem must be a safe name, and the path must resolve inside ``root``."""
+    table = table_spec(name)
+    directory = Path(root) / name
+    if table.single_file:
+        path = directory / f"{name}.parquet"
+    else:
+        for key in table.partition_by:
+            directory = directory / f"{key}={check_name(key, str(values[key]))}"
+        path = directory / f"{check_name('stem', stem)}.parquet"
+    inside(root, path)
+    return path
 
 
 def _metadata(name: str) -> dict[str, str]:
