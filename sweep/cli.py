@@ -22,6 +22,7 @@ OUTPUTS = {
     "bench": ("results.root",),
     "run": ("results.root", "sweep.storage"),
     "analyze": ("results.root", "analysis.out"),
+    "fit": ("results.root", "fit.out"),
 }
 
 
@@ -175,6 +176,33 @@ def _calibrate(overrides: list[str]) -> int:
     return 0
 
 
+def _fit(overrides: list[str]) -> int:
+    from sweep.readouts import run_fit
+
+    path, _, summary = run_fit(compose_for("fit", overrides))
+    print(fit_report(summary))
+    print(f"readouts: {path}")
+    return 0
+
+
+def fit_report(summary: dict) -> str:
+    """`sweep fit`'s report: the fit's size and time, then one row per layer on the fitting set."""
+    lines = [
+        f"readouts of {summary['model']} fitted on {summary['prompts']} {summary['prompt_set']} prompts in "
+        f"{summary['fit_seconds']:.1f} s (translators: {summary['translator_positions']} positions; classifiers "
+        f"and this table: the {summary['decode_positions']} decode positions)",
+        "top1: agreement with the final layer's token; KL(final || lens) in nats; acc: the exit classifier's accuracy",
+        f"{'layer':>5}  {'top1 logit':>10}  {'top1 tuned':>10}  {'KL logit':>9}  {'KL tuned':>9}  "
+        f"{'acc logit':>9}  {'acc tuned':>9}",
+    ]
+    for r in summary["layers"]:
+        lines.append(
+            f"{r['layer']:>5}  {r['top1_logit']:>10.3f}  {r['top1_tuned']:>10.3f}  {r['kl_logit']:>9.3f}  "
+            f"{r['kl_tuned']:>9.3f}  {r['acc_logit']:>9.3f}  {r['acc_tuned']:>9.3f}"
+        )
+    return "\n".join(lines)
+
+
 def _config(overrides: list[str]) -> int:
     import yaml
 
@@ -201,6 +229,7 @@ COMMANDS = {
     "run": _run,
     "analyze": _analyze,
     "calibrate": _calibrate,
+    "fit": _fit,
     "config": _config,
     "schema": _schema,
 }

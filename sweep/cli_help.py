@@ -20,6 +20,7 @@ commands:
   run       a sweep of bench trials on Ray Tune (grid or Optuna), on an embedded or a real cluster
   analyze   Pareto fronts, knees, best speedup per agreement target, EAS; tables and a report
   calibrate a gate threshold with a guarantee (Learn-then-Test), checked on held-out prompts
+  fit       learned readouts of a model: tuned-lens translators and exit classifiers, fitted on prompts
   config    print the composed configuration
   schema    print the results schema (docs/schema.md)
 
@@ -150,6 +151,19 @@ HELP: dict[str, CommandHelp] = {
             "sweep calibrate gate=saturation \"calibrate.grid='range(0.02, 0.4, step=0.02)'\"",
         ),
         gates=True,
+    ),
+    "fit": CommandHelp(
+        "sweep fit [key=value ...]",
+        "Learned readouts of h_l, fitted on the prompts' full-depth greedy traces: a tuned-lens translator\n"
+        "per layer (ridge toward the logit lens) and an exit classifier per layer and lens; one\n"
+        "content-addressed .safetensors file for gate.readouts (gate.lens=tuned, gate=classifier).",
+        ("model", "prompts", "prompts.start", "prompts.n", "fit.gen_tokens", "fit.ridge", "fit.l2", "fit.out")
+        + ("seed", "device", "dtype", "results.root"),
+        (
+            "sweep fit model=tiny-llama prompts.n=4 fit.gen_tokens=8",
+            "sweep fit prompts=humaneval prompts.n=100",
+            "sweep bench gate=margin gate.lens=tuned gate.readouts=PATH prompts=humaneval prompts.start=100",
+        ),
     ),
     "config": CommandHelp(
         "sweep config [key=value ...]",
