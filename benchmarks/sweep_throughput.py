@@ -1,11 +1,13 @@
 """Sweep throughput: the README's main job (`make run`), timed end to end, BEFORE and AFTER reuse.
 
 Runs `sweep run experiment=main` (SmolLM2-135M, the saturation grid's 8 trials, 2 prompts x 16
-tokens, 2 repeats, one worker) alternately with reuse off (``SWEEP_REUSE=0``: every trial takes
-its own warm-up, reference runs and determinism self-check, today's protocol) and on (the
-default: one reference and self-check per worker and key, see ``sweep.reuse``), each into its own
+tokens, 2 repeats, one worker) alternately BEFORE (``SWEEP_REUSE=0`` and ``sweep.shared_baseline=1``:
+every trial takes its own warm-up, reference runs, determinism self-check and baseline, the old
+protocol) and AFTER (one reference and self-check per worker and key, see ``sweep.reuse``; with
+``--shared-after 4`` also up to 4 settings timed against one baseline per round), each into its own
 temporary results root, and prints side by side: per trial ``bench_seconds / timed-rounds
-seconds`` (timed rounds: the sum of the row's round_* decode and prefill timings), the sweep's
+seconds`` (timed rounds: the sum of the row's round_* decode and prefill timings, a shared
+baseline's counted once per group), the sweep's
 wall time (process start to exit: Ray start, model load, every trial), their medians and
 ratios, and each grid trial's speedup and agreement before and after.
 
@@ -34,10 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / ".venv" / "bin" / "sweep"
 
 
-def run_sweep(root: Path, reuse: bool, threads: int, extra: list[str]) -> float:
+def run_sweep(root: Path, reuse: bool, threads: int, extra: list[str], shared: int = 1) -> float:
     """One `sweep run experiment=main` into ``root``; its wall seconds (process start to exit)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SWEEP_REUSE": "1" if reuse else "0"}
-    cmd = [str(SWEEP if SWEEP.exists() else "sweep"), "run", "experiment=main", f"results.root={root}", *extra]
+    before = [f"sweep.shared_baseline={shared if reuse else 1}"]  # BEFORE: every setting its own baseline
+    cmd = [str(SWEEP if SWEEP.exists() else "sweep"), "run", "experiment=main", f"results.root={root}", *before, *extra]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -52,8 +55,9 @@ def trial_rows(root: Path) -> list[dict]:
 
     rows = read("trials", root).to_dicts()
     for row in rows:
+        share = row.get("baseline_shared") or 1  # a shared baseline's rounds count once per group
         timed_ms = sum(
-            sum(sum(unit) for unit in row[col])
+            sum(sum(unit) for unit in row[col]) / (share if "baseline" in col else 1)
             for col in ("round_baseline_ms", "round_ms", "round_baseline_prefill_ms", "round_prefill_ms")
         )
         row["timed_seconds"] = timed_ms / 1000
@@ -101,15 +105,19 @@ def shared_comparison(pairs: int, threads: int) -> None:
     print(f"\nOMP_NUM_THREADS={threads}; 8 settings one trial each (reuse) vs one shared baseline per round")
     print(f"  wall, median (s): single {statistics.median(w for w, _ in results['single']):.1f}", end="")
     print(f"  shared {statistics.median(w for w, _ in results['shared']):.1f}")
-    print(f"  {'setting':<24}{'speedup single':>15}{'shared':>8}{'agree single':>14}{'shared':>8}")
+    print("  speedup: median over pairs [min, max]; ratio = shared / single medians")
+    print(f"  {'setting':<24}{'speedup single':>22}{'shared':>22}{'ratio':>7}{'agree single':>14}{'shared':>8}")
+    ratios = []
     for k in range(len(cfgs)):
-        single = [rows[k] for _, rows in results["single"]]
-        shared = [rows[k] for _, rows in results["shared"]]
-        sp = {n: statistics.median(r["speedup_wall"] for r in rs) for n, rs in (("a", single), ("b", shared))}
-        print(
-            f"  {setting(single[0]):<24}{sp['a']:>15.3f}{sp['b']:>8.3f}"
-            f"{single[0]['agreement']:>14.3f}{shared[0]['agreement']:>8.3f}"
-        )
+        single = [rows[k]["speedup_wall"] for _, rows in results["single"]]
+        shared = [rows[k]["speedup_wall"] for _, rows in results["shared"]]
+        a, b = statistics.median(single), statistics.median(shared)
+        ratios.append(b / a)
+        cells = [f"{statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]" for v in (single, shared)]
+        agree = [results[side][0][1][k]["agreement"] for side in ("single", "shared")]
+        row0 = results["single"][0][1][k]
+        print(f"  {setting(row0):<24}{cells[0]:>22}{cells[1]:>22}{b / a:>7.3f}{agree[0]:>14.3f}{agree[1]:>8.3f}")
+    print(f"  median ratio shared/single: {statistics.median(ratios):.3f}")
 
 
 def main() -> None:
@@ -119,6 +127,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the results roots under this directory")
     ap.add_argument("extra", nargs="*", help="more overrides for both sweeps (the same settings on both sides)")
     ap.add_argument("--shared", action="store_true", help="compare one-setting trials with a shared baseline")
+    ap.add_argument("--shared-after", type=int, default=1, help="sweep.shared_baseline of the AFTER side (default 1)")
     args = ap.parse_args()
     if args.shared:
         return shared_comparison(args.pairs, args.threads)
@@ -131,7 +140,7 @@ def main() -> None:
         order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
         for side in order:
             root = base / f"{side}-{i}"
-            wall = run_sweep(root, reuse=side == "after", threads=args.threads, extra=args.extra)
+            wall = run_sweep(root, side == "after", args.threads, args.extra, shared=args.shared_after)
             walls[side].append(wall)
             rows[side].append(trial_rows(root))
             print(f"pair {i} {side:<6}: {wall:7.1f} s wall, {len(rows[side][-1])} trials ({root})", flush=True)

@@ -182,12 +182,12 @@ class BatchEngine(Engine):
         exits = torch.full((logits.shape[0],), L)
         out = logits.clone()
         for layer in gate.probe_layers():
-            z = self.adapter.lens(hidden[layer]) if gate.probe == "lens" else None
+            z = gate.readout(layer, hidden[layer]) if gate.probe == "lens" else None
             new = gate.decide(layer, hidden[layer], hidden[layer - 1], z).cpu() & (exits == L)
             if new.any():
                 rows = new.nonzero().flatten()
                 exits[rows] = layer
-                lens = z if z is not None else self.adapter.lens(hidden[layer])
+                lens = z if z is not None else gate.readout(layer, hidden[layer])
                 out[rows] = lens[rows.to(lens.device)].to(out.dtype)
         return out, exits
 
@@ -204,8 +204,12 @@ class BatchEngine(Engine):
         exited = (exits < L).nonzero().flatten()
         if len(exited):
             dev = exited.to(self.lm.device)
-            z = state.z_rows[dev] if state.z_rows is not None else self.adapter.lens(state.h_rows[dev, -1])
-            out[dev] = z.to(out.dtype)
+            if state.z_rows is not None:
+                out[dev] = state.z_rows[dev].to(out.dtype)
+            else:  # each row read at its own exit layer (a tuned lens's translator is per layer)
+                for layer in exits[exited].unique().tolist():
+                    rows = (exits == layer).nonzero().flatten().to(self.lm.device)
+                    out[rows] = self.gate.readout(layer, state.h_rows[rows, -1]).to(out.dtype)
             if self.kv_policy == "propagate":
                 self._propagate_rows(cache, stepper.rope, state.h_rows, exits, ran)
         return out, exits, ran, state.probes

@@ -87,7 +87,20 @@ def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     prompts = tokenize_prompts(
         items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.bench.gen_tokens
     )
+    attach_readouts(gate, cfg.gate, lm, prompts)
     return lm, gate, prompts
+
+
+def attach_readouts(gate: Gate, gate_cfg, lm: LoadedModel, prompts: list[Prompt], key: str = "gate.readouts") -> None:
+    """The fitted readouts a tuned lens or the classifier reads: loaded for this model (refused when
+    fitted to another) and checked disjoint from the prompts it is evaluated on; nothing otherwise."""
+    if gate_cfg.readouts is None:
+        return
+    from sweep.readouts import check_disjoint, load_readouts
+
+    readouts = load_readouts(gate_cfg.readouts, lm, key=key)
+    check_disjoint(readouts, prompts, key="prompts")
+    gate.attach(readouts)
 
 
 def gated_engine(cfg: Config, lm: LoadedModel, gate: Gate):
@@ -161,6 +174,7 @@ def _row(
         determinism_max_logit_diff=refs.max_logit_diff,
         reference_id=reference_id,
         reference_reused=reused,
+        baseline_shared=share,
         bench_seconds=(time.perf_counter() - t_start) / share,
     )
     return {**trial_fields(cfg, len(runs), gate), **row}
@@ -274,7 +288,18 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "gen_tokens": b.gen_tokens,
         "warmup": b.warmup,
         "repeats": b.repeats,
+        **readout_columns(gate),
     }
+
+
+def readout_columns(gate: Gate | None) -> dict[str, Any]:
+    """Which fitted readouts a trial used (``sweep fit``): their content digest and fitting prompts."""
+    readouts = getattr(gate, "readouts", None)
+    if readouts is None:
+        return {"readouts_id": None, "fit_prompts": None}
+    ids = readouts.prompt_ids
+    fitted = f"{readouts.prompt_set}: {ids[0]} .. {ids[-1]} ({len(ids)} prompts)" if ids else readouts.prompt_set
+    return {"readouts_id": readouts.digest[:16], "fit_prompts": fitted}
 
 
 def _reference_runs(baseline: _Side, gated: _Side | None, units: list[list[Prompt]]) -> _References:

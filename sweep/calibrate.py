@@ -102,6 +102,11 @@ class Calibration:
     n_cal: int = 0
     n_holdout: int = 0
     seconds: float = 0.0
+    # calibrate.heldout_prompts: the chosen threshold on another prompt distribution (its drift)
+    drift_set: str | None = None
+    drift_risk: float | None = None
+    drift_exit_rate: float | None = None
+    n_drift: int = 0
 
 
 def split(items: list, fraction: float, seed: int) -> tuple[list, list]:
@@ -125,23 +130,25 @@ def run_calibrate(cfg: Config) -> Calibration:
     if ladder is None and spec.threshold is not None:
         raise ConfigError(f"calibrate.grid: required for gate={spec.name} (e.g. 'range(1, 30)')")
     values = ordered(spec.name, check_ladder(ladder or "", spec.name))
-    lm, _, prompts = prepare(cfg)
+    lm, prepared, prompts = prepare(cfg)  # readouts (tuned lens, classifier) loaded, disjoint from the prompts
     if len(prompts) < 2:
         raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
     cal, held = split(prompts, c.split, cfg.seed)
+    drift = _heldout_set(cfg, lm, prepared, prompts)
     n = cfg.bench.gen_tokens
-    log.info("full-depth baselines: %d prompts x %d tokens", len(prompts), n)
+    log.info("full-depth baselines: %d prompts x %d tokens", len(prompts) + len(drift), n)
     full = Engine(lm)
     baseline = {}
-    for i, p in enumerate(prompts, 1):
+    for i, p in enumerate([*prompts, *drift], 1):
         baseline[p.id] = full.generate(p.input_ids, n).tokens
-        _progress("baselines", i, len(prompts))
+        _progress("baselines", i, len(prompts) + len(drift))
     pvalue = PVALUES[c.pvalue]
     result = Calibration(spec.name, spec.threshold, n_cal=len(cal), n_holdout=len(held))
     t0 = time.perf_counter()
 
     def risk(value: float, group) -> tuple[float, float]:
         gate = make_gate(dataclasses.replace(cfg.gate, **{spec.threshold: value}), lm.num_layers)
+        gate.attach(prepared.readouts)
         engine = Engine(lm, gate, cfg.bench.kv_policy)
         losses, exits = [], []
         for i, p in enumerate(group, 1):
@@ -171,8 +178,38 @@ def run_calibrate(cfg: Config) -> Calibration:
     if last >= 0:
         result.chosen = result.tested[last]
         result.holdout_risk, result.holdout_exit_rate = risk(result.chosen, held)
+        if drift:
+            result.drift_set, result.n_drift = c.heldout_prompts, len(drift)
+            result.drift_risk, result.drift_exit_rate = risk(result.chosen, drift)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:
+    """calibrate.heldout_prompts: the first calibrate.heldout_n prompts of another set (chat or
+    humaneval, with that set's template setting), disjoint from the calibration prompts and from
+    the readouts' fitting prompts; [] when not asked for."""
+    from sweep.config import compose
+    from sweep.prompts import read_prompts, tokenize_prompts
+
+    c = cfg.calibrate
+    if c.heldout_prompts is None:
+        return []
+    pc = dataclasses.replace(compose([f"prompts={c.heldout_prompts}"]).prompts, start=0, n=c.heldout_n)
+    room = getattr(lm.model.config, "max_position_embeddings", None)
+    room = None if room is None else room - cfg.bench.gen_tokens
+    drift = tokenize_prompts(read_prompts(pc), pc, lm.tokenizer, room=room)
+    same = {p.id for p in prompts} & {p.id for p in drift}
+    if same:
+        raise ConfigError(
+            f"calibrate.heldout_prompts={c.heldout_prompts}: {len(same)} of its prompts are calibration prompts "
+            f"({sorted(same)[0]}, ...); name another set"
+        )
+    if gate.readouts is not None:
+        from sweep.readouts import check_disjoint
+
+        check_disjoint(gate.readouts, drift, key="calibrate.heldout_prompts")
+    return drift
 
 
 def _progress(what: str, done: int, total: int) -> None:
@@ -219,5 +256,12 @@ def format_calibration(cfg: Config, r: Calibration) -> str:
             f"held-out check: observed disagreement {r.holdout_risk:.4f} on {r.n_holdout} prompts (exit rate "
             f"{r.holdout_exit_rate:.3f}): {verdict}"
         )
+        if r.drift_risk is not None:
+            drifted = "holds" if r.drift_risk <= c.delta else "EXCEEDED"
+            lines.append(
+                f"drift check on {r.drift_set} ({r.n_drift} prompts, another distribution): observed disagreement "
+                f"{r.drift_risk:.4f} (exit rate {r.drift_exit_rate:.3f}), {r.drift_risk - r.holdout_risk:+.4f} "
+                f"against the held-out prompts: {drifted}"
+            )
     lines.append(f"calibration took {r.seconds:.1f} s")
     return "\n".join(lines)

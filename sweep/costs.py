@@ -86,7 +86,17 @@ class CostModel:
             + probes * self.probe_ms(gate)
             + (L - exit_layer) * self.fill_ms(kv_policy)
             + self.head_ms * ((1.0 - exited) + exited * head_after_exit)
+            + exited * self.exit_translate_ms(gate)
         )
+
+    def exit_translate_ms(self, gate: Gate) -> float:
+        """What an exit pays beyond the head to read its token: a tuned lens's translator, unless
+        a (tuned) lens probe already read it."""
+        if gate.probe == "lens" or gate.cfg.lens != "tuned":
+            return 0.0
+        if "translate" not in self.extra_probe_ms:
+            raise KeyError("the translator's cost is not measured: cost_model(lm, prompt_ids, gates=[...]) measures it")
+        return self.extra_probe_ms["translate"]
 
     def decode_ms(self, gate: Gate, steps: DecodeSteps, kv_policy: str) -> float:
         """Predicted gated ms of the given decode steps; a batch's steps add the heads and K/V
@@ -149,17 +159,24 @@ def cost_model(
     for gate in gates:
         if gate.probe_key not in ("none", "hidden", "lens") and gate.probe_key not in costs.extra_probe_ms:
             costs.extra_probe_ms[gate.probe_key] = _measure_probe(lm, gate)
+        if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
+            costs.extra_probe_ms["translate"] = _measure_probe(lm, gate, translate_only=True)
     return costs
 
 
-def _measure_probe(lm: LoadedModel, gate: Gate) -> float:
-    """ms of one decision of ``gate`` on one position (its probe), on a real hidden state."""
+def _measure_probe(lm: LoadedModel, gate: Gate, *, translate_only: bool = False) -> float:
+    """ms of one decision of ``gate`` on one position (its probe: a lens probe reads its own lens, a
+    tuned one with its translator), on a real hidden state; or of its tuned lens's translator alone."""
     gate.bind(lm.adapter)
+    layer = min(max(gate.min_layer, 1), max(lm.num_layers - 1, 1))  # a layer with a translator
     with torch.inference_mode():
         h = lm.adapter.embed(torch.tensor([[1]], device=lm.device))[:, -1]
         h_prev = h * 0.9
-        z = lm.adapter.lens(h) if gate.probe == "lens" else None
-        return _median_ms(lambda: bool(gate.decide(gate.min_layer, h, h_prev, z).all()), lm.device)
+        if translate_only:
+            return _median_ms(lambda: gate.readouts.translate(layer, h), lm.device)
+        if gate.probe == "lens":
+            return _median_ms(lambda: bool(gate.decide(layer, h, h_prev, gate.readout(layer, h)).all()), lm.device)
+        return _median_ms(lambda: bool(gate.decide(layer, h, h_prev, None).all()), lm.device)
 
 
 @torch.inference_mode()

@@ -3,10 +3,11 @@
 Each decode step runs the model's own forward with a KV cache. Forward hooks on the
 decoder layers evaluate the gate after each layer the gate probes; on exit the step
 stops (an exception unwinds the model's forward, so layers l+1..L never run) and the
-token comes from the logit lens z_l. The KV policy decides what layers l+1..L cache for
-that position: ``propagate`` fills them from h_l (K/V projections only), ``full`` lets
-the forward run on (exact cache, no saving). Prefill always runs at full depth; the gate
-decides the first token from the prefill's last position. Hooks are removed in
+token comes from the gate's readout of h_l (``Gate.readout``: the logit lens z_l, or a
+tuned lens). The KV policy decides what layers l+1..L cache for that position:
+``propagate`` fills them from h_l (K/V projections only), ``full`` lets the forward run on
+(exact cache, no saving). Prefill always runs at full depth; the gate decides the first
+token from the prefill's last position. Hooks are removed in
 ``finally``: the model leaves every generation as it entered.
 
 The stepping interface is public, for every decoder that steps under the gate (this
@@ -125,7 +126,7 @@ class Stepper:
             adapter.fill_kv(state.h, cache, range(state.exit_layer, adapter.num_layers), self.rope)
         if state.exit_layer is None:
             return StepResult(logits, adapter.num_layers, state.probes, None)
-        z = state.z if state.z is not None else adapter.lens(state.h[:, -1])
+        z = state.z if state.z is not None else self.engine.gate.readout(state.exit_layer, state.h[:, -1])
         return StepResult(z, state.exit_layer, state.probes, state.h)
 
 
@@ -205,7 +206,11 @@ class Engine:
         with adapter.capture_hidden() as hs:
             logits = adapter.forward(ids, cache, attention_mask=attention_mask, position_ids=position_ids)[:, -1]
         mask = None if attention_mask is None else attention_mask.bool()
-        return logits, hs, gate.calibrate(adapter.lens, hs, mask=mask)
+        return logits, hs, gate.calibrate(self._calibration_lens, hs, mask=mask)
+
+    def _calibration_lens(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The lens a gate's calibration reads layer ``layer`` with: the gate's readout, the model's head at L."""
+        return self.adapter.lens(h) if layer >= self.adapter.num_layers else self.gate.readout(layer, h)
 
     def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor) -> StepResult:
         """The gate's decision for the first token, from the prefill's last position."""
@@ -213,10 +218,10 @@ class Engine:
         probes = 0
         for layer in gate.probe_layers():
             h, h_prev = hs[layer][:, -1], hs[layer - 1][:, -1]
-            z = adapter.lens(h) if gate.probe == "lens" else None
+            z = gate.readout(layer, h) if gate.probe == "lens" else None
             probes += 1
             if bool(gate.decide(layer, h, h_prev, z).all()):
-                return StepResult(z if z is not None else adapter.lens(h), layer, probes, hs[layer][:, -1:])
+                return StepResult(z if z is not None else gate.readout(layer, h), layer, probes, hs[layer][:, -1:])
         return StepResult(logits, adapter.num_layers, probes, None)
 
     @contextlib.contextmanager
@@ -240,7 +245,7 @@ class Engine:
                 handle.remove()
 
     def _hook(self, layer: int, state: StepState):
-        gate, lens = self.gate, self.adapter.lens
+        gate = self.gate
         lens_probe = gate.probe == "lens"
         unwind = self.kv_policy != "full"
 
@@ -249,7 +254,7 @@ class Engine:
                 return
             h = output[0] if isinstance(output, tuple) else output
             last, prev = h[:, -1], args[0][:, -1]
-            z = lens(last) if lens_probe else None
+            z = gate.readout(layer, last) if lens_probe else None
             state.probes += 1
             if state.record(layer, h, z, gate.decide(layer, last, prev, z)):
                 state.exit_layer = layer

@@ -89,7 +89,10 @@ PARAMS: dict[str, ParamSpec] = {
         ),
     )
 }
-GATE_COLUMNS: tuple[str, ...] = tuple(PARAMS)  # the gate parameter columns of every table, in display order
+# the gate setting columns of every table, in display order: the parameters, then the readout a gate
+# takes its lens from when it is not the logit lens (``lens``: tuned; null = the logit lens)
+GATE_COLUMNS: tuple[str, ...] = (*PARAMS, "lens")
+LENSES = ("logit", "tuned")  # gate.lens: the model's own final norm + head, or a fitted translator first
 # every gate takes these: min_layer (a layer index) or min_depth (a fraction of depth), resolved per model
 LAYER_KEYS = ("min_layer", "min_depth")
 
@@ -98,7 +101,9 @@ LAYER_KEYS = ("min_layer", "min_depth")
 class GateSpec:
     name: str
     summary: str  # one line: the exit rule
-    probe: str  # none | hidden (norms of h, O(hidden)) | lens (final norm + lm_head) | pca (a k x hidden projection)
+    # none | hidden (norms of h, O(hidden)) | lens (final norm + lm_head) | pca (a k x hidden projection)
+    # | classifier (final norm + a dot product with a fitted weight vector)
+    probe: str
     signal: str | None  # the profile column the rule compares (None: no signal)
     params: tuple[str, ...] = ()  # parameters the gate requires (besides min_layer)
     optional: tuple[str, ...] = ()  # parameters it takes when set (null otherwise)
@@ -107,6 +112,8 @@ class GateSpec:
     domains: Mapping[str, Domain] = field(default_factory=dict)  # narrower than PARAMS' for this gate
     units: Mapping[str, str] = field(default_factory=dict)  # a parameter's unit for this gate
     ladder: str | None = None  # the default calibration ladder (`sweep calibrate`), Hydra's sweep grammar
+    lenses: tuple[str, ...] = ("logit",)  # gate.lens values it takes (a tuned lens needs `sweep fit`'s readouts)
+    readouts: bool = False  # needs gate.readouts whatever its lens (the classifier)
 
     @property
     def accepts(self) -> tuple[str, ...]:
@@ -150,6 +157,7 @@ for _spec in (
         aggressive=-1,
         units={"theta": "logits"},
         ladder="range(0.5, 30.5, step=0.5)",
+        lenses=LENSES,
     ),
     GateSpec(
         "conformal",
@@ -160,6 +168,7 @@ for _spec in (
         threshold="q",
         aggressive=-1,
         ladder="range(0.05, 1.0001, step=0.05)",
+        lenses=LENSES,
     ),
     GateSpec(
         "softmax",
@@ -172,6 +181,7 @@ for _spec in (
         aggressive=-1,
         domains={"theta": _finite(lambda v: 0 <= v <= 1, "in [0, 1] (a probability margin)")},
         units={"theta": "probability"},
+        lenses=LENSES,
     ),
     GateSpec(
         "cosine",
@@ -190,6 +200,7 @@ for _spec in (
         params=("theta",),
         threshold="theta",
         units={"theta": "nats"},
+        lenses=LENSES,
     ),
     GateSpec(
         "pca",
@@ -198,6 +209,20 @@ for _spec in (
         signal="pca_delta",
         params=("eps", "k"),
         threshold="eps",
+    ),
+    GateSpec(
+        "classifier",
+        "exits when a fitted exit classifier on h_l says p(layer l's top-1 is the final one) >= theta (CALM)",
+        probe="classifier",
+        signal="classifier_prob",
+        params=("theta",),
+        threshold="theta",
+        aggressive=-1,
+        domains={"theta": _finite(lambda v: 0 <= v <= 1, "in [0, 1] (a probability)")},
+        units={"theta": "probability"},
+        ladder="range(0.5, 1.0001, step=0.02)",
+        lenses=LENSES,
+        readouts=True,
     ),
 ):
     GATE_SPECS.register(_spec)
@@ -226,6 +251,17 @@ def check_gate(gate: Any, prefix: str = "gate") -> GateSpec:
         value = get(param)
         if value is not None or param in spec.params:
             check_value(spec, param, value, f"{prefix}.{param}")
+    lens, readouts = get("lens") or "logit", get("readouts")
+    if lens not in spec.lenses:
+        raise ConfigError(f"{prefix}.lens={lens}: gate={spec.name} takes {' or '.join(spec.lenses)}")
+    if readouts is None and (lens == "tuned" or spec.readouts):
+        why = f"gate={spec.name}" if spec.readouts else f"{prefix}.lens=tuned"
+        raise ConfigError(f"{prefix}.readouts: required for {why} (the file `sweep fit` wrote)")
+    if readouts is not None and lens != "tuned" and not spec.readouts:
+        raise ConfigError(
+            f"{prefix}.readouts={readouts}: only gate.lens=tuned and gate=classifier use readouts "
+            f"(gate={spec.name}, lens={lens})"
+        )
     return spec
 
 
@@ -290,6 +326,8 @@ def setting_columns(gate: Any, resolved: Resolved | None = None) -> dict[str, An
     it, min_layer is the config's, null when the setting gives min_depth: only a model resolves it)."""
     spec = GATE_SPECS.get(gate.name, key="gate.name")
     columns = {p: (getattr(gate, p) if p in spec.accepts else None) for p in PARAMS}
+    lens = getattr(gate, "lens", None)
+    columns["lens"] = lens if lens not in (None, "logit") else None
     columns["min_layer"] = gate.min_layer
     if resolved is not None:
         columns.update(exit_layer=resolved.exit_layer, min_layer=resolved.min_layer)

@@ -143,6 +143,20 @@ def select_trials(
     return todo, skipped
 
 
+def baseline_groups(grid_trials: GridTrials, todo: list[list[str]], size: int) -> list[list[list[str]]]:
+    """The trials in ``todo`` bundled for ``sweep.shared_baseline``: at most ``size`` per bundle,
+    each bundle's settings alike in everything but the gate, bench.kv_policy, bench.mode and
+    bench.draft_len (so one full-depth baseline per round serves them all:
+    ``sweep.bench.run_shared_trials``), in planned order."""
+    cfgs = {tuple(trial): c for trial, c in grid_trials}
+    groups: dict[str, list[list[str]]] = {}
+    for trial in todo:
+        cfg = cfgs[tuple(trial)]
+        bench = dataclasses.replace(cfg.bench, kv_policy="full", mode="early_exit", draft_len=1)
+        groups.setdefault(repr(dataclasses.replace(cfg, gate=None, bench=bench)), []).append(trial)
+    return [group[i : i + size] for group in groups.values() for i in range(0, len(group), size)]
+
+
 def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], device: str, seconds: float):
     """`search=screen`, once the trace is in: write it, replay every setting on it, write the
     simulated rows, and return the settings to run closed-loop with the simulated table."""

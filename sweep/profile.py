@@ -104,6 +104,7 @@ def trace_prompt(
     pca_k: int = 64,
     *,
     decoded: Decoded | None = None,
+    readouts=None,
 ) -> dict[str, np.ndarray]:
     """Signals at every position of prompt + generated[:-1] and every layer 1..L.
 
@@ -114,6 +115,8 @@ def trace_prompt(
     positions where a gate decides (the last prefill position and the decode positions) one
     row at a time, like ``decide``; the prefill's lens residual over the prompt block, like the
     conformal gate's calibration. A replay of this trace decides as the engine does, in any dtype.
+    With ``readouts`` (``sweep.readouts.Readouts``) the tuned lens's signals and the exit classifiers'
+    probabilities are traced the same way (``tuned_*``, ``classifier_prob``, ``tuned_classifier_prob``).
     """
     adapter = lm.adapter
     ids = list(prompt.input_ids) + list(generated[:-1])
@@ -132,6 +135,7 @@ def trace_prompt(
     z_final32 = z_final.float()
     top_final = z_final32.topk(topk, dim=-1).indices
     centered_final = z_final32 - z_final32.mean(dim=-1, keepdim=True)
+    logp_final = torch.log_softmax(z_final32, dim=-1)
     basis = lm_head_basis(adapter, min(pca_k, adapter.lm_head.weight.shape[1]))
     decide_at = torch.arange(P - 1, T, device=hs[0].device)  # where gates decide: the first token's, then each step's
     per_layer = []
@@ -148,10 +152,13 @@ def trace_prompt(
             # softmax ignores a constant shift of the logits, so compare them centred
             "cos_logits": F.cosine_similarity(z - z.mean(dim=-1, keepdim=True), centered_final, dim=-1),
             "topk_overlap": (top.indices[:, :topk, None] == top_final[:, None, :]).any(-1).sum(-1).float() / topk,
+            "kl_final": _kl(logp_final, z),
         }
         for pos in decide_at.tolist():  # what the engine's decide() sees there, row by row
             for name, value in gate_signals(adapter, h[pos : pos + 1], h_prev[pos : pos + 1], basis).items():
                 col[name][pos] = value[0].to(col[name].dtype)
+        if readouts is not None:
+            col.update(_readout_signals(adapter, readouts, layer, hs, P, decide_at, z_final, logp_final))
         per_layer.append(col)
     cols = {k: torch.stack([d[k] for d in per_layer], dim=1).reshape(-1).cpu().numpy() for k in per_layer[0]}
     top1_final = z_final32.argmax(-1).cpu()
@@ -169,11 +176,56 @@ def trace_prompt(
         pca_k=np.full(T * L, basis.shape[0], dtype=np.int32),
     )
     cols["top1_match"] = cols["top1"] == cols["top1_final"]
+    if readouts is not None:
+        cols["tuned_match"] = cols["tuned_top1"] == cols["top1_final"]
+        cols["readouts_id"] = np.full(T * L, readouts.digest[:16], dtype=object)
     return cols
 
 
+def _kl(logp_final: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(z_L) || softmax(z)) per row, in nats (float32)."""
+    return (logp_final.exp() * (logp_final - torch.log_softmax(z.float(), dim=-1))).sum(-1)
+
+
+def _readout_signals(adapter, readouts, layer: int, hs, P: int, decide_at, z_final, logp_final) -> dict:
+    """The tuned lens's signals at ``layer`` over every position (the prompt block as a calibration
+    reads it, then the decode block), and at the decision positions row by row as a gate's probe
+    computes them; the exit classifiers' probabilities (logit and tuned lens) likewise."""
+    h, h_prev = hs[layer][0], hs[layer - 1][0]
+
+    def tuned(x):
+        return readouts.lens(adapter, layer, x, "tuned")
+
+    t_raw = torch.cat([tuned(hs[layer][:, :P]), tuned(hs[layer][:, P:])], dim=1)[0]
+    col = {
+        **_lens_columns(t_raw),
+        "tuned_residual_inf": lens_residual(t_raw, z_final),
+        "tuned_kl_final": _kl(logp_final, t_raw),
+        "classifier_prob": readouts.classifier_prob(layer, h, h_prev, "logit").float(),
+        "tuned_classifier_prob": readouts.classifier_prob(layer, h, h_prev, "tuned").float(),
+    }
+    for pos in decide_at.tolist():
+        one, prev = h[pos : pos + 1], h_prev[pos : pos + 1]
+        for name, value in _lens_columns(tuned(one)).items():
+            col[name][pos] = value[0].to(col[name].dtype)
+        for lens in ("logit", "tuned"):
+            name = "classifier_prob" if lens == "logit" else "tuned_classifier_prob"
+            col[name][pos] = readouts.classifier_prob(layer, one, prev, lens)[0].float()
+    return col
+
+
+def _lens_columns(t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A tuned lens's signals, computed as the lens-probe gates compute them from its logits."""
+    return {
+        "tuned_top1": t.argmax(dim=-1),
+        "tuned_margin": logit_margin(t),
+        "tuned_prob_margin": prob_margin(t),
+        "tuned_entropy": entropy(t),
+    }
+
+
 def profile_prompts(
-    lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int, pca_k: int = 64
+    lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int, pca_k: int = 64, readouts=None
 ) -> pl.DataFrame:
     """Greedy full-depth decoding with every layer's states captured, then the per-layer trace,
     for each prompt in order."""
@@ -182,7 +234,8 @@ def profile_prompts(
         t0 = time.perf_counter()
         decoded = decode_states(lm, prompt.input_ids, n_tokens=gen_tokens)
         t1 = time.perf_counter()
-        frames.append(pl.DataFrame(trace_prompt(lm, prompt, decoded.tokens, topk, pca_k, decoded=decoded)))
+        cols = trace_prompt(lm, prompt, decoded.tokens, topk, pca_k, decoded=decoded, readouts=readouts)
+        frames.append(pl.DataFrame(cols))
         del decoded
         log.info(
             "[%d/%d] %s: %d prompt + %d generated tokens; decode %.2f s, trace %.2f s",
@@ -194,16 +247,43 @@ def profile_prompts(
             t1 - t0,
             time.perf_counter() - t1,
         )
-    return pl.concat(frames, how="vertical")
+    trace = pl.concat(frames, how="vertical")
+    from sweep.store import TABLES
+
+    absent = [c for c in TABLES["profile"].columns if c.name in READOUT_COLUMNS and c.name not in trace.columns]
+    return trace.with_columns(pl.lit(None, dtype=c.dtype).alias(c.name) for c in absent)  # no readouts: null
+
+
+# the trace's columns that come from `sweep fit`'s readouts (profile.readouts); null without them
+READOUT_COLUMNS = (
+    "readouts_id",
+    "tuned_top1",
+    "tuned_match",
+    "tuned_margin",
+    "tuned_prob_margin",
+    "tuned_entropy",
+    "tuned_residual_inf",
+    "tuned_kl_final",
+    "classifier_prob",
+    "tuned_classifier_prob",
+)
 
 
 def traced_run(
     cfg, lm: LoadedModel, prompts: Sequence[Prompt], run_id: str, gen_tokens: int
 ) -> tuple[pl.DataFrame, dict]:
-    """The trace table of ``prompts`` (every column but the shared provenance) and that provenance."""
+    """The trace table of ``prompts`` (every column but the shared provenance) and that provenance;
+    with ``profile.readouts`` the tuned lens's and exit classifiers' columns too (the readouts
+    checked against the model and disjoint from the prompts)."""
     from sweep.run_info import provenance
 
-    trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k)
+    readouts = None
+    if cfg.profile.readouts is not None:
+        from sweep.readouts import check_disjoint, load_readouts
+
+        readouts = load_readouts(cfg.profile.readouts, lm, key="profile.readouts")
+        check_disjoint(readouts, prompts, key="prompts")
+    trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k, readouts)
     prov = provenance(cfg, lm, run_id)
     trace = trace.with_columns(
         prompt_set=pl.lit(cfg.prompts.name),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweep.config import PromptsConfig
-from sweep.errors import InputError
+from sweep.errors import ConfigError, InputError
 
 CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
     ("chat/0", "What is the capital of France? Answer in one sentence."),
@@ -37,7 +37,8 @@ class Prompt:
 
 
 def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str]]:
-    """(id, text) pairs of the configured set, the first ``cfg.n`` of them; no tokenizer needed."""
+    """(id, text) pairs of the configured set: ``cfg.n`` of them (null: all) from index ``cfg.start``;
+    no tokenizer needed. A start past the set's end is an error."""
     if cfg.name == "chat":
         items = list(CHAT_PROMPTS)
     elif cfg.name == "humaneval":
@@ -45,6 +46,11 @@ def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str]]:
     else:
         assert cfg.path is not None
         items = _jsonl(Path(cfg.path).expanduser())
+    if cfg.start >= len(items):
+        raise ConfigError(
+            f"prompts.start={cfg.start}: the {cfg.name} set has {len(items)} prompts (start at 0..{len(items) - 1})"
+        )
+    items = items[cfg.start :]
     return items if cfg.n is None else items[: cfg.n]
 
 

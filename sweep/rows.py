@@ -82,11 +82,18 @@ class RowWriter:
         self.device = device  # the trials' device, as the driver resolved it
         self.rerun = rerun
         self.rows: list[dict] = []  # every trial's row this run reported (written or existing)
-        self.overheads: list[float] = []
+        self._overheads: dict[str, float] = {}  # per Tune trial: its wall time less its rows' bench_seconds
+        self._bench: dict[str, float] = {}
         self.written = 0
         self.existing = 0  # reported trials whose finished row was already there
         self._seen: set[str] = set()
         self._started: dict[str, float] = {}
+
+    @property
+    def overheads(self) -> list[float]:
+        """Per Tune trial (one setting, or a bundle sharing a baseline): the driver's wall time from
+        its start to its last row, less the rows' ``bench_seconds``."""
+        return list(self._overheads.values())
 
     def started(self, key: str) -> None:
         self._started[key] = time.perf_counter()
@@ -103,28 +110,30 @@ class RowWriter:
             return
         row = json.loads(result["row_json"])
         cached = bool(result.get("cached"))
-        if self.write(row, cached=cached) and not cached:
+        if self.write(row, cached=cached) and not cached and row.get("bench_seconds") is not None:
             wall = time.perf_counter() - self._started.get(key, time.perf_counter())
-            if row.get("bench_seconds") is not None:
-                self.overheads.append(wall - row["bench_seconds"])
+            self._bench[key] = self._bench.get(key, 0.0) + row["bench_seconds"]
+            self._overheads[key] = wall - self._bench[key]
         total = self.total if self.total is not None else "?"
         log.info("[%d/%s] %s", len(self._seen), total, describe(row, cached, result.get("computed_by")))
 
     def errored(self, config: dict, error: str) -> None:
-        """A trial Tune gave up on (its worker died more than sweep.max_failures times)."""
+        """A Tune trial (one setting, or a bundle of them) Tune gave up on: its worker died more than
+        sweep.max_failures times. A failed row for each of its settings that has no row yet."""
         from sweep.bench import failed_row
         from sweep.run_info import provenance_unloaded
 
-        try:
-            cfg = trial_config(self.base, config["trial"], self.device)
-        except SweepError as exc:
-            log.warning("a trial errored and could not be composed (%s): %s", exc, error)
-            return
-        failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
-        row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
-        row["sweep_name"] = self.sweep_name
-        self.write(row)
-        log.warning("[%d/%s] trial gave up after retries: %s", len(self._seen), self.total, error)
+        for trial in config.get("trials") or [config["trial"]]:
+            try:
+                cfg = trial_config(self.base, trial, self.device)
+            except SweepError as exc:
+                log.warning("a trial errored and could not be composed (%s): %s", exc, error)
+                continue
+            failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
+            row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
+            row["sweep_name"] = self.sweep_name
+            self.write(row)
+            log.warning("[%d/%s] trial gave up after retries: %s", len(self._seen), self.total, error)
 
     def write(self, row: dict, *, cached: bool = False) -> bool:
         """Write a row once per trial id in this sweep; True if written now.

@@ -13,6 +13,7 @@ prefill position (the first generated token) and its decode positions.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,8 @@ from sweep.errors import ConfigError
 from sweep.gates import GATES, Gate, make_gate
 
 CHUNK = 256  # thresholds per tensor pass: (CHUNK, T, L) booleans at a time
+# traced with profile.readouts: the tuned lens's signals and the exit classifiers' probabilities
+READOUT_SIGNALS = ("tuned_margin", "tuned_prob_margin", "tuned_entropy", "classifier_prob", "tuned_classifier_prob")
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Signals:
         default_factory=dict
     )  # (T, L) signals newer traces carry: prob_margin, entropy, cos_prev, pca_delta
     pca_k: int | None = None
+    tuned_residual: list[torch.Tensor] = field(default_factory=list)  # the tuned lens's prefill residuals
 
     def need(self, name: str) -> torch.Tensor:
         """A signal a gate replays; traces written before it existed say so."""
@@ -51,6 +55,27 @@ class Signals:
                 f"the profile trace has no '{name}' column (written before that signal existed); re-run `sweep profile`"
             )
         return self.extra[name]
+
+    def for_lens(self, lens: str) -> Signals:
+        """The signals as a gate reading ``lens`` sees them: for the tuned lens its margin, match,
+        probabilities, prefill residuals and classifier (traced with ``profile.readouts``)."""
+        if lens != "tuned":  # logit, or null (a gate built in code)
+            return self
+        if "tuned_margin" not in self.extra:
+            raise ConfigError(
+                "the profile trace has no tuned-lens columns: trace it with profile.readouts=<`sweep fit`'s file>"
+            )
+        extra = dict(self.extra)
+        for name in ("prob_margin", "entropy", "classifier_prob"):
+            if f"tuned_{name}" in extra:
+                extra[name] = extra[f"tuned_{name}"]
+        return dataclasses.replace(
+            self,
+            margin=self.extra["tuned_margin"],
+            match=self.extra["tuned_match"].bool(),
+            prefill_residual=self.tuned_residual,
+            extra=extra,
+        )
 
     @property
     def num_layers(self) -> int:
@@ -94,9 +119,19 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
     ]
     extra = {
         c: grid(c)
-        for c in ("prob_margin", "entropy", "cos_prev", "pca_delta")
+        for c in (*READOUT_SIGNALS, "prob_margin", "entropy", "cos_prev", "pca_delta")
         if c in decide.columns and decide[c].null_count() == 0
     }
+    tuned_residual = []
+    if "tuned_margin" in extra:
+        extra["tuned_match"] = grid("tuned_match", torch.bool)
+        tuned_residual = [
+            torch.tensor(
+                prefill.filter(pl.col("prompt_id") == p)["tuned_residual_inf"].to_numpy().reshape(-1, L),
+                dtype=torch.float32,
+            )
+            for p in prompt_ids
+        ]
     pca_k = int(decide["pca_k"][0]) if "pca_delta" in extra else None
     return Signals(
         gen_tokens=int(token.max()) + 1,
@@ -109,6 +144,7 @@ def signals_from_trace(trace: pl.DataFrame | pl.LazyFrame) -> Signals:
         token_index=torch.tensor(token, dtype=torch.long),
         prefill_residual=residual,
         prompt_ids=prompt_ids,
+        tuned_residual=tuned_residual,
     )
 
 
@@ -157,9 +193,10 @@ def simulate(
                 f"gate.k={gates[0].cfg.k}: the trace's pca signal has k={signals.pca_k} (profile.pca_k); replay at "
                 f"that k"
             )
+        seen = signals.for_lens(gates[0].cfg.lens)
         # a fixed gate's only probe layer is its threshold, so its min_layer does not mask anything
-        exits = exit_layers(cls, signals, values, 1 if cls.name == "fixed" else gates[0].min_layer, gates[0].cfg.decay)
-        metrics = _metrics(gates, exits, signals, costs, kv_policy, decode)
+        exits = exit_layers(cls, seen, values, 1 if cls.name == "fixed" else gates[0].min_layer, gates[0].cfg.decay)
+        metrics = _metrics(gates, exits, seen, costs, kv_policy, decode)
         for j, i in enumerate(members):
             rows[i] = metrics[j]
     return pl.DataFrame(rows, infer_schema_length=None)

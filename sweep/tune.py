@@ -14,6 +14,7 @@ Ray reads its auth mode and single-node mode when it is imported.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,11 +30,11 @@ from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
 from sweep.gatespec import GATE_SPECS
 from sweep.identity import trial_device, trial_identity
-from sweep.plan import Plan, plan_sweep, screen_selection, select_trials, trial_config
+from sweep.plan import Plan, baseline_groups, plan_sweep, screen_selection, select_trials, trial_config
 from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, row_path
 from sweep.search import METRICS
 from sweep.study import optuna_search, remaining_trials
-from sweep.worker import screen_trace, trial_row
+from sweep.worker import screen_trace, shared_trial_rows, trial_row
 
 log = logging.getLogger("sweep.tune")
 
@@ -137,31 +138,51 @@ def trial_resources(cfg: Config) -> dict[str, float]:
 
 
 def _trainable(config: dict, base: list[str] = (), context: dict | None = None) -> None:
-    """One trial in a Ray worker: compose on the driver's device, claim the trial in the
-    results root (``sweep.claims``: a concurrent sweep into the same root computes it once),
-    bench (with this process's cached model), report."""
+    """One Tune trial in a Ray worker: one setting (``config["trial"]``) or a bundle of settings
+    timed against one shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose
+    on the driver's device, claim each setting in the results root (``sweep.claims``: a concurrent
+    sweep into the same root computes it once), bench (with this process's cached model), and
+    report each setting's row."""
     t0 = time.perf_counter()
     context = context or {}
     try:
-        cfg = trial_config(list(base), config["trial"], context["device"])
-        tid = trial_identity(cfg, context["device"]).id
+        cfgs = [trial_config(list(base), t, context["device"]) for t in config.get("trials") or [config["trial"]]]
+        tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
     except SweepError as exc:  # a value the driver's checks could not foresee: no config, so no row
         tune.report({**_metrics({"status": "failed"}), "error": str(exc), "cached": False})
         return
-    cached = context.get("done", {}).get(tid)
-    if cached is not None:  # a row from an earlier run: report it again, do not redo the work
-        tune.report({**_metrics(cached), "row_json": json.dumps(cached, default=str), "cached": True})
-        return
-    root, rerun = cfg.results.root, cfg.sweep.rerun
-    path = row_path(root, cfg.model.name, cfg.gate.name, tid)
+    done = context.get("done", {})
+    todo = []
+    left = iter(range(len(cfgs) - 1, -1, -1))  # every setting is reported once: cached, another sweep's, or computed
+    for cfg, tid in zip(cfgs, tids):
+        if tid in done:  # a row from an earlier run: report it again, do not redo the work
+            _report(done[tid], next(left), cached=True)
+        else:
+            todo.append((tid, cfg))
     owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
-    with claims.hold(root, tid, owner, (lambda: None) if rerun else (lambda: finished_row(path))) as held:
-        if held.row is not None:  # a concurrent sweep into the same root computed it
-            report = {**_metrics(held.row), "row_json": json.dumps(held.row, default=str), "cached": True}
-            tune.report({**report, "computed_by": held.waited_for})
-            return
-        row = trial_row(cfg, context["run_id"], context.get("sweep_name"), t0)
-    tune.report({**_metrics(row), "row_json": json.dumps(row, default=str), "cached": False})
+    with contextlib.ExitStack() as stack:
+        compute = []
+        for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
+            path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
+            ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
+            held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
+            if held.row is not None:  # a concurrent sweep into the same root computed it
+                _report(held.row, next(left), cached=True, computed_by=held.waited_for)
+            else:
+                compute.append(cfg)
+        if len(compute) == 1:
+            rows = [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
+        else:
+            rows = shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+    for row in rows:
+        _report(row, next(left), cached=False)
+
+
+def _report(row: dict, reports_left: int, *, cached: bool, computed_by: str | None = None) -> None:
+    """One setting's row to the driver (``Progress``); ``reports_left``: the bundle's settings still to report."""
+    extra = {} if computed_by is None else {"computed_by": computed_by}
+    metrics = {**_metrics(row), "row_json": json.dumps(row, default=str), "cached": cached, **extra}
+    tune.report({**metrics, "reports_left": reports_left})
 
 
 def _metrics(row: dict) -> dict:
@@ -208,7 +229,7 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info("sweep %s: nothing to run", plan.name)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    tuner = _tuner(plan, planned, resources, device, Progress(writer))
+    tuner = _tuner(plan, planned, resources, device, Progress(writer), grid=grid_trials)
     if tuner is None:  # resume=true: the study has all its trials already
         log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
         return outcome
@@ -235,13 +256,17 @@ def _execute(plan: Plan) -> SweepOutcome:
 def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
     """Write the rows Tune holds that no callback wrote (trials finished before a restore);
     True if the sweep was interrupted (trials left unfinished)."""
-    unfinished = 0
+    unfinished = settings = 0
     for result in results:
+        config = result.config or {}
+        settings += len(config.get("trials") or [None])
         if result.metrics and "row_json" in result.metrics:
             writer.write(json.loads(result.metrics["row_json"]), cached=bool(result.metrics.get("cached")))
-        elif result.error is None and not (result.metrics and "status" in result.metrics):
+        if result.error is None and not (result.metrics and "status" in result.metrics):
             unfinished += 1
-    return unfinished > 0 or len(results) < (total or 0)
+        elif result.error is None and (result.metrics or {}).get("reports_left", 0) > 0:
+            unfinished += 1  # a bundle stopped between its settings' reports
+    return unfinished > 0 or settings < (total or 0)
 
 
 def screened_before(plan: Plan, settings, device: str):
@@ -268,10 +293,18 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
     setting on the trace (``sweep.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
     task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(screen_trace)
-    probes = {
-        c.gate for _, c in settings if GATE_SPECS.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens")
+    probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
+        c.gate
+        for _, c in settings
+        if GATE_SPECS.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens") or c.gate.lens == "tuned"
     }
     probes = sorted(probes, key=str)
+    readouts = {g.readouts for g in probes} - {None}
+    if len(readouts) > 1:
+        raise ConfigError(
+            f"gate.readouts: a screen replays one trace, traced with one readouts file; "
+            f"this search names {len(readouts)}"
+        )
     try:
         traced = ray.get(task.remote(plan.base, plan.run_id, device, probes))
     except ray.exceptions.RayTaskError as exc:
@@ -282,7 +315,7 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
 
 
-def _tuner(plan: Plan, planned, resources: dict, device: str, callback):
+def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None):
     cfg, path = plan.cfg, plan.path
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
     context["done"] = {} if planned is not None else plan.done
@@ -304,7 +337,12 @@ def _tuner(plan: Plan, planned, resources: dict, device: str, callback):
         verbose=0,
     )
     if planned is not None:
-        param_space = {"trial": tune.grid_search(planned)}
+        size = cfg.sweep.shared_baseline
+        if size > 1:
+            bundles = baseline_groups(plan.grid_trials if grid is None else grid, planned, size)
+            param_space = {"trials": tune.grid_search(bundles)}
+        else:
+            param_space = {"trial": tune.grid_search(planned)}
         tune_config = tune.TuneConfig(
             max_concurrent_trials=cfg.sweep.max_concurrent, reuse_actors=True, trial_dirname_creator=_trial_dirname
         )

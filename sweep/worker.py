@@ -88,7 +88,7 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
 def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
     """The profile trace of the sweep's model and prompts at the bench's length, and the cost
     model (with the probes of ``probe_gates``), on the device trials will use."""
-    from sweep.bench import prepare
+    from sweep.bench import attach_readouts, prepare
     from sweep.config import GateConfig
     from sweep.costs import cost_model
     from sweep.gates import make_gate
@@ -96,7 +96,12 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
 
     cfg = trial_config(base, [], device)
     cfg = dataclasses.replace(cfg, gate=GateConfig())  # the model's own depth decides every layer index later
+    readouts = {g.readouts for g in probe_gates} - {None}  # one file at most (the driver checked)
+    if readouts:
+        cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, readouts=readouts.pop()))
     lm, _, prompts = prepare(cfg)
     trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens)
     gates = [make_gate(g, lm.num_layers) for g in probe_gates]
+    for gate, g in zip(gates, probe_gates):
+        attach_readouts(gate, g, lm, prompts)
     return {"trace": trace, "provenance": prov, "costs": cost_model(lm, prompts[0].input_ids, gates=gates).as_dict()}

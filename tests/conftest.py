@@ -83,3 +83,19 @@ def subprocess_env(**extra) -> dict:
         if key not in extra:
             e.pop(key, None)
     return e
+
+
+@pytest.fixture(scope="session")
+def llama_readouts(tmp_path_factory) -> Path:
+    """Readouts (`sweep fit`) of tiny-llama fitted on chat/0..2: the file gate=classifier and
+    gate.lens=tuned read in tests that run every gate (evaluate them on chat/3 onwards)."""
+    import dataclasses
+
+    from sweep.prompts import read_prompts, tokenize_prompts
+    from sweep.readouts import fit_readouts, save_readouts
+
+    lm = load("model=tiny-llama")
+    cfg = dataclasses.replace(compose("prompts=chat").prompts, start=0, n=3)
+    prompts = tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer)
+    fit = fit_readouts(lm, prompts, gen_tokens=6, ridge=1.0, l2=1e-3, seed=0, prompt_set="chat", prompt_start=0)
+    return save_readouts(fit, tmp_path_factory.mktemp("llama-readouts"))

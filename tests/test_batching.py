@@ -80,10 +80,16 @@ def test_full_depth_rows_equal_their_single_runs(tiny, batch):
                 assert together.tokens == [alone[i] for i in order]
 
 
-def _each_sequence_decides_as_it_would_alone(lm, prompts, gate_cfg, policy):
+def _each_sequence_decides_as_it_would_alone(lm, prompts, gate_cfg, policy, readouts=None):
     L = lm.num_layers
-    together = BatchEngine(lm, make_gate(gate_cfg, L), policy).generate_batch(prompts, N)
-    alone = [Engine(lm, make_gate(gate_cfg, L), policy).generate(ids, N) for ids in prompts]
+
+    def gate():
+        made = make_gate(gate_cfg, L)
+        made.attach(readouts)  # a learned exit's fitted readouts (None for the others)
+        return made
+
+    together = BatchEngine(lm, gate(), policy).generate_batch(prompts, N)
+    alone = [Engine(lm, gate(), policy).generate(ids, N) for ids in prompts]
     assert together.tokens == [g.tokens for g in alone]
     assert together.exit_layers == [g.exit_layers for g in alone]
     # the max-over-batch rule: a step runs to the deepest sequence's exit (L under kv_policy=full)
@@ -117,7 +123,7 @@ def _teacher_forced(lm, gate_cfg, prompt, tokens):
     gate.gen_tokens = len(tokens)
     with a.capture_hidden() as hs:
         logits = lm.model(input_ids=torch.tensor([prompt + tokens[:-1]])).logits[0]
-    gate.calibrate(a.lens, [h[:, : len(prompt)] for h in hs])
+    gate.calibrate(lambda _layer, h: a.lens(h), [h[:, : len(prompt)] for h in hs])
     exits, picks = [], []
     for t in range(len(tokens)):
         pos = len(prompt) - 1 + t

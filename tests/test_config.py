@@ -14,7 +14,12 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
 
 
-GROUP_EXTRA = {"hf": ["model.path=org/name"], "gguf": ["model.path=x.gguf"], "jsonl": ["prompts.path=p.jsonl"]}
+GROUP_EXTRA = {
+    "hf": ["model.path=org/name"],
+    "gguf": ["model.path=x.gguf"],
+    "jsonl": ["prompts.path=p.jsonl"],
+    "classifier": ["gate.readouts=readouts.safetensors"],
+}
 
 
 @pytest.mark.parametrize("group", ["model", "gate", "prompts"])
@@ -52,7 +57,7 @@ BAD = [
     (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-gemma3"),
     (
         ["gate=nope"],
-        "gate=nope: unknown option; allowed: conformal, cosine, entropy, fixed, full, margin, pca, saturation, softmax",
+        "gate=nope: unknown option; allowed: classifier, conformal, cosine, entropy, fixed, full, margin, pca, saturation, softmax",
     ),
     (["prompts=nope"], "prompts=nope: unknown option; allowed: chat, humaneval, jsonl"),
     (["profile.nope=1"], "profile.nope: unknown key in profile; allowed: gen_tokens, topk"),

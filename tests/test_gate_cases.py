@@ -19,7 +19,8 @@ families = pytest.mark.parametrize("family", TINY_FAMILIES)
 
 
 def test_every_registered_gate_has_a_case():
-    assert sorted(CASES) == sorted(GATES.names()), "add a case to tests/helpers/gate_cases.py"
+    # the learned exit reads fitted readouts; tests/test_learned_exits.py runs it through the same checks
+    assert sorted(CASES) == sorted(set(GATES.names()) - {"classifier"}), "add a case to tests/helpers/gate_cases.py"
 
 
 def exits_of(lm, gate_cfg, prompts, policy: str) -> list[int]:

@@ -46,8 +46,8 @@ def test_every_gate_class_takes_its_declarations_from_its_spec():
 
 def test_gate_config_fields_are_the_tables_parameters():
     fields = [f.name for f in dataclasses.fields(GateConfig)]
-    assert fields == ["name", "min_layer", "min_depth", *PARAMS]
-    assert GATE_COLUMNS == tuple(PARAMS)
+    assert fields == ["name", "min_layer", "min_depth", *PARAMS, "lens", "readouts"]
+    assert GATE_COLUMNS == (*PARAMS, "lens")
 
 
 def test_every_table_carrying_a_gate_has_exactly_the_tables_gate_columns():
@@ -125,9 +125,13 @@ def test_config_only_rules_fail_at_compose(overrides, message):
     assert message in str(err.value)
 
 
+# what a gate needs beyond its conf file: the classifier reads `sweep fit`'s readouts (not opened at compose)
+NEEDS = {"classifier": ["gate.readouts=readouts.safetensors"]}
+
+
 def test_valid_settings_of_every_gate_pass():
     for name in GATE_SPECS.names():
-        cfg = compose([f"gate={name}"])  # every conf/gate file is a valid setting of its gate
+        cfg = compose([f"gate={name}", *NEEDS.get(name, [])])  # every conf/gate file is a valid setting of its gate
         assert check_gate(cfg.gate).name == name
 
 
@@ -201,7 +205,7 @@ def test_every_gates_default_first_layer_is_a_fraction_of_depth(name):
     conf = yaml.safe_load((ROOT / "conf" / "gate" / f"{name}.yaml").read_text())
     if name != "full":  # the full gate never exits: min_layer 1, as before
         assert conf["min_layer"] is None and 0 < conf["min_depth"] <= 1, conf
-    gate = compose([f"gate={name}"]).gate
+    gate = compose([f"gate={name}", *NEEDS.get(name, [])]).gate
     assert check_model(gate, SMOLLM2_DEPTH) == Resolved(*BEFORE.get(name, (8, None)))
     tiny = check_model(gate, 4)  # the default no longer fails on a 4-layer model ("must be in 1..4")
     assert 1 <= tiny.min_layer <= 4 and (tiny.exit_layer is None) == (name != "fixed")
@@ -257,15 +261,16 @@ def test_search_spaces_over_min_layer_or_min_depth_compose_to_one_of_them():
     assert [check_model(g, SMOLLM2_DEPTH).min_layer for g in gates] == [2, 3, 8, 15]
 
 
-def test_every_gate_with_its_defaults_benches_a_4_layer_model(tmp_path):
+def test_every_gate_with_its_defaults_benches_a_4_layer_model(tmp_path, llama_readouts):
     """Each gate's conf defaults run `sweep bench` on tiny-llama (L=4): the row carries the
     resolved min_layer (and min_depth, the setting); an explicit gate.min_layer=3 wins."""
     from sweep.bench import prepare, run_trial
 
-    fast = ["model=tiny-llama", f"results.root={tmp_path}", "prompts.n=1", "bench.gen_tokens=2"]
+    fast = ["model=tiny-llama", f"results.root={tmp_path}", "prompts.start=3", "prompts.n=1", "bench.gen_tokens=2"]
     fast += ["bench.warmup=0", "bench.repeats=1"]
     for name in GATE_SPECS.names():
-        cfg = compose([*fast, f"gate={name}"])
+        needs = [f"gate.readouts={llama_readouts}"] if name == "classifier" else []
+        cfg = compose([*fast, f"gate={name}", *needs])
         row = run_trial(cfg, *prepare(cfg))
         assert row["status"] in ("ok", "nondeterministic"), (name, row.get("error"))
         expected = {"full": 1, "fixed": 2}.get(name, 1)  # ceil(0.5 * 4) = 2; ceil(0.25 * 4) = 1

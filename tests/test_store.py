@@ -10,6 +10,7 @@ import pytest
 
 from conftest import ROOT
 from sweep.errors import SweepError
+from sweep.profile import READOUT_COLUMNS
 from sweep.store import PROVENANCE, SCHEMA_VERSION, TABLES, files, markdown, read, scan, write_table
 
 PROV = {
@@ -55,6 +56,8 @@ def profile_rows(n: int = 4) -> dict:
         "cos_prev": [0.9] * n,
         "pca_delta": [0.2] * n,
         "pca_k": [64] * n,
+        "kl_final": [0.3] * n,
+        **{c: [None] * n for c in READOUT_COLUMNS},
     }
 
 
@@ -131,7 +134,7 @@ def test_every_table_carries_provenance():
 
 def test_trials_store_their_key_beside_their_id():
     trials = [c.name for c in TABLES["trials"].columns]
-    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 4
+    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 5
     assert "trial_key" not in {c.name for c in TABLES["simulated"].columns}
 
 
@@ -185,5 +188,6 @@ def test_every_column_carries_its_unit_and_meaning_in_the_file(tmp_path):
         assert meta[b"unit"].decode() == c.unit and meta[b"description"].decode() == c.meaning
     assert schema.field("margin").metadata[b"unit"] == b"logits"
     theta = {c.name: c for c in TABLES["trials"].columns}["theta"].field_metadata()
-    assert json.loads(theta["unit_by_gate"]) == {"margin": "logits", "softmax": "probability", "entropy": "nats"}
+    units = {"margin": "logits", "softmax": "probability", "entropy": "nats", "classifier": "probability"}
+    assert json.loads(theta["unit_by_gate"]) == units
     assert pl.read_parquet_metadata(path)["sweep.table"] == "profile"  # the file's key-value metadata too

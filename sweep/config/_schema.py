@@ -81,6 +81,11 @@ class GateConfig:
     q: float | None = _gate_param("q")
     k: int | None = _gate_param("k")
     decay: float | None = _gate_param("decay")
+    # which readout turns h_l into logits (the lens-probe gates and the classifier's exit token):
+    # logit = the model's own final norm and head; tuned = a fitted translator first (`sweep fit`)
+    lens: Literal["logit", "tuned"] | None = None  # null: logit (gates built in code)
+    # the fitted readouts (`sweep fit`'s .safetensors file): needed by gate.lens=tuned and gate=classifier
+    readouts: str | None = field(None, check=lambda v: v.strip() != "" and "\0" not in v, allowed="a file path or null")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +94,7 @@ class PromptsConfig:
 
     name: Literal["chat", "humaneval", "jsonl"]
     path: str | None = None
+    start: int = field(check=at_least(0), allowed="an integer >= 0")  # the set's first prompt taken (0-based)
     n: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null (all)")
     chat_template: bool
     max_tokens: int = field(check=at_least(1), allowed="an integer >= 1")
@@ -99,6 +105,8 @@ class ProfileConfig:
     gen_tokens: int = field(check=in_range(1, 4096), allowed="an integer in 1..4096")
     topk: int = field(check=in_range(1, 1000), allowed="an integer in 1..1000")
     pca_k: int = field(check=in_range(1, 65536), allowed="an integer >= 1")  # the pca signal's directions
+    # `sweep fit`'s readouts file: the trace adds the tuned lens's and the exit classifiers' columns
+    readouts: str | None = field(None, check=lambda v: v.strip() != "" and "\0" not in v, allowed="a file path or null")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +167,9 @@ class SweepConfig:
     max_concurrent: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null (as many as fit)")
     max_failures: int = field(check=at_least(0), allowed="an integer >= 0")
     rerun: bool  # true: redo trials whose rows already exist
+    # grid and screen: settings of one model (differing only in gate, kv_policy, mode) timed against one
+    # full-depth baseline per round, each its own row; 1 = every setting its own baseline
+    shared_baseline: int = field(check=in_range(1, 16), allowed="an integer in 1..16")
 
 
 def _fractions(values: list) -> bool:
@@ -187,6 +198,20 @@ class CalibrateConfig:
     grid: str | None = None  # the threshold ladder in Hydra's grammar; null = the gate's default
     split: float = field(check=lambda v: 0 < v < 1, allowed="a number in (0, 1)")
     pvalue: Literal["hb", "hoeffding"]
+    # a second prompt set (chat | humaneval) the certified threshold is checked on: its drift
+    heldout_prompts: Literal["chat", "humaneval"] | None = None
+    heldout_n: int = field(check=at_least(1), allowed="an integer >= 1")  # prompts of that set (its first ones)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitConfig:
+    """`sweep fit`: learned readouts (tuned-lens translators, exit classifiers) fitted on the
+    traces of ``prompts`` (the fitting set)."""
+
+    gen_tokens: int = field(check=in_range(1, 4096), allowed="an integer in 1..4096")
+    ridge: float = field(check=lambda v: 0 <= v < float("inf"), allowed="a number >= 0 (finite)")
+    l2: float = field(check=lambda v: 0 <= v < float("inf"), allowed="a number >= 0 (finite)")
+    out: str | None = _path()  # where readouts go; null = <results.root>/readouts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,4 +245,5 @@ class Config:
     eas: EasConfig
     analysis: AnalysisConfig
     calibrate: CalibrateConfig
+    fit: FitConfig
     results: ResultsConfig

@@ -11,6 +11,7 @@ from sweep.gates._gates import (
 )
 from sweep.gates._calm import CosineGate, EntropyGate, SoftmaxGate
 from sweep.gates._pca import PcaGate
+from sweep.gates._classifier import ClassifierGate
 from sweep.gates._registry import GATES
 from sweep.gates._signals import (
     conformal_tau,
@@ -27,6 +28,7 @@ from sweep.gates._signals import (
 
 
 __all__ = [
+    "ClassifierGate",
     "ConformalGate",
     "CosineGate",
     "EntropyGate",

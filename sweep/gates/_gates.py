@@ -62,16 +62,35 @@ class Gate:
         """Layers after which the decision is taken (never after L: that is full depth)."""
         return range(self.min_layer, self.num_layers)
 
+    readouts = None  # ``sweep.readouts.Readouts``: the fitted readouts (gate.lens=tuned, gate=classifier)
+    adapter = None
+
+    def attach(self, readouts) -> None:
+        """The fitted readouts (``sweep.readouts.load_readouts``, checked against the model) that a
+        tuned lens or the classifier reads."""
+        self.readouts = readouts
+
     def bind(self, adapter) -> None:
         """Called once per engine with the model's adapter (a gate that needs model weights)."""
+        self.adapter = adapter
+
+    def readout(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """Logits of h_l (``h`` (B, hidden)) as this gate reads them: the probe's lens and the exited
+        token's logits. The logit lens, or with gate.lens=tuned layer l's translator first."""
+        if self.cfg.lens == "tuned":
+            if self.readouts is None:
+                raise RuntimeError(f"gate={self.name} lens=tuned used before attach(readouts)")
+            return self.readouts.lens(self.adapter, layer, h, "tuned")
+        return self.adapter.lens(h)
 
     @property
     def probe_key(self) -> str:
-        """Which measured probe cost applies (``CostModel.probe_ms``)."""
-        return self.probe
+        """Which measured probe cost applies (``CostModel.probe_ms``): a tuned lens probe adds its translator."""
+        return "lens:tuned" if self.probe == "lens" and self.cfg.lens == "tuned" else self.probe
 
     def calibrate(self, lens_fn, hidden: list[torch.Tensor], mask: torch.Tensor | None = None) -> float:
-        """Per-prompt preparation from the prefill's hidden states [h_0..h_L] (each (B, P, hidden));
+        """Per-prompt preparation from the prefill's hidden states [h_0..h_L] (each (B, P, hidden)), with
+        ``lens_fn(layer, h)`` the gate's readout (``readout``: layer L's is the model's own head);
         returns seconds spent. ``mask`` (B, P), when given, marks each row's real positions (a
         left-padded batch): padding must not count."""
         return 0.0
@@ -179,10 +198,10 @@ class ConformalGate(Gate):
         import time
 
         t0 = time.perf_counter()
-        z_final = lens_fn(hidden[self.num_layers])  # (B, P, vocab): one tau per sequence
+        z_final = lens_fn(self.num_layers, hidden[self.num_layers])  # (B, P, vocab): one tau per sequence
         tau = torch.full((z_final.shape[0], self.num_layers + 1), float("inf"))
         for layer in self.probe_layers():
-            residual = lens_residual(lens_fn(hidden[layer]), z_final).cpu()
+            residual = lens_residual(lens_fn(layer, hidden[layer]), z_final).cpu()
             if mask is not None:  # padded positions are NaN, which conformal_tau leaves out
                 residual = residual.masked_fill(~mask.cpu(), float("nan"))
             tau[:, layer] = conformal_tau(residual, self.cfg.q)

@@ -31,6 +31,7 @@ class PcaGate(Gate):
         return f"pca:{self.cfg.k}"
 
     def bind(self, adapter) -> None:
+        super().bind(adapter)
         check_model(self.cfg, self.num_layers, hidden_size=adapter.lm_head.weight.shape[1])
         self.basis = lm_head_basis(adapter, self.cfg.k)  # kept with the model, computed once
         self.norm = adapter.norm

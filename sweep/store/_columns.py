@@ -20,7 +20,9 @@ from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
 #    directory (pareto, knees, targets: <root>/<table>/<table>.parquet); units and meanings in the Parquet
 #    field metadata; pareto and knees carry `front` (model | model+gate) instead of `scope` / gate `all`,
 #    knees the knee's typed gate setting instead of knee_gate / knee_params text
-SCHEMA_VERSION = 4
+# 5: trials carry baseline_shared (settings timed against one shared baseline per round); a gate setting
+#    carries lens (tuned or null); trials carry readouts_id and fit_prompts; the classifier gate
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -118,23 +120,36 @@ def _gate_column(param: ParamSpec) -> Column:
 
 
 GATE_FIELDS: tuple[Column, ...] = (
-    Column("gate", pl.String(), "", f"gate name ({', '.join(GATE_SPECS.names())})"),
-    Column(
-        "min_layer",
-        pl.Int32(),
-        "",
-        "first layer after which the gate may exit (resolved from min_depth when set); null on a failed row whose "
-        "model never loaded when the setting gave min_depth (no depth to resolve it against)",
-        nullable=True,
-    ),
-    Column(
-        "min_depth",
-        pl.Float64(),
-        "fraction",
-        "min_layer as a fraction of depth, when the setting gave it that way",
-        nullable=True,
-    ),
-) + tuple(_gate_column(p) for p in PARAMS.values())
+    (
+        Column("gate", pl.String(), "", f"gate name ({', '.join(GATE_SPECS.names())})"),
+        Column(
+            "min_layer",
+            pl.Int32(),
+            "",
+            "first layer after which the gate may exit (resolved from min_depth when set); null on a failed row whose "
+            "model never loaded when the setting gave min_depth (no depth to resolve it against)",
+            nullable=True,
+        ),
+        Column(
+            "min_depth",
+            pl.Float64(),
+            "fraction",
+            "min_layer as a fraction of depth, when the setting gave it that way",
+            nullable=True,
+        ),
+    )
+    + tuple(_gate_column(p) for p in PARAMS.values())
+    + (
+        Column(
+            "lens",
+            pl.String(),
+            "",
+            "the readout the gate's probes and exit token use when it is not the logit lens: tuned (a fitted "
+            "tuned-lens translator first, `sweep fit`); null = the logit lens (the model's final norm and head)",
+            nullable=True,
+        ),
+    )
+)
 
 
 def metric(name: str, unit: str, meaning: str, dtype: pl.DataType | None = None) -> Column:

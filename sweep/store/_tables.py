@@ -72,6 +72,46 @@ PROFILE = Table(
             nullable=True,
         ),
         Column("pca_k", pl.Int32(), "directions", "k of pca_delta", nullable=True),
+        Column(
+            "kl_final",
+            pl.Float64(),
+            "nats",
+            "KL(softmax(z_L) || softmax(z_l)): the logit lens's distance",
+            nullable=True,
+        ),
+        # with profile.readouts (`sweep fit`'s file): the tuned lens and the exit classifiers, as the gates read them
+        Column(
+            "readouts_id", pl.String(), "", "the readouts the tuned_* and classifier columns come from", nullable=True
+        ),
+        Column(
+            "tuned_top1", pl.Int64(), "", "argmax of the tuned lens t_l = lm_head(final_norm(T_l h_l))", nullable=True
+        ),
+        Column("tuned_match", pl.Boolean(), "", "tuned_top1 == top1_final", nullable=True),
+        Column("tuned_margin", pl.Float64(), "logits", "top1 - top2 of t_l", nullable=True),
+        Column(
+            "tuned_prob_margin",
+            pl.Float64(),
+            "probability",
+            "top-1 minus top-2 probability of softmax(t_l)",
+            nullable=True,
+        ),
+        Column("tuned_entropy", pl.Float64(), "nats", "entropy of softmax(t_l)", nullable=True),
+        Column("tuned_residual_inf", pl.Float64(), "logits", "||t_l - z_L||_inf", nullable=True),
+        Column("tuned_kl_final", pl.Float64(), "nats", "KL(softmax(z_L) || softmax(t_l))", nullable=True),
+        Column(
+            "classifier_prob",
+            pl.Float64(),
+            "probability",
+            "the exit classifier's p(top-1 of the logit lens at l is the final one)",
+            nullable=True,
+        ),
+        Column(
+            "tuned_classifier_prob",
+            pl.Float64(),
+            "probability",
+            "the exit classifier's p(top-1 of the tuned lens at l is the final one)",
+            nullable=True,
+        ),
     ),
 )
 

@@ -170,6 +170,31 @@ TRIALS = Table(
             "(same model, dtype, device, prompts, gen_tokens, seed, batch_size); false: this trial took them",
             nullable=True,
         ),
+        Column(
+            "readouts_id",
+            pl.String(),
+            "",
+            "the fitted readouts (tuned-lens translators, exit classifiers; `sweep fit`) the gate read: the first 16 "
+            "hex digits of their content digest, the name of their file; null for gates that read none",
+            nullable=True,
+        ),
+        Column(
+            "fit_prompts",
+            pl.String(),
+            "",
+            "the prompts those readouts were fitted on (set, first and last id, count): disjoint from this trial's "
+            "prompts by check; null without readouts",
+            nullable=True,
+        ),
+        Column(
+            "baseline_shared",
+            pl.Int64(),
+            "settings",
+            "settings timed against this row's full-depth baseline in the same rounds (sweep.shared_baseline): "
+            "1 = a baseline of its own; more = one baseline run per round and unit, interleaved with every "
+            "setting's gated run; bench_seconds is then the group's wall time over this number",
+            nullable=True,
+        ),
         metric(
             "calibration_ms",
             "ms",

@@ -1,0 +1,29 @@
+"""The learned exit: CALM's trained exit classifier, fitted by `sweep fit` (``sweep.readouts``)."""
+
+from __future__ import annotations
+
+from sweep.gates._gates import Gate
+from sweep.gates._registry import register
+from sweep.gates._signals import at_least, level_tensor
+
+
+@register
+class ClassifierGate(Gate):
+    """Exit when a fitted exit classifier (``sweep fit``: logistic regression on final_norm(h_l),
+    log delta and cos(h_l, h_{l-1})) gives p(layer l's top-1 equals the final one) >= theta; the
+    token comes from the gate's lens (logit, or tuned). A dot product per probe: no lm_head until it exits."""
+
+    name = "classifier"
+
+    def decide(self, layer, h, h_prev, z):
+        if self.readouts is None:
+            raise RuntimeError("gate=classifier used before attach(readouts)")
+        return at_least(self.readouts.classifier_prob(layer, h, h_prev, self.cfg.lens), self.cfg.theta)
+
+    @property
+    def probe_key(self) -> str:
+        return f"classifier:{self.cfg.lens}"
+
+    @classmethod
+    def decisions(cls, signals, values, decay=None):
+        return at_least(signals.need("classifier_prob")[None], level_tensor(values)[:, None, None])
