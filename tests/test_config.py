@@ -57,7 +57,8 @@ BAD = [
     (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-gemma3"),
     (
         ["gate=nope"],
-        "gate=nope: unknown option; allowed: classifier, conformal, cosine, entropy, fixed, full, margin, pca, saturation, softmax",
+        "gate=nope: unknown option; allowed: classifier, conformal, cosine, entropy, fixed, full, margin, pca, "
+        "saturation, softmax",
     ),
     (["prompts=nope"], "prompts=nope: unknown option; allowed: chat, humaneval, jsonl"),
     (["profile.nope=1"], "profile.nope: unknown key in profile; allowed: gen_tokens, topk"),
