@@ -3,7 +3,8 @@
 Reads every trial and profile row under results.root; writes the pareto, knees and targets
 tables there (``<root>/<table>/<table>.parquet``), and <results.root>/report/report.md with PNG
 figures: each model's trials with the Pareto front and its knee, the per-layer curves with
-the post-mortem's thresholds, EAS per layer, and the best speedup at each agreement target.
+the post-mortem's thresholds, EAS per layer, the learned readouts against the logit lens (for
+traces taken with profile.readouts), and the best speedup at each agreement target.
 The report is a list of sections (``sweep.report_sections.SECTIONS``) over one
 ``ReportContext``, assembled and written once.
 
@@ -153,7 +154,7 @@ def _write_tables(ctx: ReportContext) -> None:
         write_table("targets", ctx.targets, root=ctx.root, provenance={})
 
 
-_CACHED = ("curves", "eas", "models", "verdicts")  # ReportContext's cached properties
+_CACHED = ("curves", "eas", "lens", "models", "verdicts")  # ReportContext's cached properties
 
 
 def _with_out(ctx: ReportContext, out: Path) -> ReportContext:

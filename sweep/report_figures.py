@@ -1,7 +1,8 @@
 """The report's figures: each function draws one PNG into the report directory and returns its file name.
 
 Pareto fronts with error bars and knees, the per-layer curves with the post-mortem's thresholds,
-EAS per layer, simulated against measured (screen), and the batching effect.
+the learned readouts against the logit lens, EAS per layer, simulated against measured (screen),
+and the batching effect.
 """
 
 from __future__ import annotations
@@ -150,6 +151,33 @@ def layers_figure(curve: pl.DataFrame, model: str, out: Path) -> str:
         fontsize=10,
     )
     return _save(fig, out, f"layers_{model}.png")
+
+
+def lens_figure(curve: pl.DataFrame, model: str, readouts_id: str, out: Path) -> str:
+    """One model's learned readouts against the logit lens per layer: top-1 agreement with the
+    final top-1, and KL(final || lens) on a log axis (where it is 0, at layer L, not drawn)."""
+    curve = curve.sort("layer")
+    layers = curve["layer"].to_list()
+    fig, axes = _pyplot().subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    for lens, style in (("logit", "o-"), ("tuned", "s-")):
+        axes[0].plot(layers, curve[f"{lens}_top1"].to_list(), style, ms=3, label=f"{lens} lens")
+        kl = [v if v is not None and v > 0 else float("nan") for v in curve[f"kl_{lens}"].to_list()]
+        axes[1].plot(layers, kl, style, ms=3, label=f"{lens} lens")
+    axes[0].set_ylabel("top-1 = final top-1 (fraction)")
+    axes[0].set_ylim(-0.03, 1.03)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("mean KL(final || lens), nats (0 not drawn)")
+    for ax in axes:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("layer l (1-indexed; layers 1..l ran)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"{model}: tuned lens (readouts {readouts_id}) vs logit lens, "
+        f"{curve['positions'][0]} decision positions of the evaluation prompts",
+        fontsize=10,
+    )
+    return _save(fig, out, f"lens_{model}_{readouts_id}.png")
 
 
 def _threshold_lines(ax, last_layer: int, label: str, values: tuple[float, ...]) -> None:

@@ -2,7 +2,8 @@
 Markdown lines (ending with a blank line) and the figures it wrote; ``SECTIONS`` is their order.
 
 Header, verdicts, one section per model (targets, knees, Pareto and layer figures), profiles
-(EAS and oracle exits), simulated against measured (screen) and the batching effect.
+(EAS and oracle exits), the learned readouts against the logit lens, simulated against measured
+(screen) and the batching effect.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sweep.analysis import (
     eas_table,
     front_gate,
     layer_curve,
+    lens_curves,
     oracle_summary,
 )
 
@@ -45,6 +47,11 @@ class ReportContext:
     @cached_property
     def curves(self) -> pl.DataFrame:
         return layer_curve(self.profiles)
+
+    @cached_property
+    def lens(self) -> pl.DataFrame:
+        """The learned readouts' curves (``lens_curves``): empty unless a trace has readouts."""
+        return lens_curves(self.profiles) if self.profiles is not None else pl.DataFrame()
 
     @cached_property
     def eas(self) -> pl.DataFrame:
@@ -207,6 +214,54 @@ def profiles_section(ctx: ReportContext) -> Section:
     return Section(lines + ["", f"![{name}]({name})", ""], [name])
 
 
+LENS_ROWS = 32  # the lens table shows every layer up to this many, a stride of them beyond
+
+
+def lens_section(ctx: ReportContext) -> Section:
+    """Per model with a trace taken with ``profile.readouts``: the tuned lens against the logit lens
+    per layer (top-1 agreement and KL to the final distribution), a table and a figure per readouts."""
+    if not ctx.lens.height:
+        return Section([])
+    lines, made = [], []
+    for model in sorted(ctx.lens["model"].unique().to_list()):
+        lines += [f"## Learned readouts: tuned lens vs logit lens, {model}", ""]
+        sub = ctx.lens.filter(pl.col("model") == model)
+        for readouts_id in sorted(sub["readouts_id"].unique().to_list()):
+            curve = sub.filter(pl.col("readouts_id") == readouts_id).sort("layer")
+            name = figures.lens_figure(curve, model, readouts_id, ctx.out)
+            lines += [*_lens_table(curve, readouts_id), f"![{name}]({name})", ""]
+            made.append(name)
+    return Section(lines, made)
+
+
+def _lens_table(curve: pl.DataFrame, readouts_id: str) -> list[str]:
+    """One readouts' curve as a sentence and a Markdown table (every layer, or a stride and layer L)."""
+    L = int(curve["num_layers"][0])
+    stride = -(-L // LENS_ROWS)
+    rows = curve.filter(((pl.col("layer") - 1) % stride == 0) | (pl.col("layer") == L))
+    which = (
+        "every layer"
+        if stride == 1
+        else f"layers 1, {1 + stride}, {1 + 2 * stride}, ... and {L} (the figure has them all)"
+    )
+    lines = [
+        (
+            f"Readouts `{readouts_id}` (`sweep fit`) on {curve['prompts'][0]} evaluation prompts (not among those "
+            f"they were fitted on), at their {curve['positions'][0]} decision positions (each prompt's last prefill "
+            "position and its decode positions): the fraction whose top-1 equals the final layer's, and the mean "
+            f"KL(final || lens) in nats, for the logit lens and the tuned lens; {which}."
+        ),
+        "",
+        *_table_head("layer", "logit top-1", "tuned top-1", "KL logit", "KL tuned"),
+    ]
+    lines += [
+        f"| {r['layer']} | {r['logit_top1']:.3f} | {r['tuned_top1']:.3f} | {_num(r['kl_logit'], '.4g')} | "
+        f"{_num(r['kl_tuned'], '.4g')} |"
+        for r in rows.iter_rows(named=True)
+    ]
+    return lines + [""]
+
+
 def screen_section(ctx: ReportContext) -> Section:
     """Simulated against measured, when a screen left simulated rows: a table of the gap per
     gate, and a figure pairing each simulated setting with its closed-loop trial."""
@@ -294,6 +349,7 @@ SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (
     verdict_section,
     model_sections,
     profiles_section,
+    lens_section,
     screen_section,
     batching_section,
 )

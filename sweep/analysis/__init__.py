@@ -2,8 +2,8 @@
 
 Load every stored run, find Pareto fronts of speedup against agreement and their knees,
 the best trial at each agreement target, bootstrap confidence intervals over prompts, and
-the profile summaries (layer curve, EAS, oracle exits). ``sweep analyze`` writes them as
-tables and a report.
+the profile summaries (layer curve, EAS, oracle exits, tuned lens against logit lens).
+``sweep analyze`` writes them as tables and a report.
 """
 
 from sweep.analysis._confidence import SPEEDUPS, ranked, skipped_compute, trial_rng, with_confidence
@@ -28,6 +28,7 @@ from sweep.analysis._profiles import (
     eas_table,
     format_summary,
     layer_curve,
+    lens_curves,
     oracle_exits,
     oracle_summary,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "kneedle_knee",
     "knees_table",
     "layer_curve",
+    "lens_curves",
     "load_profiles",
     "load_trials",
     "nondominated",

@@ -1,4 +1,5 @@
-"""Summaries of profile traces: the layer curve, EAS (arXiv 2603.23701), oracle exits.
+"""Summaries of profile traces: the layer curve, EAS (arXiv 2603.23701), oracle exits, and the
+learned readouts' curves (tuned lens against logit lens).
 
 Polars over the trace table, so they work on one run or on every stored run.
 """
@@ -101,6 +102,37 @@ def oracle_summary(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
             num_layers=L.first(),
         )
         .sort("model", "phase")
+        .collect()
+    )
+
+
+def _decision_rows(trace: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
+    """The rows at decision positions, where a gate decides: each prompt's last prefill position
+    (its first generated token) and its decode positions, as ``sweep.simulate.signals_from_trace``
+    selects them (per model, run and prompt)."""
+    last_prefill = (
+        pl.when(pl.col("phase") == "prefill").then(pl.col("position")).max().over("model", "run_id", "prompt_id")
+    )
+    return trace.lazy().filter((pl.col("phase") == "decode") | (pl.col("position") == last_prefill))
+
+
+def lens_curves(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Per model, readouts (``sweep fit``'s id) and layer, over the decision positions of traces
+    taken with ``profile.readouts``: the top-1 agreement with the final layer's top-1 and the mean
+    KL(final || lens) in nats, for the logit lens and the tuned lens. Empty without such traces."""
+    return (
+        _decision_rows(trace.lazy().filter(pl.col("tuned_match").is_not_null()))
+        .group_by("model", "readouts_id", "layer")
+        .agg(
+            positions=pl.len(),
+            prompts=pl.struct("run_id", "prompt_id").n_unique(),
+            num_layers=pl.col("num_layers").first(),
+            logit_top1=pl.col("top1_match").mean(),
+            tuned_top1=pl.col("tuned_match").mean(),
+            kl_logit=pl.col("kl_final").mean(),
+            kl_tuned=pl.col("tuned_kl_final").mean(),
+        )
+        .sort("model", "readouts_id", "layer")
         .collect()
     )
 
