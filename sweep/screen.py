@@ -76,6 +76,7 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
             (pl.col("model") == knee["model"])
             & (pl.col("gate") == knee["gate"])
             & (pl.col("min_layer") == knee["min_layer"])
+            & pl.col("lens").eq_missing(knee["lens"])  # a tuned lens's thresholds are another line
         ).sort(gate.threshold)
         ids = line["trial_id"].to_list()
         at = ids.index(knee["trial_id"])

@@ -59,6 +59,7 @@ def test_selection_keeps_the_front_above_full_depth():
             "q": [None] * 6,
             "k": [None] * 6,
             "decay": [None] * 6,
+            "lens": [None] * 6,
             "speedup_model": [1.2, 1.5, 2.0, 0.9, 0.95, 1.4],
             "agreement_tf": [0.9, 0.6, 0.2, 1.0, 1.0, 0.5],
         },
@@ -68,6 +69,7 @@ def test_selection_keeps_the_front_above_full_depth():
             "q": pl.Float64,
             "k": pl.Int64,
             "decay": pl.Float64,
+            "lens": pl.String,
         },
     )
     out = select(table, neighbours=0)
@@ -81,3 +83,28 @@ def test_selection_keeps_the_front_above_full_depth():
     assert wider.filter("selected")["trial_id"].sort().to_list() == ["a", "b", "c", "f"]
     widest = select(table, neighbours=2)  # and e (0.05) and c (0.3) two steps away
     assert widest.filter("selected")["trial_id"].sort().to_list() == ["a", "b", "c", "e", "f"]
+
+
+def test_knee_neighbours_stay_on_their_lens():
+    """A tuned-lens gate's thresholds are a line of their own: the knee's neighbours are taken
+    along it, never from the logit-lens settings of the same gate that sit between them."""
+    from sweep.screen import select
+
+    theta = [1.0, 2.0, 3.0, 1.5, 2.5]
+    table = pl.DataFrame(
+        {
+            "trial_id": ["t1", "t2", "t3", "l1", "l2"],
+            "model": ["m"] * 5,
+            "gate": ["margin"] * 5,
+            "min_layer": [8] * 5,
+            **{c: [None] * 5 for c in ("exit_layer", "eps", "q", "k", "decay")},
+            "theta": theta,
+            "lens": ["tuned"] * 3 + [None] * 2,
+            "speedup_model": [2.0, 1.6, 1.1, 0.8, 0.7],
+            "agreement_tf": [0.5, 0.9, 0.99, 0.3, 0.2],
+        },
+        schema_overrides={"exit_layer": pl.Int64, "eps": pl.Float64, "q": pl.Float64, "k": pl.Int64},
+    ).with_columns(pl.col("decay").cast(pl.Float64), pl.col("lens").cast(pl.String))
+    out = select(table, neighbours=1)
+    assert out.filter("on_front")["trial_id"].sort().to_list() == ["t1", "t2", "t3"]
+    assert out.filter("selected")["trial_id"].sort().to_list() == ["t1", "t2", "t3"]  # l1, l2 never
