@@ -121,9 +121,8 @@ def layer_table(trace) -> str:
     )
     lines = [f"  {'layer':>5}{'top1 logit':>12}{'top1 tuned':>12}{'KL logit':>10}{'KL tuned':>10}{'positions':>11}"]
     for r in per.sort("layer").iter_rows(named=True):
-        lines.append(
-            f"  {r['layer']:>5}{r['logit']:>12.3f}{r['tuned']:>12.3f}{r['kl_logit']:>10.3f}{r['kl_tuned']:>10.3f}{r['n']:>11}"
-        )
+        cells = f"{r['logit']:>12.3f}{r['tuned']:>12.3f}{r['kl_logit']:>10.3f}{r['kl_tuned']:>10.3f}"
+        lines.append(f"  {r['layer']:>5}{cells}{r['n']:>11}")
     return "\n".join(lines)
 
 
