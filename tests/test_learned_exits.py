@@ -233,3 +233,60 @@ def test_lens_and_readouts_are_checked_at_compose(tmp_path):
         compose("gate=classifier", "gate.readouts=x", "gate.theta=1.5")
     done = run_cli("bench", "model=tiny-llama", "gate=classifier", f"gate.readouts={tmp_path}/none.safetensors")
     assert done.returncode == 2 and done.stderr.count("error:") == 1 and "no such file" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def chat_tail_readouts(tmp_path_factory):
+    """tiny-llama readouts fitted on chat/6..9: HumanEval calibrates, chat/0..3 checks the drift."""
+    lm = load("model=tiny-llama")
+    fit = fit_readouts(
+        lm, _prompts(lm, 6, 4), gen_tokens=N, ridge=1.0, l2=1e-3, seed=0, prompt_set="chat", prompt_start=6
+    )
+    return save_readouts(fit, tmp_path_factory.mktemp("chat-tail"))
+
+
+CALIBRATE = [
+    "calibrate",
+    "model=tiny-llama",
+    "gate=classifier",
+    "gate.lens=tuned",
+    "gate.min_layer=1",
+    "prompts=humaneval",
+    "prompts.n=10",
+    "bench.gen_tokens=4",
+    "calibrate.delta=0.3",
+    "calibrate.epsilon=0.3",
+    "calibrate.grid='range(1.0, 0.6, step=-0.1)'",
+]
+
+
+def test_calibrate_a_classifier_and_check_its_drift(chat_tail_readouts, capsys):
+    from sweep.cli import main
+
+    code = main(
+        [*CALIBRATE, f"gate.readouts={chat_tail_readouts}", "calibrate.heldout_prompts=chat", "calibrate.heldout_n=4"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "calibrate gate=classifier" in out and "chosen theta=" in out
+    assert "drift check on chat (4 prompts, another distribution): observed disagreement" in out
+    assert "against the held-out prompts" in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["calibrate.heldout_prompts=humaneval"],
+            "calibrate.heldout_prompts=humaneval: 10 of its prompts are calibration",
+        ),
+        (["calibrate.heldout_prompts=chat", "calibrate.heldout_n=8"], "calibrate.heldout_prompts: 2 of 8 evaluation"),
+        (["prompts=chat", "prompts.n=8"], "prompts: 2 of 8 evaluation prompts (chat/6, chat/7)"),
+    ],
+)
+def test_calibration_and_drift_prompts_never_overlap_the_fitting_set(chat_tail_readouts, capsys, extra, message):
+    from sweep.cli import main
+
+    code = main([*CALIBRATE, f"gate.readouts={chat_tail_readouts}", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and message in err, err
