@@ -290,3 +290,28 @@ def test_calibration_and_drift_prompts_never_overlap_the_fitting_set(chat_tail_r
     code = main([*CALIBRATE, f"gate.readouts={chat_tail_readouts}", *extra])
     err = capsys.readouterr().err
     assert code == 2 and err.count("error:") == 1 and message in err, err
+
+
+def test_a_screen_sweep_of_learned_gates(ray_session, llama_readouts, tmp_path):
+    """`sweep run search=screen` with tuned-lens and classifier settings: the trace carries the
+    readouts' columns, every setting replays, the selected ones run closed-loop with their lens."""
+    from conftest import sweep
+    from sweep.store import read
+
+    space = (
+        "search.spaces=[{gate: classifier, gate.lens: 'choice(logit, tuned)', gate.theta: 'range(0.5, 1.0, step=0.1)', "
+        f"gate.readouts: {llama_readouts}, gate.min_layer: 1}}, {{gate: margin, gate.lens: tuned, "
+        f"gate.theta: 'choice(0.5, 1, 2)', gate.readouts: {llama_readouts}, gate.min_layer: 1}}]"
+    )
+    outcome = sweep(tmp_path, "search=screen", space, "prompts.start=3", "prompts.n=2", "bench.gen_tokens=6")
+    sim = read("simulated", tmp_path)
+    assert sim.height == 13 and set(sim["gate"]) == {"classifier", "margin"}
+    assert sorted(sim["lens"].unique().to_list(), key=str) == [None, "tuned"]
+    trace = read("profile", tmp_path)
+    assert trace["readouts_id"].unique().to_list() == [llama_readouts.stem]
+    assert trace["tuned_match"].null_count() == 0 and trace["classifier_prob"].null_count() == 0
+    assert sim["speedup_model"].null_count() == 0  # the cost model measured the tuned and classifier probes
+    trials = read("trials", tmp_path)
+    selected = set(sim.filter(pl.col("selected"))["trial_id"])  # on a tiny model, maybe none beats full depth
+    assert set(trials["trial_id"]) == selected and trials.height == outcome.written
+    assert set(trials["status"]) <= {"ok"} and set(trials["readouts_id"]) <= {llama_readouts.stem}
