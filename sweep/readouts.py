@@ -335,9 +335,29 @@ def save_readouts(readouts: Readouts, out_dir) -> Path:
     return path
 
 
+_LOADED: dict[tuple, Readouts] = {}  # (file identity, model): readouts a process verified and moved once
+
+
 def load_readouts(path, lm, key: str = "gate.readouts") -> Readouts:
     """The readouts at ``path``, verified (content against its digest and name, fitted to ``lm``), on
-    lm's device with translators in lm's dtype. Any problem is a one-line ConfigError naming ``key``."""
+    lm's device with translators in lm's dtype. Any problem is a one-line ConfigError naming ``key``.
+    A sweep worker's trials share one load per file (its path, size and mtime) and model."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+        ident = (str(p.resolve()), st.st_size, st.st_mtime_ns, lm.content_hash, str(lm.device), str(lm.dtype))
+    except OSError:
+        ident = None
+    if ident is not None and ident in _LOADED:
+        return _LOADED[ident]
+    readouts = _load_readouts(path, lm, key)
+    if ident is not None:
+        _LOADED.clear()  # one file at a time: a worker that moves on to other readouts drops the last
+        _LOADED[ident] = readouts
+    return readouts
+
+
+def _load_readouts(path, lm, key: str) -> Readouts:
     from safetensors import SafetensorError, safe_open
 
     where = f"{key}={path}"

@@ -138,7 +138,8 @@ def test_units_and_meanings_are_in_the_files(results):
     assert schema.field("speedup_wall").metadata[b"unit"] == b"ratio"
     assert b"baseline" in schema.field("speedup_wall").metadata[b"description"]
     theta = schema.field("theta").metadata
-    assert json.loads(theta[b"unit_by_gate"]) == {"margin": "logits", "softmax": "probability", "entropy": "nats"}
+    units = {"margin": "logits", "softmax": "probability", "entropy": "nats", "classifier": "probability"}
+    assert json.loads(theta[b"unit_by_gate"]) == units
     for table in TABLES:
         f = next((results / table).rglob("*.parquet"))
         fields = pq.read_schema(f)
