@@ -96,11 +96,9 @@ def attach_readouts(gate: Gate, gate_cfg, lm: LoadedModel, prompts: list[Prompt]
     fitted to another) and checked disjoint from the prompts it is evaluated on; nothing otherwise."""
     if gate_cfg.readouts is None:
         return
-    from sweep.readouts import check_disjoint, load_readouts
+    from sweep.readouts import readouts_for
 
-    readouts = load_readouts(gate_cfg.readouts, lm, key=key)
-    check_disjoint(readouts, prompts, key="prompts")
-    gate.attach(readouts)
+    gate.attach(readouts_for(gate_cfg.readouts, lm, prompts, key))
 
 
 def gated_engine(cfg: Config, lm: LoadedModel, gate: Gate):

@@ -143,6 +143,12 @@ def select_trials(
     return todo, skipped
 
 
+def tune_settings(config: dict) -> list[list[str]]:
+    """The settings (override lists) a Tune trial's config holds: one (``trial``) or a bundle
+    timed against one shared baseline (``trials``, ``baseline_groups``)."""
+    return config.get("trials") or [config["trial"]]
+
+
 def baseline_groups(grid_trials: GridTrials, todo: list[list[str]], size: int) -> list[list[list[str]]]:
     """The trials in ``todo`` bundled for ``sweep.shared_baseline``: at most ``size`` per bundle,
     each bundle's settings alike in everything but the gate, bench.kv_policy, bench.mode and

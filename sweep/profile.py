@@ -279,10 +279,9 @@ def traced_run(
 
     readouts = None
     if cfg.profile.readouts is not None:
-        from sweep.readouts import check_disjoint, load_readouts
+        from sweep.readouts import readouts_for
 
-        readouts = load_readouts(cfg.profile.readouts, lm, key="profile.readouts")
-        check_disjoint(readouts, prompts, key="prompts")
+        readouts = readouts_for(cfg.profile.readouts, lm, prompts, key="profile.readouts")
     trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k, readouts)
     prov = provenance(cfg, lm, run_id)
     trace = trace.with_columns(

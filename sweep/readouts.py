@@ -403,6 +403,14 @@ def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> s
     return f"tensors of the wrong shape: {', '.join(bad)}" if bad else None
 
 
+def readouts_for(path, lm, prompts: Sequence, key: str) -> Readouts:
+    """The readouts at ``path`` for evaluating ``lm`` on ``prompts``: loaded and verified for the
+    model (``load_readouts``, errors naming ``key``) and disjoint from its fitting set."""
+    readouts = load_readouts(path, lm, key=key)
+    check_disjoint(readouts, prompts, key="prompts")
+    return readouts
+
+
 def check_disjoint(readouts: Readouts, prompts: Sequence, key: str = "prompts") -> None:
     """Refuse (ConfigError) evaluation ``prompts`` that overlap the readouts' fitting set, by id or by
     text: readouts judged on the prompts they were fitted to would flatter themselves."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from sweep.errors import SweepError
 from sweep.gatespec import gate_text
-from sweep.plan import trial_config
+from sweep.plan import trial_config, tune_settings
 
 log = logging.getLogger("sweep.rows")
 
@@ -123,7 +123,7 @@ class RowWriter:
         from sweep.bench import failed_row
         from sweep.run_info import provenance_unloaded
 
-        for trial in config.get("trials") or [config["trial"]]:
+        for trial in tune_settings(config):
             try:
                 cfg = trial_config(self.base, trial, self.device)
             except SweepError as exc:

@@ -30,7 +30,15 @@ from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
 from sweep.gatespec import GATE_SPECS
 from sweep.identity import trial_device, trial_identity
-from sweep.plan import Plan, baseline_groups, plan_sweep, screen_selection, select_trials, trial_config
+from sweep.plan import (
+    Plan,
+    baseline_groups,
+    plan_sweep,
+    screen_selection,
+    select_trials,
+    trial_config,
+    tune_settings,
+)
 from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, row_path
 from sweep.search import METRICS
 from sweep.study import optuna_search, remaining_trials
@@ -146,7 +154,7 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
     t0 = time.perf_counter()
     context = context or {}
     try:
-        cfgs = [trial_config(list(base), t, context["device"]) for t in config.get("trials") or [config["trial"]]]
+        cfgs = [trial_config(list(base), t, context["device"]) for t in tune_settings(config)]
         tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
     except SweepError as exc:  # a value the driver's checks could not foresee: no config, so no row
         tune.report({**_metrics({"status": "failed"}), "error": str(exc), "cached": False})
@@ -259,7 +267,7 @@ def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
     unfinished = settings = 0
     for result in results:
         config = result.config or {}
-        settings += len(config.get("trials") or [None])
+        settings += len(config.get("trials") or [None])  # a bundle's settings; one otherwise (Optuna's too)
         if result.metrics and "row_json" in result.metrics:
             writer.write(json.loads(result.metrics["row_json"]), cached=bool(result.metrics.get("cached")))
         if result.error is None and not (result.metrics and "status" in result.metrics):
