@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from sweep.config import GateConfig
+from sweep.engine import Engine, StepState
 from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
 from sweep.models import LoadedModel
 from sweep.timing import Timer
@@ -44,8 +45,8 @@ class DecodeSteps:
 class CostModel:
     layer_ms: float  # one decoder layer of a decode step
     head_ms: float  # final norm + lm_head on one position (the logit lens)
-    lens_probe_ms: float  # a margin/conformal probe: lens + top-2 + decision
-    hidden_probe_ms: float  # a saturation probe: two norms of h + decision
+    lens_probe_ms: float  # a margin/conformal probe alone: lens + top-2 + decision
+    hidden_probe_ms: float  # a saturation probe alone: two norms of h + decision
     kv_ms: float  # K/V fill of one skipped layer (kv_policy=propagate)
     overhead_ms: float  # rest of a full-depth step: embedding, mask, RoPE, framework
     step_ms: float  # a full-depth decode step, measured
@@ -53,12 +54,18 @@ class CostModel:
     prefill_ms: float = 0.0  # a full-depth prefill of the measured prompt (prompt_tokens long)
     prefill_lens_ms: float = 0.0  # the logit lens and its sup-norm residual over every position of that prompt
     prompt_tokens: int = 1
-    extra_probe_ms: dict = field(default_factory=dict)  # gate-specific probes measured on demand ("pca:64")
+    # measured on demand: each gate's probe in situ (``_in_situ_probe_ms``) under ``in_situ_key`` ("margin/lens",
+    # "saturation/hidden", "classifier/classifier:tuned"), which wins over the probe measured alone; a probe
+    # with no standard measurement ("pca:64", "lens:tuned"); "translate": a tuned lens's translator alone
+    extra_probe_ms: dict = field(default_factory=dict)
 
     def layers(self, ms: float) -> float:
         return ms / self.layer_ms
 
     def probe_ms(self, gate: Gate) -> float:
+        """ms of one probe of ``gate``: in situ when ``cost_model(..., gates=[gate])`` measured it, else alone."""
+        if in_situ_key(gate) in self.extra_probe_ms:
+            return self.extra_probe_ms[in_situ_key(gate)]
         known = {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms, **self.extra_probe_ms}
         if gate.probe_key not in known:
             raise KeyError(
@@ -134,14 +141,15 @@ class CostModel:
         rows = [
             ("decoder layer", self.layer_ms),
             ("final norm + lm_head", self.head_ms),
-            ("lens probe (margin, conformal)", self.lens_probe_ms),
-            ("hidden probe (saturation)", self.hidden_probe_ms),
+            ("lens probe alone (margin)", self.lens_probe_ms),
+            ("hidden probe alone (saturation)", self.hidden_probe_ms),
             ("K/V fill, one layer (propagate)", self.kv_ms),
             ("step overhead", self.overhead_ms),
             (f"full-depth step ({self.num_layers} layers)", self.step_ms),
             (f"prefill, {self.prompt_tokens} tokens", self.prefill_ms),
             (f"lens over {self.prompt_tokens} positions", self.prefill_lens_ms),
         ]
+        rows += [(f"probe {key}" if "/" in key else key, ms) for key, ms in sorted(self.extra_probe_ms.items())]
         lines = [f"{'cost model':<34}{'ms':>9}{'layers':>9}"]
         lines += [f"{name:<34}{ms:>9.3f}{self.layers(ms):>9.2f}" for name, ms in rows]
         return "\n".join(lines)
@@ -152,37 +160,93 @@ def cost_model(
 ) -> CostModel:
     """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
-    them to a later model); the probes of ``gates`` that are not the standard three are
-    measured too (once each)."""
+    them to a later model); the probe of each of ``gates`` is measured too, in situ, once per
+    ``in_situ_key`` (and a tuned lens's translator once)."""
     # a loaded model has one device and dtype: its prompt length is all the key needs
     costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats))
     for gate in gates:
-        if gate.probe_key not in ("none", "hidden", "lens") and gate.probe_key not in costs.extra_probe_ms:
-            costs.extra_probe_ms[gate.probe_key] = _measure_probe(lm, gate)
+        if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
+            costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate)
         if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
-            costs.extra_probe_ms["translate"] = _measure_probe(lm, gate, translate_only=True)
+            costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
     return costs
 
 
-def _measure_probe(lm: LoadedModel, gate: Gate, *, translate_only: bool = False) -> float:
-    """ms of one decision of ``gate`` on one position (its probe: a lens probe reads its own lens, a
-    tuned one with its translator), on a real hidden state; or of its tuned lens's translator alone."""
-    gate.bind(lm.adapter)
+def in_situ_key(gate: Gate) -> str:
+    """Under which key ``CostModel.extra_probe_ms`` keeps the in-situ cost of ``gate``'s probe: its
+    decision rule and its probe (margin and entropy read the same lens but decide differently)."""
+    return f"{gate.name}/{gate.probe_key}"
+
+
+def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, repeats: int = 8) -> float:
+    """ms of one decision of ``gate`` (its probe: a lens probe reads its own lens, a tuned one with its
+    translator) where a gated run pays it (``_in_situ_probe_ms``), from as many decisions per step as there
+    can be; a one-layer model never probes."""
+    probed = copy.copy(gate)  # the same rule (and readouts), deciding after every layer but the last
+    probed.min_layer = 1
+    if not probed.probe_layers():  # a one-layer model
+        return 0.0
+    with torch.inference_mode():
+        return _in_situ_probe_ms(lm, probed, prompt_ids, repeats)
+
+
+def _translate_ms(lm: LoadedModel, gate: Gate) -> float:
+    """ms of the tuned lens's translator alone on one position (an exit's cost, not a probe's)."""
     layer = min(max(gate.min_layer, 1), max(lm.num_layers - 1, 1))  # a layer with a translator
     with torch.inference_mode():
         h = lm.adapter.embed(torch.tensor([[1]], device=lm.device))[:, -1]
-        h_prev = h * 0.9
-        if translate_only:
-            return _median_ms(lambda: gate.readouts.translate(layer, h), lm.device)
-        if gate.probe == "lens":
-            return _median_ms(lambda: bool(gate.decide(layer, h, h_prev, gate.readout(layer, h)).all()), lm.device)
-        return _median_ms(lambda: bool(gate.decide(layer, h, h_prev, None).all()), lm.device)
+        return _median_ms(lambda: gate.readouts.translate(layer, h), lm.device)
+
+
+class _ProbeOnly(StepState):
+    """A step state whose gate decides after every probed layer and never exits: a full-depth step
+    that pays its probes (the decision's device sync included) and nothing else."""
+
+    def record(self, layer, h, z, decided) -> bool:
+        bool(decided.all())
+        return False
+
+
+def _timed_steps(
+    engines: dict, token: torch.Tensor, cache, repeats: int, device, *, block: int = 2, states: dict | None = None
+) -> dict[str, list[float]]:
+    """ms per decode step of each engine as a decode loop pays it: ``block`` consecutive steps of one
+    engine from a copy of the same prefilled cache, the engines interleaved in alternating order,
+    round by round (one warm-up round first); ``states`` gives an engine its ``StepState``."""
+    states = states or {}
+    times: dict = {k: [] for k in engines}
+    names = list(engines)
+    for r in range(repeats + 1):
+        for name in names if r % 2 == 0 else names[::-1]:
+            engine, kv, t = engines[name], copy.deepcopy(cache), token
+            with engine.stepping(states.get(name)) as stepper, Timer(device) as clock:
+                for _ in range(block):
+                    t = stepper.step(t, kv).logits.argmax(-1, keepdim=True)
+            if r >= 1:
+                times[name].append(clock.seconds * 1000 / block)
+    return times
+
+
+def _in_situ_probe_ms(lm: LoadedModel, gate: Gate, prompt_ids: Sequence[int], repeats: int) -> float:
+    """ms of one decision of ``gate`` where a gated run pays it: the median over interleaved rounds of
+    (a full-depth step that decides after every probed layer and never exits) minus (a plain step),
+    per probed layer. Measured alone, a lens probe reads the lm_head from a warm cache and skips the
+    layer hook; inside a step it pays both, and that is what the engine pays."""
+    probed = Engine(lm, gate, "propagate")
+    cache = lm.adapter.new_cache()
+    ids = torch.tensor([list(prompt_ids)], device=lm.device)
+    logits, hs, _ = probed.gated_prefill(ids, cache, n_tokens=2)  # a gate that calibrates per prompt does
+    del hs
+    engines = {"full": Engine(lm), "probed": probed}
+    times = _timed_steps(
+        engines, logits.argmax(-1, keepdim=True), cache, repeats, lm.device, states={"probed": _ProbeOnly()}
+    )
+    extra = statistics.median(p - f for p, f in zip(times["probed"], times["full"]))
+    return max(extra, 0.0) / len(gate.probe_layers())
 
 
 @torch.inference_mode()
 def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostModel:
-    from sweep.engine import Engine
-
     adapter, L, dev = lm.adapter, lm.num_layers, lm.device
     lo = max(1, L // 4)
     hi = max(lo + 1, (3 * L) // 4) if L > 1 else 1
@@ -199,19 +263,13 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
     h_all, z_final = hs[max(1, L // 2)], adapter.lens(hs[L]).float()
     del hs
     prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=3, warm=1)
-    times: dict = {k: [] for k in engines}
-    for r in range(repeats + 2):  # two warm-up rounds
-        for name, engine in engines.items():
-            with engine.stepping() as stepper, Timer(dev) as clock:
-                logits = stepper.step(token, cache).logits
-            token = logits.argmax(-1, keepdim=True)
-            if r >= 2:
-                times[name].append(clock.seconds * 1000)
+    times = _timed_steps(engines, token, cache, repeats, dev)
     step_ms = statistics.median(times["full"])
     h = adapter.embed(token)[:, -1]
     h_prev = h * 0.9
     theta = torch.tensor(0.0)
     head_ms = _median_ms(lambda: adapter.lens(h), dev)
+    # the probes alone; in situ on demand (``cost_model(..., gates=...)``)
     lens_probe_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), dev)
     hidden_probe_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), dev)
     kv_ms = 0.0

@@ -1,0 +1,78 @@
+"""The cost model measures each gate's probe where the engine pays it: inside real decode steps
+(``sweep.costs._in_situ_probe_ms``), with the gate's own decision rule, not a stand-in measured alone."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from conftest import load
+from sweep.config import GateConfig
+from sweep.costs import _ProbeOnly, cost_model, in_situ_key
+from sweep.engine import Engine
+from sweep.gates import Gate, make_gate
+
+PROMPT = list(range(3, 20))
+
+
+class SlowProbe(Gate):
+    """A hidden-state probe whose decision takes 3 ms and never exits."""
+
+    name = "slowprobe"
+    probe = "hidden"
+
+    def __init__(self, num_layers: int) -> None:
+        super().__init__(GateConfig(name="full", min_layer=2), num_layers)
+
+    def decide(self, layer, h, h_prev, z):
+        time.sleep(0.003)
+        return torch.zeros(h.shape[0], dtype=torch.bool)
+
+
+def test_probe_only_steps_decide_after_every_probed_layer_and_never_exit():
+    lm = load("model=tiny-llama")
+    L = lm.num_layers
+    gate = make_gate(GateConfig(name="margin", min_layer=1, theta=0.0), L)  # exits at its first probe
+    engine = Engine(lm, gate, "propagate")
+    with torch.inference_mode():
+        cache = lm.adapter.new_cache()
+        token = lm.adapter.forward(torch.tensor([PROMPT]), cache)[:, -1].argmax(-1, keepdim=True)
+        plain_cache = copy.deepcopy(cache)
+        with engine.stepping() as stepper:
+            gated = stepper.step(token, copy.deepcopy(cache))
+        assert gated.exit_layer == 1  # the rule itself exits at once
+        with engine.stepping(_ProbeOnly()) as stepper:
+            probed = stepper.step(token, cache)
+        with Engine(lm).stepping() as stepper:
+            plain = stepper.step(token, plain_cache)
+    assert probed.exit_layer == L and probed.probes == len(gate.probe_layers()) == L - 1
+    torch.testing.assert_close(probed.logits, plain.logits, rtol=0, atol=0)  # a full-depth step, bit for bit
+
+
+def test_the_probe_charged_is_the_gates_own_decision_in_a_step():
+    lm = load("model=tiny-qwen2")
+    slow = SlowProbe(lm.num_layers)
+    costs = cost_model(lm, PROMPT, gates=[slow])
+    # the gate's own rule (3 ms a decision), not the saturation probe its probe kind measures alone
+    assert costs.hidden_probe_ms < 1.0
+    assert 2.5 <= costs.probe_ms(slow) <= 6.0
+    assert costs.extra_probe_ms[in_situ_key(slow)] == costs.probe_ms(slow)
+    assert slow.min_layer == 2  # measured on a copy: the gate itself is left as it was
+
+
+def test_gates_reading_one_lens_are_measured_each_with_its_own_rule():
+    lm = load("model=tiny-mistral")
+    L = lm.num_layers
+    gates = [
+        make_gate(GateConfig(name="margin", min_layer=2, theta=1.0), L),
+        make_gate(GateConfig(name="entropy", min_layer=2, theta=1.0), L),
+        make_gate(GateConfig(name="saturation", min_layer=2, eps=0.1), L),
+        make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=2), L),
+    ]
+    costs = cost_model(lm, list(range(5, 25)), gates=gates)
+    assert {"margin/lens", "entropy/lens", "saturation/hidden"} <= set(costs.extra_probe_ms)
+    assert not any(key.startswith("fixed/") for key in costs.extra_probe_ms)  # no probe, nothing measured
+    assert costs.probe_ms(gates[3]) == 0.0
+    assert "probe margin/lens" in costs.format()
