@@ -156,7 +156,7 @@ class CostModel:
 
 
 def cost_model(
-    lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Gate] = (), repeats: int = 12
+    lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Gate] = (), repeats: int = 16
 ) -> CostModel:
     """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
@@ -166,7 +166,7 @@ def cost_model(
     costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats))
     for gate in gates:
         if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
-            costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate)
+            costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
         if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
             costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
     return costs
@@ -178,16 +178,16 @@ def in_situ_key(gate: Gate) -> str:
     return f"{gate.name}/{gate.probe_key}"
 
 
-def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, repeats: int = 8) -> float:
+def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_ms: float, repeats: int = 16) -> float:
     """ms of one decision of ``gate`` (its probe: a lens probe reads its own lens, a tuned one with its
-    translator) where a gated run pays it (``_in_situ_probe_ms``), from as many decisions per step as there
-    can be; a one-layer model never probes."""
+    translator) where a gated run pays it (``_in_situ_probe_ms``: a fraction of a full-depth step, of
+    ``step_ms`` here), from as many decisions per step as there can be; a one-layer model never probes."""
     probed = copy.copy(gate)  # the same rule (and readouts), deciding after every layer but the last
     probed.min_layer = 1
     if not probed.probe_layers():  # a one-layer model
         return 0.0
     with torch.inference_mode():
-        return _in_situ_probe_ms(lm, probed, prompt_ids, repeats)
+        return _in_situ_probe_ms(lm, probed, prompt_ids, repeats) * step_ms
 
 
 def _translate_ms(lm: LoadedModel, gate: Gate) -> float:
@@ -228,20 +228,20 @@ def _timed_steps(
 
 
 def _in_situ_probe_ms(lm: LoadedModel, gate: Gate, prompt_ids: Sequence[int], repeats: int) -> float:
-    """ms of one decision of ``gate`` where a gated run pays it: the median over interleaved rounds of
-    (a full-depth step that decides after every probed layer and never exits) minus (a plain step),
-    per probed layer. Measured alone, a lens probe reads the lm_head from a warm cache and skips the
-    layer hook; inside a step it pays both, and that is what the engine pays."""
+    """One decision of ``gate`` where a gated run pays it, as a fraction of a full-depth step: the
+    median over interleaved rounds of (a full-depth step that decides after every probed layer and
+    never exits) over (a plain step of the same round), less one, per probed layer. A ratio within a
+    round holds when the machine's speed drifts between rounds. Measured alone, a lens probe reads
+    the lm_head from a warm cache and skips the layer hook; inside a step it pays both, as the engine does."""
     probed = Engine(lm, gate, "propagate")
     cache = lm.adapter.new_cache()
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
     logits, hs, _ = probed.gated_prefill(ids, cache, n_tokens=2)  # a gate that calibrates per prompt does
     del hs
     engines = {"full": Engine(lm), "probed": probed}
-    times = _timed_steps(
-        engines, logits.argmax(-1, keepdim=True), cache, repeats, lm.device, states={"probed": _ProbeOnly()}
-    )
-    extra = statistics.median(p - f for p, f in zip(times["probed"], times["full"]))
+    token = logits.argmax(-1, keepdim=True)
+    times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": _ProbeOnly()})
+    extra = statistics.median(p / f for p, f in zip(times["probed"], times["full"])) - 1.0
     return max(extra, 0.0) / len(gate.probe_layers())
 
 
@@ -280,7 +280,8 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
         copies = [copy.deepcopy(cache) for _ in range(5)]
         fill = _median_ms(lambda: adapter.fill_kv(h[:, None], copies.pop(), skipped, rope), dev, n=5, warm=0)
         kv_ms = fill / len(skipped)
-        layer_ms = (statistics.median(times[hi]) - statistics.median(times[lo])) / (hi - lo) + kv_ms
+        # paired within rounds, as the probes are: the slope holds when the machine's speed drifts between rounds
+        layer_ms = statistics.median(b - a for a, b in zip(times[lo], times[hi])) / (hi - lo) + kv_ms
     else:
         layer_ms = step_ms - head_ms
     # a noisy slope must not predict a full-depth step dearer than the one measured

@@ -57,7 +57,7 @@ def test_the_probe_charged_is_the_gates_own_decision_in_a_step():
     costs = cost_model(lm, PROMPT, gates=[slow])
     # the gate's own rule (3 ms a decision), not the saturation probe its probe kind measures alone
     assert costs.hidden_probe_ms < 1.0
-    assert 2.5 <= costs.probe_ms(slow) <= 6.0
+    assert 1.5 <= costs.probe_ms(slow) <= 9.0  # 3 ms, as a fraction of a step measured in other rounds
     assert costs.extra_probe_ms[in_situ_key(slow)] == costs.probe_ms(slow)
     assert slow.min_layer == 2  # measured on a copy: the gate itself is left as it was
 

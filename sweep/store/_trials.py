@@ -136,7 +136,12 @@ TRIALS = Table(
         metric("head_cost_layers", "layers", "final norm + lm_head on one position, in layer-equivalents"),
         metric("cost_layer_ms", "ms", "measured cost of one decoder layer in a decode step"),
         metric("cost_head_ms", "ms", "measured cost of final norm + lm_head on one position"),
-        metric("cost_probe_ms", "ms", "measured cost of one probe of this gate"),
+        metric(
+            "cost_probe_ms",
+            "ms",
+            "measured cost of one probe of this gate, in situ: full-depth decode steps taking its decision after "
+            "every layer without exiting, against plain steps of the same rounds",
+        ),
         metric("cost_kv_ms", "ms", "measured cost of the K/V fill of one skipped layer (propagate)"),
         metric("cost_overhead_ms", "ms", "rest of a full-depth decode step (embedding, mask, RoPE, framework)"),
         metric("cost_prefill_ms", "ms", "cost model: full-depth prefill per prompt, mean over the trial's prompts"),
