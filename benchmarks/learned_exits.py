@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -248,38 +249,44 @@ def report(root: Path, name: str) -> None:
         print(f"    {family:<12}" + "   ".join(cells))
 
 
-def cost_check(root: Path, readouts: Path, sim, threads: int) -> None:
-    """One tuned-lens gate at a fixed threshold that exits often: predicted vs measured."""
+def cost_check(root: Path, readouts: Path, sim, threads: int, runs: int = 3) -> None:
+    """One tuned-lens gate at a fixed threshold that exits often: predicted vs measured, in ``runs``
+    separate `sweep bench` processes (each measures its own cost model)."""
     import polars as pl
+
+    from sweep.store import read
 
     tuned = sim.filter((pl.col("gate") == "margin") & (pl.col("lens") == "tuned") & (pl.col("min_layer") == 15))
     # the setting whose replayed exit rate is nearest one half: the cost model has exits and full steps to charge
     row = tuned.sort((pl.col("exit_rate") - 0.5).abs()).row(0, named=True)
-    out = sweep_cli(
-        "bench",
-        "gate=margin",
-        "gate.lens=tuned",
-        f"gate.readouts={readouts}",
-        f"gate.theta={row['theta']}",
-        "gate.min_layer=15",
-        "prompts=humaneval",
-        "prompts.start=100",
-        "prompts.n=4",
-        f"bench.gen_tokens={GEN}",
-        "bench.repeats=5",
-        "dtype=float32",
-        f"results.root={root}/cost-check",
-        threads=threads,
-    )
-    from sweep.store import read
-
-    r = read("trials", root / "cost-check").sort("created_at").row(-1, named=True)
-    print(out)
-    print(
-        f"cost model check (fp32, 4 prompts, margin lens=tuned theta={row['theta']:g} min_layer={r['min_layer']}): "
-        f"predicted {r['speedup_model']:.3f}, measured {r['speedup_wall']:.3f}, "
-        f"error {r['speedup_model'] / r['speedup_wall'] - 1:+.1%} (exit rate {r['exit_rate']:.2f})"
-    )
+    errors = []
+    for i in range(runs):
+        out = sweep_cli(
+            "bench",
+            "gate=margin",
+            "gate.lens=tuned",
+            f"gate.readouts={readouts}",
+            f"gate.theta={row['theta']}",
+            "gate.min_layer=15",
+            "prompts=humaneval",
+            "prompts.start=100",
+            "prompts.n=4",
+            f"bench.gen_tokens={GEN}",
+            "bench.repeats=5",
+            "dtype=float32",
+            f"results.root={root}/cost-check-{i}",
+            threads=threads,
+        )
+        if i == 0:
+            print(out)
+        r = read("trials", root / f"cost-check-{i}").sort("created_at").row(-1, named=True)
+        errors.append(r["speedup_model"] / r["speedup_wall"] - 1)
+        print(
+            f"cost model check {i} (fp32, 4 prompts, margin lens=tuned theta={row['theta']:g} "
+            f"min_layer={r['min_layer']}): predicted {r['speedup_model']:.3f}, measured {r['speedup_wall']:.3f}, "
+            f"error {errors[-1]:+.1%} (exit rate {r['exit_rate']:.2f}, probe {r['cost_probe_ms']:.2f} ms)"
+        )
+    print(f"cost model check: median error {statistics.median(errors):+.1%} over {runs} runs")
 
 
 def main() -> None:

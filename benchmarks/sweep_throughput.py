@@ -3,8 +3,9 @@
 Runs `sweep run experiment=main` (SmolLM2-135M, the saturation grid's 8 trials, 2 prompts x 16
 tokens, 2 repeats, one worker) alternately BEFORE (``SWEEP_REUSE=0`` and ``sweep.shared_baseline=1``:
 every trial takes its own warm-up, reference runs, determinism self-check and baseline, the old
-protocol) and AFTER (one reference and self-check per worker and key, see ``sweep.reuse``; with
-``--shared-after 4`` also up to 4 settings timed against one baseline per round), each into its own
+protocol) and AFTER (one reference and self-check per worker and key, see ``sweep.reuse``, and the
+config's ``sweep.shared_baseline``: up to 4 settings timed against one baseline per round;
+``--shared-after 1`` turns that off), each into its own
 temporary results root, and prints side by side: per trial ``bench_seconds / timed-rounds
 seconds`` (timed rounds: the sum of the row's round_* decode and prefill timings, a shared
 baseline's counted once per group), the sweep's
@@ -17,6 +18,11 @@ ratios, and each grid trial's speedup and agreement before and after.
 the reference, as a worker does) with the same 8 settings measured against one shared baseline
 per round (``sweep.bench.run_shared_trials``), alternately: wall time and each setting's speedup.
 
+``--position N`` asks whether a setting's place in a shared group matters: N shared-baseline groups
+of the grid's first four settings plus a copy of the first at the far end (baseline, A, B, C, D, A'
+forward; A', D, C, B, A, baseline reversed: A always next to the baseline, as in a one-setting
+trial, A' always farthest from it), and compares A with A' timed in the same rounds.
+
 ``--threads`` sets OMP_NUM_THREADS for the sweeps (the Ray workers inherit it); 1 by default,
 as a 2-core machine shared with other work makes 2-thread OpenMP decoding erratic (spin-waits).
 """
@@ -24,6 +30,7 @@ as a 2-core machine shared with other work makes 2-thread OpenMP decoding errati
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -36,10 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / ".venv" / "bin" / "sweep"
 
 
-def run_sweep(root: Path, reuse: bool, threads: int, extra: list[str], shared: int = 1) -> float:
+def run_sweep(root: Path, reuse: bool, threads: int, extra: list[str], shared: int | None = None) -> float:
     """One `sweep run experiment=main` into ``root``; its wall seconds (process start to exit)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SWEEP_REUSE": "1" if reuse else "0"}
-    before = [f"sweep.shared_baseline={shared if reuse else 1}"]  # BEFORE: every setting its own baseline
+    # BEFORE: every setting its own baseline; AFTER: the config's default unless --shared-after says
+    before = ["sweep.shared_baseline=1"] if not reuse else [f"sweep.shared_baseline={shared}"] if shared else []
     cmd = [str(SWEEP if SWEEP.exists() else "sweep"), "run", "experiment=main", f"results.root={root}", *before, *extra]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -118,6 +126,59 @@ def shared_comparison(pairs: int, threads: int) -> None:
         row0 = results["single"][0][1][k]
         print(f"  {setting(row0):<24}{cells[0]:>22}{cells[1]:>22}{b / a:>7.3f}{agree[0]:>14.3f}{agree[1]:>8.3f}")
     print(f"  median ratio shared/single: {statistics.median(ratios):.3f}")
+    # where a shift comes from: per pair, the geometric mean over settings of shared / single for the
+    # speedup, the baseline's ms per token and the gated ms per token (a shared group's settings share
+    # one baseline, so their errors are correlated: a pair is one sample, not eight)
+    print("  per pair, geometric mean over settings of shared / single:")
+    print(f"  {'pair':<6}{'speedup':>9}{'baseline ms':>13}{'gated ms':>10}")
+    for i, ((_, one), (_, grp)) in enumerate(zip(results["single"], results["shared"])):
+        cells = [
+            math.exp(statistics.fmean(math.log(b[col] / a[col]) for a, b in zip(one, grp)))
+            for col in ("speedup_wall", "baseline_ms_per_token", "ms_per_token")
+        ]
+        print(f"  {i:<6}{cells[0]:>9.3f}{cells[1]:>13.3f}{cells[2]:>10.3f}")
+
+
+def position_check(groups: int, threads: int) -> None:
+    """Is a setting's place in a shared group a bias? The same setting next to the baseline (A) and
+    farthest from it (A'), timed in the same rounds of each group."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    from sweep.bench import prepare, run_shared_trials
+    from sweep.config import compose
+    from sweep.reuse import ReuseCache
+
+    grid = [(0.05, 0.25), (0.1, 0.25), (0.2, 0.25), (0.3, 0.25), (0.05, 0.25)]  # A, B, C, D, A' (= A)
+    cfgs = [
+        compose(["experiment=main", "gate=saturation", f"gate.eps={eps}", f"gate.min_depth={depth}"])
+        for eps, depth in grid
+    ]
+    prepared = [prepare(c) for c in cfgs]
+    lm, prompts, cache = prepared[0][0], prepared[0][2], ReuseCache()
+    near, far = [], []
+    print(f"OMP_NUM_THREADS={threads}; {groups} groups: baseline, A, B, C, D, A' (A = A' = {setting_of(cfgs[0])})")
+    print(f"  {'group':<6}{'A speedup':>10}{'A_ speedup':>11}{'A_/A gated ms':>15}")
+    for g in range(groups):
+        rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+        if g == 0:
+            continue  # the first group carries the worker's warm-up and self-check
+        a, b = rows[0], rows[-1]
+        assert a["agreement"] == b["agreement"] and a["exit_rate"] == b["exit_rate"]
+        near.append(a["speedup_wall"])
+        far.append(b["speedup_wall"])
+        gated = b["ms_per_token"] / a["ms_per_token"]
+        print(f"  {g:<6}{a['speedup_wall']:>10.3f}{b['speedup_wall']:>11.3f}{gated:>15.3f}")
+    ratios = [f / n for n, f in zip(near, far)]
+    print(
+        f"  A'/A speedup: median {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}], "
+        f"{sum(r > 1 for r in ratios)} of {len(ratios)} above 1"
+    )
+
+
+def setting_of(cfg) -> str:
+    return f"eps={cfg.gate.eps:g} min_depth={cfg.gate.min_depth:g}"
 
 
 def main() -> None:
@@ -127,8 +188,13 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the results roots under this directory")
     ap.add_argument("extra", nargs="*", help="more overrides for both sweeps (the same settings on both sides)")
     ap.add_argument("--shared", action="store_true", help="compare one-setting trials with a shared baseline")
-    ap.add_argument("--shared-after", type=int, default=1, help="sweep.shared_baseline of the AFTER side (default 1)")
+    ap.add_argument(
+        "--shared-after", type=int, default=None, help="sweep.shared_baseline of the AFTER side (default: the config's)"
+    )
+    ap.add_argument("--position", type=int, default=0, help="groups of the position check (0: not run)")
     args = ap.parse_args()
+    if args.position:
+        return position_check(args.position + 1, args.threads)
     if args.shared:
         return shared_comparison(args.pairs, args.threads)
 

@@ -52,25 +52,34 @@ def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> di
 
 def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: float) -> list[dict[str, Any]]:
     """Several settings of one model, prompts and bench measured against one shared baseline
-    (``sweep.bench.run_shared_trials``): one row per setting, in order (failed rows when the group
+    (``sweep.bench.run_shared_trials``): one row per setting, in order (a failed row for a setting
+    that cannot be prepared, the others measured without it; failed rows for all when the group
     raises). The worker side of a Tune trial that bundles grid settings; ``trial_seconds`` is the
     group's over the number of settings."""
     from sweep.bench import failed_row, prepare, run_shared_trials
     from sweep.models import model_loads
     from sweep.run_info import provenance, provenance_unloaded
 
-    prepared = []
-    try:
-        prepared = [prepare(cfg) for cfg in cfgs]
-        lm, prompts = prepared[0][0], prepared[0][2]
-        rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=reuse_cache())
-    except (SweepError, RuntimeError, ValueError, OSError) as exc:
-        gates = [p[1] for p in prepared] if len(prepared) == len(cfgs) else [None] * len(cfgs)
-        rows = [failed_row(cfg, cfg.prompts.n or 0, exc, gate) for cfg, gate in zip(cfgs, gates)]
+    prepared: list = [None] * len(cfgs)
+    rows: list = [None] * len(cfgs)
+    for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
+        try:
+            prepared[i] = prepare(cfg)
+        except (SweepError, RuntimeError, ValueError, OSError) as exc:
+            rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
+    ready = [i for i, p in enumerate(prepared) if p is not None]
+    if ready:
+        lm, prompts = prepared[ready[0]][0], prepared[ready[0]][2]
+        group = [cfgs[i] for i in ready]
+        try:
+            measured = run_shared_trials(group, lm, [prepared[i][1] for i in ready], prompts, reuse=reuse_cache())
+        except (SweepError, RuntimeError, ValueError, OSError) as exc:
+            measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
+        for i, row in zip(ready, measured):
+            rows[i] = row
     seconds = (time.perf_counter() - t0) / len(cfgs)
     out = []
-    loaded = prepared + [None] * (len(cfgs) - len(prepared))  # a setting that failed to prepare has no model
-    for cfg, row, p in zip(cfgs, rows, loaded):
+    for cfg, row, p in zip(cfgs, rows, prepared):  # a setting that failed to prepare has no model
         prov = provenance(cfg, p[0], run_id) if p is not None else provenance_unloaded(cfg, run_id)
         out.append(
             {

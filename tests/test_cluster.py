@@ -64,7 +64,8 @@ def test_an_interrupted_driver_resumes_without_losing_or_repeating_a_trial(tmp_p
 
 
 def test_a_killed_worker_is_retried(tmp_path):
-    args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}", "sweep.max_failures=3"]
+    # one setting per Tune trial, so rows land one by one and a worker is busy when killed
+    args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}", "sweep.max_failures=3", "sweep.shared_baseline=1"]
     proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(tmp_path, 1, proc)
     victims = [p for p in descendants(proc.pid) if "ray::ImplicitFunc" in cmdline(p)]

@@ -87,7 +87,9 @@ def test_failed_trials_are_rows(ray_session, tmp_path):
         "search.spaces=[{gate: saturation, gate.eps: 0.1, gate.min_layer: 'choice(2, 9)'}]",
     )
     df = read("trials", tmp_path).sort("min_layer")
+    # bundled by default (sweep.shared_baseline): the setting that cannot run fails alone
     assert df["status"].to_list() == ["ok", "failed"]
+    assert df["baseline_shared"][0] == 1
     assert "gate.min_layer=9: must be in 1..4" in df["error"][1]
     assert df["agreement"][1] is None and df["model_hash"][1] == "unknown"
     assert len(outcome.rows) == 2
