@@ -55,8 +55,8 @@ class CostModel:
     prefill_lens_ms: float = 0.0  # the logit lens and its sup-norm residual over every position of that prompt
     prompt_tokens: int = 1
     # measured on demand: each gate's probe in situ (``_in_situ_probe_ms``) under ``in_situ_key`` ("margin/lens",
-    # "saturation/hidden", "classifier/classifier:tuned"), which wins over the probe measured alone; a probe
-    # with no standard measurement ("pca:64", "lens:tuned"); "translate": a tuned lens's translator alone
+    # "saturation/hidden", "pca/pca:64", "classifier/classifier:tuned"), which wins over the probe measured
+    # alone; "translate": a tuned lens's translator alone (an exit's cost)
     extra_probe_ms: dict = field(default_factory=dict)
 
     def layers(self, ms: float) -> float:
