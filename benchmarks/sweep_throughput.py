@@ -81,22 +81,31 @@ def setting(row: dict) -> str:
     return f"eps={row['eps']:<5} min_layer={row['min_layer']}"
 
 
-def shared_comparison(pairs: int, threads: int) -> None:
-    """One-setting trials (with reuse) against one shared-baseline group, alternately, in-process."""
+def main_job_settings(grid: list[tuple[float, float]], threads: int) -> tuple[list, list]:
+    """The main job's saturation settings (eps, min_depth), composed and prepared in this process
+    (``sweep.bench.prepare``: the model loaded once), with ``threads`` OpenMP threads."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
 
     torch.set_num_threads(threads)
-    from sweep.bench import prepare, run_shared_trials, run_trial
+    from sweep.bench import prepare
     from sweep.config import compose
-    from sweep.reuse import ReuseCache
 
-    grid = [(eps, depth) for depth in (0.25, 0.5) for eps in (0.05, 0.1, 0.2, 0.3)]
     cfgs = [
         compose(["experiment=main", "gate=saturation", f"gate.eps={eps}", f"gate.min_depth={depth}"])
         for eps, depth in grid
     ]
-    prepared = [prepare(c) for c in cfgs]
+    return cfgs, [prepare(c) for c in cfgs]
+
+
+def shared_comparison(pairs: int, threads: int) -> None:
+    """One-setting trials (with reuse) against one shared-baseline group, alternately, in-process."""
+    from sweep.bench import run_shared_trials, run_trial
+    from sweep.reuse import ReuseCache
+
+    cfgs, prepared = main_job_settings(
+        [(eps, depth) for depth in (0.25, 0.5) for eps in (0.05, 0.1, 0.2, 0.3)], threads
+    )
     lm, prompts = prepared[0][0], prepared[0][2]
     cache = ReuseCache()
     run_trial(cfgs[0], *prepared[0], reuse=cache)  # the worker's first trial: reference, warm-up, cost model
@@ -142,28 +151,19 @@ def shared_comparison(pairs: int, threads: int) -> None:
 def position_check(groups: int, threads: int) -> None:
     """Is a setting's place in a shared group a bias? The same setting next to the baseline (A) and
     farthest from it (A'), timed in the same rounds of each group."""
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    import torch
-
-    torch.set_num_threads(threads)
-    from sweep.bench import prepare, run_shared_trials
-    from sweep.config import compose
+    from sweep.bench import run_shared_trials
     from sweep.reuse import ReuseCache
 
-    grid = [(0.05, 0.25), (0.1, 0.25), (0.2, 0.25), (0.3, 0.25), (0.05, 0.25)]  # A, B, C, D, A' (= A)
-    cfgs = [
-        compose(["experiment=main", "gate=saturation", f"gate.eps={eps}", f"gate.min_depth={depth}"])
-        for eps, depth in grid
-    ]
-    prepared = [prepare(c) for c in cfgs]
+    # A, B, C, D, A' (= A)
+    cfgs, prepared = main_job_settings([(0.05, 0.25), (0.1, 0.25), (0.2, 0.25), (0.3, 0.25), (0.05, 0.25)], threads)
     lm, prompts, cache = prepared[0][0], prepared[0][2], ReuseCache()
+    # an untimed first group: it carries the worker's warm-up and self-check
+    first = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
     near, far = [], []
-    print(f"OMP_NUM_THREADS={threads}; {groups} groups: baseline, A, B, C, D, A' (A = A' = {setting_of(cfgs[0])})")
+    print(f"OMP_NUM_THREADS={threads}; {groups} groups: baseline, A, B, C, D, A' (A = A' = {setting(first[0])})")
     print(f"  {'group':<6}{'A speedup':>10}{'A_ speedup':>11}{'A_/A gated ms':>15}")
-    for g in range(groups):
+    for g in range(1, groups + 1):
         rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
-        if g == 0:
-            continue  # the first group carries the worker's warm-up and self-check
         a, b = rows[0], rows[-1]
         assert a["agreement"] == b["agreement"] and a["exit_rate"] == b["exit_rate"]
         near.append(a["speedup_wall"])
@@ -175,10 +175,6 @@ def position_check(groups: int, threads: int) -> None:
         f"  A'/A speedup: median {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}], "
         f"{sum(r > 1 for r in ratios)} of {len(ratios)} above 1"
     )
-
-
-def setting_of(cfg) -> str:
-    return f"eps={cfg.gate.eps:g} min_depth={cfg.gate.min_depth:g}"
 
 
 def main() -> None:
@@ -194,7 +190,7 @@ def main() -> None:
     ap.add_argument("--position", type=int, default=0, help="groups of the position check (0: not run)")
     args = ap.parse_args()
     if args.position:
-        return position_check(args.position + 1, args.threads)
+        return position_check(args.position, args.threads)
     if args.shared:
         return shared_comparison(args.pairs, args.threads)
 
