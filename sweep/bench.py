@@ -135,10 +135,12 @@ def run_trial(
         reference_id, reused = new_reference_id(key), False
     else:
         refs, reference_id, reused = _reused_references(reuse, key, cfg, lm, gate, units, baseline, gated)
+    setup = time.perf_counter() - t_start
     timings, reproduced = _timed_rounds(baseline, gated, refs, b.repeats)
     if reuse is not None and not reproduced:
         reuse.drop(key)  # the worker no longer reproduces it: the next trial re-runs the self-check
-    return _row(cfg, lm, gate, costs, baseline, gated, refs, timings, reproduced, reference_id, reused, t_start)
+    wall = time.perf_counter() - t_start
+    return _row(cfg, lm, gate, costs, baseline, gated, refs, timings, reproduced, reference_id, reused, (wall, setup))
 
 
 def _row(
@@ -153,11 +155,11 @@ def _row(
     reproduced: bool,
     reference_id: str,
     reused: bool,
-    t_start: float,
+    seconds: tuple[float, float],
     share: int = 1,
 ) -> dict[str, Any]:
-    """A measured trial's row; ``bench_seconds`` is the wall time since ``t_start`` over ``share``
-    (the settings that shared it: ``run_shared_trials``)."""
+    """A measured trial's row; ``seconds``: its (bench, setup) seconds, a shared group's already
+    apportioned (``run_shared_trials``), ``share`` the settings that shared the baseline."""
     b = cfg.bench
     runs = refs.prompt_runs(baseline, gated)
     steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
@@ -173,7 +175,8 @@ def _row(
         reference_id=reference_id,
         reference_reused=reused,
         baseline_shared=share,
-        bench_seconds=(time.perf_counter() - t_start) / share,
+        bench_seconds=seconds[0],
+        setup_seconds=seconds[1],
     )
     return {**trial_fields(cfg, len(runs), gate), **row}
 
@@ -187,7 +190,9 @@ def run_shared_trials(
     the baseline timed in the same rounds. The settings must share what the reference depends on
     (``ReferenceKey``: model, prompts, gen_tokens, seed, batch_size) and bench.repeats; gate,
     kv_policy and mode may differ. One self-check for the group (or none, reused from ``reuse``);
-    each row's ``bench_seconds`` is the group's wall time over the number of settings."""
+    the group's wall time (and its setup, the untimed work before the timed rounds) is apportioned to
+    the rows by the seconds each setting's timed rounds took (``timed_shares``), so every row of a group
+    reads the same bench_seconds / timed-rounds ratio."""
     t_start = time.perf_counter()
     keys = {
         ReferenceKey.of(lm, prompts, gen_tokens=c.bench.gen_tokens, seed=c.seed, batch_size=c.bench.batch_size)
@@ -205,13 +210,30 @@ def run_shared_trials(
     for cfg, gate, side in zip(cfgs[1:], gates[1:], gated[1:]):
         _warm_gated(cache, key, cfg, lm, gate, units, side)
     refs = [_References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff) for _ in cfgs]
+    setup = time.perf_counter() - t_start
     timings, reproduced = _timed_rounds_shared(baseline, gated, refs, cfgs[0].bench.repeats)
     if reuse is not None and not all(reproduced):
         reuse.drop(key)
+    wall, n = time.perf_counter() - t_start, len(cfgs)
     return [
-        _row(cfg, lm, gate, cost, baseline, side, ref, t, ok, reference_id, reused, t_start, share=len(cfgs))
-        for cfg, gate, cost, side, ref, t, ok in zip(cfgs, gates, costs, gated, refs, timings, reproduced)
+        _row(cfg, lm, gate, cost, baseline, side, ref, t, ok, reference_id, reused, (wall * w, setup * w), share=n)
+        for cfg, gate, cost, side, ref, t, ok, w in zip(
+            cfgs, gates, costs, gated, refs, timings, reproduced, timed_shares(timings)
+        )
     ]
+
+
+def timed_shares(timings: list[Timings]) -> list[float]:
+    """Each setting's share of a shared group's time: the seconds of its own gated runs plus an even
+    share of the baseline's, over the group's timed seconds (the shares sum to 1)."""
+
+    def total(*grids) -> float:
+        return sum(v for grid in grids for row in grid for v in row)
+
+    base = total(timings[0].base_decode, timings[0].base_prefill) / len(timings)
+    own = [base + total(t.gated_decode, t.gated_prefill) for t in timings]
+    whole = sum(own)
+    return [o / whole if whole > 0 else 1 / len(own) for o in own]
 
 
 def _warm_gated(

@@ -55,7 +55,7 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
     (``sweep.bench.run_shared_trials``): one row per setting, in order (a failed row for a setting
     that cannot be prepared, the others measured without it; failed rows for all when the group
     raises). The worker side of a Tune trial that bundles grid settings; ``trial_seconds`` is the
-    group's over the number of settings."""
+    row's bench_seconds plus an even share of the group's time outside the bench (preparing, provenance)."""
     from sweep.bench import failed_row, prepare, run_shared_trials
     from sweep.models import model_loads
     from sweep.run_info import provenance, provenance_unloaded
@@ -77,9 +77,12 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
             measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
         for i, row in zip(ready, measured):
             rows[i] = row
-    seconds = (time.perf_counter() - t0) / len(cfgs)
+    # each row: its bench_seconds (0 for a failed one) and an even share of the rest of the group's time
+    bench = [row.get("bench_seconds") or 0.0 for row in rows]
+    rest = (time.perf_counter() - t0 - sum(bench)) / len(cfgs)
     out = []
-    for cfg, row, p in zip(cfgs, rows, prepared):  # a setting that failed to prepare has no model
+    for cfg, row, p, seconds in zip(cfgs, rows, prepared, (b + rest for b in bench)):
+        # a setting that failed to prepare has no model
         prov = provenance(cfg, p[0], run_id) if p is not None else provenance_unloaded(cfg, run_id)
         out.append(
             {

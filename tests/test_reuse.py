@@ -238,8 +238,16 @@ def test_worker_rows_of_a_shared_group():
 
     process_cache().clear()
     cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
-    rows = shared_trial_rows(cfgs, "run", "s", time.perf_counter())
+    t0 = time.perf_counter()
+    rows = shared_trial_rows(cfgs, "run", "s", t0)
+    elapsed = time.perf_counter() - t0
     assert [r["status"] for r in rows] == ["ok", "ok"] and rows[0]["exit_layer"] == 1 and rows[1]["exit_layer"] == 2
+    # the group's worker-side time: each row its bench_seconds plus an even share of the rest
+    assert all(r["trial_seconds"] > r["bench_seconds"] for r in rows)
+    assert sum(r["trial_seconds"] for r in rows) == pytest.approx(elapsed, rel=0.05)
+    assert rows[0]["trial_seconds"] - rows[0]["bench_seconds"] == pytest.approx(
+        rows[1]["trial_seconds"] - rows[1]["bench_seconds"]
+    )
     assert rows[0]["model_hash"] == rows[1]["model_hash"] and rows[0]["worker_pid"] == rows[1]["worker_pid"]
     bad = shared_trial_rows([cfgs[0], cfg_of("gate=fixed", "gate.exit_layer=2", "bench.gen_tokens=5")], "run", "s", 0.0)
     assert [r["status"] for r in bad] == ["failed", "failed"] and "must share" in bad[0]["error"]
@@ -255,3 +263,49 @@ def test_self_speculative_trials_reuse_too():
     assert second["reference_reused"] and first["status"] == second["status"] == "ok"
     for col in ("acceptance_rate", "mean_accepted_length", "tokens_per_verification", "agreement"):
         assert first[col] == second[col] == alone[col]
+
+
+def _timed_seconds(row) -> float:
+    """A row's own timed rounds from its round_* columns (ms): its gated runs and an even share of
+    the baseline's (shared by ``baseline_shared`` settings)."""
+
+    def total(col):
+        return sum(v for unit in row[col] for v in unit) / 1000
+
+    base = (total("round_baseline_ms") + total("round_baseline_prefill_ms")) / row["baseline_shared"]
+    return base + total("round_ms") + total("round_prefill_ms")
+
+
+def test_a_shared_group_apportions_its_time_by_each_settings_timed_rounds():
+    """Every row of a group reads the group's bench / timed ratio (an even split made a fast setting
+    look dear and a slow one cheap), and the rows' seconds add up to the group's wall time."""
+    from sweep.bench import run_shared_trials
+
+    cfgs = [cfg_of("gate=fixed", "gate.exit_layer=1"), cfg_of("gate=full"), cfg_of("gate=fixed", "gate.exit_layer=2")]
+    prepared = [prepare(c) for c in cfgs]
+    lm, prompts = prepared[0][0], prepared[0][2]
+    t0 = time.perf_counter()
+    rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=ReuseCache())
+    wall = time.perf_counter() - t0
+    ratios = [r["bench_seconds"] / _timed_seconds(r) for r in rows]
+    assert ratios == pytest.approx([ratios[0]] * 3, rel=1e-6)
+    assert len({round(r["bench_seconds"], 9) for r in rows}) == 3  # not an even split
+    assert 0.95 * wall <= sum(r["bench_seconds"] for r in rows) <= wall
+    # the group's setup (its self-check, warm-up, cost model) apportioned the same way
+    setups = [r["setup_seconds"] / r["bench_seconds"] for r in rows]
+    assert setups == pytest.approx([setups[0]] * 3, rel=1e-6) and 0 < setups[0] < 1
+
+
+def test_setup_seconds_is_the_work_a_reusing_trial_no_longer_does():
+    cache = ReuseCache()
+    cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
+    prepared = [prepare(c) for c in cfgs]
+    first = run_trial(cfgs[0], *prepared[0], reuse=cache)
+    second = run_trial(cfgs[1], *prepared[1], reuse=cache)
+    assert second["reference_reused"] and not first["reference_reused"]
+    # the first took the cost model, warm-up and the self-check; the second only built its engines
+    assert first["setup_seconds"] > 10 * second["setup_seconds"]
+    for row in (first, second):
+        assert 0 <= row["setup_seconds"] < row["bench_seconds"]
+        # what is not setup is the timed rounds (and the row's metrics)
+        assert row["bench_seconds"] - row["setup_seconds"] >= _timed_seconds(row)

@@ -22,7 +22,9 @@ from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
 #    knees the knee's typed gate setting instead of knee_gate / knee_params text
 # 5: trials carry baseline_shared (settings timed against one shared baseline per round); a gate setting
 #    carries lens (tuned or null); trials carry readouts_id and fit_prompts; the classifier gate
-SCHEMA_VERSION = 5
+# 6: trials carry setup_seconds (the untimed work of bench_seconds); a shared baseline's group apportions its
+#    time to its rows by their timed rounds' seconds
+SCHEMA_VERSION = 6
 
 
 @dataclass(frozen=True)

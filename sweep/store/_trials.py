@@ -197,7 +197,8 @@ TRIALS = Table(
             "settings",
             "settings timed against this row's full-depth baseline in the same rounds (sweep.shared_baseline): "
             "1 = a baseline of its own; more = one baseline run per round and unit, interleaved with every "
-            "setting's gated run; bench_seconds is then the group's wall time over this number",
+            "setting's gated run; the group's wall time is then apportioned to its rows by the seconds each "
+            "setting's timed rounds took (bench_seconds, setup_seconds)",
             nullable=True,
         ),
         metric(
@@ -206,7 +207,18 @@ TRIALS = Table(
             "mean per-prompt gate calibration time (conformal's tau), measured; outside decode timing, inside the "
             "prefill timing",
         ),
-        metric("bench_seconds", "s", "wall time of the whole trial"),
+        metric(
+            "bench_seconds",
+            "s",
+            "wall time of the whole trial (a shared baseline's group: this setting's share, by its timed rounds' "
+            "seconds), setup_seconds included",
+        ),
+        metric(
+            "setup_seconds",
+            "s",
+            "of bench_seconds, the untimed work before the timed rounds: cost model measurements, warm-up, the "
+            "reference runs and determinism self-check; near 0 where a sweep worker reused them (reference_reused)",
+        ),
         metric("acceptance_rate", "fraction", "self_speculative: drafted tokens the full model accepted"),
         metric("mean_accepted_length", "tokens", "self_speculative: mean accepted drafts per verification"),
         metric(
