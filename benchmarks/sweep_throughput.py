@@ -4,11 +4,12 @@ Runs `sweep run experiment=main` (SmolLM2-135M, the saturation grid's 8 trials, 
 tokens, 2 repeats, one worker) alternately BEFORE (``SWEEP_REUSE=0`` and ``sweep.shared_baseline=1``:
 every trial takes its own warm-up, reference runs, determinism self-check and baseline, the old
 protocol) and AFTER (one reference and self-check per worker and key, see ``sweep.reuse``, and the
-config's ``sweep.shared_baseline``: up to 4 settings timed against one baseline per round;
-``--shared-after 1`` turns that off), each into its own
+config's ``sweep.shared_baseline``: up to that many settings timed against one baseline per round;
+``--shared-after N`` sets it), each into its own
 temporary results root, and prints side by side: per trial ``bench_seconds / timed-rounds
 seconds`` (timed rounds: the sum of the row's round_* decode and prefill timings, a shared
-baseline's counted once per group), the sweep's
+baseline's counted once per group) with its ``setup_seconds`` (the untimed work before the timed
+rounds: cost model, warm-up, self-check; a worker's first group pays it), the sweep's
 wall time (process start to exit: Ray start, model load, every trial), their medians and
 ratios, and each grid trial's speedup and agreement before and after.
 

@@ -161,9 +161,10 @@ def cost_model(
     """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
     them to a later model); the probe of each of ``gates`` is measured too, in situ, once per
-    ``in_situ_key`` (and a tuned lens's translator once)."""
+    ``in_situ_key`` (and a tuned lens's translator once): in the model's own rounds when it is
+    measured with them, in rounds of its own for a gate that comes later."""
     # a loaded model has one device and dtype: its prompt length is all the key needs
-    costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats))
+    costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
     for gate in gates:
         if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
             costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
@@ -182,12 +183,27 @@ def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_
     """ms of one decision of ``gate`` (its probe: a lens probe reads its own lens, a tuned one with its
     translator) where a gated run pays it (``_in_situ_probe_ms``: a fraction of a full-depth step, of
     ``step_ms`` here), from as many decisions per step as there can be; a one-layer model never probes."""
-    probed = copy.copy(gate)  # the same rule (and readouts), deciding after every layer but the last
-    probed.min_layer = 1
-    if not probed.probe_layers():  # a one-layer model
-        return 0.0
     with torch.inference_mode():
-        return _in_situ_probe_ms(lm, probed, prompt_ids, repeats) * step_ms
+        return _in_situ_probe_ms(lm, gate, prompt_ids, repeats) * step_ms
+
+
+def _probed_engine(lm: LoadedModel, gate: Gate, ids: torch.Tensor) -> Engine | None:
+    """An engine under a copy of ``gate`` (the same rule and readouts) that decides after every layer
+    but the last, calibrated on the prompt as a gated run is; None for a one-layer model (no probes)."""
+    probed = copy.copy(gate)
+    probed.min_layer = 1
+    if not probed.probe_layers():
+        return None
+    engine = Engine(lm, probed, "propagate")
+    engine.gated_prefill(ids, lm.adapter.new_cache(), n_tokens=2)  # a gate that calibrates per prompt does
+    return engine
+
+
+def _probe_fraction(probed: list[float], full: list[float], engine: Engine) -> float:
+    """One decision as a fraction of a full-depth step: the median over rounds of probed / full ms
+    of the same round, less one, per probed layer."""
+    extra = statistics.median(p / f for p, f in zip(probed, full)) - 1.0
+    return max(extra, 0.0) / len(engine.gate.probe_layers())
 
 
 def _translate_ms(lm: LoadedModel, gate: Gate) -> float:
@@ -228,34 +244,40 @@ def _timed_steps(
 
 
 def _in_situ_probe_ms(lm: LoadedModel, gate: Gate, prompt_ids: Sequence[int], repeats: int) -> float:
-    """One decision of ``gate`` where a gated run pays it, as a fraction of a full-depth step: the
-    median over interleaved rounds of (a full-depth step that decides after every probed layer and
-    never exits) over (a plain step of the same round), less one, per probed layer. A ratio within a
-    round holds when the machine's speed drifts between rounds. Measured alone, a lens probe reads
-    the lm_head from a warm cache and skips the layer hook; inside a step it pays both, as the engine does."""
-    probed = Engine(lm, gate, "propagate")
-    cache = lm.adapter.new_cache()
+    """One decision of ``gate`` where a gated run pays it, as a fraction of a full-depth step: full-depth
+    steps that decide after every probed layer and never exit against plain steps, interleaved in the
+    same rounds (``_probe_fraction``). A ratio within a round holds when the machine's speed drifts
+    between rounds. Measured alone, a lens probe reads the lm_head from a warm cache and skips the
+    layer hook; inside a step it pays both, as the engine does."""
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
-    logits, hs, _ = probed.gated_prefill(ids, cache, n_tokens=2)  # a gate that calibrates per prompt does
-    del hs
+    probed = _probed_engine(lm, gate, ids)
+    if probed is None:
+        return 0.0
+    cache = lm.adapter.new_cache()
+    token = lm.adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
     engines = {"full": Engine(lm), "probed": probed}
-    token = logits.argmax(-1, keepdim=True)
     times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": _ProbeOnly()})
-    extra = statistics.median(p / f for p, f in zip(times["probed"], times["full"])) - 1.0
-    return max(extra, 0.0) / len(gate.probe_layers())
+    return _probe_fraction(times["probed"], times["full"], probed)
 
 
 @torch.inference_mode()
-def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostModel:
+def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Sequence[Gate] = ()) -> CostModel:
+    """The model's costs; the probes of ``gates`` in situ in the same rounds (one plain full-depth
+    engine serves the layer slope, the step and every probe's ratio)."""
     adapter, L, dev = lm.adapter, lm.num_layers, lm.device
     lo = max(1, L // 4)
     hi = max(lo + 1, (3 * L) // 4) if L > 1 else 1
-    engines = {"full": Engine(lm)}
+    ids = torch.tensor([list(prompt_ids)], device=lm.device)
+    probed = {}  # in_situ_key -> its probed engine
+    for gate in gates:
+        if gate.probe_key != "none" and in_situ_key(gate) not in probed:
+            probed[in_situ_key(gate)] = _probed_engine(lm, gate, ids)
+    # the probed engines next to the plain one in every round (forward and reversed), as in rounds of their own
+    engines = {"full": Engine(lm), **{("probed", key): e for key, e in probed.items() if e is not None}}
     if L > 1:
         for layer in (lo, hi):
             gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), L)
             engines[layer] = Engine(lm, gate, "propagate")
-    ids = torch.tensor([list(prompt_ids)], device=lm.device)
     prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), dev, n=3, warm=1)
     with adapter.capture_hidden() as hs:
         cache = adapter.new_cache()
@@ -263,8 +285,13 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
     h_all, z_final = hs[max(1, L // 2)], adapter.lens(hs[L]).float()
     del hs
     prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=3, warm=1)
-    times = _timed_steps(engines, token, cache, repeats, dev)
+    states = {("probed", key): _ProbeOnly() for key, engine in probed.items() if engine is not None}
+    times = _timed_steps(engines, token, cache, repeats, dev, states=states)
     step_ms = statistics.median(times["full"])
+    extra_probe_ms = {
+        key: 0.0 if engine is None else _probe_fraction(times[("probed", key)], times["full"], engine) * step_ms
+        for key, engine in probed.items()
+    }
     h = adapter.embed(token)[:, -1]
     h_prev = h * 0.9
     theta = torch.tensor(0.0)
@@ -299,6 +326,7 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> CostMo
         prefill_ms=prefill_ms,
         prefill_lens_ms=prefill_lens_ms,
         prompt_tokens=len(prompt_ids),
+        extra_probe_ms=extra_probe_ms,
     )
 
 

@@ -76,3 +76,29 @@ def test_gates_reading_one_lens_are_measured_each_with_its_own_rule():
     assert not any(key.startswith("fixed/") for key in costs.extra_probe_ms)  # no probe, nothing measured
     assert costs.probe_ms(gates[3]) == 0.0
     assert "probe margin/lens" in costs.format()
+
+
+def test_a_model_measured_with_its_gates_times_their_probes_in_its_own_rounds(monkeypatch):
+    """The first measurement of a model (at a prompt length) times its gates' probes in the same rounds
+    as its layers, one plain engine for all; a gate that comes later gets rounds of its own. Both
+    charge the gate's own 3 ms decision."""
+    from sweep import costs as costs_module
+
+    rounds = []
+    real = costs_module._timed_steps
+
+    def counting(engines, *args, **kwargs):
+        rounds.append(sorted(map(str, engines)))
+        return real(engines, *args, **kwargs)
+
+    monkeypatch.setattr(costs_module, "_timed_steps", counting)
+    lm = load("model=tiny-qwen2")
+    slow = SlowProbe(lm.num_layers)
+    first = cost_model(lm, list(range(3, 32)), gates=[slow, SlowProbe(lm.num_layers)])  # a length not measured yet
+    assert len(rounds) == 1 and "('probed', 'slowprobe/hidden')" in rounds[0] and "full" in rounds[0]
+    assert 1.5 <= first.probe_ms(slow) <= 9.0
+    rounds.clear()
+    cost_model(lm, list(range(3, 33)))
+    later = cost_model(lm, list(range(3, 33)), gates=[slow])
+    assert len(rounds) == 2 and not any("probed" in name for name in rounds[0]) and rounds[1] == ["full", "probed"]
+    assert 1.5 <= later.probe_ms(slow) <= 9.0

@@ -173,7 +173,7 @@ def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
     monkeypatch.setattr(_loader, "_CACHE", {})
     # what is cached is under test here, not what is measured: a stand-in that says whose costs they are
     monkeypatch.setattr(
-        costs_module, "_measure", lambda lm, ids, repeats: CostModel(1, 1, 1, 1, 1, 1, 1, lm.num_layers)
+        costs_module, "_measure", lambda lm, ids, repeats, gates=(): CostModel(1, 1, 1, 1, 1, 1, 1, lm.num_layers)
     )
     models = [
         ("model=tiny-llama", "seed=31", "model.tiny.layers=3"),
