@@ -79,6 +79,13 @@ def setting(row: dict) -> str:
     return f"eps={row['eps']:<5} min_layer={row['min_layer']}"
 
 
+def geo_mean_ratio(one: list[dict], other: list[dict], col: str) -> float:
+    """The geometric mean over settings of other / one in ``col``, the rows matched by setting (a
+    shared group's settings share one baseline sample, so a pair of runs is one sample, not eight)."""
+    mine = {setting(r): r[col] for r in one}
+    return math.exp(statistics.fmean(math.log(r[col] / mine[setting(r)]) for r in other))
+
+
 def main_job_settings(grid: list[tuple[float, float]], threads: int) -> tuple[list, list]:
     """The main job's saturation settings (eps, min_depth), composed and prepared in this process
     (``sweep.bench.prepare``: the model loaded once), with ``threads`` OpenMP threads."""
@@ -133,16 +140,12 @@ def shared_comparison(pairs: int, threads: int) -> None:
         row0 = results["single"][0][1][k]
         print(f"  {setting(row0):<24}{cells[0]:>22}{cells[1]:>22}{b / a:>7.3f}{agree[0]:>14.3f}{agree[1]:>8.3f}")
     print(f"  median ratio shared/single: {statistics.median(ratios):.3f}")
-    # where a shift comes from: per pair, the geometric mean over settings of shared / single for the
-    # speedup, the baseline's ms per token and the gated ms per token (a shared group's settings share
-    # one baseline, so their errors are correlated: a pair is one sample, not eight)
+    # where a shift comes from: per pair, shared / single for the speedup, the baseline's ms per token
+    # and the gated ms per token
     print("  per pair, geometric mean over settings of shared / single:")
     print(f"  {'pair':<6}{'speedup':>9}{'baseline ms':>13}{'gated ms':>10}")
     for i, ((_, one), (_, grp)) in enumerate(zip(results["single"], results["shared"])):
-        cells = [
-            math.exp(statistics.fmean(math.log(b[col] / a[col]) for a, b in zip(one, grp)))
-            for col in ("speedup_wall", "baseline_ms_per_token", "ms_per_token")
-        ]
+        cells = [geo_mean_ratio(one, grp, col) for col in ("speedup_wall", "baseline_ms_per_token", "ms_per_token")]
         print(f"  {i:<6}{cells[0]:>9.3f}{cells[1]:>13.3f}{cells[2]:>10.3f}")
 
 
@@ -265,6 +268,10 @@ def main() -> None:
             f"{r['agreement']:>14.3f}{a['agreement']:>8.3f}"
         )
     print(f"  agreement identical per prompt: {same_agreement}")
+    shifts = [geo_mean_ratio(b, a, "speedup_wall") for b, a in zip(rows["before"], rows["after"])]
+    print(
+        "  per pair, geometric mean over settings of after / before speedup: " + ", ".join(f"{x:.3f}" for x in shifts)
+    )
 
 
 if __name__ == "__main__":

@@ -54,9 +54,9 @@ class CostModel:
     prefill_ms: float = 0.0  # a full-depth prefill of the measured prompt (prompt_tokens long)
     prefill_lens_ms: float = 0.0  # the logit lens and its sup-norm residual over every position of that prompt
     prompt_tokens: int = 1
-    # measured on demand: each gate's probe in situ (``_in_situ_probe_ms``) under ``in_situ_key`` ("margin/lens",
-    # "saturation/hidden", "pca/pca:64", "classifier/classifier:tuned"), which wins over the probe measured
-    # alone; "translate": a tuned lens's translator alone (an exit's cost)
+    # measured on demand: each gate's probe in situ (``_measure``, ``_measure_probe``) under ``in_situ_key``
+    # ("margin/lens", "saturation/hidden", "pca/pca:64", "classifier/classifier:tuned"), which wins over the
+    # probe measured alone; "translate": a tuned lens's translator alone (an exit's cost)
     extra_probe_ms: dict = field(default_factory=dict)
 
     def layers(self, ms: float) -> float:
@@ -179,14 +179,6 @@ def in_situ_key(gate: Gate) -> str:
     return f"{gate.name}/{gate.probe_key}"
 
 
-def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_ms: float, repeats: int = 16) -> float:
-    """ms of one decision of ``gate`` (its probe: a lens probe reads its own lens, a tuned one with its
-    translator) where a gated run pays it (``_in_situ_probe_ms``: a fraction of a full-depth step, of
-    ``step_ms`` here), from as many decisions per step as there can be; a one-layer model never probes."""
-    with torch.inference_mode():
-        return _in_situ_probe_ms(lm, gate, prompt_ids, repeats) * step_ms
-
-
 def _probed_engine(lm: LoadedModel, gate: Gate, ids: torch.Tensor) -> Engine | None:
     """An engine under a copy of ``gate`` (the same rule and readouts) that decides after every layer
     but the last, calibrated on the prompt as a gated run is; None for a one-layer model (no probes)."""
@@ -243,12 +235,13 @@ def _timed_steps(
     return times
 
 
-def _in_situ_probe_ms(lm: LoadedModel, gate: Gate, prompt_ids: Sequence[int], repeats: int) -> float:
-    """One decision of ``gate`` where a gated run pays it, as a fraction of a full-depth step: full-depth
-    steps that decide after every probed layer and never exit against plain steps, interleaved in the
-    same rounds (``_probe_fraction``). A ratio within a round holds when the machine's speed drifts
-    between rounds. Measured alone, a lens probe reads the lm_head from a warm cache and skips the
-    layer hook; inside a step it pays both, as the engine does."""
+@torch.inference_mode()
+def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_ms: float, repeats: int = 16) -> float:
+    """ms of one decision of ``gate`` where a gated run pays it, for a gate that comes after its model was
+    measured: full-depth steps that decide after every probed layer and never exit against plain steps in
+    the same rounds (``_probe_fraction``, a fraction of ``step_ms``). A ratio within a round holds when the
+    machine's speed drifts between rounds. Measured alone, a lens probe reads the lm_head from a warm cache
+    and skips the layer hook; inside a step it pays both, as the engine does."""
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
     probed = _probed_engine(lm, gate, ids)
     if probed is None:
@@ -257,7 +250,7 @@ def _in_situ_probe_ms(lm: LoadedModel, gate: Gate, prompt_ids: Sequence[int], re
     token = lm.adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
     engines = {"full": Engine(lm), "probed": probed}
     times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": _ProbeOnly()})
-    return _probe_fraction(times["probed"], times["full"], probed)
+    return _probe_fraction(times["probed"], times["full"], probed) * step_ms
 
 
 @torch.inference_mode()

@@ -1,5 +1,5 @@
 """The cost model measures each gate's probe where the engine pays it: inside real decode steps
-(``sweep.costs._in_situ_probe_ms``), with the gate's own decision rule, not a stand-in measured alone."""
+(``sweep.costs._measure``, ``_measure_probe``), with the gate's own decision rule, not a stand-in measured alone."""
 
 from __future__ import annotations
 
