@@ -1,7 +1,8 @@
 """The deterministic early-exit bench: one trial of (model, gate, thresholds).
 
-Warm-up; the determinism self-check (two full-depth baselines must give identical
-tokens, their max logit difference is recorded); the gated run; timing of baseline and
+Warm-up (the self-check's untimed baselines count towards the baseline's); the determinism
+self-check (two full-depth baselines must give identical tokens, their max logit difference
+is recorded); the gated run; the cost model, on the warm model; timing of baseline and
 gated decoding interleaved over repeats (every timed run must reproduce its tokens
 too); then agreement, exits, wall-clock and cost-model speedups. A trial that fails
 the self-check is ``nondeterministic`` and never ``ok``.
@@ -116,7 +117,7 @@ def run_trial(
 ) -> dict[str, Any]:
     """Measure one trial; returns the trial table's own columns (provenance aside). The same
     protocol for single sequences and batches: prepare the engines, warm up, the reference runs
-    (determinism self-check), the interleaved timed rounds, the metrics.
+    (determinism self-check), the cost model, the interleaved timed rounds, the metrics.
 
     With ``reuse`` (a sweep worker's ``sweep.reuse`` cache) the full-depth reference and its
     self-check are taken once per ``ReferenceKey`` and reused by later trials of the key, warm-up
@@ -124,17 +125,17 @@ def run_trial(
     (later rounds must reproduce it); every timed baseline is still checked against the reference."""
     t_start = time.perf_counter()
     b = cfg.bench
-    costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
     units, baseline, gated = _sides(cfg, lm, gate, prompts)
     key = ReferenceKey.of(lm, prompts, gen_tokens=b.gen_tokens, seed=cfg.seed, batch_size=b.batch_size)
     if reuse is None:
+        _warm_baseline(baseline, units, b.warmup, self_check=True)
         for _ in range(b.warmup):
-            baseline.run(units[0])
             gated.run(units[0])
         refs = _reference_runs(baseline, gated, units)
         reference_id, reused = new_reference_id(key), False
     else:
         refs, reference_id, reused = _reused_references(reuse, key, cfg, lm, gate, units, baseline, gated)
+    costs = cost_model(lm, prompts[0].input_ids, gates=[gate])  # on a warm model, its cold start paid untimed
     setup = time.perf_counter() - t_start
     timings, reproduced = _timed_rounds(baseline, gated, refs, b.repeats)
     if reuse is not None and not reproduced:
@@ -201,7 +202,6 @@ def run_shared_trials(
     if not cfgs or len(keys) != 1 or len({c.bench.repeats for c in cfgs}) != 1 or len(gates) != len(cfgs):
         raise ValueError("shared-baseline settings must share model, prompts, gen_tokens, seed, batch_size, repeats")
     key = keys.pop()
-    costs = [cost_model(lm, prompts[0].input_ids, gates=[g]) for g in gates]
     sides = [_sides(c, lm, g, prompts) for c, g in zip(cfgs, gates)]
     units, baseline = sides[0][0], sides[0][1]
     gated = [side[2] for side in sides]
@@ -210,16 +210,15 @@ def run_shared_trials(
     for cfg, gate, side in zip(cfgs[1:], gates[1:], gated[1:]):
         _warm_gated(cache, key, cfg, lm, gate, units, side)
     refs = [_References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff) for _ in cfgs]
+    costs = cost_model(lm, prompts[0].input_ids, gates=gates)  # every setting's probe in the same rounds
     setup = time.perf_counter() - t_start
     timings, reproduced = _timed_rounds_shared(baseline, gated, refs, cfgs[0].bench.repeats)
     if reuse is not None and not all(reproduced):
         reuse.drop(key)
     wall, n = time.perf_counter() - t_start, len(cfgs)
     return [
-        _row(cfg, lm, gate, cost, baseline, side, ref, t, ok, reference_id, reused, (wall * w, setup * w), share=n)
-        for cfg, gate, cost, side, ref, t, ok, w in zip(
-            cfgs, gates, costs, gated, refs, timings, reproduced, timed_shares(timings)
-        )
+        _row(cfg, lm, gate, costs, baseline, side, ref, t, ok, reference_id, reused, (wall * w, setup * w), share=n)
+        for cfg, gate, side, ref, t, ok, w in zip(cfgs, gates, gated, refs, timings, reproduced, timed_shares(timings))
     ]
 
 
@@ -247,6 +246,16 @@ def _warm_gated(
             gated.run(units[0])
 
 
+SELF_CHECK_RUNS = 2  # untimed full-depth runs of each unit the determinism self-check makes
+
+
+def _warm_baseline(baseline: _Side, units: list[list[Prompt]], warmup: int, *, self_check: bool) -> None:
+    """``warmup`` untimed runs of the baseline on the first unit before its timed rounds; a self-check
+    that follows makes ``SELF_CHECK_RUNS`` of them itself, so only the rest run here."""
+    for _ in range(max(warmup - SELF_CHECK_RUNS, 0) if self_check else warmup):
+        baseline.run(units[0])
+
+
 def _reused_references(
     reuse: ReuseCache,
     key: ReferenceKey,
@@ -260,11 +269,10 @@ def _reused_references(
     """The trial's references from ``reuse`` (taken and kept when the key is new and the
     self-check passes); warm-up once per key (baseline) and per key and gate kind (gated).
     Their gated list is left empty: the first timed round fills it."""
-    if reuse.needs_warmup((key, id(lm.adapter), "baseline")):
-        for _ in range(cfg.bench.warmup):
-            baseline.run(units[0])
-    _warm_gated(reuse, key, cfg, lm, gate, units, gated)
     ref = reuse.get(key)
+    if reuse.needs_warmup((key, id(lm.adapter), "baseline")):
+        _warm_baseline(baseline, units, cfg.bench.warmup, self_check=ref is None)
+    _warm_gated(reuse, key, cfg, lm, gate, units, gated)
     if ref is not None:
         refs = _References(units, baseline=list(ref.baseline), max_logit_diff=ref.max_logit_diff)
         return refs, ref.id, True

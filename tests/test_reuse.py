@@ -309,3 +309,79 @@ def test_setup_seconds_is_the_work_a_reusing_trial_no_longer_does():
         assert 0 <= row["setup_seconds"] < row["bench_seconds"]
         # what is not setup is the timed rounds (and the row's metrics)
         assert row["bench_seconds"] - row["setup_seconds"] >= _timed_seconds(row)
+
+
+@pytest.fixture
+def before_timing(monkeypatch):
+    """What a trial runs before its timed rounds, in order: untimed baseline runs ("baseline"), the
+    self-check's recorded ones ("self-check"), gated runs, the cost model's measurement and its rounds."""
+    from sweep import costs
+
+    seen: list[str] = []
+    real_run, real_measure, real_steps = bench._Side.run, costs._measure, costs._timed_steps
+    real_rounds = bench._timed_rounds_shared
+
+    def run(side, unit, record=False):
+        seen.append("gated" if side.engine.gate is not None else "self-check" if record else "baseline")
+        return real_run(side, unit, record)
+
+    def tagged(tag, real):
+        def call(*args, **kwargs):
+            seen.append(tag)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(bench._Side, "run", run)
+    monkeypatch.setattr(costs, "_measure", tagged("cost model", real_measure))
+    monkeypatch.setattr(costs, "_timed_steps", tagged("cost rounds", real_steps))
+    monkeypatch.setattr(bench, "_timed_rounds_shared", tagged("timed", real_rounds))
+
+    def before() -> list[str]:
+        return seen[: seen.index("timed")]
+
+    return seen, before
+
+
+def _fresh_costs(lm) -> None:
+    """Forget the model's measured cost model (it is kept with the loaded model, across tests)."""
+    for key in [k for k in lm.adapter._derived if k[0] == "cost_model"]:
+        del lm.adapter._derived[key]
+
+
+@pytest.mark.parametrize("warmup", [1, 3])
+def test_the_self_checks_runs_warm_the_baseline_and_the_cost_model_follows(before_timing, warmup):
+    """The self-check's untimed baselines count as the baseline's warm-up (only what bench.warmup asks
+    beyond them runs), and the cost model is measured on the warm model, after them, before timing."""
+    seen, before = before_timing
+    cfg = cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1", f"bench.warmup={warmup}")
+    lm, gate, prompts = prepare(cfg)
+    _fresh_costs(lm)
+    for reuse in (None, ReuseCache()):
+        seen.clear()
+        run_trial(cfg, lm, gate, prompts, reuse=reuse)
+        ran = before()
+        assert ran.count("self-check") == 2 * len(prompts)  # two recorded baselines per prompt
+        assert ran.count("baseline") == max(warmup - 2, 0)  # 0 for the default warm-up of 1
+        assert ran.count("gated") >= warmup  # the gated side still warms up
+        assert ran.index("cost model") > max(i for i, what in enumerate(ran) if what == "self-check")
+        _fresh_costs(lm)
+
+
+def test_a_shared_group_measures_every_settings_probe_in_one_cost_model(before_timing):
+    from sweep.bench import run_shared_trials
+
+    seen, before = before_timing
+    cfgs = [
+        cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1"),
+        cfg_of("gate=margin", "gate.theta=2.0", "gate.min_layer=1"),
+    ]
+    prepared = [prepare(c) for c in cfgs]
+    lm, prompts = prepared[0][0], prepared[0][2]
+    _fresh_costs(lm)
+    rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=ReuseCache())
+    ran = before()
+    assert ran.count("cost model") == 1 and ran.count("cost rounds") == 1  # both probes in the model's rounds
+    assert ran.index("cost model") > max(i for i, what in enumerate(ran) if what == "self-check")
+    assert "baseline" not in ran
+    assert all(r["probe_cost_layers"] > 0 for r in rows)
