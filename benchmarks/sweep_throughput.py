@@ -24,6 +24,10 @@ of the grid's first four settings plus a copy of the first at the far end (basel
 forward; A', D, C, B, A, baseline reversed: A always next to the baseline, as in a one-setting
 trial, A' always farthest from it), and compares A with A' timed in the same rounds.
 
+``--before-rev REV`` makes BEFORE the code of commit REV itself (a git worktree, run as it was, its own
+config's defaults): the protocol before this work began, not this code with reuse turned off (which
+shares the cheaper setup of today's code).
+
 ``--threads`` sets OMP_NUM_THREADS for the sweeps (the Ray workers inherit it); 1 by default,
 as a 2-core machine shared with other work makes 2-thread OpenMP decoding erratic (spin-waits).
 """
@@ -44,14 +48,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / ".venv" / "bin" / "sweep"
 
 
-def run_sweep(root: Path, reuse: bool, threads: int, extra: list[str], shared: int | None = None) -> float:
-    """One `sweep run experiment=main` into ``root``; its wall seconds (process start to exit)."""
+def run_sweep(
+    root: Path, reuse: bool, threads: int, extra: list[str], shared: int | None = None, code: Path | None = None
+) -> float:
+    """One `sweep run experiment=main` into ``root``; its wall seconds (process start to exit). ``code``:
+    a checkout of an earlier commit to run instead of this one (its own protocol, no overrides of ours)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SWEEP_REUSE": "1" if reuse else "0"}
     # BEFORE: every setting its own baseline; AFTER: the config's default unless --shared-after says
     before = ["sweep.shared_baseline=1"] if not reuse else [f"sweep.shared_baseline={shared}"] if shared else []
+    if code is not None:
+        env["PYTHONPATH"] = str(code)  # the driver and its embedded Ray's workers import that checkout
+        before = []
     cmd = [str(SWEEP if SWEEP.exists() else "sweep"), "run", "experiment=main", f"results.root={root}", *before, *extra]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=code or ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     (root / "sweep.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
@@ -71,6 +81,8 @@ def trial_rows(root: Path) -> list[dict]:
         )
         row["timed_seconds"] = timed_ms / 1000
         row["overhead_ratio"] = row["bench_seconds"] / row["timed_seconds"]
+        if row.get("setup_seconds") is None:  # a row of a commit before the column (read back as null)
+            row["setup_seconds"] = math.nan
         row["own_ratio"] = (row["bench_seconds"] - row["setup_seconds"]) / row["timed_seconds"]
     return sorted(rows, key=lambda r: (r["min_layer"], r["eps"]))
 
@@ -189,6 +201,11 @@ def main() -> None:
         "--shared-after", type=int, default=None, help="sweep.shared_baseline of the AFTER side (default: the config's)"
     )
     ap.add_argument("--position", type=int, default=0, help="groups of the position check (0: not run)")
+    ap.add_argument(
+        "--before-rev",
+        default=None,
+        help="BEFORE runs this git commit's code as it was (a worktree), not this code with reuse turned off",
+    )
     args = ap.parse_args()
     if args.position:
         return position_check(args.position, args.threads)
@@ -197,13 +214,22 @@ def main() -> None:
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="sweep-throughput-"))
     base.mkdir(parents=True, exist_ok=True)
+    code = None
+    if args.before_rev:
+        code = base / f"code-{args.before_rev}"
+        if not code.exists():
+            subprocess.run(["git", "worktree", "add", "--detach", str(code), args.before_rev], cwd=ROOT, check=True)
+        print(f"BEFORE: commit {args.before_rev} ({code})", flush=True)
     walls: dict[str, list[float]] = {"before": [], "after": []}
     rows: dict[str, list[list[dict]]] = {"before": [], "after": []}
     for i in range(args.pairs):
         order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
         for side in order:
             root = base / f"{side}-{i}"
-            wall = run_sweep(root, side == "after", args.threads, args.extra, shared=args.shared_after)
+            after_side = side == "after"
+            wall = run_sweep(
+                root, after_side, args.threads, args.extra, shared=args.shared_after, code=None if after_side else code
+            )
             walls[side].append(wall)
             rows[side].append(trial_rows(root))
             print(f"pair {i} {side:<6}: {wall:7.1f} s wall, {len(rows[side][-1])} trials ({root})", flush=True)
@@ -228,6 +254,8 @@ def main() -> None:
         values = list(values)
         return statistics.median(values) if values else math.nan
 
+    if code is not None:
+        subprocess.run(["git", "worktree", "remove", "--force", str(code)], cwd=ROOT, check=False)
     ratio = {s: median(r["overhead_ratio"] for rs in rows[s] for r in rs) for s in rows}
     # rows that reused their worker's reference: no cost model, warm-up or self-check of their own
     later = {s: median(r["overhead_ratio"] for rs in rows[s] for r in rs if r["reference_reused"]) for s in rows}

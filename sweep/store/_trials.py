@@ -75,7 +75,12 @@ TRIALS = Table(
         Column("prompt_set", pl.String(), "", "chat | humaneval | jsonl"),
         Column("n_prompts", pl.Int32(), "prompts", "prompts in the trial"),
         Column("gen_tokens", pl.Int32(), "tokens", "greedy tokens generated per prompt"),
-        Column("warmup", pl.Int32(), "generations", "untimed warm-up generations per side"),
+        Column(
+            "warmup",
+            pl.Int32(),
+            "generations",
+            "untimed warm-up generations per side (the baseline's include the self-check's two)",
+        ),
         Column("repeats", pl.Int32(), "rounds", "timed rounds (each: every prompt, both sides, interleaved)"),
         metric("agreement", "fraction", "generated positions whose token equals the baseline's"),
         metric(
