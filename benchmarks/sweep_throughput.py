@@ -56,8 +56,9 @@ def run_sweep(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SWEEP_REUSE": "1" if reuse else "0"}
     # BEFORE: every setting its own baseline; AFTER: the config's default unless --shared-after says
     before = ["sweep.shared_baseline=1"] if not reuse else [f"sweep.shared_baseline={shared}"] if shared else []
-    if code is not None:
+    if code is not None:  # as it was: its own defaults
         env["PYTHONPATH"] = str(code)  # the driver and its embedded Ray's workers import that checkout
+        env.pop("SWEEP_REUSE")
         before = []
     cmd = [str(SWEEP if SWEEP.exists() else "sweep"), "run", "experiment=main", f"results.root={root}", *before, *extra]
     t0 = time.perf_counter()
@@ -67,6 +68,10 @@ def run_sweep(
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({done.returncode}); log in {root / 'sweep.log'}:\n{done.stderr[-2000:]}")
     return wall
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def trial_rows(root: Path) -> list[dict]:
@@ -212,27 +217,34 @@ def main() -> None:
     if args.shared:
         return shared_comparison(args.pairs, args.threads)
 
-    base = args.keep or Path(tempfile.mkdtemp(prefix="sweep-throughput-"))
+    base = (args.keep or Path(tempfile.mkdtemp(prefix="sweep-throughput-"))).resolve()  # absolute: cwd may change
     base.mkdir(parents=True, exist_ok=True)
-    code = None
+    code = sha = None
     if args.before_rev:
-        code = base / f"code-{args.before_rev}"
+        sha = git("rev-parse", "--verify", f"{args.before_rev}^{{commit}}")
+        code = base / f"code-{sha[:12]}"
         if not code.exists():
-            subprocess.run(["git", "worktree", "add", "--detach", str(code), args.before_rev], cwd=ROOT, check=True)
-        print(f"BEFORE: commit {args.before_rev} ({code})", flush=True)
+            git("worktree", "add", "--detach", str(code), sha)
+        print(f"BEFORE: commit {sha[:12]} ({code})", flush=True)
     walls: dict[str, list[float]] = {"before": [], "after": []}
     rows: dict[str, list[list[dict]]] = {"before": [], "after": []}
-    for i in range(args.pairs):
-        order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
-        for side in order:
-            root = base / f"{side}-{i}"
-            after_side = side == "after"
-            wall = run_sweep(
-                root, after_side, args.threads, args.extra, shared=args.shared_after, code=None if after_side else code
-            )
-            walls[side].append(wall)
-            rows[side].append(trial_rows(root))
-            print(f"pair {i} {side:<6}: {wall:7.1f} s wall, {len(rows[side][-1])} trials ({root})", flush=True)
+    try:
+        for i in range(args.pairs):
+            order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
+            for side in order:
+                root = base / f"{side}-{i}"
+                after_side = side == "after"
+                wall = run_sweep(
+                    root, after_side, args.threads, args.extra, args.shared_after, None if after_side else code
+                )
+                walls[side].append(wall)
+                rows[side].append(trial_rows(root))
+                if sha and not after_side and any(not str(r["git_sha"]).startswith(sha) for r in rows[side][-1]):
+                    sys.exit(f"BEFORE rows in {root} were not written by {sha[:12]}: the worktree's code did not run")
+                print(f"pair {i} {side:<6}: {wall:7.1f} s wall, {len(rows[side][-1])} trials ({root})", flush=True)
+    finally:
+        if code is not None:
+            git("worktree", "remove", "--force", str(code))
 
     print(f"\nOMP_NUM_THREADS={args.threads}; {args.pairs} pair(s); medians over pairs and trials\n")
     for side in ("before", "after"):
@@ -254,8 +266,6 @@ def main() -> None:
         values = list(values)
         return statistics.median(values) if values else math.nan
 
-    if code is not None:
-        subprocess.run(["git", "worktree", "remove", "--force", str(code)], cwd=ROOT, check=False)
     ratio = {s: median(r["overhead_ratio"] for rs in rows[s] for r in rs) for s in rows}
     # rows that reused their worker's reference: no cost model, warm-up or self-check of their own
     later = {s: median(r["overhead_ratio"] for rs in rows[s] for r in rs if r["reference_reused"]) for s in rows}

@@ -1,8 +1,9 @@
 """The deterministic early-exit bench: one trial of (model, gate, thresholds).
 
-Warm-up (the self-check's untimed baselines count towards the baseline's); the determinism
-self-check (two full-depth baselines must give identical tokens, their max logit difference
-is recorded); the gated run; the cost model, on the warm model; timing of baseline and
+Warm-up (the self-check's untimed baselines count towards the baseline's); the cost model,
+on the warmed model; the determinism self-check (two full-depth baselines must give identical
+tokens, their max logit difference is recorded), which leads into the timed rounds as the
+baseline's warm-up did; the gated run; timing of baseline and
 gated decoding interleaved over repeats (every timed run must reproduce its tokens
 too); then agreement, exits, wall-clock and cost-model speedups. A trial that fails
 the self-check is ``nondeterministic`` and never ``ok``.
@@ -116,8 +117,8 @@ def run_trial(
     cfg: Config, lm: LoadedModel, gate: Gate, prompts: list[Prompt], reuse: ReuseCache | None = None
 ) -> dict[str, Any]:
     """Measure one trial; returns the trial table's own columns (provenance aside). The same
-    protocol for single sequences and batches: prepare the engines, warm up, the reference runs
-    (determinism self-check), the cost model, the interleaved timed rounds, the metrics.
+    protocol for single sequences and batches: prepare the engines, warm up, the cost model, the
+    reference runs (determinism self-check), the interleaved timed rounds, the metrics.
 
     With ``reuse`` (a sweep worker's ``sweep.reuse`` cache) the full-depth reference and its
     self-check are taken once per ``ReferenceKey`` and reused by later trials of the key, warm-up
@@ -127,15 +128,13 @@ def run_trial(
     b = cfg.bench
     units, baseline, gated = _sides(cfg, lm, gate, prompts)
     key = ReferenceKey.of(lm, prompts, gen_tokens=b.gen_tokens, seed=cfg.seed, batch_size=b.batch_size)
+    _warm_up(reuse if reuse is not None else ReuseCache(), key, [cfg], lm, [gate], units, baseline, [gated])
+    costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
     if reuse is None:
-        _warm_baseline(baseline, units, b.warmup, self_check=True)
-        for _ in range(b.warmup):
-            gated.run(units[0])
         refs = _reference_runs(baseline, gated, units)
         reference_id, reused = new_reference_id(key), False
     else:
-        refs, reference_id, reused = _reused_references(reuse, key, cfg, lm, gate, units, baseline, gated)
-    costs = cost_model(lm, prompts[0].input_ids, gates=[gate])  # on a warm model, its cold start paid untimed
+        refs, reference_id, reused = _reused_references(reuse, key, units, baseline)
     setup = time.perf_counter() - t_start
     timings, reproduced = _timed_rounds(baseline, gated, refs, b.repeats)
     if reuse is not None and not reproduced:
@@ -206,11 +205,10 @@ def run_shared_trials(
     units, baseline = sides[0][0], sides[0][1]
     gated = [side[2] for side in sides]
     cache = reuse if reuse is not None else ReuseCache()  # without one: a private cache, one self-check
-    shared, reference_id, reused = _reused_references(cache, key, cfgs[0], lm, gates[0], units, baseline, gated[0])
-    for cfg, gate, side in zip(cfgs[1:], gates[1:], gated[1:]):
-        _warm_gated(cache, key, cfg, lm, gate, units, side)
-    refs = [_References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff) for _ in cfgs]
+    _warm_up(cache, key, cfgs, lm, gates, units, baseline, gated)
     costs = cost_model(lm, prompts[0].input_ids, gates=gates)  # every setting's probe in the same rounds
+    shared, reference_id, reused = _reused_references(cache, key, units, baseline)
+    refs = [_References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff) for _ in cfgs]
     setup = time.perf_counter() - t_start
     timings, reproduced = _timed_rounds_shared(baseline, gated, refs, cfgs[0].bench.repeats)
     if reuse is not None and not all(reproduced):
@@ -256,23 +254,30 @@ def _warm_baseline(baseline: _Side, units: list[list[Prompt]], warmup: int, *, s
         baseline.run(units[0])
 
 
-def _reused_references(
+def _warm_up(
     reuse: ReuseCache,
     key: ReferenceKey,
-    cfg: Config,
+    cfgs: list[Config],
     lm: LoadedModel,
-    gate: Gate,
+    gates: list[Gate],
     units: list[list[Prompt]],
     baseline: _Side,
-    gated: _Side,
-) -> tuple[_References, str, bool]:
-    """The trial's references from ``reuse`` (taken and kept when the key is new and the
-    self-check passes); warm-up once per key (baseline) and per key and gate kind (gated).
-    Their gated list is left empty: the first timed round fills it."""
-    ref = reuse.get(key)
+    gated: list[_Side],
+) -> None:
+    """Warm-up before the cost model and the self-check: the baseline once per key (what a self-check
+    still to come leaves of bench.warmup), each gated side once per key and gate kind."""
     if reuse.needs_warmup((key, id(lm.adapter), "baseline")):
-        _warm_baseline(baseline, units, cfg.bench.warmup, self_check=ref is None)
-    _warm_gated(reuse, key, cfg, lm, gate, units, gated)
+        _warm_baseline(baseline, units, cfgs[0].bench.warmup, self_check=reuse.get(key) is None)
+    for cfg, gate, side in zip(cfgs, gates, gated):
+        _warm_gated(reuse, key, cfg, lm, gate, units, side)
+
+
+def _reused_references(
+    reuse: ReuseCache, key: ReferenceKey, units: list[list[Prompt]], baseline: _Side
+) -> tuple[_References, str, bool]:
+    """The trial's references from ``reuse``, or taken (the self-check) and kept when the key is
+    new and the self-check passes. Their gated list is left empty: the first timed round fills it."""
+    ref = reuse.get(key)
     if ref is not None:
         refs = _References(units, baseline=list(ref.baseline), max_logit_diff=ref.max_logit_diff)
         return refs, ref.id, True

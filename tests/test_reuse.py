@@ -350,22 +350,35 @@ def _fresh_costs(lm) -> None:
 
 
 @pytest.mark.parametrize("warmup", [1, 3])
-def test_the_self_checks_runs_warm_the_baseline_and_the_cost_model_follows(before_timing, warmup):
+def test_the_self_checks_runs_warm_the_baseline_after_the_cost_model(before_timing, warmup):
     """The self-check's untimed baselines count as the baseline's warm-up (only what bench.warmup asks
-    beyond them runs), and the cost model is measured on the warm model, after them, before timing."""
+    beyond them runs) and lead into the timed rounds; the cost model is measured after the warm-ups,
+    before the self-check."""
     seen, before = before_timing
     cfg = cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1", f"bench.warmup={warmup}")
     lm, gate, prompts = prepare(cfg)
     _fresh_costs(lm)
-    for reuse in (None, ReuseCache()):
+    taking = ReuseCache()
+    for reuse, gated_refs in ((None, len(prompts)), (taking, 0)):  # a sweep worker's gated reference is timed
         seen.clear()
         run_trial(cfg, lm, gate, prompts, reuse=reuse)
         ran = before()
         assert ran.count("self-check") == 2 * len(prompts)  # two recorded baselines per prompt
         assert ran.count("baseline") == max(warmup - 2, 0)  # 0 for the default warm-up of 1
-        assert ran.count("gated") >= warmup  # the gated side still warms up
-        assert ran.index("cost model") > max(i for i, what in enumerate(ran) if what == "self-check")
+        assert ran.count("gated") == warmup + gated_refs  # the gated side still warms up
+        cost = ran.index("cost model")
+        assert ran[:cost].count("gated") == warmup and "self-check" not in ran[:cost]
+        assert set(ran[cost + 2 :]) <= {"self-check", "gated"} and ran[cost + 1] == "cost rounds"
         _fresh_costs(lm)
+    # a worker given a reference (no self-check) warms its baseline up in full
+    key = ReferenceKey.of(lm, prompts, gen_tokens=cfg.bench.gen_tokens, seed=cfg.seed, batch_size=1)
+    given = ReuseCache()
+    given.put(taking.get(key))
+    seen.clear()
+    row = run_trial(cfg, lm, gate, prompts, reuse=given)
+    ran = before()
+    assert row["reference_reused"] and "self-check" not in ran
+    assert ran.count("baseline") == warmup and ran.count("gated") == warmup
 
 
 def test_a_shared_group_measures_every_settings_probe_in_one_cost_model(before_timing):
@@ -382,6 +395,7 @@ def test_a_shared_group_measures_every_settings_probe_in_one_cost_model(before_t
     rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=ReuseCache())
     ran = before()
     assert ran.count("cost model") == 1 and ran.count("cost rounds") == 1  # both probes in the model's rounds
-    assert ran.index("cost model") > max(i for i, what in enumerate(ran) if what == "self-check")
-    assert "baseline" not in ran
+    cost = ran.index("cost model")
+    assert ran[:cost] == ["gated", "gated"]  # each gate kind's warm-up, then the model's costs
+    assert ran[cost + 2 :] == ["self-check"] * 2 * len(prompts)  # the self-check leads into the timed rounds
     assert all(r["probe_cost_layers"] > 0 for r in rows)
