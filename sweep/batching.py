@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from sweep.engine import Decoded, Engine, StepState
+from sweep.models import left_pad
 from sweep.gates import Gate
 from sweep.timing import Timer
 
@@ -49,35 +50,6 @@ class BatchGeneration:
         """Each sequence's own record: its tokens and exit layers, and the batch's probes per
         decode step (the first token's, decided on the prefill, counted as 0)."""
         return [Decoded(tokens, exits, [0, *self.probes]) for tokens, exits in zip(self.tokens, self.exit_layers)]
-
-
-@dataclass
-class Padded:
-    """A left-padded batch: ``ids`` and ``mask`` (B, longest), ``positions`` (B, longest) each
-    row's own position ids (0 at its first real token; 0 on padding), ``lengths`` (B,) the
-    prompts' own lengths. ``mask`` is None when every prompt has the same length (nothing to mask)."""
-
-    ids: torch.Tensor
-    mask: torch.Tensor | None
-    positions: torch.Tensor
-    lengths: torch.Tensor
-
-
-PAD_ID = 0  # any valid id: padded positions are masked out of every real position's attention
-
-
-def left_pad(prompts: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> Padded:
-    """Each prompt whole, right-aligned to the longest one."""
-    lengths = torch.tensor([len(p) for p in prompts])
-    if int(lengths.min()) < 1:
-        raise ValueError("left_pad: empty prompt")
-    n = int(lengths.max())
-    pads = n - lengths
-    ids = torch.tensor([[PAD_ID] * int(pad) + list(p) for p, pad in zip(prompts, pads)], device=device)
-    real = torch.arange(n)[None, :] >= pads[:, None]
-    positions = (torch.arange(n)[None, :] - pads[:, None]).clamp(min=0)
-    mask = None if bool((pads == 0).all()) else real.long().to(device)
-    return Padded(ids, mask, positions.to(device), lengths)
 
 
 def batches(prompts: list, size: int) -> list[list]:
@@ -120,6 +92,13 @@ class BatchStep(StepState):
             if z is not None:
                 self.z_rows[dev] = z[dev]
         return bool((self.rows < L).all())
+
+    def fill_source(self, layer: int):
+        """Rows that exited before ``layer`` enter it with their h at the exit (the generic K/V fill)."""
+        rows = self.rows < layer
+        if self.h_rows is None or not bool(rows.any()):
+            return None
+        return rows.to(self.h_rows.device), self.h_rows
 
 
 class BatchEngine(Engine):
@@ -169,12 +148,13 @@ class BatchEngine(Engine):
     def _extra_work(self, out: BatchGeneration, step_exits: list[torch.Tensor]) -> None:
         """Per decode step, after the timed loop: a second head when some rows exited but the
         batch ran on to L (their lens, unless a lens probe already gave it), and one K/V
-        overwrite from the earliest exit below where the batch stopped (kv_policy=propagate)."""
+        overwrite from the earliest exit below where the batch stopped (kv_policy=propagate on the fast
+        path; the generic fill computes those rows' K/V in the layers the batch runs anyway)."""
         L, lens_probe = self.adapter.num_layers, self.gate is not None and self.gate.probe == "lens"
         for ran, exits in zip(out.step_layers, step_exits):
             out.extra_heads.append(int(ran == L and bool((exits < L).any()) and not lens_probe))
             early = exits[exits < ran]
-            out.extra_fill_layers.append(ran - int(early.min()) if self.kv_policy == "propagate" and len(early) else 0)
+            out.extra_fill_layers.append(ran - int(early.min()) if self.fast_fill and len(early) else 0)
 
     def _decide_rows(self, gate: Gate, hidden: list[torch.Tensor], logits: torch.Tensor):
         """Per-row first exit over captured hidden states [h_0..h_L] (each (B, hidden))."""
@@ -210,7 +190,7 @@ class BatchEngine(Engine):
                 for layer in exits[exited].unique().tolist():
                     rows = (exits == layer).nonzero().flatten().to(self.lm.device)
                     out[rows] = self.gate.readout(layer, state.h_rows[rows, -1]).to(out.dtype)
-            if self.kv_policy == "propagate":
+            if self.fast_fill:  # the generic fill ran inside the forward
                 self._propagate_rows(cache, stepper.rope, state.h_rows, exits, ran)
         return out, exits, ran, state.probes
 

@@ -84,8 +84,15 @@ def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     """Load and check everything a trial needs; bad input fails here, before any work."""
     items = read_prompts(cfg.prompts)
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
-    gate = make_gate(cfg.gate, lm.num_layers, lm.model.config.hidden_size)  # the one check against the model
-    room = getattr(lm.model.config, "max_position_embeddings", None)
+    gate = make_gate(cfg.gate, lm.num_layers, lm.adapter.config.hidden_size)  # the one check against the model
+    speculative, exits = cfg.bench.mode == "self_speculative", bool(gate.probe_layers())
+    lm.require(
+        lens=exits or speculative,
+        kv_policy=cfg.bench.kv_policy if exits else None,
+        crop=speculative,
+        batch_size=cfg.bench.batch_size,
+    )
+    room = getattr(lm.adapter.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
         items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.bench.gen_tokens
     )
@@ -129,7 +136,7 @@ def run_trial(
     units, baseline, gated = _sides(cfg, lm, gate, prompts)
     key = ReferenceKey.of(lm, prompts, gen_tokens=b.gen_tokens, seed=cfg.seed, batch_size=b.batch_size)
     _warm_up(reuse if reuse is not None else ReuseCache(), key, [cfg], lm, [gate], units, baseline, [gated])
-    costs = cost_model(lm, prompts[0].input_ids, gates=[gate])
+    costs = cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[b.kv_policy])
     if reuse is None:
         refs = _reference_runs(baseline, gated, units)
         reference_id, reused = new_reference_id(key), False
@@ -206,7 +213,8 @@ def run_shared_trials(
     gated = [side[2] for side in sides]
     cache = reuse if reuse is not None else ReuseCache()  # without one: a private cache, one self-check
     _warm_up(cache, key, cfgs, lm, gates, units, baseline, gated)
-    costs = cost_model(lm, prompts[0].input_ids, gates=gates)  # every setting's probe in the same rounds
+    # every setting's probe in the same rounds
+    costs = cost_model(lm, prompts[0].input_ids, gates=gates, kv_policies=[c.bench.kv_policy for c in cfgs])
     shared, reference_id, reused = _reused_references(cache, key, units, baseline)
     refs = [_References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff) for _ in cfgs]
     setup = time.perf_counter() - t_start
@@ -441,7 +449,7 @@ def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
         "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
     )
     costs = (
-        cost_model(lm, prompts[0].input_ids, gates=[gate])
+        cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[cfg.bench.kv_policy])
         if cfg.bench.cost_model and row["status"] != "failed"
         else None
     )

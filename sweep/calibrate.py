@@ -196,7 +196,7 @@ def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:
     if c.heldout_prompts is None:
         return []
     pc = dataclasses.replace(compose([f"prompts={c.heldout_prompts}"]).prompts, start=0, n=c.heldout_n)
-    room = getattr(lm.model.config, "max_position_embeddings", None)
+    room = getattr(lm.adapter.config, "max_position_embeddings", None)
     room = None if room is None else room - cfg.bench.gen_tokens
     drift = tokenize_prompts(read_prompts(pc), pc, lm.tokenizer, room=room)
     same = {p.id for p in prompts} & {p.id for p in drift}

@@ -214,6 +214,15 @@ def _config(overrides: list[str]) -> int:
     return 0
 
 
+def _families(overrides: list[str]) -> int:
+    from sweep.models._table import family_rows, markdown
+
+    if overrides:
+        raise SweepError("sweep families takes no overrides")
+    print(markdown(family_rows()))
+    return 0
+
+
 def _schema(overrides: list[str]) -> int:
     from sweep.store import markdown
 
@@ -232,6 +241,7 @@ COMMANDS = {
     "fit": _fit,
     "config": _config,
     "schema": _schema,
+    "families": _families,
 }
 
 

@@ -23,6 +23,7 @@ commands:
   fit       learned readouts of a model: tuned-lens translators and exit classifiers, fitted on prompts
   config    print the composed configuration
   schema    print the results schema (docs/schema.md)
+  families  print the supported model families: each tiny model loaded and checked, what runs on it
 
 Overrides use Hydra's syntax, e.g. `sweep profile model=tiny-llama prompts.n=2`.
 `sweep <command> --help` (or `sweep help <command>`): the command's main keys, their defaults, examples.
@@ -177,6 +178,14 @@ HELP: dict[str, CommandHelp] = {
         "Print the results schema (docs/schema.md): every table and column, with units. Takes no overrides.",
         (),
         ("sweep schema",),
+    ),
+    "families": CommandHelp(
+        "sweep families",
+        "Print the table of model families (the README's): each family's tiny model is built, loaded and put\n"
+        "through the fidelity check any model gets at load; the row says which K/V fill path the adapter takes\n"
+        "and what is refused on it. Any other decoder-only model takes the generic path. Takes no overrides.",
+        (),
+        ("sweep families",),
     ),
 }
 

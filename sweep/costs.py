@@ -41,13 +41,15 @@ class DecodeSteps:
         return cls(joined("step_layers"), joined("probes"), joined("extra_heads"), joined("extra_fill_layers"))
 
 
-@dataclass(frozen=True)
+@dataclass
 class CostModel:
     layer_ms: float  # one decoder layer of a decode step
     head_ms: float  # final norm + lm_head on one position (the logit lens)
     lens_probe_ms: float  # a margin/conformal probe alone: lens + top-2 + decision
     hidden_probe_ms: float  # a saturation probe alone: two norms of h + decision
-    kv_ms: float  # K/V fill of one skipped layer (kv_policy=propagate)
+    # K/V fill of one skipped layer (kv_policy=propagate), by the path the engine takes; None until a
+    # kv_policy=propagate trial needs it (``cost_model(..., kv_policy=...)``), and for a model without a fill
+    kv_ms: float | None
     overhead_ms: float  # rest of a full-depth step: embedding, mask, RoPE, framework
     step_ms: float  # a full-depth decode step, measured
     num_layers: int
@@ -74,7 +76,11 @@ class CostModel:
         return known[gate.probe_key]
 
     def fill_ms(self, kv_policy: str) -> float:
-        return self.kv_ms if kv_policy == "propagate" else self.layer_ms
+        """What a skipped layer costs a step under ``kv_policy``: its K/V fill (propagate; 0 where no fill
+        was measured, which only a gate that never exits can reach), or the layer itself (full)."""
+        if kv_policy == "propagate":
+            return self.kv_ms or 0.0
+        return self.layer_ms
 
     def token_ms(self, gate: Gate, exit_layer, probes, kv_policy: str):
         """Predicted ms of a decode step that exited at ``exit_layer`` after ``probes`` probes.
@@ -143,7 +149,7 @@ class CostModel:
             ("final norm + lm_head", self.head_ms),
             ("lens probe alone (margin)", self.lens_probe_ms),
             ("hidden probe alone (saturation)", self.hidden_probe_ms),
-            ("K/V fill, one layer (propagate)", self.kv_ms),
+            *([("K/V fill, one layer (propagate)", self.kv_ms)] if self.kv_ms is not None else []),
             ("step overhead", self.overhead_ms),
             (f"full-depth step ({self.num_layers} layers)", self.step_ms),
             (f"prefill, {self.prompt_tokens} tokens", self.prefill_ms),
@@ -156,15 +162,24 @@ class CostModel:
 
 
 def cost_model(
-    lm: LoadedModel, prompt_ids: Sequence[int], *, gates: Sequence[Gate] = (), repeats: int = 16
+    lm: LoadedModel,
+    prompt_ids: Sequence[int],
+    *,
+    gates: Sequence[Gate] = (),
+    repeats: int = 16,
+    kv_policies: Sequence[str] = ("propagate",),
 ) -> CostModel:
     """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
     them to a later model); the probe of each of ``gates`` is measured too, in situ, once per
     ``in_situ_key`` (and a tuned lens's translator once): in the model's own rounds when it is
-    measured with them, in rounds of its own for a gate that comes later."""
+    measured with them, in rounds of its own for a gate that comes later. The K/V fill is measured
+    once a kv_policy=propagate trial asks for it (``kv_policies``), by the path the engine takes:
+    none under kv_policy=full."""
     # a loaded model has one device and dtype: its prompt length is all the key needs
     costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
+    if "propagate" in kv_policies and costs.kv_ms is None and lm.adapter.kv_path is not None:
+        costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
     for gate in gates:
         if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
             costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
@@ -186,7 +201,8 @@ def _probed_engine(lm: LoadedModel, gate: Gate, ids: torch.Tensor) -> Engine | N
     probed.min_layer = 1
     if not probed.probe_layers():
         return None
-    engine = Engine(lm, probed, "propagate")
+    # the policy gated runs use (a model without a K/V fill runs them under full); the state never exits
+    engine = Engine(lm, probed, "propagate" if lm.adapter.kv_path is not None else "full")
     engine.gated_prefill(ids, lm.adapter.new_cache(), n_tokens=2)  # a gate that calibrates per prompt does
     return engine
 
@@ -268,10 +284,9 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
             probed[in_situ_key(gate)] = _probed_engine(lm, gate, ids)
     # the probed engines next to the plain one in every round (forward and reversed), as in rounds of their own
     engines = {"full": Engine(lm), **{("probed", key): e for key, e in probed.items() if e is not None}}
-    if L > 1:
+    if L > 1:  # steps that stop after lo and after hi layers, skipped layers left without K/V
         for layer in (lo, hi):
-            gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), L)
-            engines[layer] = Engine(lm, gate, "propagate")
+            engines[layer] = _fixed_engine(lm, layer, "none")
     prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), dev, n=3, warm=1)
     with adapter.capture_hidden() as hs:
         cache = adapter.new_cache()
@@ -293,16 +308,9 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
     # the probes alone; in situ on demand (``cost_model(..., gates=...)``)
     lens_probe_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), dev)
     hidden_probe_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), dev)
-    kv_ms = 0.0
     if L > 1:
-        with adapter.capture_rope() as rope:
-            adapter.forward(token, cache)
-        skipped = range(lo, L)
-        copies = [copy.deepcopy(cache) for _ in range(5)]
-        fill = _median_ms(lambda: adapter.fill_kv(h[:, None], copies.pop(), skipped, rope), dev, n=5, warm=0)
-        kv_ms = fill / len(skipped)
         # paired within rounds, as the probes are: the slope holds when the machine's speed drifts between rounds
-        layer_ms = statistics.median(b - a for a, b in zip(times[lo], times[hi])) / (hi - lo) + kv_ms
+        layer_ms = statistics.median(b - a for a, b in zip(times[lo], times[hi])) / (hi - lo)
     else:
         layer_ms = step_ms - head_ms
     # a noisy slope must not predict a full-depth step dearer than the one measured
@@ -313,7 +321,7 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
         head_ms,
         lens_probe_ms,
         hidden_probe_ms,
-        kv_ms,
+        None,
         overhead_ms,
         step_ms,
         L,
@@ -322,6 +330,35 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
         prompt_tokens=len(prompt_ids),
         extra_probe_ms=extra_probe_ms,
     )
+
+
+def _fixed_engine(lm: LoadedModel, layer: int, kv_policy: str) -> Engine:
+    """An engine whose every decode step exits after ``layer`` (1-indexed) under ``kv_policy``."""
+    return Engine(lm, make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), lm.num_layers), kv_policy)
+
+
+@torch.inference_mode()
+def _measure_kv(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> float:
+    """ms of one skipped layer's K/V fill on the path the engine takes. Fast path: the stacked projection
+    of the layers from L/4 on, timed alone. Generic path: in situ, steps exiting after layer L/4 with the
+    fill (kv_policy=propagate) against the same steps without it (none), paired within rounds."""
+    adapter, L, dev = lm.adapter, lm.num_layers, lm.device
+    lo = max(1, L // 4)
+    if L <= 1 or lo >= L:
+        return 0.0
+    ids = torch.tensor([list(prompt_ids)], device=dev)
+    cache = adapter.new_cache()
+    token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    skipped = range(lo, L)
+    if adapter.kv_path == "fast":
+        h = adapter.embed(token)
+        with adapter.capture_rope() as rope:
+            adapter.forward(token, copy.deepcopy(cache))
+        copies = [copy.deepcopy(cache) for _ in range(5)]
+        return _median_ms(lambda: adapter.fill_kv(h, copies.pop(), skipped, rope), dev, n=5, warm=0) / len(skipped)
+    engines = {"fill": _fixed_engine(lm, lo, "propagate"), "none": _fixed_engine(lm, lo, "none")}
+    times = _timed_steps(engines, token, cache, repeats, dev)
+    return max(statistics.median(f - n for f, n in zip(times["fill"], times["none"])), 0.0) / len(skipped)
 
 
 def _median_ms(fn: Callable[[], object], device: torch.device, *, n: int = 30, warm: int = 3) -> float:

@@ -5,10 +5,11 @@ decoder layers evaluate the gate after each layer the gate probes; on exit the s
 stops (an exception unwinds the model's forward, so layers l+1..L never run) and the
 token comes from the gate's readout of h_l (``Gate.readout``: the logit lens z_l, or a
 tuned lens). The KV policy decides what layers l+1..L cache for that position:
-``propagate`` fills them from h_l (K/V projections only), ``full`` lets the forward run on
-(exact cache, no saving). Prefill always runs at full depth; the gate decides the first
-token from the prefill's last position. Hooks are removed in
-``finally``: the model leaves every generation as it entered.
+``propagate`` fills them from h_l (K/V only: after the unwind with the stacked projection on the
+fast path, or inside the forward by each layer's own modules on the generic path, see
+``Adapter.filling``), ``full`` lets the forward run on (exact cache, no saving). Prefill always
+runs at full depth; the gate decides the first token from the prefill's last position. Hooks are
+removed in ``finally``: the model leaves every generation as it entered.
 
 The stepping interface is public, for every decoder that steps under the gate (this
 engine, batches, self-speculation's drafts, the cost model's measured steps)::
@@ -31,14 +32,10 @@ from typing import Iterator, NamedTuple, Sequence
 import torch
 
 from sweep.gates import Gate
-from sweep.models import LoadedModel
+from sweep.models import LoadedModel, StepExit
 from sweep.timing import Timer
 
 KV_POLICIES = ("propagate", "full", "none")  # none: skipped layers get no K/V (self-speculation's drafts)
-
-
-class _Exit(Exception):
-    """Unwinds the model's forward after the exit layer (never escapes this module)."""
 
 
 @dataclass
@@ -99,6 +96,13 @@ class StepState:
             return True
         return False
 
+    def fill_source(self, layer: int):
+        """For the generic K/V fill (``Adapter.filling``): (rows, h) where layer ``layer`` must take
+        its K/V from ``h`` (rows None: every row), or None where it runs as it is."""
+        if self.exit_layer is not None and layer > self.exit_layer:
+            return None, self.h
+        return None
+
 
 class Stepper:
     """Decode steps under an engine's gate hooks; made by ``Engine.stepping``, valid inside it."""
@@ -114,7 +118,7 @@ class Stepper:
         self.state.reset()
         try:
             return self.engine.adapter.forward(token, cache, **inputs)[:, -1]
-        except _Exit:
+        except StepExit:
             return None
 
     def step(self, token: torch.Tensor, cache) -> StepResult:
@@ -122,7 +126,7 @@ class Stepper:
         kv_policy=propagate, and the token's logits (the lens at the exit layer)."""
         adapter, state = self.engine.adapter, self.state
         logits = self.forward(token, cache)
-        if logits is None and self.engine.kv_policy == "propagate":
+        if logits is None and self.engine.fast_fill:  # the generic fill ran inside the forward
             adapter.fill_kv(state.h, cache, range(state.exit_layer, adapter.num_layers), self.rope)
         if state.exit_layer is None:
             return StepResult(logits, adapter.num_layers, state.probes, None)
@@ -142,6 +146,11 @@ class Engine:
         if gate is not None:
             gate.bind(lm.adapter)
         self.kv_policy = kv_policy
+        if gate is not None and gate.probe_layers() and kv_policy == "propagate":
+            lm.require(kv_policy=kv_policy)
+        # kv_policy=propagate fills skipped layers after the forward unwinds (fast path) or inside it (generic)
+        self.fast_fill = kv_policy == "propagate" and self.adapter.kv_path == "fast"
+        self.unwind = kv_policy == "none" or self.fast_fill
 
     @torch.inference_mode()
     def generate(
@@ -238,7 +247,10 @@ class Engine:
             layers[layer - 1].register_forward_hook(self._hook(layer, state)) for layer in self.gate.probe_layers()
         ]
         try:
-            with self.adapter.capture_rope() as rope:
+            with contextlib.ExitStack() as stack:
+                rope = stack.enter_context(self.adapter.capture_rope()) if self.fast_fill else {}
+                if self.kv_policy == "propagate" and not self.fast_fill:
+                    stack.enter_context(self.adapter.filling(state))
                 yield Stepper(self, state, rope)
         finally:
             for handle in handles:
@@ -247,7 +259,7 @@ class Engine:
     def _hook(self, layer: int, state: StepState):
         gate = self.gate
         lens_probe = gate.probe == "lens"
-        unwind = self.kv_policy != "full"
+        unwind = self.unwind
 
         def after_layer(_module, args, output):
             if state.exit_layer is not None:  # kv_policy=full: already exited, layers run on for the cache
@@ -259,7 +271,7 @@ class Engine:
             if state.record(layer, h, z, gate.decide(layer, last, prev, z)):
                 state.exit_layer = layer
                 if unwind:
-                    raise _Exit
+                    raise StepExit
 
         return after_layer
 

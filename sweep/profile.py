@@ -228,7 +228,8 @@ def profile_prompts(
     lm: LoadedModel, prompts: Sequence[Prompt], gen_tokens: int, topk: int, pca_k: int = 64, readouts=None
 ) -> pl.DataFrame:
     """Greedy full-depth decoding with every layer's states captured, then the per-layer trace,
-    for each prompt in order."""
+    for each prompt in order (refused where the logit lens is not the model's own: its signals read it)."""
+    lm.require(lens=True)
     frames = []
     for i, prompt in enumerate(prompts, start=1):
         t0 = time.perf_counter()
@@ -300,7 +301,7 @@ def run_profile(cfg) -> tuple[str, pl.DataFrame]:
 
     items = read_prompts(cfg.prompts)  # a bad prompts file fails before the model loads
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
-    room = getattr(lm.model.config, "max_position_embeddings", None)
+    room = getattr(lm.adapter.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
         items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.profile.gen_tokens
     )

@@ -192,7 +192,7 @@ def _stream(lm, prompts: Sequence, gen_tokens: int, log_every: int):
     Keeps only the decode positions' states (L+1, N, H) and the final layer's tokens there (N,)."""
     from sweep.profile import decode_states
 
-    L, hidden = lm.num_layers, lm.model.config.hidden_size
+    L, hidden = lm.num_layers, lm.adapter.config.hidden_size
     xtx = torch.zeros(L - 1, hidden + 1, hidden + 1, dtype=torch.float64, device=lm.device)
     xty = torch.zeros(L - 1, hidden + 1, hidden, dtype=torch.float64, device=lm.device)
     kept, finals, samples = [], [], 0
@@ -383,7 +383,7 @@ def _load_readouts(path, lm, key: str) -> Readouts:
             f"{where}: fitted to model {meta['model']} (hash {meta['model_hash'][:20]}...), not {lm.name} "
             f"(hash {lm.content_hash[:20]}...); fit readouts for this model with `sweep fit`"
         )
-    problem = _shape_problem(weights, meta, lm.num_layers, lm.model.config.hidden_size)
+    problem = _shape_problem(weights, meta, lm.num_layers, lm.adapter.config.hidden_size)
     if problem:
         raise ConfigError(f"{where}: {problem}")
     return Readouts(weights, meta, stored, path=p, final_norm=lm.adapter.norm).to(lm.device, lm.dtype)
@@ -440,7 +440,8 @@ def run_fit(cfg) -> tuple[Path, Readouts, dict]:
     check_name("model", cfg.model.name or "model")
     out_dir = Path(cfg.fit.out) if cfg.fit.out is not None else Path(cfg.results.root) / "readouts"
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
-    room = getattr(lm.model.config, "max_position_embeddings", None)
+    lm.require(lens=True)  # translators and classifiers are fitted to the lens at layer L
+    room = getattr(lm.adapter.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
         items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.fit.gen_tokens
     )

@@ -9,8 +9,8 @@ positions in one pass instead of N+1 single-token steps.
 
 Cache: during drafting only layers 1..K append K/V; verification recomputes the drafted
 positions in every layer from the same tokens, so the cache is cropped to the committed
-length first. Sliding-window layers cannot be cropped back exactly, so models with them
-are refused.
+length first. Sliding-window layers and state-space layers cannot be cropped back exactly, so
+models with them are refused.
 """
 
 from __future__ import annotations
@@ -53,11 +53,7 @@ class SelfSpeculative:
             raise ConfigError(
                 f"gate.exit_layer={exit_layer}: self-speculation drafts with layers 1..K, K in 1..{L - 1}"
             )
-        if not lm.adapter.cache_crops_exactly():
-            raise ConfigError(
-                f"model={lm.name}: has sliding-window attention layers, whose cache cannot be cropped back exactly; "
-                f"self-speculation supports full-attention models"
-            )
+        lm.require(lens=True, crop=True)  # drafts read the logit lens; verification crops the cache
         self.lm, self.exit_layer, self.draft_len = lm, exit_layer, draft_len
         gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=exit_layer), L)
         self.drafter = Engine(lm, gate, "none")

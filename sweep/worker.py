@@ -116,4 +116,8 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
     gates = [make_gate(g, lm.num_layers) for g in probe_gates]
     for gate, g in zip(gates, probe_gates):
         attach_readouts(gate, g, lm, prompts)
-    return {"trace": trace, "provenance": prov, "costs": cost_model(lm, prompts[0].input_ids, gates=gates).as_dict()}
+    return {
+        "trace": trace,
+        "provenance": prov,
+        "costs": cost_model(lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy]).as_dict(),
+    }

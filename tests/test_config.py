@@ -54,7 +54,7 @@ def test_model_name_is_derived_from_path():
 
 
 BAD = [
-    (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-gemma3"),
+    (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-cohere"),
     (
         ["gate=nope"],
         "gate=nope: unknown option; allowed: classifier, conformal, cosine, entropy, fixed, full, margin, pca, "
@@ -77,8 +77,8 @@ BAD = [
     (["model=gguf"], "model.path: required for model=gguf"),
     (["prompts=jsonl"], "prompts.path: required for prompts=jsonl"),
     (
-        ["model=tiny-llama", "model.family=gpt2"],
-        "model.family=gpt2: must be one of llama, mistral, qwen2, qwen3, gemma3",
+        ["model=tiny-llama", "model.family=t5"],
+        "model.family=t5: must be one of llama, mistral, qwen2, qwen3, gemma3, gemma3-mm",
     ),
     (["model=tiny-llama", "model.tiny.kv_heads=3"], "model.tiny.kv_heads=3: must divide model.tiny.heads=4"),
     (["model=tiny-llama", "model.tiny.head_dim=5"], "model.tiny.head_dim=5: must be an even integer >= 2"),

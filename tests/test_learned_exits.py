@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -154,7 +155,8 @@ def test_an_identity_translator_traces_the_logit_lens(fitted, tmp_path):
     trace = profile_prompts(lm, prompts[:1], N, topk=3, pca_k=8, readouts=ident)
     for tuned, logit in (("tuned_top1", "top1"), ("tuned_margin", "margin"), ("tuned_match", "top1_match")):
         assert trace[tuned].to_list() == trace[logit].to_list(), tuned
-    assert trace["tuned_kl_final"].to_list() == trace["kl_final"].to_list()
+    # KL sums over the vocabulary: the two columns' lenses ran on different block shapes, so compare to rounding
+    assert np.allclose(trace["tuned_kl_final"].to_numpy(), trace["kl_final"].to_numpy(), rtol=1e-5, atol=1e-6)
     assert (trace.filter(pl.col("layer") == lm.num_layers)["kl_final"].abs() < 1e-5).all()
 
 

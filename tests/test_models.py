@@ -9,7 +9,6 @@ import torch
 
 from conftest import compose, load
 from sweep.errors import ConfigError, InputError
-from sweep.families import FAMILIES
 from sweep.models import Adapter, load_model, model_loads
 
 
@@ -25,7 +24,8 @@ def test_adapter_resolves_the_models_own_modules(tiny):
     a = tiny.adapter
     assert a.layers is tiny.model.get_decoder().layers
     assert a.lm_head is tiny.model.get_output_embeddings()
-    assert a.family.name == tiny.model.config.model_type.removesuffix("_text")
+    assert a.norm is tiny.model.get_decoder().norm
+    assert tiny.family == tiny.model.config.model_type.removesuffix("_text")
     x = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         ref = tiny.model(input_ids=x).logits
@@ -37,17 +37,18 @@ def test_adapter_resolves_the_models_own_modules(tiny):
     assert all(not layer._forward_hooks for layer in a.layers)
 
 
-def test_the_family_table_names_each_layers_kv_parts(tiny):
-    """The adapter finds a layer's parts by the family table's key paths (checked here against
-    the model's own attribute names, which nothing in sweep/ outside the adapter spells)."""
+def test_the_fast_path_names_each_layers_kv_parts(tiny):
+    """The fast K/V fill finds a layer's parts by its key paths (checked here against the model's own
+    attribute names, which nothing in sweep/ outside the adapter spells), and the check at load took it."""
     from sweep.models._adapter import get_by_path
 
     a = tiny.adapter
+    assert a.kv_path == "fast"
     for index, layer in enumerate(a.layers):
         parts, attn = a.layer_kv(index), layer.self_attn
         assert parts.key is attn.k_proj and parts.value is attn.v_proj and parts.norm is layer.input_layernorm
         assert parts.key_norm is getattr(attn, "k_norm", None)
-    assert get_by_path(a.layers[0], a.family.head_dim) == a.layers[0].self_attn.head_dim
+    assert get_by_path(a.layers[0], a.fast.head_dim) == a.layers[0].self_attn.head_dim
 
 
 def test_tiny_models_are_seeded():
@@ -69,16 +70,17 @@ def test_loading_twice_does_not_load_twice():
     assert model_loads() == before + 1
 
 
-def test_unknown_family_lists_the_supported_ones():
-    from transformers import AutoModelForCausalLM, GPT2Config
+def test_a_model_without_a_decoder_layer_list_is_refused_in_one_line():
+    from transformers import AutoModelForCausalLM, BertConfig
 
-    model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    config = BertConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=50)
+    config.is_decoder = True
+    model = AutoModelForCausalLM.from_config(config)
+    model.bert.encoder.layer = torch.nn.ModuleList(list(model.bert.encoder.layer)[:1])  # no list of 2 blocks left
     with pytest.raises(InputError) as info:
         Adapter(model, where="model=x")
-    msg = str(info.value)
-    assert "model_type 'gpt2' is not a supported family" in msg
-    for name in FAMILIES:
-        assert name in msg
+    assert str(info.value).startswith("model=x: found no list of 2 decoder layers in BertLMHeadModel")
+    assert "\n" not in str(info.value)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error():

@@ -20,6 +20,12 @@ PROV = {
     "model_hash": "sha256:x",
     "model_revision": None,
     "family": "llama",
+    "model_kind": "attention",
+    "adapter_path": "fast",
+    "fidelity_lens_err": 0.0,
+    "fidelity_kv_err": 0.0,
+    "fidelity_step_err": 0.0,
+    "fidelity_batch_err": 0.0,
     "num_layers": 2,
     "device": "cpu",
     "dtype": "float32",
@@ -134,7 +140,7 @@ def test_every_table_carries_provenance():
 
 def test_trials_store_their_key_beside_their_id():
     trials = [c.name for c in TABLES["trials"].columns]
-    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 6
+    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 7
     assert "trial_key" not in {c.name for c in TABLES["simulated"].columns}
 
 

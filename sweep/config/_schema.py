@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sweep.config._fields import at_least, field, in_range
-from sweep.families import FAMILIES
+from sweep.families import TINY
 from sweep.gatespec import PARAMS
 from sweep.paths import NAME_ALLOWED, is_name
 
@@ -50,7 +50,7 @@ class ModelConfig:
     source: Literal["packaged", "hf", "gguf", "tiny"]
     path: str | None = None
     revision: str | None = None
-    family: str | None = field(None, check=lambda v: v in FAMILIES, allowed="one of " + ", ".join(FAMILIES))
+    family: str | None = field(None, check=lambda v: v in TINY, allowed="one of " + ", ".join(TINY))
     package: str | None = None
     file: str | None = None
     tiny: TinyConfig | None = None

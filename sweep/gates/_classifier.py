@@ -18,11 +18,16 @@ class ClassifierGate(Gate):
     def decide(self, layer, h, h_prev, z):
         if self.readouts is None:
             raise RuntimeError("gate=classifier used before attach(readouts)")
-        return at_least(self.readouts.classifier_prob(layer, h, h_prev, self.cfg.lens), self.cfg.theta)
+        return at_least(self.readouts.classifier_prob(layer, h, h_prev, self.lens), self.cfg.theta)
+
+    @property
+    def lens(self) -> str:
+        """The lens whose top-1 the classifier was fitted to predict (null in a config built in code: logit)."""
+        return self.cfg.lens or "logit"
 
     @property
     def probe_key(self) -> str:
-        return f"classifier:{self.cfg.lens}"
+        return f"classifier:{self.lens}"
 
     @classmethod
     def decisions(cls, signals, values, decay=None):

@@ -1,16 +1,20 @@
-"""Model loading and family adapters."""
+"""Model loading, the adapter that finds a model's parts, and the fidelity check at load."""
 
-from sweep.models._adapter import Adapter
+from sweep.models._adapter import KINDS, Adapter, StepExit
+from sweep.models._fidelity import Fidelity
 from sweep.models._loader import DTYPES, LoadedModel, load_model, model_loads, resolve_device
-from sweep.families import FAMILIES, Family, family_for
+from sweep.models._padding import PAD_ID, Padded, left_pad
 
 __all__ = [
     "Adapter",
     "DTYPES",
-    "FAMILIES",
-    "Family",
+    "Fidelity",
+    "KINDS",
     "LoadedModel",
-    "family_for",
+    "PAD_ID",
+    "Padded",
+    "StepExit",
+    "left_pad",
     "load_model",
     "model_loads",
     "resolve_device",

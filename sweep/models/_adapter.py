@@ -1,27 +1,42 @@
-"""Family adapter: the one place that knows where a model keeps its parts.
+"""Model adapter: the one place that knows where a model keeps its parts and how its cache works.
 
-Everything else (prefill, masks, RoPE, attention) runs through the model's own
-forward; the adapter only names modules and adds what a forward does not expose:
-the logit lens ``z_l = lm_head(final_norm(h_l))``, per-layer hidden-state capture, and
-the K/V cache edits early exit needs (fill skipped layers, overwrite a batch row's last
-position, crop back). A layer's parts are found by the family table's key paths
-(``get_by_path``); the cache's internals are touched here and nowhere else.
-Hooks are installed in context managers that remove them in ``finally``.
+Everything else (prefill, masks, RoPE, attention, experts, state-space scans) runs through the
+model's own forward; the adapter only names modules and adds what a forward does not expose:
+the logit lens ``z_l = head(final_norm(h_l))`` with the model's own logit transforms, per-layer
+hidden-state capture, and the cache edits early exit needs (fill skipped layers' K/V, overwrite
+a batch row's last position, crop back). Parts are found from the model's structure
+(``sweep.models._parts``); ``sweep.families`` names fast paths and overrides only. Two K/V fills:
+
+- ``fast``: the stacked projection of ``sweep.models._kvfill`` (one matmul for all skipped layers),
+  for model types with a ``FAST_KV`` row;
+- ``generic``: each skipped layer's own modules, through ``filling`` (``sweep.models._layerfill``).
+
+Which one runs (``kv_path``) is what the fidelity check at load found exact; None refuses
+kv_policy=propagate. Hooks and patches are installed in context managers that restore in
+``finally``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
-from sweep.errors import InputError
-from sweep.families import Family, family_for
+from sweep.families import FAST_KV, FastKV
 from sweep.models._kvfill import LayerKV, StackedKV
+from sweep.models._layerfill import filling
+from sweep.models._parts import apply_scales, find_parts, text_config
 
 T = TypeVar("T")
+
+KINDS = ("attention", "ssm", "hybrid")  # every layer caches K/V; no layer does; some layers keep a recurrent state
+
+
+class StepExit(Exception):
+    """Unwinds the model's forward after the exit layer (raised by hooks; the stepper catches it)."""
 
 
 def get_by_path(root: Any, path: str) -> Any:
@@ -30,29 +45,31 @@ def get_by_path(root: Any, path: str) -> Any:
 
 
 class Adapter:
-    """Resolved modules of one loaded causal LM of a supported family."""
+    """Resolved parts of one loaded decoder-only causal LM."""
 
     def __init__(self, model: torch.nn.Module, *, where: str) -> None:
         self.model = model
-        self.family: Family = family_for(model.config.model_type, where=where)
-        decoder = model.get_decoder()
-        for attr in ("layers", "norm", "rotary_emb"):
-            if not hasattr(decoder, attr):
-                raise InputError(
-                    f"{where}: {type(decoder).__name__} has no '{attr}'; this transformers release moved it"
-                )
-        self.decoder = decoder
-        self.layers = decoder.layers
-        self.norm = decoder.norm
+        self.config = text_config(model)
+        parts = find_parts(model, where=where)
+        self.decoder, self.layers, self.layers_path = parts.decoder, parts.layers, parts.layers_path
+        self.norm, self.lm_head, self.scales = parts.norm, parts.head, parts.scales
         self.embed = model.get_input_embeddings()
-        self.lm_head = model.get_output_embeddings()
-        self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        self._stacked_kv: StackedKV | None = None  # built on the first K/V fill
+        self.fast: FastKV | None = FAST_KV.get(self.config.model_type)
+        self.kind = _kind(self.new_cache())
+        self.kv_path: str | None = None  # set by the fidelity check: fast | generic | None (propagate refused)
+        accepted = inspect.signature(model.forward).parameters
+        self._takes = {k for k in ("logits_to_keep", "attention_mask", "position_ids") if k in accepted}
+        self._stacked_kv: StackedKV | None = None  # built on the first fast K/V fill
         self._derived: dict = {}  # values derived from this model's weights (see ``derived``)
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def path(self) -> str:
+        """Which adapter path the K/V fill takes: fast, generic, or none (no fill: kv_policy=propagate refused)."""
+        return self.kv_path or "none"
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -68,59 +85,55 @@ class Adapter:
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The model's own full-depth forward with a KV cache; returns the kept logits.
+        """The model's own full-depth forward with a cache; returns the kept logits.
 
         A left-padded batch passes ``attention_mask`` (batch, cached + new positions; 0 on
         padding) and ``position_ids`` (batch, new positions: each row's own positions, from 0
         at its first real token). The model builds its causal, sliding-window and padding
-        masks from them (transformers' ``masking_utils``) and its RoPE from the positions,
-        so every row sees exactly what it would see alone.
+        masks from them (transformers' ``masking_utils``) and its positions,
+        so every row sees exactly what it would see alone. Arguments the model's forward does
+        not name are not passed (a state-space model takes no positions).
         """
-        out = self.model(
-            input_ids=input_ids,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-        )
-        return out.logits
+        given = {"logits_to_keep": logits_to_keep, "attention_mask": attention_mask, "position_ids": position_ids}
+        kwargs = {k: v for k, v in given.items() if k in self._takes and (v is not None or k == "logits_to_keep")}
+        logits = self.model(input_ids=input_ids, cache=cache, use_cache=True, **kwargs).logits
+        if "logits_to_keep" not in self._takes and logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return logits
 
     def lens(self, h: torch.Tensor) -> torch.Tensor:
         """Early-exit logits of a residual stream: the model's own final norm and head."""
         return self.head(self.norm(h))
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
-        z = self.lm_head(normed)
-        if self.softcap is not None:
-            z = torch.tanh(z / self.softcap) * self.softcap
-        return z
+        """The model's head on final-normed states, with its logit transforms (softcapping, scales)."""
+        return apply_scales(self.lm_head(normed), self.scales)
 
     @contextlib.contextmanager
     def capture_rope(self) -> Iterator[dict]:
-        """Record the (cos, sin) the model's own rotary embedding computes each forward.
-
-        Keys are the ``layer_type`` argument (Gemma3 computes one pair per type) or None.
-        """
+        """Record the (cos, sin) the model's own rotary embedding computes each forward (the fast
+        K/V fill reads them). Keys are the ``layer_type`` argument (Gemma3 computes one pair per
+        type) or None. Nothing is recorded for a model type without a fast path."""
         captured: dict = {}
+        rotary = getattr(self.decoder, "rotary_emb", None) if self.fast is not None else None
+        if rotary is None:
+            yield captured
+            return
 
         def keep(_module, args, kwargs, output):
             layer_type = args[2] if len(args) > 2 else kwargs.get("layer_type")
             captured[layer_type] = output
 
-        handle = self.decoder.rotary_emb.register_forward_hook(keep, with_kwargs=True)
+        handle = rotary.register_forward_hook(keep, with_kwargs=True)
         try:
             yield captured
         finally:
             handle.remove()
 
     def fill_kv(self, h: torch.Tensor, cache, layers: range, rope: dict) -> None:
-        """Append K/V computed from ``h`` (batch, positions, hidden) to ``layers`` (0-based, a suffix).
-
-        The CALM-style propagation for layers a token skipped: each layer's input norm, K
-        and V projections (and K norm), RoPE on K; no attention, no MLP. ``rope`` comes
-        from ``capture_rope``. One matmul for all layers (see ``_kvfill``).
-        """
+        """Append K/V computed from ``h`` (batch, positions, hidden) to ``layers`` (0-based, a suffix):
+        the fast path's CALM-style propagation (input norm, K and V projections, K norm, RoPE on
+        K; one matmul for all layers). The generic path fills inside the forward (``filling``)."""
         k, v = self.stacked_kv().project(h, layers.start, layers.stop, rope)
         for i, layer in enumerate(layers):
             cache.update(k[:, :, i].transpose(1, 2), v[:, :, i].transpose(1, 2), layer)
@@ -130,7 +143,7 @@ class Adapter:
     ) -> None:
         """Replace the last position's K/V of layers starts[i]..stop-1 of batch row rows[i] with
         the projections of h[i] (len(rows), 1, hidden): rows that exited earlier than the batch
-        stopped. One matmul over the suffix from the earliest start serves every row."""
+        stopped (fast path). One matmul over the suffix from the earliest start serves every row."""
         lo = int(starts.min())
         k, v = self.stacked_kv().project_rows(h, rows, lo, stop, rope)
         for i, layer in enumerate(range(lo, stop)):
@@ -141,24 +154,45 @@ class Adapter:
             entry.keys[target, :, -1:, :] = k[sel, :, i].transpose(1, 2)
             entry.values[target, :, -1:, :] = v[sel, :, i].transpose(1, 2)
 
+    def filling(self, state, *, unwind: bool = True):
+        """The generic K/V fill for the decode steps inside the block: every decoder layer's forward
+        patched so that rows ``state`` says have exited (``state.fill_source(layer)``) are computed
+        from their h at the exit; once every row has, a layer computes only its K/V, and the last
+        one unwinds the forward (``StepExit``) when ``unwind``."""
+        return filling(self.layers, state, StepExit if unwind else None)
+
+    def last_kv(self, cache, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s cached K and V at the last position: (B, kv_heads, 1, head_dim) each."""
+        entry = cache.layers[index]
+        return entry.keys[:, :, -1:, :], entry.values[:, :, -1:, :]
+
+    def attention_layers(self) -> list[int]:
+        """The layers (0-based) that cache K/V (every layer of an attention model; none of a state-space one)."""
+        return [i for i, entry in enumerate(self.new_cache().layers) if hasattr(entry, "keys")]
+
     def crop_cache(self, cache, length: int) -> None:
         """Drop every layer's K/V beyond ``length`` positions (exact only without sliding-window
-        layers: see ``cache_crops_exactly``)."""
+        or recurrent layers: see ``cache_crops_exactly``)."""
         for layer in cache.layers:
             if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.shape[-2] > length:
                 layer.crop(length - layer.keys.shape[-2])
 
     def cache_crops_exactly(self) -> bool:
-        """Whether ``crop_cache`` restores exactly the cache of a shorter sequence: no layer
-        slides its window (a sliding layer has already dropped what a crop would need back)."""
-        return not any(self.new_cache().is_sliding)
+        """Whether ``crop_cache`` restores exactly the cache of a shorter sequence: no layer slides
+        its window (a sliding layer has already dropped what a crop would need back) and none keeps
+        a recurrent state (a state-space layer cannot be rolled back)."""
+        cache = self.new_cache()
+        return self.kind == "attention" and not any(cache.is_sliding)
 
     def layer_kv(self, index: int) -> LayerKV:
-        """The parts of decoder layer ``index`` a K/V fill recomputes, by the family's key paths."""
-        fam, layer = self.family, self.layers[index]
-        key_norm = None if fam.k_norm is None else get_by_path(layer, fam.k_norm)
+        """The parts of decoder layer ``index`` the fast K/V fill reads, by the fast path's key paths."""
+        fast, layer = self.fast, self.layers[index]
+        key_norm = None if fast.k_norm is None else get_by_path(layer, fast.k_norm)
         return LayerKV(
-            get_by_path(layer, fam.input_norm), get_by_path(layer, fam.k_proj), get_by_path(layer, fam.v_proj), key_norm
+            get_by_path(layer, fast.input_norm),
+            get_by_path(layer, fast.k_proj),
+            get_by_path(layer, fast.v_proj),
+            key_norm,
         )
 
     def derived(self, key: tuple, build: Callable[[], T]) -> T:
@@ -171,31 +205,45 @@ class Adapter:
 
     def stacked_kv(self) -> StackedKV:
         if self._stacked_kv is None:
-            cfg = self.model.config
+            cfg = self.config
             self._stacked_kv = StackedKV(
                 [self.layer_kv(i) for i in range(self.num_layers)],
-                head_dim=get_by_path(self.layers[0], self.family.head_dim),
+                head_dim=get_by_path(self.layers[0], self.fast.head_dim),
                 eps=float(cfg.rms_norm_eps),
-                norm_offset=self.family.norm_offset,
+                norm_offset=self.fast.norm_offset,
                 layer_types=getattr(cfg, "layer_types", None),
             )
         return self._stacked_kv
 
     @contextlib.contextmanager
     def capture_hidden(self) -> Iterator[list[torch.Tensor]]:
-        """Collect ``[h_0, h_1, ..., h_L]`` (embedding output, then each layer's output).
+        """Collect ``[h_0, h_1, ..., h_L]``: the first layer's input (the embeddings with whatever
+        scale or position embedding the model adds), then each layer's output.
 
         h_L is the raw residual before the final norm, unlike HF's last hidden state.
         """
         captured: list[torch.Tensor] = []
 
+        def keep_input(_module, args, kwargs):
+            captured.append(args[0] if args else kwargs["hidden_states"])
+
         def keep(_module, _inputs, output):
             captured.append(output[0] if isinstance(output, tuple) else output)
 
-        handles = [self.embed.register_forward_hook(keep)]
+        handles = [self.layers[0].register_forward_pre_hook(keep_input, with_kwargs=True)]
         handles += [layer.register_forward_hook(keep) for layer in self.layers]
         try:
             yield captured
         finally:
             for h in handles:
                 h.remove()
+
+
+def _kind(cache) -> str:
+    """attention, ssm or hybrid, from the layer types of the model's own cache."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    recurrent = [isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers]
+    if not any(recurrent):
+        return "attention"
+    return "ssm" if all(cache.is_linear) else "hybrid"

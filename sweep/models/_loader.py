@@ -25,7 +25,7 @@ import torch
 from sweep.config import ModelConfig
 from sweep.errors import ConfigError, InputError
 from sweep.models._adapter import Adapter
-from sweep.families import family_for
+from sweep.models._fidelity import Fidelity, check
 from sweep.provenance import device_label, fingerprint_dir, fingerprint_file, fingerprint_state
 
 log = logging.getLogger("sweep.models")
@@ -63,15 +63,50 @@ class LoadedModel:
     content_hash: str
     revision: str | None
     load_seconds: float
+    fidelity: Fidelity | None = None  # the check at load (``sweep.models._fidelity``)
     info: dict = field(default_factory=dict)
 
     @property
     def family(self) -> str:
-        return self.adapter.family.name
+        """The decoder's HF model_type (``gemma3`` for Gemma 3's text model too)."""
+        return self.adapter.config.model_type.removesuffix("_text")
 
     @property
     def num_layers(self) -> int:
         return self.adapter.num_layers
+
+    def require(
+        self, *, lens: bool = False, kv_policy: str | None = None, crop: bool = False, batch_size: int = 1
+    ) -> None:
+        """Refuse, in one line, a use the fidelity check found this model cannot give exactly: reading
+        the logit lens (every exiting gate, the profile, prefix drafts), kv_policy=propagate, a cache
+        cropped back (self-speculation), or a left-padded batch."""
+        where, fid = f"model={self.name}", self.fidelity
+        if batch_size > 1 and fid is not None and not fid.batch_ok:
+            raise ConfigError(
+                f"bench.batch_size={batch_size}: refused for {where}: a left-padded batch through its own forward "
+                f"does not decode each row as alone (largest relative error {fid.batch_err:.3g}); "
+                "use bench.batch_size=1"
+            )
+        if lens and fid is not None and not fid.lens_ok:
+            raise ConfigError(
+                f"{where}: the logit lens at layer L does not reproduce the model's own logits (largest relative "
+                f"error {fid.lens_err:.3g}, tolerance {fid.tolerance:g}): its final norm, head or logit transform is "
+                f"not the model's; gates that exit and the profile read that lens, so they are refused (gate=full runs)"
+            )
+        if kv_policy == "propagate" and self.adapter.kv_path is None:
+            why = fid.kv_refusal if fid is not None and fid.kv_refusal else "no K/V fill was checked exact for it"
+            raise ConfigError(f"bench.kv_policy=propagate: refused for {where}: {why}; use bench.kv_policy=full")
+        if crop and not self.adapter.cache_crops_exactly():
+            why = (
+                "keeps a recurrent state that cannot be rolled back"
+                if self.adapter.kind != "attention"
+                else "has sliding-window attention layers, whose cache cannot be cropped back exactly"
+            )
+            raise ConfigError(
+                f"bench.mode=self_speculative: refused for {where}: it {why}; self-speculation crops the cache back "
+                f"to the accepted tokens, so it supports full-attention models"
+            )
 
     def provenance(self) -> dict[str, Any]:
         return {
@@ -80,7 +115,9 @@ class LoadedModel:
             "model_hash": self.content_hash,
             "model_revision": self.revision,
             "family": self.family,
+            "model_kind": self.adapter.kind,
             "num_layers": self.num_layers,
+            **(self.fidelity.columns() if self.fidelity is not None else {}),
             "device": device_label(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
         }
@@ -117,7 +154,14 @@ def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32
     model.eval()
     model.requires_grad_(False)
     model.to(device=dev, dtype=DTYPES[dtype])
-    adapter = Adapter(model, where=f"model={mcfg.name}")
+    where = f"model={mcfg.name or mcfg.path}"
+    adapter = Adapter(model, where=where)
+    fidelity = check(adapter, dev)
+    if not fidelity.step_ok:
+        raise InputError(
+            f"{where}: a decode step through the adapter does not reproduce the model's own forward (largest "
+            f"relative error {fidelity.step_err:.3g}, tolerance {fidelity.tolerance:g}); this model is not supported"
+        )
     lm = LoadedModel(
         name=mcfg.name or "model",
         source=mcfg.source,
@@ -129,17 +173,24 @@ def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32
         content_hash=content_hash,
         revision=revision,
         load_seconds=time.perf_counter() - t0,
+        fidelity=fidelity,
     )
     _CACHE[key] = lm
     _LOADS.append(key)
     log.info(
-        "loaded %s (%s, %d layers, %s, %s) in %.1f s",
+        "loaded %s (%s, %s, %d layers, %s, %s) in %.1f s; fidelity: lens %.2g, K/V %s (%s path), step %.2g, batch %.2g",
         lm.name,
         lm.family,
+        adapter.kind,
         lm.num_layers,
         lm.provenance()["device"],
         dtype,
         lm.load_seconds,
+        fidelity.lens_err,
+        "n/a" if fidelity.kv_err is None else f"{fidelity.kv_err:.2g}",
+        adapter.path,
+        fidelity.step_err,
+        fidelity.batch_err,
     )
     return lm
 
@@ -217,7 +268,7 @@ def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
 
     try:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        family_for(config.model_type, where=where)
+        require_causal_lm(config, where)
         log.info("dequantizing %s (first load on this machine; later loads use the cache)", path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
@@ -278,7 +329,7 @@ def _load_hf_from(
     where = f"model.path={ref}"
     try:
         config = AutoConfig.from_pretrained(ref, revision=revision, local_files_only=local_only)
-        family_for(config.model_type, where=where)
+        require_causal_lm(config, where)
         tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision, local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(
             ref, revision=revision, local_files_only=local_only, dtype=torch_dtype
@@ -289,6 +340,24 @@ def _load_hf_from(
         raise InputError(f"{where}: cannot load this model ({type(exc).__name__}: {_short(exc)})") from exc
     commit = getattr(model.config, "_commit_hash", None)
     return model, tokenizer, content_hash or f"hub:{ref}@{commit or revision or 'unknown'}", commit or revision
+
+
+def require_causal_lm(config, where: str) -> None:
+    """A config that transformers can build a causal LM for (decoder-only, or a vision-language
+    wrapper around one), else one line naming the model type, before any weights are read."""
+    from transformers import AutoModelForCausalLM
+
+    if type(config) not in AutoModelForCausalLM._model_mapping:
+        raise InputError(
+            f"{where}: model_type '{config.model_type}' has no causal-LM class in transformers "
+            f"{_transformers_version()}; sweep measures decoder-only causal LMs"
+        )
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def _require_hub(ref: str) -> None:

@@ -2,14 +2,17 @@
 
 They exercise every code path of a family in seconds without a download. Their
 weights are random, so their numbers mean nothing; their mechanics mean everything.
+What each family sets beyond the common sizes is data (``sweep.families.TINY``).
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from sweep.config import ModelConfig
-from sweep.families import FAMILIES
+from sweep.families import TINY
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>")
 CHAT_TEMPLATE = (
@@ -34,15 +37,13 @@ def byte_tokenizer():
     return tok
 
 
-def build_tiny(mcfg: ModelConfig, seed: int, vocab_size: int):
-    """A random model of ``mcfg.family`` with ``mcfg.tiny`` sizes, initialised from ``seed``."""
+def tiny_config(mcfg: ModelConfig, vocab_size: int):
+    """The transformers config of ``mcfg``'s tiny model: the common sizes, then what the family sets."""
     import transformers
-    from transformers import AutoModelForCausalLM
 
     assert mcfg.family is not None and mcfg.tiny is not None
-    t = mcfg.tiny
-    fam = FAMILIES[mcfg.family]
-    kwargs = dict(
+    t, spec = mcfg.tiny, TINY[mcfg.family]
+    values = dict(
         vocab_size=vocab_size,
         hidden_size=t.hidden,
         num_hidden_layers=t.layers,
@@ -57,38 +58,62 @@ def build_tiny(mcfg: ModelConfig, seed: int, vocab_size: int):
         eos_token_id=vocab_size - len(SPECIAL_TOKENS) + 1,
         pad_token_id=None,
     )
-    if fam.name == "mistral":
-        kwargs["sliding_window"] = 64  # shorter than a long prompt: the sliding cache is exercised
-    if fam.name == "gemma3":
-        kwargs.update(
-            sliding_window=16,
-            query_pre_attn_scalar=t.head_dim,
-            final_logit_softcapping=30.0,  # exercises the adapter's softcap in the logit lens
-            layer_types=["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(t.layers)],
-        )
-    config = getattr(transformers, fam.config_class)(**kwargs)
+    for key, value in spec.extra.items():
+        if key == "layer_types" and value == "gemma3":  # every third layer global, the others sliding (Gemma 3)
+            value = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(t.layers)]
+        values[key] = value
+    if "query_pre_attn_scalar" in _parameters(spec.config_class) and spec.config_class.startswith("Gemma"):
+        values["query_pre_attn_scalar"] = t.head_dim
+    config_class = getattr(transformers, spec.config_class)
+    if not spec.multimodal:
+        return config_class(**values)
+    # a vision-language wrapper: the decoder is its text model, the vision tower is as small as it gets
+    text_class = getattr(transformers, spec.config_class.replace("Config", "TextConfig"))
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16)
+    vision["patch_size"] = 8
+    top = {k: values.pop(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")}
+    return config_class(text_config=text_class(**values).to_dict(), vision_config=vision, mm_tokens_per_image=4, **top)
+
+
+def _parameters(config_class: str) -> set[str]:
+    import transformers
+
+    return set(inspect.signature(getattr(transformers, config_class).__init__).parameters)
+
+
+def build_tiny(mcfg: ModelConfig, seed: int, vocab_size: int):
+    """A random model of ``mcfg.family`` with ``mcfg.tiny`` sizes, initialised from ``seed``."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(mcfg, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config)
-    randomise_norms_and_biases(model, seed, fam.norm_offset, t.init_std)
+    randomise_norms_and_biases(model, seed, mcfg.tiny.init_std)
     return model
 
 
+def _is_norm(module: torch.nn.Module) -> bool:
+    name = type(module).__name__
+    return name.endswith(("RMSNorm", "LayerNorm")) or isinstance(module, torch.nn.LayerNorm)
+
+
 @torch.no_grad()
-def randomise_norms_and_biases(model: torch.nn.Module, seed: int, norm_offset: float, bias_std: float) -> None:
+def randomise_norms_and_biases(model: torch.nn.Module, seed: int, bias_std: float) -> None:
     """Give every norm a random scale in [0.5, 1.5) and every bias N(0, bias_std), from ``seed``.
 
     HF initialises norm scales to exactly 1 and biases to 0, which would let code that drops
-    a norm scale (the layers' input norms, Qwen3's and Gemma3's K norm, the final norm) or a
-    bias (Qwen2's K/V bias) pass every check on a tiny model. ``norm_offset`` is the family's
-    (Gemma stores scale - 1).
+    a norm scale (the layers' input norms, a K norm, the final norm) or a bias (Qwen2's K/V
+    bias, a LayerNorm's shift) pass every check on a tiny model. A norm HF initialises to 0
+    scales by (1 + weight) (Gemma's): it gets the same random scale, stored as scale - 1.
     """
     gen = torch.Generator().manual_seed(0x5EED_0000 + seed)
-    for name, module in model.named_modules():
-        if type(module).__name__.endswith("RMSNorm") and getattr(module, "weight", None) is not None:
+    for _name, module in model.named_modules():
+        if _is_norm(module) and getattr(module, "weight", None) is not None:
             w = module.weight
+            offset = 1.0 if bool((w == 0).all()) else 0.0
             scale = 0.5 + torch.rand(w.shape, generator=gen, dtype=torch.float32)
-            w.copy_((scale - norm_offset).to(w.dtype))
+            w.copy_((scale - offset).to(w.dtype))
         for pname, p in module.named_parameters(recurse=False):
             if pname == "bias":
                 p.copy_((bias_std * torch.randn(p.shape, generator=gen, dtype=torch.float32)).to(p.dtype))

@@ -24,7 +24,9 @@ from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
 #    carries lens (tuned or null); trials carry readouts_id and fit_prompts; the classifier gate
 # 6: trials carry setup_seconds (the untimed work of bench_seconds); a shared baseline's group apportions its
 #    time to its rows by their timed rounds' seconds
-SCHEMA_VERSION = 6
+# 7: every row carries the model's kind (attention | ssm | hybrid), the adapter path its K/V fill takes
+#    and the fidelity check's errors at load; family is the decoder's HF model_type (any decoder-only LM)
+SCHEMA_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,61 @@ PROVENANCE: tuple[Column, ...] = (
         "content hash of the weights (sha256 of the file, sampled above 256 MiB; hub:ID@commit for hub models)",
     ),
     Column("model_revision", pl.String(), "", "hub commit or revision, null when not from a hub", nullable=True),
-    Column("family", pl.String(), "", "model family (llama, mistral, qwen2, qwen3, gemma3)"),
+    Column(
+        "family",
+        pl.String(),
+        "",
+        "the decoder's HF model_type, '_text' dropped (llama, gemma3, mixtral, mamba, ...; the README's family table)",
+    ),
+    Column(
+        "model_kind",
+        pl.String(),
+        "",
+        "attention (every layer caches K/V) | ssm (state-space layers only) | hybrid (both); null when the "
+        "model never loaded",
+        nullable=True,
+    ),
+    Column(
+        "adapter_path",
+        pl.String(),
+        "",
+        "how the engine fills a skipped layer's K/V (kv_policy=propagate): fast (the stacked projection of "
+        "sweep/families.py) | generic (the layer's own modules) | none (no fill is exact: propagate refused); "
+        "null when the model never loaded",
+        nullable=True,
+    ),
+    Column(
+        "fidelity_lens_err",
+        pl.Float64(),
+        "ratio",
+        "fidelity check at load (a): max |logit lens at layer L - the model's own logits| / max |logits|; "
+        "above the dtype's tolerance every exiting gate is refused",
+        nullable=True,
+    ),
+    Column(
+        "fidelity_kv_err",
+        pl.Float64(),
+        "ratio",
+        "fidelity check (b): max relative error of the K/V fill against each attention layer's own cache, on "
+        "the adapter path taken (the smaller one when no path passed); null for a model without K/V layers",
+        nullable=True,
+    ),
+    Column(
+        "fidelity_step_err",
+        pl.Float64(),
+        "ratio",
+        "fidelity check (c): max relative error of a decode step through the adapter (cache, layer wrappers) "
+        "against the model's own forward over the whole sequence",
+        nullable=True,
+    ),
+    Column(
+        "fidelity_batch_err",
+        pl.Float64(),
+        "ratio",
+        "fidelity check (d): max relative error of a left-padded batch of two prompts (prefill and one step) "
+        "against each decoded alone; above the tolerance bench.batch_size > 1 is refused",
+        nullable=True,
+    ),
     Column("num_layers", pl.Int32(), "layers", "L, the number of decoder layers"),
     Column("device", pl.String(), "", "cpu or cuda:N (GPU name)"),
     Column("dtype", pl.String(), "", "weights and activations dtype"),
