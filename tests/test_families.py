@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import ALL_TINY, compose, load, run_cli
+from conftest import ALL_TINY, ROOT, compose, load, run_cli
 from helpers.contract import (
     N,
     chat_prompts,
@@ -318,3 +318,37 @@ def test_a_lens_that_misses_a_transform_refuses_exiting_gates_but_runs_full_dept
     with pytest.raises(ConfigError, match=r"model=scaled: the logit lens at layer L does not reproduce"):
         broken.require(lens=True)
     broken.require(kv_policy="propagate")  # the K/V fill is still exact
+
+
+def test_the_readmes_family_table_is_the_codes():
+    from sweep.models._table import family_rows, markdown
+
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("<!-- families:begin -->\n")[1].split("\n<!-- families:end -->")[0]
+    assert shown == markdown(family_rows()), "regenerate it: sweep families"
+
+
+def test_a_model_type_with_no_causal_lm_is_refused_before_its_weights_load(tmp_path):
+    from transformers import T5Config
+
+    T5Config(d_model=16, num_layers=1, num_heads=2, d_kv=8, d_ff=32, vocab_size=50).save_pretrained(tmp_path / "t5")
+    out = run_cli("profile", "model=hf", f"model.path={tmp_path / 't5'}", f"results.root={tmp_path / 'r'}")
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: model.path={tmp_path / 't5'}: model_type 't5' has no causal-LM class in transformers "
+        f"{__import__('transformers').__version__}; sweep measures decoder-only causal LMs"
+    ]
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_the_cost_model_measures_the_fill_of_the_path_taken_and_none_under_full(family):
+    from sweep.costs import cost_model
+
+    lm = load(f"model=tiny-{family}", "seed=17")  # a model of its own: a cost model not measured yet
+    prompt = list(range(5, 20))
+    costs = cost_model(lm, prompt, kv_policies=["full"])
+    assert costs.kv_ms is None and costs.fill_ms("full") == costs.layer_ms
+    again = cost_model(lm, prompt, kv_policies=["propagate"])
+    assert again is costs and costs.kv_ms is not None and costs.kv_ms >= 0
+    assert lm.adapter.kv_path == ("fast" if family == "llama" else "generic")

@@ -191,10 +191,11 @@ def _kv(adapter, token: torch.Tensor, cache, tol: float) -> tuple[float | None, 
     errors = {}
     if adapter.fast is not None:
         errors["fast"] = _fast_err(adapter, inputs, own, layers, rope)
+    if "fast" in errors and errors["fast"] <= tol:
+        return errors["fast"], "fast", None
     errors["generic"] = _generic_err(adapter, token, cache, inputs, own, layers)
-    for path in ("fast", "generic"):
-        if path in errors and errors[path] <= tol:
-            return errors[path], path, None
+    if errors["generic"] <= tol:
+        return errors["generic"], "generic", None
     worst = min(errors.values())
     return worst, None, f"no K/V fill reproduces the layers' own cache (largest relative error {worst:.3g})"
 
