@@ -44,6 +44,7 @@ __all__ = ["ReportContext", "Section", "analyse", "render", "run_analyze", "verd
 
 log = logging.getLogger("sweep.report")
 
+
 def run_analyze(cfg) -> tuple[Path, list[str]]:
     """Compute everything, then write it; returns (report path, one verdict line per model)."""
     ctx = analyse(cfg)

@@ -125,8 +125,9 @@ def usable(table: Table, paths: list[Path]) -> list[Path]:
         stats[path] = (st.st_mtime_ns, st.st_size)
     unchecked = [p for p, key in stats.items() if _verdicts.get(str(p), (None, None))[:2] != key]
     if len(unchecked) >= _PARALLEL_FROM:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            reasons = list(pool.map(lambda p: problem(table, p), unchecked))
+        chunks = [unchecked[i : i + _PARALLEL_FROM] for i in range(0, len(unchecked), _PARALLEL_FROM)]
+        with ThreadPoolExecutor(max_workers=8) as pool:  # in chunks: a future per file costs more than its check
+            reasons = [r for chunk in pool.map(lambda c: [problem(table, p) for p in c], chunks) for r in chunk]
     else:
         reasons = [problem(table, p) for p in unchecked]
     for path, reason in zip(unchecked, reasons):
