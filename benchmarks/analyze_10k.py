@@ -8,8 +8,9 @@ measured timings per round and prompt, per-prompt agreement, status: 2% failed, 
 nondeterministic) and is written through the sweep driver's own row writer
 (``sweep.rows.RowWriter``: one atomic Parquet file per trial). The root is built once under
 ``--work`` and copied afresh for each pair, so every first run meets the files as a sweep left
-them. Then `sweep analyze` runs as a subprocess twice on the copy (first run, second run); the
-medians over the pairs are printed with the machine's load average.
+them. Then `sweep analyze` runs as a subprocess twice on the copy (first run, second run), with a
+fresh reader's cache each pair; the medians over the pairs are printed with the machine's load
+average. ``--before DIR`` times an earlier source tree the same way, interleaved with this one.
 """
 
 from __future__ import annotations
@@ -130,14 +131,16 @@ def build(root: Path, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def analyze(root: Path) -> float:
-    """Seconds of one `sweep analyze` subprocess over ``root`` (it must succeed)."""
+def analyze(root: Path, code: Path, cache: Path) -> float:
+    """Seconds of one `sweep analyze` subprocess over ``root`` (it must succeed), running the ``sweep``
+    package of the source tree ``code`` with its reader's cache in ``cache``."""
     exe = Path(sys.executable).with_name("sweep")
+    env = {**os.environ, "PYTHONPATH": str(code), "SWEEP_CACHE_DIR": str(cache)}
     t0 = time.perf_counter()
-    proc = subprocess.run([str(exe), "analyze", f"results.root={root}"], capture_output=True, text=True)
+    proc = subprocess.run([str(exe), "analyze", f"results.root={root}"], capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"sweep analyze failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(f"sweep analyze ({code}) failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return seconds
 
 
@@ -146,7 +149,14 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10_000)
     parser.add_argument("--pairs", type=int, default=3, help="fresh copies of the root, each analyzed twice")
     parser.add_argument("--work", type=Path, default=Path("/tmp/sweep-analyze-10k"))
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a source tree of earlier code (git archive REV | tar -x -C DIR), timed the same way, interleaved",
+    )
     args = parser.parse_args()
+    here = Path(__file__).resolve().parents[1]
+    sides = {"after": here, **({"before": args.before.resolve()} if args.before else {})}
     pristine = args.work / f"root-{args.trials}"
     marker = pristine / BUILT
     if not marker.is_file():
@@ -155,18 +165,26 @@ def main() -> None:
         marker.write_text(f"{args.trials}\n")
         print(f"built {args.trials} trial files in {seconds:.1f} s under {pristine}")
     files = sum(1 for _ in (pristine / "trials").rglob("*.parquet"))
-    first, second = [], []
+    times: dict[str, dict[str, list[float]]] = {side: {"first": [], "second": []} for side in sides}
     for pair in range(args.pairs):
-        copy = args.work / "copy"
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(pristine, copy)
-        first.append(analyze(copy))
-        second.append(analyze(copy))
-        print(f"pair {pair + 1}: first {first[-1]:.2f} s, second {second[-1]:.2f} s", flush=True)
+        order = list(sides) if pair % 2 == 0 else list(reversed(sides))
+        for side in order:
+            copy, cache = args.work / "copy", args.work / "cache"
+            for path in (copy, cache):
+                shutil.rmtree(path, ignore_errors=True)
+            shutil.copytree(pristine, copy)  # as the sweeps left it: no report, no cache
+            for run in ("first", "second"):
+                times[side][run].append(analyze(copy, sides[side], cache))
+            first, second = times[side]["first"][-1], times[side]["second"][-1]
+            print(f"pair {pair + 1} {side}: first {first:.2f} s, second {second:.2f} s", flush=True)
     load = os.getloadavg()
-    print(f"sweep analyze over {files} trial files, {args.pairs} pairs (load average {load[0]:.2f} {load[1]:.2f})")
-    print(f"  first run:  median {statistics.median(first):.2f} s ({', '.join(f'{s:.2f}' for s in first)})")
-    print(f"  second run: median {statistics.median(second):.2f} s ({', '.join(f'{s:.2f}' for s in second)})")
+    loads = " ".join(f"{v:.2f}" for v in load)
+    print(f"sweep analyze over {files} trial files, {args.pairs} pairs (load average {loads})")
+    for side in sides:
+        for run in ("first", "second"):
+            values = times[side][run]
+            runs = ", ".join(f"{v:.2f}" for v in values)
+            print(f"  {side:<6} {run:<6} run: median {statistics.median(values):.2f} s ({runs})")
 
 
 if __name__ == "__main__":
