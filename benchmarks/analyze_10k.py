@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 MODELS = {"smollm2-135m": 30, "qwen2-0.5b": 24}  # model label -> its layer count L
-GATES = ("saturation", "margin", "conformal", "softmax", "cosine", "entropy", "fixed", "full")
+GATES = ("saturation", "margin", "conformal", "softmax", "cosine", "entropy", "fixed")
+SWEEP_SIZE = 500  # trials per sweep: each has one full-depth (gate=full) trial per model
 BUILT = ".analyze_10k-built"  # marker: the root under --work is complete for this many trials
 
 
@@ -52,13 +53,13 @@ def varied(template: dict, i: int, rng: np.random.Generator) -> dict:
 
     model = list(MODELS)[i % len(MODELS)]
     L = MODELS[model]
-    gate = GATES[(i // len(MODELS)) % len(GATES)]
+    gate = "full" if i % SWEEP_SIZE < len(MODELS) else GATES[(i // len(MODELS)) % len(GATES)]
     row = dict(template)
-    row.update(model=model, num_layers=L, gate=gate, sweep_name=f"grid-{i // 500:03d}")
+    row.update(model=model, num_layers=L, gate=gate, sweep_name=f"grid-{i // SWEEP_SIZE:03d}")
     row.update(worker_pid=1000 + i % 7, worker_model_loads=1, trial_seconds=row["bench_seconds"] + 0.05)
     for key in ("exit_layer", "eps", "theta", "q", "k", "decay"):
         row[key] = None
-    min_layer = int(rng.integers(1, L))
+    min_layer = 1 if gate == "full" else int(rng.integers(1, L))
     row.update(min_layer=min_layer, min_depth=None)
     if gate == "fixed":
         row["exit_layer"] = int(rng.integers(min_layer, L + 1))
@@ -75,7 +76,9 @@ def varied(template: dict, i: int, rng: np.random.Generator) -> dict:
     if u < 0.02:
         return {**row, **_null_metrics(row), "status": "failed", "error": "RuntimeError: CUDA out of memory"}
     exit_rate = 0.0 if gate == "full" else float(rng.beta(2, 2))
-    speed = (1.0 + exit_rate * (L - min_layer) / L) * float(rng.normal(1.0, 0.05))
+    kv_full = gate != "full" and rng.random() < 0.1  # bench.kv_policy=full: the skipped layers run anyway
+    row["kv_policy"] = "full" if kv_full else "propagate"
+    speed = (0.97 if kv_full else 1.0 + exit_rate * (L - min_layer) / L) * float(rng.normal(1.0, 0.05))
     n_prompts, repeats = len(row["prompt_ids"]), len(row["round_ms"])
     base = rng.normal(48.0, 2.0, (repeats, n_prompts)).clip(30)
     gated = base / speed * rng.normal(1.0, 0.03, base.shape)
