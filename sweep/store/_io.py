@@ -202,12 +202,13 @@ def scan(name: str, root: str | Path, *, cache_from: int = CACHE_FROM) -> pl.Laz
     which also hold them, read the same. Files written under an older schema (fewer
     columns) load with nulls in the newer columns; columns this version does not know are
     ignored; a file that cannot be read as this table's is skipped with a warning (``files``).
-    A table of ``cache_from`` files or more is read through the reader's cache (``_cache``:
-    only new and changed files are read again; the rows are then already in memory).
+    A table of many small files (``Table.cached``: trials) is read through the reader's cache from
+    ``cache_from`` files on (``_cache``: only new and changed files are read again; the rows are
+    then already in memory).
     """
     table = table_spec(name)
     found = files(name, root, checked=False)
-    if len(found) < cache_from:
+    if not table.cached or len(found) < cache_from:
         return _scan(table, usable(table, found))
     return read_cached(table, root, found, lambda paths, column: _scan(table, paths, column)).lazy()
 
