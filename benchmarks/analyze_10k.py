@@ -180,6 +180,8 @@ def main() -> None:
                 times[side][run].append(analyze(copy, sides[side], cache))
             first, second = times[side]["first"][-1], times[side]["second"][-1]
             print(f"pair {pair + 1} {side}: first {first:.2f} s, second {second:.2f} s", flush=True)
+    if not args.pairs:
+        return
     load = os.getloadavg()
     loads = " ".join(f"{v:.2f}" for v in load)
     print(f"sweep analyze over {files} trial files, {args.pairs} pairs (load average {loads})")

@@ -38,10 +38,12 @@ MANY_POINTS = 300  # from this many trials of a gate, smaller and lighter marker
 
 
 def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, out: Path) -> str:
-    """One model's ok trials per gate (95% intervals as error bars where computed: the front's trials),
-    its front across gates and the knee."""
+    """One model's ok trials per gate (95% intervals as error bars on the trials of its front across gates),
+    that front and the knee."""
     rows = ok.filter(pl.col("model") == model)
     metric = rows["speedup_metric"][0]
+    line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
+    on_front = line["trial_id"].to_list() if line.height else []
     fig, ax = _pyplot().subplots(figsize=(8.5, 6))
     for gate, sub in sorted(rows.filter(pl.col("skipped_compute")).partition_by("gate", as_dict=True).items()):
         sub = sub.sort("speedup")
@@ -55,7 +57,7 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             ls="none",
             label=f"{gate[0]} ({sub.height} trials)",
         )
-        shown = sub.filter(pl.col("speedup_lo").is_not_null()) if "speedup_lo" in sub.columns else sub.clear()
+        shown = sub.filter(pl.col("trial_id").is_in(on_front)) if "speedup_lo" in sub.columns else sub.clear()
         if shown.height:
             ax.errorbar(
                 shown["speedup"].to_list(),
@@ -80,7 +82,6 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             ls="none",
             label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise",
         )
-    line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
     if line.height:
         ax.plot(
             line["speedup"].to_list(),
@@ -110,7 +111,7 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
     what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"
     ax.set_xlabel(f"{metric}: full-depth {what} time / gated time")
     ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")
-    ax.set_title(f"{model}: {rows.height} ok trials; error bars (front trials): 95% bootstrap, prompts and rounds")
+    ax.set_title(f"{model}: {rows.height} ok trials; error bars (on the front): 95% bootstrap, prompts and rounds")
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
