@@ -353,6 +353,10 @@ def main() -> int:
     else:
         device, shapes, (run, rounds) = "cuda", SHAPES, RUNS["gpu"]
     settings = determinism_settings()
+    major_minor = tuple(int(part) for part in settings["transformers"].split(".")[:2])
+    if major_minor < (5, 24):  # the adapter speaks transformers 5's cache API (pyproject.toml pins >= 5.24)
+        print(f"error: transformers {settings['transformers']}: this project needs >= 5.24", file=sys.stderr)
+        return 2
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     mode = "--dry-run " if args.dry_run else ""
     print(
