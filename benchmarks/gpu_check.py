@@ -365,17 +365,23 @@ def main() -> int:
     )
     versions = ("torch", "transformers", "cuda_runtime", "gpu")
     print("CUDA determinism settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k not in versions))
-    results = []
+    results, broken = [], []
     for shape in shapes:
-        results.append(check_shape(shape, device, run, rounds))
+        try:
+            results.append(check_shape(shape, device, run, rounds))
+        except (RuntimeError, ValueError) as exc:  # CUDA out of memory is a RuntimeError: the next shape still runs
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            print(f"== {shape.name}: failed ({type(exc).__name__}: {first})", flush=True)
+            broken.append(shape.name)
+            continue
         print("\n".join(report(results[-1])), flush=True)
     print(f"* {AGREEMENT_NOTE}")
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {"started": started, "dry_run": args.dry_run, "determinism_settings": settings, "shapes": results}
     (args.out / "gpu_check.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    failed = [r["label"] for res in results for r in res["settings"] if r["status"] == "failed"]
+    failed = broken + [r["label"] for res in results for r in res["settings"] if r["status"] == "failed"]
     nan = [res["shape"]["name"] for res in results if res["sdpa"]["nonfinite_real"] or res["sdpa"]["nonfinite_padding"]]
-    for what, names in (("failed trials", failed), ("non-finite SDPA output", nan)):
+    for what, names in (("failed", failed), ("non-finite SDPA output", nan)):
         if names:
             print(f"error: {what}: {', '.join(names)}", file=sys.stderr)
     return 1 if failed or nan else 0
