@@ -137,3 +137,20 @@ def test_without_a_gpu_it_says_so(tmp_path):
     assert (
         bad.returncode == 2 and bad.stderr.strip() == "error: --fast: unknown argument (allowed: --dry-run, --out DIR)"
     )
+
+
+def test_a_shape_that_cannot_run_is_one_line_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
+    bad = gpu_check.Shape("odd-shape", 2, 64, 3, 3, 16, 128, 512, True, "float32", 10_000.0)  # 64 % 3 heads
+    good = gpu_check.DRY_SHAPES[0]
+    monkeypatch.setattr(gpu_check, "DRY_SHAPES", (bad, good))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--dry-run", "--out", str(tmp_path)])
+    assert gpu_check.main() == 1
+    out, err = capsys.readouterr()
+    assert (
+        "== odd-shape: failed (" in out
+        and "not a multiple of the number of attention heads" in out
+        and f"== {good.name}: {good.describe()}" in out
+    )
+    assert "error: failed: odd-shape" in err
+    shapes = json.loads((tmp_path / "gpu_check.json").read_text())["shapes"]
+    assert [s["shape"]["name"] for s in shapes] == [good.name]
