@@ -90,11 +90,13 @@ def _schema(path: Path, arrow_schema: str | None) -> pl.Schema:
     is decoded once per distinct text, since decoding costs 6x reading the footer's key-value metadata."""
     if arrow_schema is None:
         return pl.read_parquet_schema(path)
-    if arrow_schema not in _SCHEMAS:
+    schema = _SCHEMAS.get(arrow_schema)  # (one lookup: checks run on threads, and another may clear)
+    if schema is None:
+        schema = pl.read_parquet_schema(path)
         if len(_SCHEMAS) >= 64:
             _SCHEMAS.clear()
-        _SCHEMAS[arrow_schema] = pl.read_parquet_schema(path)
-    return _SCHEMAS[arrow_schema]
+        _SCHEMAS[arrow_schema] = schema
+    return schema
 
 
 def problem(table: Table, path: Path) -> str | None:
