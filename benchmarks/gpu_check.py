@@ -33,6 +33,7 @@ import json
 import os
 import statistics
 import sys
+import textwrap
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -272,6 +273,21 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
     return out
 
 
+WIDTH = 120  # every printed line fits a 120-column terminal
+
+
+def wrap(text: str, indent: str = "   ") -> list[str]:
+    """``text`` as lines of at most ``WIDTH`` columns, words whole, continuation lines indented further."""
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
 def _x(value) -> str:
     return "-" if value is None else f"{value:.3f}x"
 
@@ -281,58 +297,60 @@ def report(result: dict) -> list[str]:
     s, rows = result["shape"], result["settings"]
     shape = Shape(**s)
     lines = [
-        f"== {shape.name}: {shape.describe()}",
-        f"   {s['dtype']} on {result['device']}, attention {result['sdpa']['attn_implementation']}; built in "
-        f"{result['build_seconds']:.1f} s; {result['prompts']} prompts x {result['gen_tokens']} tokens, "
-        f"{result['repeats']} timed rounds, one full-depth baseline per round for all settings "
-        f"({result['bench_seconds']:.0f} s)",
-        f"   {'setting':<26}{'ms/token':>9}{'speedup':>10}{'model':>9}{'exit rate':>11}{'exit at':>9}"
+        *wrap(f"== {shape.name}: {shape.describe()}", indent=""),
+        *wrap(
+            f"{s['dtype']} on {result['device']}, attention {result['sdpa']['attn_implementation']}; built in "
+            f"{result['build_seconds']:.1f} s; {result['prompts']} prompts x {result['gen_tokens']} tokens, "
+            f"{result['repeats']} timed rounds, one full-depth baseline per round for all settings "
+            f"({result['bench_seconds']:.0f} s)"
+        ),
+        f"   {'setting':<24}{'ms/token':>9}{'speedup':>10}{'model':>9}{'exit rate':>11}{'exit at':>9}"
         f"{'agreement*':>12}  status",
     ]
     base = statistics.median(r["baseline_ms_per_token"] for r in rows if r["baseline_ms_per_token"] is not None)
-    lines.append(f"   {'full-depth baseline':<26}{base:>9.2f}")
+    lines.append(f"   {'full-depth baseline':<24}{base:>9.2f}")
     aa = next(r for r in rows if r["gate"] == "full")
     ratios = round_ratios(aa) if aa["round_ms"] else [1.0]
     lo, hi = min(ratios), max(ratios)
     for r in rows:
         if r["status"] == "failed":
-            lines.append(f"   {r['label']:<26}  failed: {r['error']}")
+            lines += wrap(f"{r['label']:<24}  failed: {r['error']}")
             continue
         inside = r is not aa and lo <= r["speedup_wall"] <= hi
         early_exit = r["mode"] != "self_speculative"
         rate = f"{r['exit_rate']:.2f}" if early_exit else "-"
         layer = f"{r['mean_exit_layer']:.1f}" if early_exit else "-"
         lines.append(
-            f"   {r['label']:<26}{r['ms_per_token']:>9.2f}{_x(r['speedup_wall']):>10}{_x(r['speedup_model']):>9}"
-            f"{rate:>11}{layer:>9}{r['agreement']:>12.3f}  {r['status']}"
-            + ("  (inside the A/A spread)" if inside else "")
+            f"   {r['label']:<24}{r['ms_per_token']:>9.2f}{_x(r['speedup_wall']):>10}{_x(r['speedup_model']):>9}"
+            f"{rate:>11}{layer:>9}{r['agreement']:>12.3f}  {r['status']}" + (" (within A/A)" if inside else "")
         )
         if r["mode"] == "self_speculative":
-            lines.append(
-                f"   {'':<26}acceptance rate {r['acceptance_rate']:.2f}, mean accepted length "
+            lines += wrap(
+                f"acceptance rate {r['acceptance_rate']:.2f}, mean accepted length "
                 f"{r['mean_accepted_length']:.2f}, {r['tokens_per_verification']:.2f} tokens per verification "
-                "(the cost model predicts no self-speculation)"
+                "(the cost model predicts no self-speculation)",
+                indent="   " + " " * 24,
             )
-    lines.append(
-        f"   A/A floor (full against full, same rounds): median {_x(aa['speedup_wall'])}, per round {lo:.3f}x.."
-        f"{hi:.3f}x (|1 - ratio| up to {max(abs(1 - lo), abs(hi - 1)) * 100:.1f}%); a speedup inside it is not "
+    lines += wrap(
+        f"A/A floor (full against full, same rounds): median {_x(aa['speedup_wall'])}, per round {lo:.3f}x.."
+        f"{hi:.3f}x (|1 - ratio| up to {max(abs(1 - lo), abs(hi - 1)) * 100:.1f}%); a speedup within it is not "
         "told from 1.0"
     )
     loop = result["loop_ms_per_token"]
     bench, bare, gen = loop["bench loop"], loop["bare forward loop"], loop["model.generate()"]
-    lines.append(
-        f"   decode loop vs bare forward: bench loop {bench:.2f} ms/token, bare forward loop {bare:.2f}, "
+    lines += wrap(
+        f"decode loop vs bare forward: bench loop {bench:.2f} ms/token, bare forward loop {bare:.2f}, "
         f"model.generate() {gen:.2f}: bench/bare {bench / bare:.3f}, bench/generate {bench / gen:.3f}"
     )
     det = all(r["deterministic"] for r in rows if r["status"] != "failed")
     diff = max((r["determinism_max_logit_diff"] or 0.0) for r in rows if r["status"] != "failed")
-    lines.append(
-        f"   determinism self-check and timed repeats: {'ok' if det else 'NOT reproduced'} (max |logit diff| "
+    lines += wrap(
+        f"determinism self-check and timed repeats: {'ok' if det else 'NOT reproduced'} (max |logit diff| "
         f"between the two full-depth baselines {diff:.3g})"
     )
     q = result["sdpa"]
-    lines.append(
-        f"   SDPA, left-padded batch of {q['rows']} (lengths {min(q['lengths'])}..{max(q['lengths'])}, "
+    lines += wrap(
+        f"SDPA, left-padded batch of {q['rows']} (lengths {min(q['lengths'])}..{max(q['lengths'])}, "
         f"{q['padded_positions']} padded positions): non-finite values at real positions {q['nonfinite_real']}, "
         f"at padding {q['nonfinite_padding']}; rows decoding what their prompt decodes alone: "
         f"{q['rows_equal_alone']}/{q['rows']}"
@@ -359,12 +377,13 @@ def main() -> int:
         return 2
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     mode = "--dry-run " if args.dry_run else ""
-    print(
+    head = (
         f"gpu_check {mode}{started}; torch {settings['torch']}, transformers {settings['transformers']}, "
         f"CUDA {settings['cuda_runtime']}, GPU {settings['gpu']}"
     )
     versions = ("torch", "transformers", "cuda_runtime", "gpu")
-    print("CUDA determinism settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k not in versions))
+    knobs = ", ".join(f"{k}={v}" for k, v in settings.items() if k not in versions)
+    print("\n".join([*wrap(head, indent=""), *wrap(f"CUDA determinism settings: {knobs}", indent="")]))
     results, broken = [], []
     for shape in shapes:
         try:
@@ -372,11 +391,11 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - out of memory, a config the library refuses: the next shape runs
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
             first = " ".join(lines[:2] if lines[0].endswith(":") else lines[:1])[:300]  # "...error for X:" says little
-            print(f"== {shape.name}: failed ({type(exc).__name__}: {first})", flush=True)
+            print("\n".join(wrap(f"== {shape.name}: failed ({type(exc).__name__}: {first})", indent="")), flush=True)
             broken.append(shape.name)
             continue
         print("\n".join(report(results[-1])), flush=True)
-    print(f"* {AGREEMENT_NOTE}")
+    print("\n".join(wrap(f"* {AGREEMENT_NOTE}", indent="")))
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {"started": started, "dry_run": args.dry_run, "determinism_settings": settings, "shapes": results}
     (args.out / "gpu_check.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")

@@ -95,14 +95,16 @@ def test_the_dry_run_runs_end_to_end_without_the_cluster_packages(tmp_path):
     assert not log.exists(), f"imported: {log.read_text()}"  # none of them was even tried
     text = res.stdout
     assert (out / "gpu_check.txt").read_text() == text and (out / "machine.txt").is_file()
+    assert max(len(line) for line in text.splitlines()) <= 120
+    prose = " ".join(text.split())  # (long lines wrap)
     for shape in gpu_check.DRY_SHAPES:
-        assert f"== {shape.name}: {shape.describe()}" in text
+        assert f"== {shape.name}: {shape.describe()}" in prose
     for label, _ in gpu_check.SETTINGS:
         assert text.count(f"   {label} ") == 2  # a line per shape
     for line in ("A/A floor (full against full, same rounds)", "decode loop vs bare forward: bench loop",
                  "determinism self-check and timed repeats: ok", "non-finite values at real positions 0, at padding 0",
                  "CUDA determinism settings: ", gpu_check.AGREEMENT_NOTE):  # fmt: skip
-        assert line in text, line
+        assert line in prose, line
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["dry_run"] and "cudnn.deterministic" in result["determinism_settings"]
     for shape in result["shapes"]:
@@ -148,8 +150,8 @@ def test_a_shape_that_cannot_run_is_one_line_and_the_next_still_runs(tmp_path, m
     out, err = capsys.readouterr()
     assert (
         "== odd-shape: failed (" in out
-        and "not a multiple of the number of attention heads" in out
-        and f"== {good.name}: {good.describe()}" in out
+        and "not a multiple of the number of attention heads" in " ".join(out.split())
+        and f"== {good.name}: {good.describe()}" in " ".join(out.split())
     )
     assert "error: failed: odd-shape" in err
     shapes = json.loads((tmp_path / "gpu_check.json").read_text())["shapes"]
