@@ -245,6 +245,10 @@ COMMANDS = {
 }
 
 
+# commands that never load a model: they skip importing transformers to quiet it (about 1 s)
+NO_MODEL = ("analyze", "config", "schema")
+
+
 def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", category=UserWarning, module=r"transformers\..*")
@@ -276,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     if flag is not None:
         return flag_error(flag, command)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
-    _quiet_libraries()
+    if command not in NO_MODEL:
+        _quiet_libraries()
     try:
         return COMMANDS[command](overrides)
     except SweepError as exc:

@@ -40,11 +40,9 @@ from sweep.analysis import (
 from sweep.errors import InputError
 from sweep.report_sections import SECTIONS, ReportContext, Section, verdict
 
-__all__ = ["CI_ROWS", "ReportContext", "Section", "analyse", "render", "run_analyze", "verdict", "write_report"]
+__all__ = ["ReportContext", "Section", "analyse", "render", "run_analyze", "verdict", "write_report"]
 
 log = logging.getLogger("sweep.report")
-
-CI_ROWS = 20000  # above this many ok trials, intervals are computed for front and target rows only
 
 
 def run_analyze(cfg) -> tuple[Path, list[str]]:
@@ -68,13 +66,12 @@ def analyse(cfg) -> ReportContext:
     a = cfg.analysis
     conf = {"metric": a.speedup, "n_boot": a.n_boot, "seed": a.seed, "min_prompts": a.ci_min_prompts}
     ok = ok_trials(trials, a.speedup).collect()
-    if ok.height <= CI_ROWS:
-        ok = with_confidence(ok, **conf)
     front = fronts(ok, a.speedup) if ok.height else pl.DataFrame()
-    if ok.height > CI_ROWS and front.height:  # intervals are seeded per trial: the same as on all rows
+    if front.height:  # intervals for the rows the tables show; seeded per trial, the same as on all rows
         front = with_confidence(front, **conf)
     knees = knees_table(front) if front.height else pl.DataFrame()
     targets = _targets(ok, tuple(a.targets), conf)
+    ok = _front_intervals(ok, front)
     out = Path(a.out) if a.out else root / "report"
     if not a.out:
         inside(root, out)  # <root>/report, not a symlink to elsewhere
@@ -168,6 +165,17 @@ def _carry_cache(src: ReportContext, dst: ReportContext) -> None:
     for name in _CACHED:
         if name in src.__dict__ and name not in dst.__dict__:
             dst.__dict__[name] = src.__dict__[name]
+
+
+CI_COLUMNS = ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", "ci_prompts", "ci_few_prompts")
+
+
+def _front_intervals(ok: pl.DataFrame, front: pl.DataFrame) -> pl.DataFrame:
+    """``ok`` with the intervals of its front trials (null elsewhere: bootstrapping thousands of
+    trials nobody reads took most of an analysis of 10,000 trials)."""
+    if not front.height:  # (no ok trials)
+        return ok
+    return ok.join(front.select("trial_id", *CI_COLUMNS).unique("trial_id"), on="trial_id", how="left")
 
 
 def _targets(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict) -> pl.DataFrame:

@@ -34,28 +34,42 @@ def _save(fig, out: Path, name: str) -> str:
     return name
 
 
+MANY_POINTS = 300  # from this many trials of a gate, smaller and lighter markers keep the cloud readable
+
+
 def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, out: Path) -> str:
-    """One model's ok trials (95% intervals as error bars) per gate, its front across gates and the knee."""
+    """One model's ok trials per gate (95% intervals as error bars on the trials of its front across gates),
+    that front and the knee."""
     rows = ok.filter(pl.col("model") == model)
     metric = rows["speedup_metric"][0]
+    line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
+    on_front = line["trial_id"].to_list() if line.height else []
     fig, ax = _pyplot().subplots(figsize=(8.5, 6))
     for gate, sub in sorted(rows.filter(pl.col("skipped_compute")).partition_by("gate", as_dict=True).items()):
         sub = sub.sort("speedup")
-        xerr = yerr = None
-        if "speedup_lo" in sub.columns and sub["speedup_lo"].null_count() < sub.height:
-            xerr, yerr = _error_bars(sub, "speedup"), _error_bars(sub, "agreement")
-        ax.errorbar(
+        many = sub.height >= MANY_POINTS
+        (points,) = ax.plot(  # one marker line per gate: fast with thousands of points
             sub["speedup"].to_list(),
             sub["agreement"].to_list(),
-            xerr=xerr,
-            yerr=yerr,
-            fmt="o",
-            ms=5,
-            alpha=0.75,
-            capsize=2,
-            elinewidth=0.8,
+            "o",
+            ms=2.5 if many else 5,
+            alpha=0.35 if many else 0.75,
+            ls="none",
             label=f"{gate[0]} ({sub.height} trials)",
         )
+        shown = sub.filter(pl.col("trial_id").is_in(on_front)) if "speedup_lo" in sub.columns else sub.clear()
+        if shown.height:
+            ax.errorbar(
+                shown["speedup"].to_list(),
+                shown["agreement"].to_list(),
+                xerr=_error_bars(shown, "speedup"),
+                yerr=_error_bars(shown, "agreement"),
+                fmt="none",
+                ecolor=points.get_color(),
+                alpha=0.75,
+                capsize=2,
+                elinewidth=0.8,
+            )
     idle = rows.filter(~pl.col("skipped_compute"))
     if idle.height:
         ax.plot(
@@ -68,7 +82,6 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             ls="none",
             label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise",
         )
-    line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
     if line.height:
         ax.plot(
             line["speedup"].to_list(),
@@ -98,7 +111,7 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
     what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"
     ax.set_xlabel(f"{metric}: full-depth {what} time / gated time")
     ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")
-    ax.set_title(f"{model}: {rows.height} ok trials, error bars: 95% bootstrap over prompts and rounds")
+    ax.set_title(f"{model}: {rows.height} ok trials; error bars (on the front): 95% bootstrap, prompts and rounds")
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)

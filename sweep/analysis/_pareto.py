@@ -11,6 +11,7 @@ import math
 import polars as pl
 
 from sweep.analysis._confidence import ranked
+from sweep.analysis._kneedle import kneedle
 from sweep.gatespec import gate_text
 
 TARGETS = (0.95, 0.98, 0.99, 1.0)
@@ -90,17 +91,15 @@ def chord_knees(
 
 
 def kneedle_knee(front: pl.DataFrame, x: str = "speedup", y: str = "agreement", min_points: int = 12) -> dict | None:
-    """The Kneedle knee of one front (``kneed``, concave and decreasing), as its row; None
-    when the front has fewer than ``min_points`` points or Kneedle finds no knee."""
+    """The Kneedle knee of one front (concave and decreasing: ``_kneedle``, as ``kneed`` finds it), as its
+    row; None when the front has fewer than ``min_points`` points or Kneedle finds no knee."""
     if front.height < min_points:
         return None
-    from kneed import KneeLocator
-
     pts = front.sort(x, "trial_id")
     xs, ys = pts[x].to_list(), pts[y].to_list()
     if len(set(xs)) < 3:
         return None
-    knee = KneeLocator(xs, ys, curve="concave", direction="decreasing").knee
+    knee = kneedle(xs, ys)
     if knee is None:
         return None
     return pts.filter(pl.col(x) == knee).row(0, named=True)

@@ -103,13 +103,17 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     return validate(compose_dict(overrides))
 
 
-def validate(data: dict[str, Any]) -> Config:
-    """Check types, ranges and cross-field rules; fill derived values (names)."""
+def validate(data: dict[str, Any], *, search: bool = True) -> Config:
+    """Check types, ranges and cross-field rules; fill derived values (names).
+
+    ``search=False`` leaves the search's sub-spaces unparsed (their grammar is Hydra's): for code
+    that runs settings and never a search, on a machine without Hydra (benchmarks/gpu_check.py)."""
     data = {k: v for k, v in data.items() if k != "hydra"}
     cfg = build(Config, data)
     check_gate(cfg.gate)
     _check_model(cfg)
-    check_search(cfg.search, cfg.gate.name)
+    if search:
+        check_search(cfg.search, cfg.gate.name)
     if cfg.calibrate.grid is not None:
         check_ladder(cfg.calibrate.grid, cfg.gate.name)
     _check_bench(cfg)

@@ -59,6 +59,8 @@ class Table:
     description: str
     columns: tuple[Column, ...]
     single_file: bool = False  # a derived table: one file <root>/<name>/<name>.parquet, replaced by each writer
+    # many small files (one per unit of work): from CACHE_FROM files on, readers keep their rows in a cache (_cache)
+    cached: bool = False
 
     @property
     def schema(self) -> pl.Schema:

@@ -250,7 +250,8 @@ KNEES = Table(
         "for a `model+gate` front its gate) of at least 3 points (fewer have no bend). The knee by the chord method "
         "on (`speedup`, agreement): both axes min-max normalised over the front, the point farthest from the line "
         "joining the front's extremes (ties: higher agreement, then trial_id). With 12 or more front points, the "
-        "Kneedle knee (the `kneed` package: concave, decreasing) as a cross-check. `gate` and the setting columns "
+        "Kneedle knee (Satopaa et al. 2011: concave, decreasing, sensitivity 1, as the `kneed` package finds it) as a "
+        "cross-check. `gate` and the setting columns "
         "are the knee trial's own, typed as in `trials`; join to `pareto` on (trial_id, front), to `trials` on "
         "trial_id."
     ),
@@ -280,7 +281,7 @@ KNEES = Table(
             "kneedle_trial_id",
             pl.String(),
             "",
-            "the Kneedle knee (12+ points and kneed found one); else null",
+            "the Kneedle knee (12+ points and Kneedle found one); else null",
             nullable=True,
         ),
         Column("kneedle_speedup", pl.Float64(), "ratio", "the Kneedle knee's ranked speedup", nullable=True),

@@ -318,4 +318,5 @@ TRIALS = Table(
             nullable=True,
         ),
     ),
+    cached=True,
 )
