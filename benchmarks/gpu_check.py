@@ -44,7 +44,7 @@ from sweep.bench import run_shared_trials
 from plain_compose import plain_compose
 from sweep.config import validate
 from sweep.gates import make_gate
-from sweep.models import DTYPES, Adapter, LoadedModel
+from sweep.models import DTYPES, LoadedModel, byte_tokenizer, ready
 from sweep.prompts import read_prompts, tokenize_prompts
 
 AGREEMENT_NOTE = "agreement means nothing on random weights (their tokens are arbitrary): read speed and mechanics"
@@ -112,8 +112,6 @@ def build_model(shape: Shape, device: str, seed: int = 0) -> LoadedModel:
     tokenizer of the tiny models (the prompts are real text; their ids fit any vocabulary)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from sweep.models._tiny import byte_tokenizer  # the tiny models' tokenizer: one definition
-
     tokenizer = byte_tokenizer()
     config = LlamaConfig(
         vocab_size=shape.vocab,
@@ -141,17 +139,15 @@ def build_model(shape: Shape, device: str, seed: int = 0) -> LoadedModel:
     model.requires_grad_(False)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    return LoadedModel(
+    return ready(
+        model,
+        tokenizer,
         name=shape.name,
         source="random",
-        model=model,
-        tokenizer=tokenizer,
-        adapter=Adapter(model, where=f"model={shape.name}"),
-        device=dev,
-        dtype=dtype,
+        where=f"model={shape.name}",
         content_hash=f"random-init:seed={seed}",
-        revision=None,
-        load_seconds=time.perf_counter() - t0,
+        device=dev,
+        t0=t0,
     )
 
 

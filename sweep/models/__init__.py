@@ -2,8 +2,9 @@
 
 from sweep.models._adapter import KINDS, Adapter, StepExit
 from sweep.models._fidelity import Fidelity
-from sweep.models._loader import DTYPES, LoadedModel, load_model, model_loads, resolve_device
+from sweep.models._loader import DTYPES, LoadedModel, load_model, model_loads, ready, resolve_device
 from sweep.models._padding import PAD_ID, Padded, left_pad
+from sweep.models._tiny import byte_tokenizer
 
 __all__ = [
     "Adapter",
@@ -14,8 +15,10 @@ __all__ = [
     "PAD_ID",
     "Padded",
     "StepExit",
+    "byte_tokenizer",
     "left_pad",
     "load_model",
     "model_loads",
+    "ready",
     "resolve_device",
 ]

@@ -151,32 +151,63 @@ def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32
     t0 = time.perf_counter()
     loader = {"packaged": _load_packaged, "gguf": _load_gguf, "hf": _load_hf, "tiny": _load_tiny}[mcfg.source]
     model, tokenizer, content_hash, revision = loader(mcfg, DTYPES[dtype], seed)
+    model.to(device=dev, dtype=DTYPES[dtype])
+    lm = ready(
+        model,
+        tokenizer,
+        name=mcfg.name or "model",
+        source=mcfg.source,
+        where=f"model={mcfg.name or mcfg.path}",
+        content_hash=content_hash,
+        revision=revision,
+        device=dev,
+        t0=t0,
+    )
+    _CACHE[key] = lm
+    _LOADS.append(key)
+    return lm
+
+
+def ready(
+    model,
+    tokenizer,
+    *,
+    name: str,
+    source: str,
+    where: str,
+    content_hash: str,
+    revision: str | None = None,
+    device: torch.device | None = None,
+    t0: float | None = None,
+) -> LoadedModel:
+    """A model already on its device and in its dtype, ready for the engine: eval mode, its parts found
+    (``Adapter``), the fidelity check run (refusing the model when a decode step through the adapter is
+    not the model's own). ``load_model`` ends here; so does a caller that builds a model in memory."""
+    t0 = time.perf_counter() if t0 is None else t0
     model.eval()
     model.requires_grad_(False)
-    model.to(device=dev, dtype=DTYPES[dtype])
-    where = f"model={mcfg.name or mcfg.path}"
     adapter = Adapter(model, where=where)
-    fidelity = check(adapter, dev)
+    param = next(model.parameters())
+    device = param.device if device is None else device
+    fidelity = check(adapter, device)
     if not fidelity.step_ok:
         raise InputError(
             f"{where}: a decode step through the adapter does not reproduce the model's own forward (largest "
             f"relative error {fidelity.step_err:.3g}, tolerance {fidelity.tolerance:g}); this model is not supported"
         )
     lm = LoadedModel(
-        name=mcfg.name or "model",
-        source=mcfg.source,
+        name=name,
+        source=source,
         model=model,
         tokenizer=tokenizer,
         adapter=adapter,
-        device=dev,
-        dtype=DTYPES[dtype],
+        device=device,
+        dtype=param.dtype,
         content_hash=content_hash,
         revision=revision,
         load_seconds=time.perf_counter() - t0,
         fidelity=fidelity,
     )
-    _CACHE[key] = lm
-    _LOADS.append(key)
     log.info(
         "loaded %s (%s, %s, %d layers, %s, %s) in %.1f s; fidelity: lens %.2g, K/V %s (%s path), step %.2g, batch %.2g",
         lm.name,
@@ -184,7 +215,7 @@ def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32
         adapter.kind,
         lm.num_layers,
         lm.provenance()["device"],
-        dtype,
+        lm.provenance()["dtype"],
         lm.load_seconds,
         fidelity.lens_err,
         "n/a" if fidelity.kv_err is None else f"{fidelity.kv_err:.2g}",
