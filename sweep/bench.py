@@ -112,11 +112,11 @@ def attach_readouts(gate: Gate, gate_cfg, lm: LoadedModel, prompts: list[Prompt]
 
 def gated_engine(cfg: Config, lm: LoadedModel, gate: Gate):
     """What the trial measures against full depth: early exit under the gate, or lossless
-    self-speculation drafting with the fixed gate's layers."""
+    self-speculation drafting with the fixed gate's layers or the skip gate's skip set."""
     if cfg.bench.mode == "self_speculative":
-        from sweep.speculative import SelfSpeculative  # validate() made sure the gate is fixed
+        from sweep.speculative import SelfSpeculative, drafter_for  # validate(): the gate is fixed or skip
 
-        return SelfSpeculative(lm, gate.exit_layer, cfg.bench.draft_len)
+        return SelfSpeculative(lm, drafter_for(lm, gate), cfg.bench.draft_len, cfg.bench.draft_stop)
     return Engine(lm, gate, cfg.bench.kv_policy)
 
 
@@ -136,7 +136,7 @@ def run_trial(
     units, baseline, gated = _sides(cfg, lm, gate, prompts)
     key = ReferenceKey.of(lm, prompts, gen_tokens=b.gen_tokens, seed=cfg.seed, batch_size=b.batch_size)
     _warm_up(reuse if reuse is not None else ReuseCache(), key, [cfg], lm, [gate], units, baseline, [gated])
-    costs = cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[b.kv_policy])
+    costs = cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[b.kv_policy], **verify_positions([cfg]))
     if reuse is None:
         refs = _reference_runs(baseline, gated, units)
         reference_id, reused = new_reference_id(key), False
@@ -171,12 +171,15 @@ def _row(
     runs = refs.prompt_runs(baseline, gated)
     steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
     row = metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
-    no_speculation = {"acceptance_rate": None, "mean_accepted_length": None, "tokens_per_verification": None}
-    row.update(speculation(runs) if b.mode == "self_speculative" else no_speculation)
+    speculative = b.mode == "self_speculative"
+    row.update(speculation(runs, costs, gate) if speculative else dict.fromkeys(SPECULATION_COLUMNS))
     deterministic = refs.deterministic and reproduced
+    status, error = ("ok", None) if deterministic else ("nondeterministic", NOT_REPRODUCED)
+    if speculative and deterministic and row["agreement"] != 1.0:  # lossless by construction: a bug if not
+        status, error = "failed", f"self-speculation's output differs from full depth (agreement {row['agreement']})"
     row.update(
-        status="ok" if deterministic else "nondeterministic",
-        error=None if deterministic else "full-depth baselines or timed repeats did not reproduce their tokens",
+        status=status,
+        error=error,
         deterministic=deterministic,
         determinism_max_logit_diff=refs.max_logit_diff,
         reference_id=reference_id,
@@ -186,6 +189,23 @@ def _row(
         setup_seconds=seconds[1],
     )
     return {**trial_fields(cfg, len(runs), gate), **row}
+
+
+def verify_positions(cfgs: list[Config]) -> dict[str, int]:
+    """The cost model's verification passes self-speculative settings need: up to draft_len + 1 positions."""
+    spec = [c.bench.draft_len + 1 for c in cfgs if c.bench.mode == "self_speculative"]
+    return {"verify_positions": max(spec)} if spec else {}
+
+
+NOT_REPRODUCED = "full-depth baselines or timed repeats did not reproduce their tokens"
+SPECULATION_COLUMNS = (
+    "acceptance_rate",
+    "mean_accepted_length",
+    "acceptance_length",
+    "tokens_per_verification",
+    "draft_ms_per_token",
+    "verify_ms_per_token",
+)
 
 
 def run_shared_trials(
@@ -214,7 +234,9 @@ def run_shared_trials(
     cache = reuse if reuse is not None else ReuseCache()  # without one: a private cache, one self-check
     _warm_up(cache, key, cfgs, lm, gates, units, baseline, gated)
     # every setting's probe in the same rounds
-    costs = cost_model(lm, prompts[0].input_ids, gates=gates, kv_policies=[c.bench.kv_policy for c in cfgs])
+    costs = cost_model(
+        lm, prompts[0].input_ids, gates=gates, kv_policies=[c.bench.kv_policy for c in cfgs], **verify_positions(cfgs)
+    )
     shared, reference_id, reused = _reused_references(cache, key, units, baseline)
     refs = [_References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff) for _ in cfgs]
     setup = time.perf_counter() - t_start
@@ -324,6 +346,8 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "mode": b.mode,
         "batch_size": b.batch_size,
         "draft_len": b.draft_len if b.mode == "self_speculative" else None,
+        "draft_stop": b.draft_stop if b.mode == "self_speculative" else None,
+        "skip_ratio": _skip_ratio(g, gate),
         "prompt_set": cfg.prompts.name,
         "n_prompts": n_prompts,
         "gen_tokens": b.gen_tokens,
@@ -331,6 +355,15 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
         "repeats": b.repeats,
         **readout_columns(gate),
     }
+
+
+def _skip_ratio(gate_cfg, gate: Gate | None) -> float | None:
+    """|S| / 2L of a skip gate's set (null for other gates, and before the model's L is known)."""
+    if gate_cfg.name != "skip" or gate is None:
+        return None
+    from sweep.skipset import SkipSet
+
+    return SkipSet.parse(gate_cfg.skip).ratio(gate.num_layers)
 
 
 def readout_columns(gate: Gate | None) -> dict[str, Any]:
@@ -449,7 +482,7 @@ def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
         "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
     )
     costs = (
-        cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[cfg.bench.kv_policy])
+        cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[cfg.bench.kv_policy], **verify_positions([cfg]))
         if cfg.bench.cost_model and row["status"] != "failed"
         else None
     )

@@ -8,6 +8,7 @@ layer-equivalents (ms / layer_ms), the unit the post-mortem's probe costs use.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -60,9 +61,35 @@ class CostModel:
     # ("margin/lens", "saturation/hidden", "pca/pca:64", "classifier/classifier:tuned"), which wins over the
     # probe measured alone; "translate": a tuned lens's translator alone (an exit's cost)
     extra_probe_ms: dict = field(default_factory=dict)
+    # measured on demand for self-speculation (``cost_model(..., verify_positions=N + 1)``): one layer's
+    # attention and MLP sublayers of a decode step, and a verification pass of k positions (verify_ms[k - 1])
+    attn_ms: float | None = None
+    mlp_ms: float | None = None
+    verify_ms: list = field(default_factory=list)
 
     def layers(self, ms: float) -> float:
         return ms / self.layer_ms
+
+    def verify(self, positions: int) -> float:
+        """ms of one full-model pass over ``positions`` positions on a cache (a verification)."""
+        if positions > len(self.verify_ms):
+            raise KeyError(f"verification of {positions} positions not measured: cost_model(..., verify_positions=...)")
+        return self.verify_ms[positions - 1]
+
+    def skip_draft_ms(self, skip) -> float:
+        """ms of a draft step of the full model with the sublayers of ``skip`` bypassed."""
+        if self.attn_ms is None or self.mlp_ms is None:
+            raise KeyError("sublayer costs not measured: cost_model(..., verify_positions=...)")
+        return max(self.step_ms - len(skip.attention) * self.attn_ms - len(skip.mlp) * self.mlp_ms, 0.0)
+
+    def prefix_draft_ms(self, exit_layer: int) -> float:
+        """ms of a draft step of layers 1..K and the logit lens."""
+        return self.overhead_ms + exit_layer * self.layer_ms + self.head_ms
+
+    def speculative_ms(self, draft_step_ms: float, drafted: Sequence[int]) -> float:
+        """Predicted decode ms of self-speculation whose rounds drafted ``drafted[r]`` tokens each: every
+        draft at ``draft_step_ms`` (``prefix_draft_ms``, ``skip_draft_ms``) and a verification of drafts + 1."""
+        return sum(k * draft_step_ms + self.verify(k + 1) for k in drafted)
 
     def probe_ms(self, gate: Gate) -> float:
         """ms of one probe of ``gate``: in situ when ``cost_model(..., gates=[gate])`` measured it, else alone."""
@@ -168,6 +195,7 @@ def cost_model(
     gates: Sequence[Gate] = (),
     repeats: int = 16,
     kv_policies: Sequence[str] = ("propagate",),
+    verify_positions: int = 0,
 ) -> CostModel:
     """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
@@ -175,11 +203,14 @@ def cost_model(
     ``in_situ_key`` (and a tuned lens's translator once): in the model's own rounds when it is
     measured with them, in rounds of its own for a gate that comes later. The K/V fill is measured
     once a kv_policy=propagate trial asks for it (``kv_policies``), by the path the engine takes:
-    none under kv_policy=full."""
+    none under kv_policy=full; self-speculation's costs (sublayers, verification passes of up to
+    ``verify_positions`` positions) once a trial asks for them."""
     # a loaded model has one device and dtype: its prompt length is all the key needs
     costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
     if "propagate" in kv_policies and costs.kv_ms is None and lm.adapter.kv_path is not None:
         costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
+    if verify_positions > len(costs.verify_ms):
+        _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats)
     for gate in gates:
         if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
             costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
@@ -359,6 +390,50 @@ def _measure_kv(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> flo
     engines = {"fill": _fixed_engine(lm, lo, "propagate"), "none": _fixed_engine(lm, lo, "none")}
     times = _timed_steps(engines, token, cache, repeats, dev)
     return max(statistics.median(f - n for f, n in zip(times["fill"], times["none"])), 0.0) / len(skipped)
+
+
+@torch.inference_mode()
+def _measure_speculation(lm: LoadedModel, prompt_ids: Sequence[int], costs: CostModel, positions: int, repeats: int):
+    """Self-speculation's costs, interleaved in rounds from copies of one prefilled cache: a full-depth
+    decode step against the same step with every layer's attention (then every MLP) bypassed, for one
+    layer's sublayer costs; a verification pass over k = 2..``positions`` positions."""
+    from sweep.skipset import SkipSet
+
+    adapter, L, dev = lm.adapter, lm.num_layers, lm.device
+    ids = torch.tensor([list(prompt_ids)], device=dev)
+    cache = adapter.new_cache()
+    token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    every = range(1, L + 1)
+    bypass = {"attn": SkipSet(attention=frozenset(every)), "mlp": SkipSet(mlp=frozenset(every))}
+
+    def step(skip=None):
+        kv = copy.deepcopy(cache)
+        with contextlib.ExitStack() as stack:
+            if skip is not None:
+                stack.enter_context(adapter.bypassing(skip))
+            with Timer(dev) as clock:
+                adapter.forward(token, kv, position_ids=torch.tensor([[ids.shape[1]]], device=dev))[:, -1].argmax(-1)
+        return clock.seconds * 1000
+
+    def verify(k):
+        kv = copy.deepcopy(cache)
+        with Timer(dev) as clock:
+            adapter.forward(token.repeat(1, k), kv, logits_to_keep=0)[0].argmax(-1)
+        return clock.seconds * 1000
+
+    jobs = {"full": step, "attn": lambda: step(bypass["attn"]), "mlp": lambda: step(bypass["mlp"])}
+    jobs.update({k: (lambda k=k: verify(k)) for k in range(2, positions + 1)})
+    times: dict = {name: [] for name in jobs}
+    names = list(jobs)
+    for r in range(repeats + 1):  # one warm-up round first
+        for name in names if r % 2 == 0 else names[::-1]:
+            ms = jobs[name]()
+            if r >= 1:
+                times[name].append(ms)
+    full = times["full"]
+    costs.attn_ms = max(statistics.median(f - a for f, a in zip(full, times["attn"])), 0.0) / L
+    costs.mlp_ms = max(statistics.median(f - m for f, m in zip(full, times["mlp"])), 0.0) / L
+    costs.verify_ms = [statistics.median(full)] + [statistics.median(times[k]) for k in range(2, positions + 1)]
 
 
 def _median_ms(fn: Callable[[], object], device: torch.device, *, n: int = 30, warm: int = 3) -> float:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from sweep.errors import ConfigError
 from sweep.registry import Registry
+from sweep.skipset import GRAMMAR as SKIP_GRAMMAR
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class ParamSpec:
     """A gate parameter: a ``GateConfig`` field, a column of every table that carries a gate."""
 
     name: str
-    type: type  # int or float
+    type: type  # int, float or str
     domain: Domain  # what any gate allows; a gate may narrow it (``GateSpec.domains``)
     unit: str  # as the results schema states it ("" when unitless; a gate may state its own)
     meaning: str
@@ -57,6 +58,16 @@ def _number(v: Any) -> bool:
 
 def _integer(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _skip_set(v: Any) -> bool:
+    from sweep.skipset import SkipSet
+
+    try:
+        SkipSet.parse(v)
+    except ValueError:
+        return False
+    return True
 
 
 PARAMS: dict[str, ParamSpec] = {
@@ -86,6 +97,14 @@ PARAMS: dict[str, ParamSpec] = {
             _finite(lambda v: v >= 0, ">= 0 (finite)"),
             "",
             "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed",
+        ),
+        ParamSpec(
+            "skip",
+            str,
+            Domain(_skip_set, f"a skip set: {SKIP_GRAMMAR}"),
+            "sublayers",
+            "skip gate's draft: the sublayers bypassed through the residual, canonical text (a3+m3+a5-9: attention "
+            "of layers 3 and 5..9, MLP of layer 3; none: the empty set)",
         ),
     )
 }
@@ -211,6 +230,13 @@ for _spec in (
         threshold="eps",
     ),
     GateSpec(
+        "skip",
+        "never exits: drafts for bench.mode=self_speculative with the full model minus the sublayers in skip",
+        probe="none",
+        signal=None,
+        params=("skip",),
+    ),
+    GateSpec(
         "classifier",
         "exits when a fitted exit classifier on h_l says p(layer l's top-1 is the final one) >= theta (CALM)",
         probe="classifier",
@@ -238,7 +264,7 @@ def check_value(spec: GateSpec, param: str, value: Any, key: str) -> None:
             raise ConfigError(f"{key}: required for gate={spec.name}")
         return
     domain = spec.domain(param)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not domain.check(value):
+    if not domain.check(value):  # each domain checks its type too (a bool is neither an int nor a float here)
         raise ConfigError(f"{key}={value}: must be {domain.allowed} for gate={spec.name}")
 
 
@@ -306,6 +332,14 @@ def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> R
                 f"gate.exit_layer={gate.exit_layer}: must be in {min_layer}..{num_layers} "
                 f"(from gate.min_layer to L={num_layers} for this model)"
             )
+    if spec.name == "skip":
+        from sweep.skipset import SkipSet
+
+        if SkipSet.parse(gate.skip).max_layer > num_layers:
+            raise ConfigError(
+                f"gate.skip={gate.skip}: names layer {SkipSet.parse(gate.skip).max_layer}; layers are 1..{num_layers} "
+                f"(L={num_layers} for this model)"
+            )
     if hidden_size is not None:
         check_k(gate, hidden_size)
     return Resolved(min_layer, exit_layer)
@@ -326,6 +360,10 @@ def setting_columns(gate: Any, resolved: Resolved | None = None) -> dict[str, An
     it, min_layer is the config's, null when the setting gives min_depth: only a model resolves it)."""
     spec = GATE_SPECS.get(gate.name, key="gate.name")
     columns = {p: (getattr(gate, p) if p in spec.accepts else None) for p in PARAMS}
+    if columns.get("skip") is not None:
+        from sweep.skipset import canonical
+
+        columns["skip"] = canonical(columns["skip"])
     lens = getattr(gate, "lens", None)
     columns["lens"] = lens if lens not in (None, "logit") else None
     columns["min_layer"] = gate.min_layer

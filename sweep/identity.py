@@ -51,8 +51,10 @@ def trial_identity(cfg: Config, device: str) -> TrialIdentity:
         raise ValueError(f"trial_identity: device must be one of {DEVICES} (resolved by trial_device), not {device!r}")
     key: dict[str, Any] = {
         "model": dataclasses.asdict(cfg.model),
-        "gate": dataclasses.asdict(cfg.gate),
-        "bench": {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"},
+        "gate": _without_later_nulls("gate", dataclasses.asdict(cfg.gate)),
+        "bench": _without_later_nulls(
+            "bench", {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"}
+        ),
         "prompts": dataclasses.asdict(cfg.prompts),
         "device": device,
         "dtype": cfg.dtype,
@@ -60,6 +62,15 @@ def trial_identity(cfg: Config, device: str) -> TrialIdentity:
     }
     text = _canonical(key)
     return TrialIdentity(text, _digest(text))
+
+
+# config keys added after trial ids were first written: left out of a trial's key while null (their
+# default), so every trial that does not use one keeps the id it always had (resume, dedupe, joins)
+LATER_KEYS = {"gate": ("skip",), "bench": ("draft_stop",)}
+
+
+def _without_later_nulls(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if not (k in LATER_KEYS[section] and v is None)}
 
 
 def id_of_key(key: str) -> str:

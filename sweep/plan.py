@@ -115,6 +115,9 @@ def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
         from sweep.screen import dense_settings
 
         return dense_settings(cfg, base, merge)
+    if cfg.search.kind == "skipset":  # its settings come from the screen; their shared part must compose
+        compose(merge(base, skipset_setting(cfg, "none")))
+        return None
     for params in spaces(cfg.search):
         fixed = [as_override(p.key, p.values[0]) for p in params if p.kind == "fixed"]
         for p in params:
@@ -122,6 +125,12 @@ def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
             for value in values:
                 compose(merge(base, [*fixed, as_override(p.key, value)]))
     return None
+
+
+def skipset_setting(cfg: Config, skip: str) -> list[str]:
+    """A skipset search's closed-loop setting for the skip set ``skip``: its sub-space's fixed values."""
+    params = spaces(cfg.search)[0]
+    return [*(as_override(p.key, p.values[0]) for p in params), as_override("gate.skip", skip)]
 
 
 def select_trials(

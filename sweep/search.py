@@ -175,8 +175,12 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
             raise ConfigError(f"search.constraints.{metric}: not a metric; allowed: {', '.join(METRICS)}")
         if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
             raise ConfigError(f"search.constraints.{metric}={bound}: must be a number (finite: the metric's minimum)")
-    if search.kind == "optuna" and search.n_trials is None:
-        raise ConfigError("search.n_trials: required for an optuna search")
+    if search.kind in ("optuna", "skipset") and search.n_trials is None:
+        raise ConfigError(
+            f"search.n_trials: required for a{'n optuna' if search.kind == 'optuna' else ' skipset'} search"
+        )
+    if search.kind == "skipset":
+        _check_skipset(search)
     if search.constraints and len(search.objectives) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts
@@ -184,6 +188,24 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
         _check_names(params)
     if search.kind in ("grid", "screen"):
         grid(search)
+
+
+def _check_skipset(search: SearchConfig) -> None:
+    """A skip-set search: one sub-space naming gate=skip and fixing the rest of the setting (the skip set
+    itself is what the screen searches), a sampler that takes a seed and a constraint."""
+    if search.sampler not in ("tpe", "random"):
+        raise ConfigError(f"search.sampler={search.sampler}: a skipset search samples with tpe or random")
+    if len(search.spaces) != 1:
+        raise ConfigError(f"search.spaces: a skipset search has one sub-space (it has {len(search.spaces)})")
+    params = spaces(search)[0]
+    gate = next((p for p in params if p.key == "gate"), None)
+    if gate is None or gate.kind != "fixed" or gate.values[0] != "skip":
+        raise ConfigError("search.spaces[0].gate: a skipset search's sub-space is gate: skip")
+    for p in params:
+        if p.kind != "fixed":
+            raise ConfigError(f"{p.where}: a skipset search fixes every key but the skip set (found a sweep)")
+        if p.key == "gate.skip":
+            raise ConfigError(f"{p.where}: the skip set is what a skipset search searches; leave gate.skip out")
 
 
 def _check_gate_values(params: list[Param], gate: str | None, where: str) -> None:

@@ -26,18 +26,42 @@ class PromptRun:
     gated: Decoded
 
 
-def speculation(runs) -> dict[str, Any]:
-    """Self-speculation's own metrics, over the reference runs; no cost-model prediction."""
+def speculation(runs, costs: CostModel, gate: Gate) -> dict[str, Any]:
+    """Self-speculation's own metrics over the reference runs, and the cost model's prediction from
+    their rounds (each round's drafts at the draft's step cost, plus a verification of drafts + 1)."""
     gens = [run.gated for run in runs]
     drafted, accepted = sum(g.drafted for g in gens), sum(g.accepted for g in gens)
     lengths = [a for g in gens for a in g.accepted_lengths]
     rounds = sum(g.rounds for g in gens)
+    committed = sum(len(g.tokens) - 1 for g in gens)  # decode steps: tokens 2..n
     return {
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_length": statistics.fmean(lengths) if lengths else None,
-        "tokens_per_verification": sum(len(g.tokens) - 1 for g in gens) / rounds if rounds else None,
-        "speedup_model": None,
-        "speedup_e2e_model": None,
+        "acceptance_length": 1.0 + statistics.fmean(lengths) if lengths else None,
+        "tokens_per_verification": committed / rounds if rounds else None,
+        "draft_ms_per_token": sum(g.draft_seconds for g in gens) * 1000 / committed if committed else None,
+        "verify_ms_per_token": sum(g.verify_seconds for g in gens) * 1000 / committed if committed else None,
+        **_speculation_model(runs, costs, gate, committed),
+    }
+
+
+def _speculation_model(runs, costs: CostModel, gate: Gate, committed: int) -> dict[str, float]:
+    """speedup_model (decode) and speedup_e2e_model (with each prompt's prefill, the same on both sides)
+    of self-speculation, from its measured rounds: each round's drafts at the draft's step cost (layers
+    1..K and the lens, or the full model less the skip set's sublayers) plus a verification of drafts + 1."""
+    if gate.name == "skip":
+        from sweep.skipset import SkipSet
+
+        step = costs.skip_draft_ms(SkipSet.parse(gate.cfg.skip))
+    else:
+        step = costs.prefix_draft_ms(gate.exit_layer)
+    drafted = [k for run in runs for k in run.gated.drafted_lengths]
+    spec_ms = costs.speculative_ms(step, drafted)
+    prefill = sum(costs.prefill_at(len(run.prompt.input_ids)) for run in runs)
+    full_ms = committed * costs.step_ms
+    return {
+        "speedup_model": full_ms / spec_ms if spec_ms else float("nan"),
+        "speedup_e2e_model": (prefill + full_ms) / (prefill + spec_ms) if spec_ms else float("nan"),
     }
 
 

@@ -224,6 +224,8 @@ def _execute(plan: Plan) -> SweepOutcome:
     resources = trial_resources(cfg)
     device = trial_device(cfg.device, resources["gpu"])
     grid_trials, simulated = plan.grid_trials, None
+    if cfg.search.kind == "skipset":
+        grid_trials = _skipset(plan, resources, device)
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
@@ -321,6 +323,36 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
             raise cause from None
         raise
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
+
+
+def _skipset(plan: Plan, resources: dict, device: str):
+    """`search=skipset-*`: the screen study in a worker with the trials' resources (resumed from its
+    SQLite study when one is there), then the chosen skip sets as grid settings, composed here."""
+    from sweep.plan import skipset_setting
+    from sweep.study import optuna_storage_url
+    from sweep.worker import skipset_screen
+
+    plan.path.mkdir(parents=True, exist_ok=True)
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(skipset_screen)
+    try:
+        found = ray.get(
+            task.remote(plan.base, plan.run_id, device, optuna_storage_url(plan.path), plan.cfg.search.name)
+        )
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
+        if cause is not None:
+            raise cause from None
+        raise
+    log.info(
+        "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
+        plan.cfg.search.n_trials,
+        found["model"],
+        found["seconds"],
+        len(found["chosen"]),
+        ", ".join(found["chosen"]),
+    )
+    settings = [skipset_setting(plan.cfg, skip) for skip in found["chosen"]]
+    return [(setting, trial_config(plan.base, setting, device)) for setting in settings]
 
 
 def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None):

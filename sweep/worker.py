@@ -121,3 +121,41 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
         "provenance": prov,
         "costs": cost_model(lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy]).as_dict(),
     }
+
+
+def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
+    """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
+    self-speculation's costs, then the screen study (``sweep.skipsearch``) in ``storage``; the skip sets
+    to run closed-loop, best first."""
+    from sweep.bench import prepare
+    from sweep.costs import cost_model
+    from sweep.identity import trial_identity
+    from sweep.plan import skipset_setting
+    from sweep.skipscreen import first_drafts, record
+    from sweep.skipsearch import best_sets, search
+
+    cfg = trial_config(base, skipset_setting(trial_config(base, [], device), "none"), device)
+    s, b = cfg.search, cfg.bench
+    lm, _, prompts = prepare(cfg)
+    t0 = time.perf_counter()
+    recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)
+    costs = cost_model(lm, prompts[0].input_ids, kv_policies=[], verify_positions=b.draft_len + 1)
+
+    def trial_id(skip: str) -> str:
+        return trial_identity(dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, skip=skip)), device).id
+
+    study = search(
+        lambda skip: first_drafts(lm, recorded, skip),
+        num_layers=lm.num_layers,
+        n_trials=s.n_trials,
+        sampler=s.sampler,
+        seed=s.seed,
+        ratio=tuple(s.skip_ratio),
+        draft_len=b.draft_len,
+        draft_stop=b.draft_stop,
+        costs=costs,
+        storage=storage,
+        study_name=study_name,
+        trial_id=trial_id,
+    )
+    return {"chosen": best_sets(study, s.closed_loop), "seconds": time.perf_counter() - t0, "model": lm.name}

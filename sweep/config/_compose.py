@@ -125,6 +125,10 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
+    if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
+        from sweep.skipset import canonical
+
+        cfg = dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, skip=canonical(cfg.gate.skip)))
     return cfg
 
 
@@ -163,10 +167,15 @@ def _check_model(cfg: Config) -> None:
 
 def _check_bench(cfg: Config) -> None:
     b = cfg.bench
-    if b.mode == "self_speculative" and cfg.gate.name != "fixed":
+    if b.mode == "self_speculative" and cfg.gate.name not in ("fixed", "skip"):
         raise ConfigError(
-            f"bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K (not gate={cfg.gate.name})"
+            "bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K (layers 1..K) or gate=skip "
+            f"gate.skip=S (the full model minus S), not gate={cfg.gate.name}"
         )
+    if cfg.gate.name == "skip" and b.mode != "self_speculative":
+        raise ConfigError("gate=skip: drafts for bench.mode=self_speculative (it never exits on its own)")
+    if b.draft_stop is not None and b.mode != "self_speculative":
+        raise ConfigError(f"bench.draft_stop={b.draft_stop}: stops drafting in bench.mode=self_speculative only")
     if b.batch_size > 1 and b.mode != "early_exit":
         raise ConfigError(f"bench.batch_size={b.batch_size}: batches are measured for bench.mode=early_exit only")
     if cfg.prompts.n is not None and b.batch_size > cfg.prompts.n:

@@ -81,6 +81,7 @@ class GateConfig:
     q: float | None = _gate_param("q")
     k: int | None = _gate_param("k")
     decay: float | None = _gate_param("decay")
+    skip: str | None = _gate_param("skip")  # the skip gate's bypassed sublayers (sweep.skipset), e.g. 'a3+m3+a5-9'
     # which readout turns h_l into logits (the lens-probe gates and the classifier's exit token):
     # logit = the model's own final norm and head; tuned = a fitted translator first (`sweep fit`)
     lens: Literal["logit", "tuned"] | None = None  # null: logit (gates built in code)
@@ -120,6 +121,8 @@ class BenchConfig:
     draft_len: int = field(
         check=in_range(1, 64), allowed="an integer in 1..64"
     )  # self_speculative: drafts per verification
+    # self_speculative: stop drafting once the draft's top-1 probability is below this; null: never
+    draft_stop: float | None = field(None, check=in_range(0, 1), allowed="a number in [0, 1] or null")
     batch_size: int = field(check=in_range(1, 256), allowed="an integer in 1..256")  # sequences decoded together
 
 
@@ -128,7 +131,7 @@ class SearchConfig:
     """A sweep: sub-spaces of config paths in Hydra's sweep grammar, searched by grid or Optuna."""
 
     name: str = _name()  # the sweep's name is <search.name>-<run_id> unless sweep.name is set
-    kind: Literal["grid", "optuna", "screen"]
+    kind: Literal["grid", "optuna", "screen", "skipset"]
     # each sub-space maps config paths (or the groups model/gate/prompts) to a value or a sweep
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
     spaces: list = field(check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")
@@ -140,6 +143,13 @@ class SearchConfig:
     neighbours: int = field(
         check=in_range(0, 100), allowed="an integer in 0..100"
     )  # screen: knee neighbours run closed-loop
+    # skipset: the skip ratio |S| / 2L range candidates must keep, and how many of the best run closed-loop
+    skip_ratio: list = field(
+        [0.0, 1.0],
+        check=lambda v: len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and 0 <= v[0] <= v[1] <= 1,
+        allowed="[lo, hi] with 0 <= lo <= hi <= 1",
+    )
+    closed_loop: int = field(8, check=in_range(1, 1000), allowed="an integer in 1..1000")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,7 @@ from sweep.gates._gates import (
     Gate,
     MarginGate,
     SaturationGate,
+    SkipGate,
     make_gate,
 )
 from sweep.gates._calm import CosineGate, EntropyGate, SoftmaxGate
@@ -48,6 +49,7 @@ __all__ = [
     "Gate",
     "MarginGate",
     "SaturationGate",
+    "SkipGate",
     "logit_margin",
     "make_gate",
     "saturation_delta",

@@ -48,7 +48,7 @@ class Adapter:
     """Resolved parts of one loaded decoder-only causal LM."""
 
     def __init__(self, model: torch.nn.Module, *, where: str) -> None:
-        self.model = model
+        self.model, self.where = model, where
         self.config = text_config(model)
         parts = find_parts(model, where=where)
         self.decoder, self.layers, self.layers_path = parts.decoder, parts.layers, parts.layers_path
@@ -160,6 +160,30 @@ class Adapter:
         from their h at the exit; once every row has, a layer computes only its K/V, and the last
         one unwinds the forward (``StepExit``) when ``unwind``."""
         return filling(self.layers, state, StepExit if unwind else None)
+
+    def sublayers(self, index: int) -> dict:
+        """Decoder layer ``index``'s (0-based) attention (``"a"``) and MLP (``"m"``) modules, found from its
+        structure (``sweep.models._bypass``); a one-line refusal where a layer has not one of each."""
+        from sweep.models._bypass import sublayers
+
+        return self.derived(("sublayers", index), lambda: sublayers(self.layers[index], where=self.where, index=index))
+
+    @contextlib.contextmanager
+    def bypassing(self, skip) -> Iterator[None]:
+        """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.skipset.SkipSet``,
+        1-indexed layers) bypassed through the residual: each returns zeros, so the residual passes on
+        unchanged and a bypassed attention writes no K/V."""
+        from sweep.models._bypass import bypassing, output_shapes
+
+        chosen = [
+            self.sublayers(layer - 1)[kind]
+            for kind, layers in (("a", skip.attention), ("m", skip.mlp))
+            for layer in sorted(layers)
+        ]
+        every = [m for i in range(self.num_layers) for m in self.sublayers(i).values()]
+        shapes = self.derived(("sublayer_outputs",), lambda: output_shapes(self.model, every, self.embed.weight.device))
+        with bypassing(chosen, shapes):
+            yield
 
     def last_kv(self, cache, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``index``'s cached K and V at the last position: (B, kv_heads, 1, head_dim) each."""

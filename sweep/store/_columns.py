@@ -171,7 +171,7 @@ def _gate_column(param: ParamSpec) -> Column:
     unit = "per gate: " + ", ".join(f"{u} ({g})" for g, u in units) if per_gate else param.unit
     return Column(
         param.name,
-        {int: pl.Int32(), float: pl.Float64()}[param.type],
+        {int: pl.Int32(), float: pl.Float64(), str: pl.String()}[param.type],
         unit,
         meaning,
         nullable=True,

@@ -54,14 +54,30 @@ TRIALS = Table(
             "mode",
             pl.String(),
             "",
-            "early_exit | self_speculative (draft with layers 1..exit_layer, verify with the full model)",
+            "early_exit | self_speculative (draft with layers 1..exit_layer under gate=fixed, or with the full "
+            "model minus the sublayers of gate.skip under gate=skip; verify with the full model)",
             nullable=True,
         ),
         Column(
             "draft_len",
             pl.Int32(),
             "tokens",
-            "self_speculative: tokens drafted per verification; null otherwise",
+            "self_speculative: tokens drafted per verification at most; null otherwise",
+            nullable=True,
+        ),
+        Column(
+            "draft_stop",
+            pl.Float64(),
+            "probability",
+            "self_speculative: drafting stops at a draft whose top-1 probability is below this (that draft is not "
+            "verified); null: drafts run to draft_len",
+            nullable=True,
+        ),
+        Column(
+            "skip_ratio",
+            pl.Float64(),
+            "fraction",
+            "gate=skip: |skip| / 2L, the fraction of the model's sublayers the draft bypasses; null otherwise",
             nullable=True,
         ),
         Column(
@@ -227,9 +243,24 @@ TRIALS = Table(
         metric("acceptance_rate", "fraction", "self_speculative: drafted tokens the full model accepted"),
         metric("mean_accepted_length", "tokens", "self_speculative: mean accepted drafts per verification"),
         metric(
+            "acceptance_length",
+            "tokens",
+            "self_speculative: 1 + mean accepted drafts per verification (the convention of Spec-Bench and vLLM)",
+        ),
+        metric(
             "tokens_per_verification",
             "tokens",
             "self_speculative: tokens committed per full-model pass (accepted drafts + 1)",
+        ),
+        metric(
+            "draft_ms_per_token",
+            "ms",
+            "self_speculative: ms spent drafting per committed token (decode of the reference runs)",
+        ),
+        metric(
+            "verify_ms_per_token",
+            "ms",
+            "self_speculative: ms spent in verification passes per committed token (decode of the reference runs)",
         ),
         Column(
             "sweep_name",

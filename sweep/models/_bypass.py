@@ -1,0 +1,84 @@
+"""Bypassing sublayers through the residual: the skip-set draft of self-speculation.
+
+A decoder layer adds its attention's and its MLP's outputs to the residual stream (before or after
+their own norms, in sequence or in parallel). A bypassed sublayer returns zeros instead of running:
+the residual passes through unchanged (a norm of zeros is zeros), a bypassed attention writes no
+K/V, and everything else is the model's own forward. Sublayers are found from the layer's structure:
+its one child that is an attention module and its one child that is an MLP or mixture of experts.
+Each bypassed module's ``forward`` is an instance attribute over the class's, removed in ``finally``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from sweep.errors import ConfigError
+
+_ATTENTION = ("attention", "attn")
+_MLP = ("mlp", "moe", "feedforward", "feed_forward", "experts", "ffn")
+
+
+def _is(module_name: str, module: torch.nn.Module, words: tuple[str, ...]) -> bool:
+    cls = type(module).__name__.lower()
+    return any(w in cls for w in words) or module_name.lower() in words
+
+
+def sublayers(layer: torch.nn.Module, *, where: str, index: int) -> dict[str, torch.nn.Module]:
+    """``{"a": attention, "m": mlp}`` of one decoder layer, or a one-line refusal."""
+    children = [(n, m) for n, m in layer.named_children() if "norm" not in type(m).__name__.lower()]
+    attention = [m for n, m in children if _is(n, m, _ATTENTION)]
+    mlp = [m for n, m in children if _is(n, m, _MLP) and not _is(n, m, _ATTENTION)]
+    if len(attention) != 1 or len(mlp) != 1:
+        names = ", ".join(f"{n} ({type(m).__name__})" for n, m in layer.named_children())
+        raise ConfigError(
+            f"gate=skip: {where}: decoder layer {index + 1} has {len(attention)} attention and {len(mlp)} MLP "
+            f"sublayers among its parts ({names}); a skip-set draft needs one of each"
+        )
+    return {"a": attention[0], "m": mlp[0]}
+
+
+def _zeros_like_output(module: torch.nn.Module, shapes: dict):
+    """A forward that returns zeros in the structure the module's own forward returns (``shapes``:
+    module -> None for a tensor, else the tuple's length), without running the module."""
+
+    def bypassed(*args, **kwargs):
+        x = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values())))
+        zeros = torch.zeros_like(x)
+        n = shapes[module]
+        return zeros if n is None else (zeros, *([None] * (n - 1)))
+
+    return bypassed
+
+
+def output_shapes(model: torch.nn.Module, modules: list[torch.nn.Module], device) -> dict:
+    """What each module's forward returns (None: a tensor; n: a tuple of n), from one real forward."""
+    shapes: dict = {}
+
+    def keep(module, _args, output):
+        shapes[module] = len(output) if isinstance(output, tuple) else None
+
+    handles = [m.register_forward_hook(keep) for m in modules]
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([[1, 2]], device=device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return shapes
+
+
+@contextlib.contextmanager
+def bypassing(modules: list[torch.nn.Module], shapes: dict) -> Iterator[None]:
+    """Inside the block the ``modules`` return zeros of their own output's structure."""
+    patched = []
+    try:
+        for module in modules:
+            module.forward = _zeros_like_output(module, shapes)
+            patched.append(module)
+        yield
+    finally:
+        for module in patched:
+            module.__dict__.pop("forward", None)

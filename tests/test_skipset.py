@@ -1,0 +1,176 @@
+"""Skip-set self-speculation: the grammar, the bypass against a hand-built model, lossless decoding on
+every family that crops its cache, the screen's first draft against the closed loop's, the search's
+reproducibility, and a real skipset sweep whose study joins its rows."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import ALL_TINY, compose, load, run_cli, sweep
+from helpers.contract import chat_prompts
+from sweep.engine import Engine
+from sweep.errors import ConfigError
+from sweep.families import TINY
+from sweep.models._fidelity import rel_err
+from sweep.skipscreen import first_drafts, predict, record
+from sweep.skipset import SkipSet, canonical
+from sweep.speculative import SelfSpeculative, SkipDraft
+
+N = 12
+ATTENTION = [f for f in ALL_TINY if TINY[f].kind in ("dense", "moe")]
+SETS = ["none", "a1", "m2", "a2+m3", "a1-4", "m1-4", "a1+m1+a3-4"]
+
+
+def test_the_grammar_has_one_canonical_text():
+    assert canonical("a5-9,m3,a3") == canonical("m3+a3+a5+a6+a7+a8+a9") == "a3+m3+a5-9"
+    assert canonical("") == canonical("none") == "none"
+    s = SkipSet.parse("a1-2+m2")
+    assert SkipSet.from_mask(s.mask(4), 4) == s and s.ratio(4) == 3 / 8 and len(s) == 3
+    for bad in ("x3", "a0", "a3-2", "a", "a1;m2", "m-1"):
+        with pytest.raises(ValueError):
+            SkipSet.parse(bad)
+
+
+def test_a_bad_skip_set_is_one_line_before_any_work(tmp_path):
+    out = run_cli(
+        "bench",
+        "model=tiny-llama",
+        "gate=skip",
+        "gate.skip=a1+q2",
+        "bench.mode=self_speculative",
+        f"results.root={tmp_path}",
+    )
+    assert (
+        out.returncode == 2 and out.stderr.count("error:") == 1 and "gate.skip=a1+q2: must be a skip set" in out.stderr
+    )
+    out = run_cli("bench", "model=tiny-llama", "gate=skip", "gate.skip=a9", "bench.mode=self_speculative")
+    assert out.returncode == 2 and "gate.skip=a9: names layer 9; layers are 1..4" in out.stderr
+    with pytest.raises(ConfigError, match="gate=skip: drafts for bench.mode=self_speculative"):
+        compose("gate=skip", "gate.skip=a1")
+
+
+def hand_built(lm, skip: SkipSet):
+    """A copy of the model with the skipped sublayers' output projections zeroed: they add nothing."""
+    model = copy.deepcopy(lm.model)
+    layers = model.get_decoder().layers
+    with torch.no_grad():
+        for layer in skip.attention:
+            layers[layer - 1].self_attn.o_proj.weight.zero_()
+        for layer in skip.mlp:
+            layers[layer - 1].mlp.down_proj.weight.zero_()
+    return model
+
+
+@pytest.mark.parametrize("text", ["a1", "m2", "a1+m1+a3-4", "a2-3+m4"])
+def test_the_bypass_equals_a_model_with_those_sublayers_removed(text):
+    """Decoding step by step from an empty cache (a bypassed first attention layer leaves its cache empty)
+    and one forward over the whole sequence both give the hand-built model's logits."""
+    lm = load("model=tiny-llama")
+    skip = SkipSet.parse(text)
+    ids = list(range(3, 20))
+    with torch.inference_mode():
+        expected = hand_built(lm, skip)(input_ids=torch.tensor([ids])).logits[0]
+        with lm.adapter.bypassing(skip):
+            whole = lm.model(input_ids=torch.tensor([ids])).logits[0]
+            cache, stepped = lm.adapter.new_cache(), []
+            for pos, token in enumerate(ids):
+                position = torch.tensor([[pos]])
+                stepped.append(lm.adapter.forward(torch.tensor([[token]]), cache, position_ids=position)[0, -1])
+    # to rounding (a cached step and a whole-sequence forward sum in different orders: 1e-5 of the logits' scale)
+    assert rel_err(whole, expected) <= 1e-5 and rel_err(torch.stack(stepped), expected) <= 1e-5
+    assert not any("forward" in m.__dict__ for m in lm.model.modules())  # the model comes out as it went in
+
+
+@pytest.mark.parametrize("family", ATTENTION)
+def test_skip_set_drafts_are_lossless_and_the_screen_predicts_each_rounds_first_draft(family):
+    """On every family whose cache crops back: output equals full depth for every set and draft length, the
+    empty set's drafts are all accepted, and the screen's first draft of every round the closed loop ran
+    is accepted exactly when the closed loop's was."""
+    lm = load(f"model=tiny-{family}")
+    if not lm.adapter.cache_crops_exactly():
+        with pytest.raises(ConfigError, match="bench.mode=self_speculative: refused"):
+            SelfSpeculative(lm, SkipDraft(lm, SkipSet.parse("a1")), 2)
+        return
+    prompts = [p.input_ids for p in chat_prompts(lm, 2)]
+    rec = record(lm, prompts, N)
+    for text in SETS:
+        skip = SkipSet.parse(text)
+        screen = first_drafts(lm, rec, skip)
+        for draft_len in (1, 3):
+            for i, ids in enumerate(prompts):
+                gen = SelfSpeculative(lm, SkipDraft(lm, skip), draft_len).generate(ids, N)
+                assert gen.tokens == rec.tokens[i] == Engine(lm).generate(ids, N).tokens, (text, draft_len)
+                for start, drafted, accepted in zip(gen.round_starts, gen.drafted_lengths, gen.accepted_lengths):
+                    assert drafted >= 1
+                    assert bool(screen.match[i][start - 1]) == (accepted >= 1), (text, draft_len, start)
+                if text == "none":
+                    assert gen.acceptance_rate == 1.0
+        if text == "none":
+            assert all(bool(m.all()) for m in screen.match)
+            assert predict(screen, 3).acceptance_rate == 1.0
+
+
+def test_draft_stop_ends_drafting_at_an_unsure_draft():
+    lm = load("model=tiny-llama")
+    ids = chat_prompts(lm, 1)[0].input_ids
+    baseline = Engine(lm).generate(ids, N).tokens
+    never = SelfSpeculative(lm, SkipDraft(lm, SkipSet.parse("a1")), 4, draft_stop=1.0).generate(ids, N)
+    assert never.tokens == baseline and never.drafted == 0 and never.rounds == N - 1  # a full step a round
+    always = SelfSpeculative(lm, SkipDraft(lm, SkipSet.parse("a1")), 4, draft_stop=0.0).generate(ids, N)
+    unstopped = SelfSpeculative(lm, SkipDraft(lm, SkipSet.parse("a1")), 4).generate(ids, N)
+    assert always.drafted_lengths == unstopped.drafted_lengths and always.tokens == baseline
+
+
+def test_the_search_with_one_seed_gives_the_same_study_twice():
+    from sweep.costs import cost_model
+    from sweep.skipsearch import best_sets, search
+
+    lm = load("model=tiny-llama")
+    rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
+    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
+    studies = []
+    for sampler in ("tpe", "tpe", "random"):
+        study = search(
+            lambda skip: first_drafts(lm, rec, skip),
+            num_layers=4,
+            n_trials=25,
+            sampler=sampler,
+            seed=3,
+            ratio=(0.1, 0.6),
+            draft_len=4,
+            draft_stop=None,
+            costs=costs,
+        )
+        studies.append([(t.params, t.value, t.user_attrs["skip"]) for t in study.trials])
+        chosen = best_sets(study, 3)
+        assert all(0.1 <= SkipSet.parse(s).ratio(4) <= 0.6 for s in chosen) and len(set(chosen)) == len(chosen)
+    assert studies[0] == studies[1] and studies[0] != studies[2]
+
+
+def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_rows(tmp_path, ray_session):
+    import optuna
+    import polars as pl
+
+    from sweep.store import scan
+
+    out = sweep(
+        tmp_path,
+        "search=skipset-optuna",
+        "search.n_trials=12",
+        "search.closed_loop=2",
+        "search.skip_ratio=[0.1,0.5]",
+        "bench.gen_tokens=8",
+    )
+    rows = scan("trials", tmp_path).collect()
+    assert rows.height == 2 and rows["status"].to_list() == ["ok", "ok"]
+    assert (rows["agreement"] == 1.0).all() and (rows["mode"] == "self_speculative").all()
+    assert rows["skip_ratio"].is_between(0.1, 0.5).all() and rows["acceptance_length"].is_not_null().all()
+    study = optuna.load_study(study_name="skipset-optuna", storage=f"sqlite:///{out.path}/optuna.db")
+    assert len(study.trials) == 12
+    joined = {t.user_attrs["trial_id"]: t.user_attrs["skip"] for t in study.trials}
+    for row in rows.iter_rows(named=True):
+        assert joined[row["trial_id"]] == row["skip"]  # each measured row is a screened candidate
+    assert rows.filter(pl.col("gate") != "skip").height == 0
