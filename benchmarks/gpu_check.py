@@ -89,7 +89,17 @@ SETTINGS = (
     ("fixed L/2, kv full", ["gate=fixed", "bench.kv_policy=full"]),
     ("saturation", ["gate=saturation"]),
     ("self-speculation L/2", ["gate=fixed", "bench.mode=self_speculative"]),
+    ("self-spec, skip set", ["gate=skip", "gate.skip={skip}", "bench.mode=self_speculative"]),
 )
+
+
+def skip_set(layers: int) -> str:
+    """The skip-set draft the check times: attention and MLP of every second layer of the back half
+    (a quarter of the sublayers; on random weights its acceptance is meaningless, its costs are not)."""
+    back = range(layers // 2 + 1, layers + 1, 2)
+    return "+".join(f"{kind}{layer}" for layer in back for kind in ("a", "m"))
+
+
 RUNS = {  # (bench overrides, decode-loop rounds)
     "gpu": (["prompts.n=4", "bench.gen_tokens=32", "bench.repeats=5"], 5),
     "dry": (["prompts.n=2", "bench.gen_tokens=4", "bench.repeats=2", "bench.warmup=0"], 2),
@@ -99,7 +109,8 @@ RUNS = {  # (bench overrides, decode-loop rounds)
 def overrides(shape: Shape, device: str, run: list[str]) -> list[list[str]]:
     """Every setting's overrides (the model section only names the model: it is built here)."""
     base = ["model=hf", f"model.path={shape.name}", f"model.name={shape.name}", f"device={device}"]
-    return [[*base, f"dtype={shape.dtype}", *run, *setting] for _, setting in SETTINGS]
+    skip = skip_set(shape.layers)
+    return [[*base, f"dtype={shape.dtype}", *run, *(o.format(skip=skip) for o in setting)] for _, setting in SETTINGS]
 
 
 def configs(shape: Shape, device: str, run: list[str]) -> list:
@@ -242,7 +253,12 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
     n = cfgs[0].bench.gen_tokens
     loop = compare(lm, prompts[:2], n, loop_rounds)
     sdpa = sdpa_check(lm, prompts, n)
+    from sweep.costs import cost_model
+
+    costs = cost_model(lm, prompts[0].input_ids, verify_positions=cfgs[0].bench.draft_len + 1)
     out = {
+        "verify_ms": costs.verify_ms,  # a verification pass of k = 1, 2, ... positions
+        "sublayer_ms": {"attention": costs.attn_ms, "mlp": costs.mlp_ms, "layer": costs.layer_ms},
         "shape": dataclasses.asdict(shape),
         "device": lm.provenance()["device"],
         "build_seconds": lm.load_seconds,
@@ -259,7 +275,8 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
         "deterministic", "determinism_max_logit_diff", "baseline_ms_per_token", "ms_per_token", "speedup_wall",
         "speedup_model", "speedup_e2e_wall", "speedup_e2e_model", "exit_rate", "mean_exit_layer", "agreement",
         "acceptance_rate", "mean_accepted_length", "tokens_per_verification", "round_baseline_ms", "round_ms",
-        "cost_layer_ms", "cost_head_ms", "cost_probe_ms", "cost_kv_ms",
+        "cost_layer_ms", "cost_head_ms", "cost_probe_ms", "cost_kv_ms", "skip", "skip_ratio", "acceptance_length",
+        "draft_ms_per_token", "verify_ms_per_token",
     )  # fmt: skip
     for (label, _), row in zip(SETTINGS, rows):
         out["settings"].append({"label": label, **{k: row.get(k) for k in keep}})
@@ -322,11 +339,19 @@ def report(result: dict) -> list[str]:
         )
         if r["mode"] == "self_speculative":
             lines += wrap(
-                f"acceptance rate {r['acceptance_rate']:.2f}, mean accepted length "
-                f"{r['mean_accepted_length']:.2f}, {r['tokens_per_verification']:.2f} tokens per verification "
-                "(the cost model predicts no self-speculation)",
+                (f"skip set {r['skip']} (ratio {r['skip_ratio']:.2f}); " if r.get("skip") else "")
+                + f"acceptance rate {r['acceptance_rate'] or 0:.2f}, acceptance length "
+                f"{r['acceptance_length']:.2f}, {r['tokens_per_verification']:.2f} tokens per verification; "
+                f"draft {r['draft_ms_per_token']:.2f} + verify {r['verify_ms_per_token']:.2f} ms per token",
                 indent="   " + " " * 24,
             )
+    verify = result["verify_ms"]
+    subs = result["sublayer_ms"]
+    lines += wrap(
+        "verification of k positions against one decode step (what self-speculation's saving rests on): "
+        + ", ".join(f"k={k} {ms / verify[0]:.2f}x" for k, ms in enumerate(verify, start=1))
+        + f"; one layer {subs['layer']:.3f} ms, its attention {subs['attention']:.3f} ms, its MLP {subs['mlp']:.3f} ms"
+    )
     lines += wrap(
         f"A/A floor (full against full, same rounds): median {_x(aa['speedup_wall'])}, per round {lo:.3f}x.."
         f"{hi:.3f}x (|1 - ratio| up to {max(abs(1 - lo), abs(hi - 1)) * 100:.1f}%); a speedup within it is not "
