@@ -4,7 +4,8 @@ On a shared ``results.root`` a name from the command line (``search.name``, ``sw
 ``run_id``, a model label) becomes a directory or a file name. ``check_name`` is the one
 rule for such a name: a conservative character set, no leading dot (hidden files are never
 read back), never ``.`` or ``..``. ``inside`` is the one check that a path the tool is about
-to write resolves under its root (symlinks included). ``check_writable_dir`` is the one
+to write resolves under its root (symlinks included), and ``check_tree`` the same for a directory
+another program writes (Ray Tune's experiment, the Optuna study). ``check_writable_dir`` is the one
 check, before any work and creating nothing, that an output directory (``results.root``,
 ``sweep.storage``, ``analysis.out``) is a directory the tool can write into or create.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 from sweep.errors import ConfigError
@@ -39,6 +41,29 @@ def inside(root: str | Path, path: str | Path, *, key: str = "results.root") -> 
     target = Path(path).expanduser().resolve()
     if target != base and base not in target.parents:
         raise ConfigError(f"{key}={root}: refusing to write {path}, which resolves to {target}, outside it")
+    return target
+
+
+def check_tree(root: str | Path, directory: str | Path, *, key: str) -> Path:
+    """``directory`` resolved, if it and every link and file under it stay inside ``root``: a symbolic
+    link planted there that resolves elsewhere, or a file with several hard links (another name
+    for a file elsewhere), would make the program writing there (Tune, SQLite) write outside the
+    root. A ConfigError naming ``key`` otherwise, before anything is written."""
+    target = inside(root, directory, key=key)
+    for dirpath, dirnames, filenames in os.walk(directory):  # links are checked, not followed
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath) / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                inside(root, path, key=key)
+            elif stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                raise ConfigError(
+                    f"{key}={root}: refusing to write {path}, which has {st.st_nlink} hard links (another name for a "
+                    "file elsewhere); remove it"
+                )
     return target
 
 

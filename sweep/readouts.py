@@ -311,17 +311,20 @@ def _meta(lm, prompts: Sequence, hidden: int, **fit) -> dict[str, str]:
 # --- files --------------------------------------------------------------------------------------------------------
 
 
-def save_readouts(readouts: Readouts, out_dir) -> Path:
+def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out") -> Path:
     """Write ``<out_dir>/<model>/<digest[:16]>.safetensors`` atomically (a temporary file in the same
-    directory, renamed into place); returns its path. Only the content the digest names is written."""
+    directory, renamed into place); returns its path. Only the content the digest names is written,
+    and only inside ``root`` (default ``out_dir``; symbolic links resolved, else a ConfigError naming
+    ``key``)."""
     from safetensors.torch import save_file
 
-    from sweep.paths import check_name
+    from sweep.paths import check_name, inside
 
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in readouts.weights.items()}
     if content_digest(tensors, readouts.meta) != readouts.digest:
         raise ValueError("save_readouts: the tensors do not match the digest (save the fitted readouts, not a copy)")
     path = Path(out_dir).expanduser() / check_name("model", readouts.model) / f"{readouts.digest[:16]}.safetensors"
+    inside(out_dir if root is None else root, path, key=key)  # before mkdir, which would follow a planted link
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -433,12 +436,14 @@ def run_fit(cfg) -> tuple[Path, Readouts, dict]:
     """`sweep fit`: load the model, read and tokenize ``cfg.prompts``, fit, write under ``fit.out``
     (null: <results.root>/readouts); returns the path, the readouts and the fit's summary."""
     from sweep.models import load_model
-    from sweep.paths import check_name
+    from sweep.paths import check_name, inside
     from sweep.prompts import read_prompts, tokenize_prompts
 
     items = read_prompts(cfg.prompts)  # a bad prompts file fails before the model loads
     check_name("model", cfg.model.name or "model")
     out_dir = Path(cfg.fit.out) if cfg.fit.out is not None else Path(cfg.results.root) / "readouts"
+    root, key = (cfg.fit.out, "fit.out") if cfg.fit.out is not None else (cfg.results.root, "results.root")
+    inside(root, out_dir / (cfg.model.name or "model"), key=key)  # a link planted there: refused before any work
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
     room = getattr(lm.model.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
@@ -454,7 +459,7 @@ def run_fit(cfg) -> tuple[Path, Readouts, dict]:
         prompt_set=cfg.prompts.name,
         prompt_start=cfg.prompts.start,
     )
-    path = save_readouts(readouts, out_dir)
+    path = save_readouts(readouts, out_dir, root=root, key=key)
     summary = {**json.loads(readouts.meta["fit_summary"]), "fit_seconds": float(readouts.meta["fit_seconds"])}
     summary |= {"model": lm.name, "prompt_set": cfg.prompts.name}
     log.info("fitted readouts of %s on %d prompts; wrote %s", lm.name, len(prompts), path)

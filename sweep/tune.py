@@ -25,7 +25,7 @@ import ray
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 
-from sweep import _ray_private, claims
+from sweep import _ray_private, claims, interrupt
 from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
 from sweep.gatespec import GATE_SPECS
@@ -34,15 +34,17 @@ from sweep.plan import (
     Plan,
     baseline_groups,
     plan_sweep,
+    row_ids,
     screen_selection,
+    screened_before,
     select_trials,
     trial_config,
     tune_settings,
 )
-from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, row_path
+from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, os_error, row_path
 from sweep.search import METRICS
 from sweep.study import optuna_search, remaining_trials
-from sweep.worker import screen_trace, shared_trial_rows, trial_row
+from sweep.worker import failed_trial_row, screen_trace, shared_trial_rows, trial_row
 
 log = logging.getLogger("sweep.tune")
 
@@ -150,14 +152,15 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
     timed against one shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose
     on the driver's device, claim each setting in the results root (``sweep.claims``: a concurrent
     sweep into the same root computes it once), bench (with this process's cached model), and
-    report each setting's row."""
+    report each setting's row. A trial that raises reports its failed rows, once: Tune retries
+    only a worker that died (``sweep.max_failures``), never a deterministic error."""
     t0 = time.perf_counter()
     context = context or {}
     try:
         cfgs = [trial_config(list(base), t, context["device"]) for t in tune_settings(config)]
         tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
-    except SweepError as exc:  # a value the driver's checks could not foresee: no config, so no row
-        tune.report({**_metrics({"status": "failed"}), "error": str(exc), "cached": False})
+    except Exception as exc:  # noqa: BLE001 - a value the driver's checks could not foresee: no config, no row
+        tune.report({**_metrics({"status": "failed"}), "error": _one_line(exc), "cached": False})
         return
     done = context.get("done", {})
     todo = []
@@ -168,27 +171,47 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
         else:
             todo.append((tid, cfg))
     owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
-    with contextlib.ExitStack() as stack:
-        compute = []
-        for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
-            path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
-            ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
-            held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
-            if held.row is not None:  # a concurrent sweep into the same root computed it
-                _report(held.row, next(left), cached=True, computed_by=held.waited_for)
-            else:
-                compute.append(cfg)
-        if len(compute) == 1:
-            rows = [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
-        else:
-            rows = shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+    notes: dict[str, tuple[str, ...]] = {}
+    reported: set[str] = set()
+    try:
+        with contextlib.ExitStack() as stack:
+            compute = []
+            for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
+                path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
+                ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
+                held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
+                notes[tid] = held.notes
+                if held.row is not None:  # a concurrent sweep into the same root computed it
+                    _report(held.row, next(left), cached=True, computed_by=held.waited_for, notes=held.notes)
+                    reported.add(tid)
+                else:
+                    compute.append(cfg)
+            rows = _computed_rows(compute, context, t0)
+    except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
+        rows = [failed_trial_row(cfg, context["run_id"], context.get("sweep_name"), exc, t0) for tid, cfg in todo]
+        rows = [row for row in rows if row["trial_id"] not in reported]
     for row in rows:
-        _report(row, next(left), cached=False)
+        _report(row, next(left), cached=False, notes=notes.get(row["trial_id"], ()))
 
 
-def _report(row: dict, reports_left: int, *, cached: bool, computed_by: str | None = None) -> None:
-    """One setting's row to the driver (``Progress``); ``reports_left``: the bundle's settings still to report."""
+def _computed_rows(compute: list[Config], context: dict, t0: float) -> list[dict]:
+    if len(compute) == 1:
+        return [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
+    return shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:500]
+
+
+def _report(
+    row: dict, reports_left: int, *, cached: bool, computed_by: str | None = None, notes: tuple[str, ...] = ()
+) -> None:
+    """One setting's row to the driver (``Progress``); ``reports_left``: the bundle's settings still to
+    report; ``notes``: lines the driver prints (``sweep.claims``: a claim taken over, a trial run unclaimed)."""
     extra = {} if computed_by is None else {"computed_by": computed_by}
+    if notes:
+        extra["notes"] = json.dumps(list(notes))
     metrics = {**_metrics(row), "row_json": json.dumps(row, default=str), "cached": cached, **extra}
     tune.report({**metrics, "reports_left": reports_left})
 
@@ -204,18 +227,22 @@ def _metrics(row: dict) -> dict:
 
 def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
     """`sweep run`: plan the trials (bad values fail before Ray starts), start or join Ray,
-    run them through Tune, write rows."""
+    run them through Tune, write rows. SIGTERM stops it as SIGINT does (``sweep.interrupt``);
+    however it ends, the claims this run still holds are released once Ray is stopped."""
     plan = plan_sweep(cfg, base_overrides)
     if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:
         # inside a Ray job the working directory can be re-extracted under the driver; stand elsewhere
         plan.storage.mkdir(parents=True, exist_ok=True)
         os.chdir(plan.storage)
-    started = start_ray(plan.cfg.cluster)
-    try:
-        return _execute(plan)
-    finally:
-        if started:
-            stop_ray()
+    with interrupt.sigterm_as_sigint():
+        started = start_ray(plan.cfg.cluster)
+        interrupt.keep_sigterm()  # Ray's driver installs its own SIGTERM handler (a stack dump, then abort)
+        try:
+            return _execute(plan)
+        finally:
+            if started:
+                stop_ray()
+            claims.release_run(plan.root, plan.run_id)
 
 
 def _execute(plan: Plan) -> SweepOutcome:
@@ -237,9 +264,9 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info("sweep %s: nothing to run", plan.name)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    tuner = _tuner(plan, planned, resources, device, Progress(writer), grid=grid_trials)
+    tuner = _tuner(plan, planned, resources, device, writer, grid=grid_trials)
     if tuner is None:  # resume=true: the study has all its trials already
-        log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
+        log.info("sweep %s: its study has all %s trials (each with its row); nothing to run", plan.name, total)
         return outcome
     log.info(
         "sweep %s: %s trials on %s (%s per trial); Tune state in %s",
@@ -250,7 +277,9 @@ def _execute(plan: Plan) -> SweepOutcome:
         plan.path,
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
-    interrupted = _reconcile(tuner.fit(), writer, total)
+    interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
+    if writer.fatal is not None:  # a row could not be written: the sweep stopped; a resume redoes those trials
+        raise SweepError(f"{writer.fatal}; {interrupt.resume_hint(plan)}")
     return dataclasses.replace(
         outcome,
         rows=writer.rows,
@@ -258,7 +287,21 @@ def _execute(plan: Plan) -> SweepOutcome:
         skipped=skipped + writer.existing,
         overhead_s=writer.overheads,
         interrupted=interrupted,
+        unrowed=writer.unrowed,
     )
+
+
+def _fit(tuner, plan: Plan, writer: RowWriter):
+    """``tuner.fit()``; Tune's own state that cannot be written (a full disk under sweep.storage)
+    is one line naming the file, as a row that cannot be written is (``RowWriter.fatal``)."""
+    try:
+        return tuner.fit()
+    except Exception as exc:  # noqa: BLE001 - Tune wraps what its state writes raise in TuneError
+        cause = interrupt.os_cause(exc)
+        if cause is None:
+            raise
+        where = cause.filename or plan.path
+        raise SweepError(f"cannot write Tune's state: {os_error(cause, where)}; {interrupt.resume_hint(plan)}") from exc
 
 
 def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
@@ -275,25 +318,6 @@ def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
         elif result.error is None and (result.metrics or {}).get("reports_left", 0) > 0:
             unfinished += 1  # a bundle stopped between its settings' reports
     return unfinished > 0 or settings < (total or 0)
-
-
-def screened_before(plan: Plan, settings, device: str):
-    """A resumed screen: the settings its earlier run selected for closed-loop trials (from
-    its rows in the `simulated` table), or None when it never got that far."""
-    import polars as pl
-
-    from sweep.store import scan
-
-    chosen = (
-        scan("simulated", plan.root)
-        .filter((pl.col("sweep_name") == plan.name) & pl.col("selected"))
-        .select("trial_id")
-        .collect()["trial_id"]
-    )
-    if chosen.len() == 0:
-        return None
-    keep = set(chosen.to_list())
-    return [s for s in settings if trial_identity(s[1], device).id in keep]
 
 
 def _screen(plan: Plan, settings, resources: dict, device: str):
@@ -323,7 +347,7 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
 
 
-def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None):
+def _tuner(plan: Plan, planned, resources: dict, device: str, writer: RowWriter, grid=None):
     cfg, path = plan.cfg, plan.path
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
     context["done"] = {} if planned is not None else plan.done
@@ -334,14 +358,15 @@ def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=Non
         # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
         log.info("resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, path)
         if planned is None:
-            num_samples = remaining_trials(cfg.search, path)
+            num_samples = remaining_trials(cfg.search, path, rows=row_ids(plan.root))
             if num_samples == 0:
                 return None
     run_config = tune.RunConfig(
         name=plan.name,
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
-        callbacks=[callback],
+        callbacks=[Progress(writer)],
+        stop=_StopWhenRowsCannotBeWritten(writer),
         verbose=0,
     )
     if planned is not None:
@@ -371,6 +396,20 @@ def _trial_dirname(trial) -> str:
 
 def _cluster_label(cluster: ClusterConfig) -> str:
     return "an embedded Ray on 127.0.0.1" if cluster.address is None else f"the Ray cluster at {cluster.address}"
+
+
+class _StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
+    """Stops every trial once a row could not be written (``RowWriter.fatal``: a full disk): the
+    trials still to run would only compute rows that cannot be kept."""
+
+    def __init__(self, writer: RowWriter) -> None:
+        self.writer = writer
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.writer.fatal is not None
 
 
 class Progress(tune.Callback):
