@@ -277,7 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
     _quiet_libraries()
     try:
-        return COMMANDS[command](overrides)
+        code = COMMANDS[command](overrides)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`) is caught below
+        return code
+    except BrokenPipeError:  # the reader of stdout left (`sweep schema | head -1`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except SweepError as exc:
         if os.environ.get("SWEEP_DEBUG"):
             raise

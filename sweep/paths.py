@@ -74,6 +74,32 @@ def check_dir_path(key: str, path: str) -> str:
     return path
 
 
+_BELOW = 512  # characters the tool's own files under an output directory may add to its path
+
+
+def _check_length(key: str, path: str | Path, target: Path) -> None:
+    """Each component within the filesystem's NAME_MAX and the whole within PATH_MAX (less what the
+    tool writes under it): otherwise the first write fails with ENAMETOOLONG after the work is done."""
+    probe = target
+    while not os.path.exists(probe) and probe != probe.parent:  # (False for a name too long)
+        probe = probe.parent
+    try:
+        name_max, path_max = os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    long = next((part for part in target.parts if len(os.fsencode(part)) > name_max), None)
+    if long is not None:
+        raise ConfigError(
+            f"{key}={path}: the component {long[:40]}... is {len(os.fsencode(long))} bytes, over this filesystem's "
+            f"limit of {name_max} for a name"
+        )
+    if len(os.fsencode(str(target))) > path_max - _BELOW:
+        raise ConfigError(
+            f"{key}={str(path)[:60]}...: {len(os.fsencode(str(target)))} bytes long; at most {path_max - _BELOW} "
+            f"(the filesystem's {path_max} less room for the files written under it)"
+        )
+
+
 def check_writable_dir(key: str, path: str | Path) -> Path:
     """The directory ``path`` (``~`` expanded) if the tool can write into it, creating nothing.
 
@@ -82,6 +108,7 @@ def check_writable_dir(key: str, path: str | Path) -> Path:
     search) permission, is a ConfigError naming ``key``, before any work starts."""
     check_dir_path(key, str(path))
     target = Path(path).expanduser().absolute()
+    _check_length(key, path, target)
     probe = target
     while not os.path.exists(probe):  # False, not an error, for a path under a file or a closed directory
         if os.path.islink(probe):  # a dangling link: creating it would write where it points

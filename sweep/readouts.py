@@ -392,12 +392,32 @@ def _load_readouts(path, lm, key: str) -> Readouts:
     return Readouts(weights, meta, stored, path=p, final_norm=lm.adapter.norm).to(lm.device, lm.dtype)
 
 
-def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> str | None:
+def _meta_problem(meta: dict) -> str | None:
+    """Why ``meta`` is not metadata `sweep fit` writes (a digest recomputed over edited metadata still
+    passes the digest check): the types, not only the digest, are checked."""
     try:
-        fitted = (int(meta["num_layers"]), int(meta["hidden"]))
-        json.loads(meta["prompt_ids"]), json.loads(meta["prompt_digests"])
-    except ValueError:
-        return "its metadata is not readouts metadata (num_layers, hidden, prompt_ids)"
+        ints = {k: int(meta[k]) for k in ("num_layers", "hidden", "gen_tokens")}
+        ids, digests = json.loads(meta["prompt_ids"]), json.loads(meta["prompt_digests"])
+    except (ValueError, TypeError):
+        return "its metadata is not readouts metadata (num_layers, hidden, gen_tokens: integers; prompt_ids: JSON)"
+    if ints["num_layers"] < 2 or ints["hidden"] < 1 or ints["gen_tokens"] < 1:
+        return f"its metadata gives impossible sizes ({ints})"
+    if not (isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids)):
+        return "its metadata's prompt_ids is not a non-empty JSON list of prompt ids"
+    if not (isinstance(digests, list) and len(digests) == len(ids) and all(_is_digest(d) for d in digests)):
+        return "its metadata's prompt_digests is not a JSON list of one sha256 per prompt id"
+    return None
+
+
+def _is_digest(value) -> bool:
+    return isinstance(value, str) and re.fullmatch("[0-9a-f]{64}", value) is not None
+
+
+def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> str | None:
+    problem = _meta_problem(meta)
+    if problem:
+        return problem
+    fitted = (int(meta["num_layers"]), int(meta["hidden"]))
     if fitted != (num_layers, hidden):
         return f"fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {num_layers} x {hidden}"
     n = num_layers - 1
@@ -447,7 +467,11 @@ def run_fit(cfg) -> tuple[Path, Readouts, dict]:
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
     room = getattr(lm.model.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
-        items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.fit.gen_tokens
+        items,
+        cfg.prompts,
+        lm.tokenizer,
+        room=None if room is None else room - cfg.fit.gen_tokens,
+        gen=("fit.gen_tokens", cfg.fit.gen_tokens),
     )
     readouts = fit_readouts(
         lm,

@@ -14,7 +14,6 @@ Ray reads its auth mode and single-node mode when it is imported.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -41,10 +40,10 @@ from sweep.plan import (
     trial_config,
     tune_settings,
 )
-from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, os_error, row_path
+from sweep.rows import RowWriter, SweepOutcome, last_error, os_error
 from sweep.search import METRICS
 from sweep.study import optuna_search, remaining_trials
-from sweep.worker import failed_trial_row, screen_trace, shared_trial_rows, trial_row
+from sweep.worker import run_claimed, screen_trace
 
 log = logging.getLogger("sweep.tune")
 
@@ -79,9 +78,13 @@ def start_ray(cluster: ClusterConfig) -> bool:
         )
         record_embedded_session()
     else:
-        _require_reachable(cluster.address)
+        from sweep.cluster_env import is_loopback
+
+        address = _require_reachable(cluster.address)
+        if is_loopback(address):  # `auto` found a cluster on 127.0.0.1: talk to it there, as for an explicit address
+            _ray_private.single_node_mode()
         try:
-            ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConfigError(
                 f"cluster.address={cluster.address}: cannot join a Ray cluster there ({str(exc).splitlines()[0]})"
@@ -89,8 +92,9 @@ def start_ray(cluster: ClusterConfig) -> bool:
     return True
 
 
-def _require_reachable(address: str) -> None:
-    """Fail in seconds, not minutes of retries, when nothing answers at the cluster address."""
+def _require_reachable(address: str) -> str:
+    """The cluster's address (``auto`` resolved); fails in seconds, not minutes of retries, when
+    nothing answers there."""
     import socket
 
     resolved = address
@@ -109,6 +113,7 @@ def _require_reachable(address: str) -> None:
             f"cluster.address={address}: nothing answers at {resolved}; start the cluster or fix the address "
             "(host:port of the GCS)"
         ) from None
+    return resolved
 
 
 def stop_ray() -> None:
@@ -170,34 +175,7 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
             _report(done[tid], next(left), cached=True)
         else:
             todo.append((tid, cfg))
-    owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
-    notes: dict[str, tuple[str, ...]] = {}
-    reported: set[str] = set()
-    try:
-        with contextlib.ExitStack() as stack:
-            compute = []
-            for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
-                path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
-                ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
-                held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
-                notes[tid] = held.notes
-                if held.row is not None:  # a concurrent sweep into the same root computed it
-                    _report(held.row, next(left), cached=True, computed_by=held.waited_for, notes=held.notes)
-                    reported.add(tid)
-                else:
-                    compute.append(cfg)
-            rows = _computed_rows(compute, context, t0)
-    except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
-        rows = [failed_trial_row(cfg, context["run_id"], context.get("sweep_name"), exc, t0) for tid, cfg in todo]
-        rows = [row for row in rows if row["trial_id"] not in reported]
-    for row in rows:
-        _report(row, next(left), cached=False, notes=notes.get(row["trial_id"], ()))
-
-
-def _computed_rows(compute: list[Config], context: dict, t0: float) -> list[dict]:
-    if len(compute) == 1:
-        return [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
-    return shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+    run_claimed(todo, context, t0, lambda row, **how: _report(row, next(left), **how))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from sweep.config import Config
 from sweep.plan import trial_config
@@ -23,6 +24,43 @@ def reuse_cache():
 
     off = os.environ.get(REUSE_ENV, "1").strip().lower() in ("0", "false", "no", "off")
     return None if off else process_cache()
+
+
+def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report: Callable[..., None]) -> None:
+    """A Tune trial's settings still to compute (``todo``: trial id and config), each claimed in the
+    results root first (``sweep.claims``: a concurrent sweep into the same root computes it once),
+    then computed together (one setting, or a bundle against one shared baseline); each setting's
+    row goes to ``report(row, cached=..., computed_by=..., notes=...)`` once. Whatever the trial
+    raises is the failed row of each setting not yet reported, never an error out of the worker:
+    Tune retries only workers that died, not a deterministic error."""
+    from sweep import claims
+    from sweep.rows import finished_row, row_path
+
+    owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
+    notes: dict[str, tuple[str, ...]] = {}
+    reported: set[str] = set()
+    try:
+        with contextlib.ExitStack() as stack:
+            compute = []
+            for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
+                path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
+                ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
+                held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
+                notes[tid] = held.notes
+                if held.row is not None:  # a concurrent sweep into the same root computed it
+                    report(held.row, cached=True, computed_by=held.waited_for, notes=held.notes)
+                    reported.add(tid)
+                else:
+                    compute.append(cfg)
+            if len(compute) == 1:
+                rows = [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
+            else:
+                rows = shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+    except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
+        rows = [failed_trial_row(cfg, context["run_id"], context.get("sweep_name"), exc, t0) for _, cfg in todo]
+        rows = [row for row in rows if row["trial_id"] not in reported]
+    for row in rows:
+        report(row, cached=False, notes=notes.get(row["trial_id"], ()))
 
 
 def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> dict[str, Any]:

@@ -133,7 +133,7 @@ class SearchConfig:
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
     spaces: list = field(check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")
     n_trials: int | None = field(None, check=in_range(1, 100000), allowed="an integer in 1..100000")
-    seed: int = field(check=at_least(0), allowed="an integer >= 0")
+    seed: int = field(check=in_range(0, 2**32 - 1), allowed="an integer in 0..4294967295 (2^32 - 1, Optuna's samplers)")
     sampler: Literal["tpe", "random", "nsga2"]
     objectives: dict = field(check=lambda v: len(v) > 0, allowed="a non-empty mapping of metric: max|min")
     constraints: dict = field(allowed="a mapping of metric: minimum value")
@@ -231,7 +231,7 @@ class Config:
     model: ModelConfig
     gate: GateConfig
     prompts: PromptsConfig
-    seed: int = field(check=at_least(0), allowed="an integer >= 0")
+    seed: int = field(check=in_range(0, 2**63 - 1), allowed="an integer in 0..9223372036854775807 (2^63 - 1, torch's)")
     device: Literal["auto", "cpu", "cuda"]
     dtype: Literal["float32", "bfloat16", "float16"]
     run_id: str | None = _name(None)
