@@ -201,7 +201,14 @@ class RowWriter:
 
 def os_error(exc: OSError, path: str | Path) -> str:
     """``<path>: <what the system said>`` (``no space left on device``), in one line."""
-    what = exc.strerror or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    import os
+    import re
+
+    code = exc.errno
+    if code is None:  # pyarrow's OSError names its errno only in the message ("[errno 28] ...")
+        found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
+        code = int(found.group(1)) if found else None
+    what = os.strerror(code) if code else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return f"{path}: {what[:1].lower()}{what[1:]}"
 
 

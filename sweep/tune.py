@@ -55,6 +55,10 @@ def start_ray(cluster: ClusterConfig) -> bool:
     """Start an embedded Ray on 127.0.0.1 or join ``cluster.address``; True if started here."""
     # Tune warns about every unfinished trial of an interrupted experiment; resume handles them
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # on a stop signal Tune names Ctrl-C and offers Tuner.restore (which unpickles): the resume line is ours; and
+    # its own state, which a resume never reads, failing to save (a full disk) is a traceback per step: rows say it
+    for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     if ray.is_initialized():
         return False
     if os.environ.get("RAY_AUTH_MODE") != cluster.auth:
