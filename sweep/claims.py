@@ -50,6 +50,7 @@ BREAK_S = 10.0  # a break file this old belongs to a breaker that died (breaking
 POLL_S = 0.5
 PID_MAX = 2**22  # Linux's PID_MAX_LIMIT; no system gives a larger pid (macOS and the BSDs stay under 100000)
 _FIELDS = ("run_id", "sweep_name", "host")
+_MAX_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,19 @@ def _read_owner(path: Path) -> dict | None:
     """The claim in ``path`` when it is a well-formed claim; None when it is missing (released
     meanwhile), unreadable, or not a claim (``_not_a_claim``)."""
     try:
-        held = json.loads(path.read_text())
-    except (OSError, ValueError):
+        held = _parse(path)
+    except (OSError, ValueError, RecursionError):
         return None  # released meanwhile, being written (an empty file for an instant), or garbage
     return held if _not_a_claim(held) is None else None
+
+
+def _parse(path: Path) -> Any:
+    """The JSON in ``path``, read up to ``_MAX_BYTES`` (a claim is a few hundred bytes)."""
+    with open(path, "rb") as f:
+        data = f.read(_MAX_BYTES + 1)
+    if len(data) > _MAX_BYTES:
+        raise ValueError(f"over {_MAX_BYTES} bytes")
+    return json.loads(data)
 
 
 def _not_a_claim(held: Any) -> str | None:
@@ -156,12 +166,12 @@ def _stale(path: Path, stale_s: float) -> str | None:
     if age is None:
         return None  # released meanwhile
     try:
-        parsed = json.loads(path.read_text())
+        parsed = _parse(path)
         why = _not_a_claim(parsed)
     except OSError:
         return None
-    except ValueError as exc:
-        parsed, why = None, f"not JSON ({str(exc)[:60]})"
+    except (ValueError, RecursionError) as exc:
+        parsed, why = None, f"not JSON ({type(exc).__name__}: {str(exc)[:60]})"
     if age > stale_s:
         return f"untouched for {age:.0f} s"
     if why is not None:
