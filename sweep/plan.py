@@ -59,7 +59,10 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     storage = _storage(cfg, root)
     name = sweep_name(cfg, storage, run_id)
     # Tune and SQLite write where their paths lead: nothing under the sweep's directory may lead elsewhere
-    check_tree(storage, storage / name, key="sweep.storage" if cfg.sweep.storage else "results.root")
+    if cfg.sweep.storage is not None:
+        check_tree(storage, storage / name, key="sweep.storage")
+    else:
+        check_tree(root, storage / name, key="results.root")
     claims.check_dir(root)
     base = base_overrides(overrides, run_id, root)
     grid_trials = check_values(cfg, base)

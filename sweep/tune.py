@@ -240,16 +240,24 @@ def _execute(plan: Plan) -> SweepOutcome:
         else:
             grid_trials = chosen
     planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
-    total = len(planned) if planned is not None else cfg.search.n_trials
-    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), total or 0, skipped, simulated=simulated)
-    if planned == []:
-        log.info("sweep %s: nothing to run", plan.name)
+    if cfg.resume:
+        # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
+        # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
+        log.info(
+            "resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, plan.path
+        )
+    total = len(planned) if planned is not None else _samples(plan)
+    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), total, skipped, simulated=simulated)
+    if total == 0:
+        why = (
+            "nothing to run"
+            if planned is not None
+            else f"its study has all {cfg.search.n_trials} trials, each with its row"
+        )
+        log.info("sweep %s: %s", plan.name, why)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    tuner = _tuner(plan, planned, resources, device, writer, grid=grid_trials)
-    if tuner is None:  # resume=true: the study has all its trials already
-        log.info("sweep %s: its study has all %s trials (each with its row); nothing to run", plan.name, total)
-        return outcome
+    tuner = _tuner(plan, planned, total, resources, device, writer, grid=grid_trials)
     log.info(
         "sweep %s: %s trials on %s (%s per trial); Tune state in %s",
         plan.name,
@@ -329,20 +337,19 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
 
 
-def _tuner(plan: Plan, planned, resources: dict, device: str, writer: RowWriter, grid=None):
+def _samples(plan: Plan) -> int:
+    """The Optuna trials to run: ``search.n_trials``, or on a resume those the study still lacks
+    (a trial counts only with its row: ``sweep.study.remaining_trials``)."""
+    if not plan.cfg.resume:
+        return plan.cfg.search.n_trials
+    return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root))
+
+
+def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, writer: RowWriter, grid=None):
     cfg, path = plan.cfg, plan.path
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
     context["done"] = {} if planned is not None else plan.done
     trainable = tune.with_resources(tune.with_parameters(_trainable, base=plan.base, context=context), resources)
-    num_samples = cfg.search.n_trials
-    if cfg.resume:
-        # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
-        # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
-        log.info("resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, path)
-        if planned is None:
-            num_samples = remaining_trials(cfg.search, path, rows=row_ids(plan.root))
-            if num_samples == 0:
-                return None
     run_config = tune.RunConfig(
         name=plan.name,
         storage_path=str(plan.storage),
