@@ -257,7 +257,16 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`) is caught below
+        return code
+    except BrokenPipeError:  # the reader of stdout left (`sweep schema | head -1`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(args: list[str]) -> int:
     if not args or args[0] in HELP_FLAGS or args == ["help"]:
         print(USAGE, end="")
         return 0
@@ -277,12 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
     _quiet_libraries()
     try:
-        code = COMMANDS[command](overrides)
-        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`) is caught below
-        return code
-    except BrokenPipeError:  # the reader of stdout left (`sweep schema | head -1`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
+        return COMMANDS[command](overrides)
+    except BrokenPipeError:
+        raise
     except SweepError as exc:
         if os.environ.get("SWEEP_DEBUG"):
             raise
