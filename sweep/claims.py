@@ -217,7 +217,7 @@ class _Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             try:
-                os.utime(self.path)
+                os.utime(self.path, follow_symlinks=False)  # a link planted in its place: touch the link only
             except OSError:
                 return
 
@@ -225,7 +225,7 @@ class _Heartbeat:
         self._stop.set()
         self._thread.join()
         try:
-            os.utime(self.path)  # the stale clock starts when the worker reported
+            os.utime(self.path, follow_symlinks=False)  # the stale clock starts when the worker reported
         except OSError:
             pass
 
