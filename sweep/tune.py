@@ -246,8 +246,9 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info(
             "resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, plan.path
         )
-    total = len(planned) if planned is not None else _samples(plan)
-    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), total, skipped, simulated=simulated)
+    total = len(planned) if planned is not None else _samples(plan)  # what this run runs
+    size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
+    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, simulated=simulated)
     if total == 0:
         why = (
             "nothing to run"
