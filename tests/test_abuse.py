@@ -93,7 +93,7 @@ CASES: list[tuple[list[str], str]] = [
     (["bench", *TINY, "bench.gen_tokens=4096"], "bench.gen_tokens=4096"),
     (["bench", *TINY, "bench.gen_tokens=4095"], "bench.gen_tokens=4095"),
     (["profile", *TINY, "profile.gen_tokens=4096"], "profile.gen_tokens=4096"),
-    (["fit", "model=tiny-llama", "prompts.n=2", "fit.gen_tokens=5000"], "fit.gen_tokens=5000"),
+    (["fit", "model=tiny-llama", "prompts.n=2", "fit.gen_tokens=4096"], "fit.gen_tokens=4096"),
     (["calibrate", *TINY, "gate=margin", "prompts.n=4", "bench.gen_tokens=4096"], "bench.gen_tokens=4096"),
     # config, schema, the command itself
     (["config", "gate.nope=1"], "gate.nope"),
