@@ -108,7 +108,7 @@ def optuna_storage_url(path: Path) -> str:
     return f"sqlite:///{path / 'optuna.db'}"
 
 
-def remaining_trials(search: SearchConfig, path: Path, rows: set[str] | frozenset = frozenset()) -> int:
+def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str]) -> int:
     """Trials an interrupted Optuna sweep still has to run: ``n_trials`` less the study's finished
     trials whose row exists (``rows``: the trial ids with a row under results.root). A study trial
     without its row (the interruption left it running, the sweep stopped before it ran, or its row
