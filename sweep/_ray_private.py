@@ -28,10 +28,14 @@ def single_node_mode() -> None:
 
 
 def bootstrap_address(address: str) -> str:
-    """The GCS address ``address`` (``auto``: the cluster running on this machine) stands for;
-    raises ConnectionError when there is none."""
+    """The GCS address ``address`` stands for; raises ConnectionError when there is none. ``auto``:
+    the cluster of this machine as Ray finds it (``RAY_ADDRESS``, the address the last `ray start`
+    recorded, a running GCS), as recorded: Ray's canonical form rewrites a loopback host to the
+    machine's own address, where a cluster bound to 127.0.0.1 does not answer."""
     import ray._private.services as services
 
+    if address == "auto":
+        return services.get_ray_address_from_environment("auto", None)
     return services.canonicalize_bootstrap_address_or_die(address)
 
 

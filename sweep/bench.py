@@ -94,7 +94,11 @@ def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     )
     room = getattr(lm.adapter.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
-        items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.bench.gen_tokens
+        items,
+        cfg.prompts,
+        lm.tokenizer,
+        room=None if room is None else room - cfg.bench.gen_tokens,
+        gen=("bench.gen_tokens", cfg.bench.gen_tokens),
     )
     attach_readouts(gate, cfg.gate, lm, prompts)
     return lm, gate, prompts

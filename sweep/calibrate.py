@@ -198,7 +198,9 @@ def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:
     pc = dataclasses.replace(compose([f"prompts={c.heldout_prompts}"]).prompts, start=0, n=c.heldout_n)
     room = getattr(lm.adapter.config, "max_position_embeddings", None)
     room = None if room is None else room - cfg.bench.gen_tokens
-    drift = tokenize_prompts(read_prompts(pc), pc, lm.tokenizer, room=room)
+    drift = tokenize_prompts(
+        read_prompts(pc), pc, lm.tokenizer, room=room, gen=("bench.gen_tokens", cfg.bench.gen_tokens)
+    )
     same = {p.id for p in prompts} & {p.id for p in drift}
     if same:
         raise ConfigError(

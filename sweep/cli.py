@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
 
@@ -67,24 +68,31 @@ def _run(overrides: list[str]) -> int:
     cfg = compose_for("run", overrides)
     check_sweep_name(cfg)
     ray_environment(cfg.cluster)  # before Ray is imported
+    from sweep import interrupt
     from sweep.rows import overhead_summary
     from sweep.tune import run_sweep
 
     outcome = run_sweep(cfg, overrides)
     print(sweep_report(outcome))
     if outcome.interrupted:
-        import shlex
-
-        print(
-            f"interrupted: resume with `sweep run "
-            f"{shlex.join([*overrides, 'resume=true', f'sweep.name={outcome.name}'])}`",
-            file=sys.stderr,
-        )
-        return 130
+        how = "stopped by SIGTERM" if interrupt.stop_signal() == signal.SIGTERM else "interrupted"
+        print(f"{how}: resume with `{interrupt.resume_command(overrides, outcome.name)}`", file=sys.stderr)
+        return 128 + interrupt.stop_signal()
     summary = overhead_summary(outcome)
     if summary:
         print(summary)
+    failed = failures(outcome)
+    if failed and failed == len(outcome.rows) + outcome.unrowed and not outcome.skipped:
+        print(
+            f"error: sweep {outcome.name}: no trial succeeded ({failed} failed; see their rows' error)", file=sys.stderr
+        )
+        return 1
     return 0
+
+
+def failures(outcome) -> int:
+    """This sweep's failed trials: failed rows, and trials whose config did not compose (no row)."""
+    return sum(r.get("status") == "failed" for r in outcome.rows) + outcome.unrowed
 
 
 def sweep_report(outcome) -> str:
@@ -94,7 +102,8 @@ def sweep_report(outcome) -> str:
     from sweep.analysis import pareto_front
 
     lines = [
-        f"sweep {outcome.name}: {outcome.written} trials written, {outcome.skipped} skipped (their rows exist)",
+        f"sweep {outcome.name}: {outcome.written} trials written, {outcome.skipped} skipped (their rows exist), "
+        f"{failures(outcome)} failed",
         f"rows: {outcome.root}/trials (one Parquet file per trial); Tune state and Optuna study: {outcome.path}",
     ]
     if not outcome.rows:
@@ -262,7 +271,16 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`) is caught below
+        return code
+    except BrokenPipeError:  # the reader of stdout left (`sweep schema | head -1`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(args: list[str]) -> int:
     if not args or args[0] in HELP_FLAGS or args == ["help"]:
         print(USAGE, end="")
         return 0
@@ -284,14 +302,19 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries()
     try:
         return COMMANDS[command](overrides)
+    except BrokenPipeError:
+        raise
     except SweepError as exc:
         if os.environ.get("SWEEP_DEBUG"):
             raise
         print(f"error: {(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        from sweep import interrupt
+
+        stopped = interrupt.stop_signal()
+        print(f"error: {'stopped by SIGTERM' if stopped == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        return 128 + stopped
     except Exception as exc:  # a bug: one line plus where, the traceback on request
         if os.environ.get("SWEEP_DEBUG"):
             raise

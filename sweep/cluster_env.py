@@ -66,13 +66,20 @@ def ray_environment(cluster: ClusterConfig) -> None:
 def state_dir() -> Path:
     """This user's private directory (mode 0700) for embedded clusters' tokens and records:
     ``$SWEEP_STATE_DIR``, else ``$XDG_RUNTIME_DIR/sweep-ray``, else ``TMPDIR/sweep-ray-UID``."""
+    from sweep.paths import check_writable_dir
+
     path = _state_path()
-    if os.environ.get(STATE_DIR_ENV):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    given = bool(os.environ.get(STATE_DIR_ENV))
+    key = STATE_DIR_ENV if given else "XDG_RUNTIME_DIR" if os.environ.get("XDG_RUNTIME_DIR") else "TMPDIR"
+    check_writable_dir(key, path)  # a file in the way: one line naming it, exit code 2, before any work
     try:
+        if given:
+            path.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    except OSError as exc:
+        raise SweepError(f"{key}: cannot create {path} ({exc.strerror or exc})") from None
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise SweepError(f"{path}: not a directory owned by this user; refusing to keep Ray's token there")

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweep import claims
 from sweep.config import Config, compose
 from sweep.errors import ConfigError
 from sweep.identity import trial_identity
+from sweep.paths import check_tree, inside
 from sweep.search import as_override, check_search, grid, spaces
 
 log = logging.getLogger("sweep.plan")
@@ -54,11 +56,25 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     run_id = cfg.run_id or new_run_id()
     root = Path(cfg.results.root).expanduser().resolve()
     cfg = dataclasses.replace(cfg, results=dataclasses.replace(cfg.results, root=str(root)))
-    storage = Path(cfg.sweep.storage or root / "ray").expanduser().resolve()
+    storage = _storage(cfg, root)
     name = sweep_name(cfg, storage, run_id)
+    # Tune and SQLite write where their paths lead: nothing under the sweep's directory may lead elsewhere
+    if cfg.sweep.storage is not None:
+        check_tree(storage, storage / name, key="sweep.storage")
+    else:
+        check_tree(root, storage / name, key="results.root")
+    claims.check_dir(root)
     base = base_overrides(overrides, run_id, root)
     grid_trials = check_values(cfg, base)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
+
+
+def _storage(cfg: Config, root: Path) -> Path:
+    """Tune's storage resolved: ``sweep.storage``, else ``<results.root>/ray``, which must then resolve
+    inside results.root (a link planted there would take Tune's files elsewhere)."""
+    if cfg.sweep.storage is not None:
+        return Path(cfg.sweep.storage).expanduser().resolve()
+    return inside(root, root / "ray", key="results.root")
 
 
 def base_overrides(overrides: list[str], run_id: str, root: Path) -> list[str]:
@@ -103,6 +119,14 @@ def done_rows(cfg: Config) -> dict[str, dict]:
         return {}
     rows = scan("trials", cfg.results.root).filter(pl.col("status").is_in(DONE_STATUSES)).collect()
     return {r["trial_id"]: r for r in rows.sort("created_at").iter_rows(named=True)}
+
+
+def row_ids(root: str | Path) -> set[str]:
+    """The trial ids with a row under ``root``, whatever its status (a resumed Optuna sweep counts
+    a study trial done only when its row exists: ``sweep.study.remaining_trials``)."""
+    from sweep.store import scan
+
+    return set(scan("trials", root).select("trial_id").collect()["trial_id"].to_list())
 
 
 def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
@@ -150,6 +174,25 @@ def select_trials(
     if skipped:
         log.info("skipping %d trials whose rows exist under %s (sweep.rerun=true redoes them)", skipped, root)
     return todo, skipped
+
+
+def screened_before(plan: Plan, settings, device: str):
+    """A resumed screen: the settings its earlier run selected for closed-loop trials (from
+    its rows in the `simulated` table), or None when it never got that far."""
+    import polars as pl
+
+    from sweep.store import scan
+
+    chosen = (
+        scan("simulated", plan.root)
+        .filter((pl.col("sweep_name") == plan.name) & pl.col("selected"))
+        .select("trial_id")
+        .collect()["trial_id"]
+    )
+    if chosen.len() == 0:
+        return None
+    keep = set(chosen.to_list())
+    return [s for s in settings if trial_identity(s[1], device).id in keep]
 
 
 def tune_settings(config: dict) -> list[list[str]]:

@@ -276,8 +276,12 @@ def traced_run(
     """The trace table of ``prompts`` (every column but the shared provenance) and that provenance;
     with ``profile.readouts`` the tuned lens's and exit classifiers' columns too (the readouts
     checked against the model and disjoint from the prompts)."""
+    from sweep.errors import ConfigError
     from sweep.run_info import provenance
 
+    vocab = lm.adapter.lm_head.weight.shape[0]
+    if cfg.profile.topk > vocab:  # before any decoding: the trace's top-K needs that many tokens
+        raise ConfigError(f"profile.topk={cfg.profile.topk}: at most {vocab}, the vocabulary size of model={lm.name}")
     readouts = None
     if cfg.profile.readouts is not None:
         from sweep.readouts import readouts_for
@@ -303,7 +307,11 @@ def run_profile(cfg) -> tuple[str, pl.DataFrame]:
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
     room = getattr(lm.adapter.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
-        items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.profile.gen_tokens
+        items,
+        cfg.prompts,
+        lm.tokenizer,
+        room=None if room is None else room - cfg.profile.gen_tokens,
+        gen=("profile.gen_tokens", cfg.profile.gen_tokens),
     )
     t0 = time.perf_counter()
     run_id = cfg.run_id or new_run_id()

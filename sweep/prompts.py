@@ -55,12 +55,20 @@ def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str]]:
 
 
 def tokenize_prompts(
-    items: list[tuple[str, str]], cfg: PromptsConfig, tokenizer, *, room: int | None = None
+    items: list[tuple[str, str]],
+    cfg: PromptsConfig,
+    tokenizer,
+    *,
+    room: int | None = None,
+    gen: tuple[str, int] | None = None,
 ) -> list[Prompt]:
     """Tokenize with the chat template when asked and the tokenizer has one.
 
     A prompt longer than ``prompts.max_tokens`` (or than ``room``, what the model's
-    context leaves after generation) is an error, never silently truncated.
+    context leaves after generation) is an error, never silently truncated. ``gen``: the key
+    and value of the generated length that ``room`` leaves room for (``bench.gen_tokens``): a
+    prompt within ``prompts.max_tokens`` that the generation pushes past the context names that
+    key, not the prompt.
     """
     use_template = cfg.chat_template and getattr(tokenizer, "chat_template", None) is not None
     limit = cfg.max_tokens if room is None else min(cfg.max_tokens, room)
@@ -75,6 +83,12 @@ def tokenize_prompts(
             ids = tokenizer(text)["input_ids"]
         if not ids:
             raise InputError(f"prompt {pid}: tokenizes to nothing")
+        if gen is not None and room is not None and room < len(ids) <= cfg.max_tokens:
+            key, value = gen
+            raise ConfigError(
+                f"{key}={value}: with prompt {pid}'s {len(ids)} tokens that is {len(ids) + value} positions, over "
+                f"the model's context of {room + value}; at most {max(room + value - len(ids), 0)} here"
+            )
         if len(ids) > limit:
             raise InputError(
                 f"prompt {pid}: {len(ids)} tokens, over the limit of {limit} (prompts.max_tokens={cfg.max_tokens}, "

@@ -311,17 +311,20 @@ def _meta(lm, prompts: Sequence, hidden: int, **fit) -> dict[str, str]:
 # --- files --------------------------------------------------------------------------------------------------------
 
 
-def save_readouts(readouts: Readouts, out_dir) -> Path:
+def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out") -> Path:
     """Write ``<out_dir>/<model>/<digest[:16]>.safetensors`` atomically (a temporary file in the same
-    directory, renamed into place); returns its path. Only the content the digest names is written."""
+    directory, renamed into place); returns its path. Only the content the digest names is written,
+    and only inside ``root`` (default ``out_dir``; symbolic links resolved, else a ConfigError naming
+    ``key``)."""
     from safetensors.torch import save_file
 
-    from sweep.paths import check_name
+    from sweep.paths import check_name, inside
 
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in readouts.weights.items()}
     if content_digest(tensors, readouts.meta) != readouts.digest:
         raise ValueError("save_readouts: the tensors do not match the digest (save the fitted readouts, not a copy)")
     path = Path(out_dir).expanduser() / check_name("model", readouts.model) / f"{readouts.digest[:16]}.safetensors"
+    inside(out_dir if root is None else root, path, key=key)  # before mkdir, which would follow a planted link
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -389,12 +392,32 @@ def _load_readouts(path, lm, key: str) -> Readouts:
     return Readouts(weights, meta, stored, path=p, final_norm=lm.adapter.norm).to(lm.device, lm.dtype)
 
 
-def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> str | None:
+def _meta_problem(meta: dict) -> str | None:
+    """Why ``meta`` is not metadata `sweep fit` writes (a digest recomputed over edited metadata still
+    passes the digest check): the types, not only the digest, are checked."""
     try:
-        fitted = (int(meta["num_layers"]), int(meta["hidden"]))
-        json.loads(meta["prompt_ids"]), json.loads(meta["prompt_digests"])
-    except ValueError:
-        return "its metadata is not readouts metadata (num_layers, hidden, prompt_ids)"
+        ints = {k: int(meta[k]) for k in ("num_layers", "hidden", "gen_tokens")}
+        ids, digests = json.loads(meta["prompt_ids"]), json.loads(meta["prompt_digests"])
+    except (ValueError, TypeError):
+        return "its metadata is not readouts metadata (num_layers, hidden, gen_tokens: integers; prompt_ids: JSON)"
+    if ints["num_layers"] < 2 or ints["hidden"] < 1 or ints["gen_tokens"] < 1:
+        return f"its metadata gives impossible sizes ({ints})"
+    if not (isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids)):
+        return "its metadata's prompt_ids is not a non-empty JSON list of prompt ids"
+    if not (isinstance(digests, list) and len(digests) == len(ids) and all(_is_digest(d) for d in digests)):
+        return "its metadata's prompt_digests is not a JSON list of one sha256 per prompt id"
+    return None
+
+
+def _is_digest(value) -> bool:
+    return isinstance(value, str) and re.fullmatch("[0-9a-f]{64}", value) is not None
+
+
+def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> str | None:
+    problem = _meta_problem(meta)
+    if problem:
+        return problem
+    fitted = (int(meta["num_layers"]), int(meta["hidden"]))
     if fitted != (num_layers, hidden):
         return f"fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {num_layers} x {hidden}"
     n = num_layers - 1
@@ -433,17 +456,23 @@ def run_fit(cfg) -> tuple[Path, Readouts, dict]:
     """`sweep fit`: load the model, read and tokenize ``cfg.prompts``, fit, write under ``fit.out``
     (null: <results.root>/readouts); returns the path, the readouts and the fit's summary."""
     from sweep.models import load_model
-    from sweep.paths import check_name
+    from sweep.paths import check_name, inside
     from sweep.prompts import read_prompts, tokenize_prompts
 
     items = read_prompts(cfg.prompts)  # a bad prompts file fails before the model loads
     check_name("model", cfg.model.name or "model")
     out_dir = Path(cfg.fit.out) if cfg.fit.out is not None else Path(cfg.results.root) / "readouts"
+    root, key = (cfg.fit.out, "fit.out") if cfg.fit.out is not None else (cfg.results.root, "results.root")
+    inside(root, out_dir / (cfg.model.name or "model"), key=key)  # a link planted there: refused before any work
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
     lm.require(lens=True)  # translators and classifiers are fitted to the lens at layer L
     room = getattr(lm.adapter.config, "max_position_embeddings", None)
     prompts = tokenize_prompts(
-        items, cfg.prompts, lm.tokenizer, room=None if room is None else room - cfg.fit.gen_tokens
+        items,
+        cfg.prompts,
+        lm.tokenizer,
+        room=None if room is None else room - cfg.fit.gen_tokens,
+        gen=("fit.gen_tokens", cfg.fit.gen_tokens),
     )
     readouts = fit_readouts(
         lm,
@@ -455,7 +484,7 @@ def run_fit(cfg) -> tuple[Path, Readouts, dict]:
         prompt_set=cfg.prompts.name,
         prompt_start=cfg.prompts.start,
     )
-    path = save_readouts(readouts, out_dir)
+    path = save_readouts(readouts, out_dir, root=root, key=key)
     summary = {**json.loads(readouts.meta["fit_summary"]), "fit_seconds": float(readouts.meta["fit_seconds"])}
     summary |= {"model": lm.name, "prompt_set": cfg.prompts.name}
     log.info("fitted readouts of %s on %d prompts; wrote %s", lm.name, len(prompts), path)

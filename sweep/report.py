@@ -29,6 +29,7 @@ import polars as pl
 
 from sweep.analysis import (
     best_at_targets,
+    distinct_trials,
     fronts,
     knees_table,
     load_profiles,
@@ -56,7 +57,8 @@ def analyse(cfg) -> ReportContext:
     from sweep.paths import inside
 
     root = Path(cfg.results.root)
-    trials = load_trials(root).collect()
+    trials = distinct_trials(load_trials(root).collect())
+    _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = load_profiles(root)
     has_profiles = profiles.select(pl.len()).collect().item() > 0
     if trials.height == 0 and not has_profiles:
@@ -87,6 +89,19 @@ def analyse(cfg) -> ReportContext:
         alpha=cfg.eas.alpha,
         min_prompts=a.ci_min_prompts,
     )
+
+
+def _warn_non_finite(trials: pl.DataFrame, metric: str) -> None:
+    """Name the ok rows whose speedup or agreement is not a finite number (edited files): they are
+    left out of fronts, knees and targets (``ok_trials``)."""
+    if not trials.height:
+        return
+    bad = trials.filter((pl.col("status") == "ok") & ~(pl.col(metric).is_finite() & pl.col("agreement").is_finite()))
+    if bad.height:
+        ids = ", ".join(bad["trial_id"].head(5).to_list()) + (" ..." if bad.height > 5 else "")
+        log.warning(
+            "%d ok rows have a %s or agreement that is not a finite number; left out: %s", bad.height, metric, ids
+        )
 
 
 def render(ctx: ReportContext) -> tuple[str, list[str]]:

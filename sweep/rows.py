@@ -31,6 +31,7 @@ class SweepOutcome:
     rows: list[dict] = field(default_factory=list)
     overhead_s: list[float] = field(default_factory=list)
     interrupted: bool = False
+    unrowed: int = 0  # trials that could not even be composed, so have no row (each logged)
     simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
 
 
@@ -65,6 +66,11 @@ class RowWriter:
     nondeterministic) is never replaced unless ``rerun``: a trial whose row exists (from an
     earlier run, or computed meanwhile by a concurrent sweep into the same root) is counted
     as skipped, not written. Once a row is written its claim (``sweep.claims``) is released.
+
+    A row that cannot be written (a full disk, a read-only mount: any OSError of the store) is
+    never half-written (``sweep.store`` writes atomically); the first such error is kept in
+    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.tune``), and
+    a resume computes that trial again.
     """
 
     def __init__(
@@ -88,6 +94,8 @@ class RowWriter:
         self.existing = 0  # reported trials whose finished row was already there
         self._seen: set[str] = set()
         self._started: dict[str, float] = {}
+        self.fatal: SweepError | None = None  # the first row that could not be written
+        self.unrowed = 0  # trials reported without a row (their config did not compose)
 
     @property
     def overheads(self) -> list[float]:
@@ -99,8 +107,11 @@ class RowWriter:
         self._started[key] = time.perf_counter()
 
     def result(self, key: str, result: dict) -> None:
+        for note in json.loads(result.get("notes") or "[]"):  # from the worker: claims taken over, unclaimed runs
+            log.warning("%s", note)
         if "row_json" not in result:
             if result.get("error"):
+                self.unrowed += 1
                 log.warning(
                     "[%d/%s] a trial could not be composed, so it has no row: %s",
                     len(self._seen),
@@ -110,7 +121,10 @@ class RowWriter:
             return
         row = json.loads(result["row_json"])
         cached = bool(result.get("cached"))
-        if self.write(row, cached=cached) and not cached and row.get("bench_seconds") is not None:
+        written = self.write(row, cached=cached)
+        if self.fatal is not None and not written and not cached:
+            return  # said once, in write; the sweep stops
+        if written and not cached and row.get("bench_seconds") is not None:
             wall = time.perf_counter() - self._started.get(key, time.perf_counter())
             self._bench[key] = self._bench.get(key, 0.0) + row["bench_seconds"]
             self._overheads[key] = wall - self._bench[key]
@@ -172,9 +186,30 @@ class RowWriter:
             self.existing += 1
             claims.release(self.root, tid, self.run_id)
             return False
+        except OSError as exc:  # nothing was written (atomic): the trial stays to do, and the sweep stops
+            self._seen.discard(tid)
+            self.rows.remove(row)
+            claims.release(self.root, tid, self.run_id)
+            if self.fatal is None:
+                self.fatal = SweepError(f"cannot write the row of trial {tid} to {os_error(exc, path)}")
+                log.error("%s; stopping the sweep", self.fatal)
+            return False
         claims.release(self.root, tid, self.run_id)
         self.written += 1
         return True
+
+
+def os_error(exc: OSError, path: str | Path) -> str:
+    """``<path>: <what the system said>`` (``no space left on device``), in one line."""
+    import os
+    import re
+
+    code = exc.errno
+    if code is None:  # pyarrow's OSError names its errno only in the message ("[errno 28] ...")
+        found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
+        code = int(found.group(1)) if found else None
+    what = os.strerror(code) if code else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{path}: {what[:1].lower()}{what[1:]}"
 
 
 def last_error(path: str | None) -> str:

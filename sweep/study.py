@@ -9,6 +9,7 @@ and its constraints where optuna-dashboard reads them. A resume reads the study 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from pathlib import Path
@@ -107,26 +108,63 @@ def optuna_storage_url(path: Path) -> str:
     return f"sqlite:///{path / 'optuna.db'}"
 
 
-def remaining_trials(search: SearchConfig, path: Path) -> int:
-    """Trials an interrupted Optuna sweep still has to run: ``n_trials`` less the study's
-    finished ones. Trials the interruption left running are marked failed in the study (no
-    worker will ever finish them). The study is SQLite rows, read as data."""
+def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str]) -> int:
+    """Trials an interrupted Optuna sweep still has to run: ``n_trials`` less the study's finished
+    trials whose row exists (``rows``: the trial ids with a row under results.root). A study trial
+    without its row (the interruption left it running, the sweep stopped before it ran, or its row
+    was never written) is not done: its parameters are enqueued, so the resume runs that setting
+    again, once. Trials left running are marked failed (no worker will finish them). The study
+    is SQLite rows, read as data; one that cannot be read is a ConfigError naming the file."""
     from optuna.trial import TrialState
 
     if not (path / "optuna.db").is_file():
         return search.n_trials
-    storage = optuna.storages.RDBStorage(optuna_storage_url(path))
-    try:
-        study = optuna.load_study(study_name=search.name, storage=storage)
-    except KeyError:  # no study of that name yet
+    study = _open_study(search, path)
+    if study is None:  # no study of that name yet
         return search.n_trials
-    finished = 0
-    for trial in study.get_trials(deepcopy=False):
-        if trial.state == TrialState.RUNNING:
-            study.tell(trial.number, state=TrialState.FAIL)
-        else:
-            finished += 1
-    return max(search.n_trials - finished, 0)
+    with _reading(path):
+        trials = study.get_trials(deepcopy=False)
+        waiting = [t.params for t in trials if t.state == TrialState.WAITING]
+        done, lost = 0, []
+        for trial in trials:
+            if trial.state == TrialState.RUNNING:
+                study.tell(trial.number, state=TrialState.FAIL)
+            elif trial.state != TrialState.WAITING and trial.user_attrs.get("trial_id") in rows:
+                done += 1
+                continue
+            if trial.state != TrialState.WAITING and trial.params and trial.params not in waiting + lost:
+                lost.append(trial.params)
+        remaining = max(search.n_trials - done, 0)
+        for params in lost[: max(remaining - len(waiting), 0)]:
+            study.enqueue_trial(params)
+    return remaining
+
+
+def _open_study(search: SearchConfig, path: Path):
+    """The sweep's study in ``path/optuna.db``, or None when it holds no study of that name."""
+    with _reading(path):
+        storage = optuna.storages.RDBStorage(optuna_storage_url(path))
+        try:
+            return optuna.load_study(study_name=search.name, storage=storage)
+        except KeyError:
+            return None
+
+
+@contextlib.contextmanager
+def _reading(path: Path):
+    """A study file that cannot be read (truncated, garbage, tables dropped) is one line naming it,
+    with the way out, rather than the database driver's error."""
+    try:
+        yield
+    except (ConfigError, KeyError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy, sqlite3 and Optuna each raise their own kinds
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(
+            f"{path / 'optuna.db'}: the sweep's Optuna study cannot be read ({type(exc).__name__}: {first}); move "
+            "the file away and resume (a fresh study: trials whose rows exist are taken from their rows, not run "
+            "again), or start a new sweep without resume=true"
+        ) from None
 
 
 class ConstrainedOptunaSearch(OptunaSearch):
@@ -244,8 +282,9 @@ def optuna_search(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metrics = list(search.objectives)
     modes = [search.objectives[m] for m in metrics]
-    storage = optuna.storages.RDBStorage(optuna_storage_url(path))
-    describe_study(search, storage, root)
+    with _reading(path):
+        storage = optuna.storages.RDBStorage(optuna_storage_url(path))
+        describe_study(search, storage, root)
     return ConstrainedOptunaSearch(
         constraints=dict(search.constraints),
         base=base,

@@ -14,7 +14,6 @@ Ray reads its auth mode and single-node mode when it is imported.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -25,7 +24,7 @@ import ray
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 
-from sweep import _ray_private, claims
+from sweep import _ray_private, claims, interrupt
 from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
 from sweep.gatespec import GATE_SPECS
@@ -34,15 +33,17 @@ from sweep.plan import (
     Plan,
     baseline_groups,
     plan_sweep,
+    row_ids,
     screen_selection,
+    screened_before,
     select_trials,
     trial_config,
     tune_settings,
 )
-from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, row_path
+from sweep.rows import RowWriter, SweepOutcome, last_error, os_error
 from sweep.search import METRICS
 from sweep.study import optuna_search, remaining_trials
-from sweep.worker import screen_trace, shared_trial_rows, trial_row
+from sweep.worker import run_claimed, screen_trace
 
 log = logging.getLogger("sweep.tune")
 
@@ -54,6 +55,10 @@ def start_ray(cluster: ClusterConfig) -> bool:
     """Start an embedded Ray on 127.0.0.1 or join ``cluster.address``; True if started here."""
     # Tune warns about every unfinished trial of an interrupted experiment; resume handles them
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # on a stop signal Tune names Ctrl-C and offers Tuner.restore (which unpickles): the resume line is ours; and
+    # its own state, which a resume never reads, failing to save (a full disk) is a traceback per step: rows say it
+    for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     if ray.is_initialized():
         return False
     if os.environ.get("RAY_AUTH_MODE") != cluster.auth:
@@ -77,9 +82,13 @@ def start_ray(cluster: ClusterConfig) -> bool:
         )
         record_embedded_session()
     else:
-        _require_reachable(cluster.address)
+        from sweep.cluster_env import is_loopback
+
+        address = _require_reachable(cluster.address)
+        if is_loopback(address):  # `auto` found a cluster on 127.0.0.1: talk to it there, as for an explicit address
+            _ray_private.single_node_mode()
         try:
-            ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConfigError(
                 f"cluster.address={cluster.address}: cannot join a Ray cluster there ({str(exc).splitlines()[0]})"
@@ -87,8 +96,9 @@ def start_ray(cluster: ClusterConfig) -> bool:
     return True
 
 
-def _require_reachable(address: str) -> None:
-    """Fail in seconds, not minutes of retries, when nothing answers at the cluster address."""
+def _require_reachable(address: str) -> str:
+    """The cluster's address (``auto`` resolved); fails in seconds, not minutes of retries, when
+    nothing answers there."""
     import socket
 
     resolved = address
@@ -107,6 +117,7 @@ def _require_reachable(address: str) -> None:
             f"cluster.address={address}: nothing answers at {resolved}; start the cluster or fix the address "
             "(host:port of the GCS)"
         ) from None
+    return resolved
 
 
 def stop_ray() -> None:
@@ -150,14 +161,15 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
     timed against one shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose
     on the driver's device, claim each setting in the results root (``sweep.claims``: a concurrent
     sweep into the same root computes it once), bench (with this process's cached model), and
-    report each setting's row."""
+    report each setting's row. A trial that raises reports its failed rows, once: Tune retries
+    only a worker that died (``sweep.max_failures``), never a deterministic error."""
     t0 = time.perf_counter()
     context = context or {}
     try:
         cfgs = [trial_config(list(base), t, context["device"]) for t in tune_settings(config)]
         tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
-    except SweepError as exc:  # a value the driver's checks could not foresee: no config, so no row
-        tune.report({**_metrics({"status": "failed"}), "error": str(exc), "cached": False})
+    except Exception as exc:  # noqa: BLE001 - a value the driver's checks could not foresee: no config, no row
+        tune.report({**_metrics({"status": "failed"}), "error": _one_line(exc), "cached": False})
         return
     done = context.get("done", {})
     todo = []
@@ -167,28 +179,21 @@ def _trainable(config: dict, base: list[str] = (), context: dict | None = None) 
             _report(done[tid], next(left), cached=True)
         else:
             todo.append((tid, cfg))
-    owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
-    with contextlib.ExitStack() as stack:
-        compute = []
-        for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
-            path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
-            ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
-            held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
-            if held.row is not None:  # a concurrent sweep into the same root computed it
-                _report(held.row, next(left), cached=True, computed_by=held.waited_for)
-            else:
-                compute.append(cfg)
-        if len(compute) == 1:
-            rows = [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
-        else:
-            rows = shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
-    for row in rows:
-        _report(row, next(left), cached=False)
+    run_claimed(todo, context, t0, lambda row, **how: _report(row, next(left), **how))
 
 
-def _report(row: dict, reports_left: int, *, cached: bool, computed_by: str | None = None) -> None:
-    """One setting's row to the driver (``Progress``); ``reports_left``: the bundle's settings still to report."""
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:500]
+
+
+def _report(
+    row: dict, reports_left: int, *, cached: bool, computed_by: str | None = None, notes: tuple[str, ...] = ()
+) -> None:
+    """One setting's row to the driver (``Progress``); ``reports_left``: the bundle's settings still to
+    report; ``notes``: lines the driver prints (``sweep.claims``: a claim taken over, a trial run unclaimed)."""
     extra = {} if computed_by is None else {"computed_by": computed_by}
+    if notes:
+        extra["notes"] = json.dumps(list(notes))
     metrics = {**_metrics(row), "row_json": json.dumps(row, default=str), "cached": cached, **extra}
     tune.report({**metrics, "reports_left": reports_left})
 
@@ -204,18 +209,22 @@ def _metrics(row: dict) -> dict:
 
 def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
     """`sweep run`: plan the trials (bad values fail before Ray starts), start or join Ray,
-    run them through Tune, write rows."""
+    run them through Tune, write rows. SIGTERM stops it as SIGINT does (``sweep.interrupt``);
+    however it ends, the claims this run still holds are released once Ray is stopped."""
     plan = plan_sweep(cfg, base_overrides)
     if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:
         # inside a Ray job the working directory can be re-extracted under the driver; stand elsewhere
         plan.storage.mkdir(parents=True, exist_ok=True)
         os.chdir(plan.storage)
-    started = start_ray(plan.cfg.cluster)
-    try:
-        return _execute(plan)
-    finally:
-        if started:
-            stop_ray()
+    with interrupt.sigterm_as_sigint():
+        started = start_ray(plan.cfg.cluster)
+        interrupt.keep_sigterm()  # Ray's driver installs its own SIGTERM handler (a stack dump, then abort)
+        try:
+            return _execute(plan)
+        finally:
+            if started:
+                stop_ray()
+            claims.release_run(plan.root, plan.run_id)
 
 
 def _execute(plan: Plan) -> SweepOutcome:
@@ -233,16 +242,25 @@ def _execute(plan: Plan) -> SweepOutcome:
         else:
             grid_trials = chosen
     planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
-    total = len(planned) if planned is not None else cfg.search.n_trials
-    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), total or 0, skipped, simulated=simulated)
-    if planned == []:
-        log.info("sweep %s: nothing to run", plan.name)
+    if cfg.resume:
+        # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
+        # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
+        log.info(
+            "resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, plan.path
+        )
+    total = len(planned) if planned is not None else _samples(plan)  # what this run runs
+    size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
+    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, simulated=simulated)
+    if total == 0:
+        why = (
+            "nothing to run"
+            if planned is not None
+            else f"its study has all {cfg.search.n_trials} trials, each with its row"
+        )
+        log.info("sweep %s: %s", plan.name, why)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    tuner = _tuner(plan, planned, resources, device, Progress(writer), grid=grid_trials)
-    if tuner is None:  # resume=true: the study has all its trials already
-        log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
-        return outcome
+    tuner = _tuner(plan, planned, total, resources, device, writer, grid=grid_trials)
     log.info(
         "sweep %s: %s trials on %s (%s per trial); Tune state in %s",
         plan.name,
@@ -252,7 +270,9 @@ def _execute(plan: Plan) -> SweepOutcome:
         plan.path,
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
-    interrupted = _reconcile(tuner.fit(), writer, total)
+    interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
+    if writer.fatal is not None:  # a row could not be written: the sweep stopped; a resume redoes those trials
+        raise SweepError(f"{writer.fatal}; {interrupt.resume_hint(plan)}")
     return dataclasses.replace(
         outcome,
         rows=writer.rows,
@@ -260,7 +280,21 @@ def _execute(plan: Plan) -> SweepOutcome:
         skipped=skipped + writer.existing,
         overhead_s=writer.overheads,
         interrupted=interrupted,
+        unrowed=writer.unrowed,
     )
+
+
+def _fit(tuner, plan: Plan, writer: RowWriter):
+    """``tuner.fit()``; Tune's own state that cannot be written (a full disk under sweep.storage)
+    is one line naming the file, as a row that cannot be written is (``RowWriter.fatal``)."""
+    try:
+        return tuner.fit()
+    except Exception as exc:  # noqa: BLE001 - Tune wraps what its state writes raise in TuneError
+        cause = interrupt.os_cause(exc)
+        if cause is None:
+            raise
+        where = cause.filename or plan.path
+        raise SweepError(f"cannot write Tune's state: {os_error(cause, where)}; {interrupt.resume_hint(plan)}") from exc
 
 
 def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
@@ -277,25 +311,6 @@ def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
         elif result.error is None and (result.metrics or {}).get("reports_left", 0) > 0:
             unfinished += 1  # a bundle stopped between its settings' reports
     return unfinished > 0 or settings < (total or 0)
-
-
-def screened_before(plan: Plan, settings, device: str):
-    """A resumed screen: the settings its earlier run selected for closed-loop trials (from
-    its rows in the `simulated` table), or None when it never got that far."""
-    import polars as pl
-
-    from sweep.store import scan
-
-    chosen = (
-        scan("simulated", plan.root)
-        .filter((pl.col("sweep_name") == plan.name) & pl.col("selected"))
-        .select("trial_id")
-        .collect()["trial_id"]
-    )
-    if chosen.len() == 0:
-        return None
-    keep = set(chosen.to_list())
-    return [s for s in settings if trial_identity(s[1], device).id in keep]
 
 
 def _screen(plan: Plan, settings, resources: dict, device: str):
@@ -355,25 +370,25 @@ def _skipset(plan: Plan, resources: dict, device: str):
     return [(setting, trial_config(plan.base, setting, device)) for setting in settings]
 
 
-def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None):
+def _samples(plan: Plan) -> int:
+    """The Optuna trials to run: ``search.n_trials``, or on a resume those the study still lacks
+    (a trial counts only with its row: ``sweep.study.remaining_trials``)."""
+    if not plan.cfg.resume:
+        return plan.cfg.search.n_trials
+    return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root))
+
+
+def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, writer: RowWriter, grid=None):
     cfg, path = plan.cfg, plan.path
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
     context["done"] = {} if planned is not None else plan.done
     trainable = tune.with_resources(tune.with_parameters(_trainable, base=plan.base, context=context), resources)
-    num_samples = cfg.search.n_trials
-    if cfg.resume:
-        # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
-        # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
-        log.info("resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, path)
-        if planned is None:
-            num_samples = remaining_trials(cfg.search, path)
-            if num_samples == 0:
-                return None
     run_config = tune.RunConfig(
         name=plan.name,
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
-        callbacks=[callback],
+        callbacks=[Progress(writer)],
+        stop=_StopWhenRowsCannotBeWritten(writer),
         verbose=0,
     )
     if planned is not None:
@@ -403,6 +418,20 @@ def _trial_dirname(trial) -> str:
 
 def _cluster_label(cluster: ClusterConfig) -> str:
     return "an embedded Ray on 127.0.0.1" if cluster.address is None else f"the Ray cluster at {cluster.address}"
+
+
+class _StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
+    """Stops every trial once a row could not be written (``RowWriter.fatal``: a full disk): the
+    trials still to run would only compute rows that cannot be kept."""
+
+    def __init__(self, writer: RowWriter) -> None:
+        self.writer = writer
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.writer.fatal is not None
 
 
 class Progress(tune.Callback):

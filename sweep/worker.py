@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from sweep.config import Config
-from sweep.errors import SweepError
 from sweep.plan import trial_config
 
 
@@ -26,27 +26,77 @@ def reuse_cache():
     return None if off else process_cache()
 
 
+def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report: Callable[..., None]) -> None:
+    """A Tune trial's settings still to compute (``todo``: trial id and config), each claimed in the
+    results root first (``sweep.claims``: a concurrent sweep into the same root computes it once),
+    then computed together (one setting, or a bundle against one shared baseline); each setting's
+    row goes to ``report(row, cached=..., computed_by=..., notes=...)`` once. Whatever the trial
+    raises is the failed row of each setting not yet reported, never an error out of the worker:
+    Tune retries only workers that died, not a deterministic error."""
+    from sweep import claims
+    from sweep.rows import finished_row, row_path
+
+    owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
+    notes: dict[str, tuple[str, ...]] = {}
+    reported: set[str] = set()
+    try:
+        with contextlib.ExitStack() as stack:
+            compute = []
+            for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
+                path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
+                ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
+                held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
+                notes[tid] = held.notes
+                if held.row is not None:  # a concurrent sweep into the same root computed it
+                    report(held.row, cached=True, computed_by=held.waited_for, notes=held.notes)
+                    reported.add(tid)
+                else:
+                    compute.append(cfg)
+            if len(compute) == 1:
+                rows = [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
+            else:
+                rows = shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+    except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
+        rows = [failed_trial_row(cfg, context["run_id"], context.get("sweep_name"), exc, t0) for _, cfg in todo]
+        rows = [row for row in rows if row["trial_id"] not in reported]
+    for row in rows:
+        report(row, cached=False, notes=notes.get(row["trial_id"], ()))
+
+
 def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> dict[str, Any]:
     """Run one trial with this process's cached model and reusable references (``sweep.reuse``);
-    its row (a failed row when it raises)."""
+    its row (a failed row, with the error's first line, when it raises)."""
     from sweep.bench import failed_row, prepare, run_trial
-    from sweep.models import model_loads
     from sweep.run_info import provenance, provenance_unloaded
 
     lm = gate = None
     try:
         lm, gate, prompts = prepare(cfg)
         row = run_trial(cfg, lm, gate, prompts, reuse=reuse_cache())
-    except (SweepError, RuntimeError, ValueError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a trial that raises is a failed row, whatever it raised
         row = failed_row(cfg, cfg.prompts.n or 0, exc, gate)
     prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
+    return _with_worker({**prov, **row}, sweep_name, time.perf_counter() - t0)
+
+
+def failed_trial_row(cfg: Config, run_id: str, sweep_name: str | None, exc: BaseException, t0: float) -> dict:
+    """The failed row of a setting whose trial raised outside the bench (claiming, provenance)."""
+    from sweep.bench import failed_row
+    from sweep.run_info import provenance_unloaded
+
+    row = {**provenance_unloaded(cfg, run_id), **failed_row(cfg, cfg.prompts.n or 0, exc)}
+    return _with_worker(row, sweep_name, time.perf_counter() - t0)
+
+
+def _with_worker(row: dict[str, Any], sweep_name: str | None, seconds: float) -> dict[str, Any]:
+    from sweep.models import model_loads
+
     return {
-        **prov,
         **row,
         "sweep_name": sweep_name,
         "worker_pid": os.getpid(),
         "worker_model_loads": model_loads(),
-        "trial_seconds": time.perf_counter() - t0,
+        "trial_seconds": seconds,
     }
 
 
@@ -57,7 +107,6 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
     raises). The worker side of a Tune trial that bundles grid settings; ``trial_seconds`` is the
     row's bench_seconds plus an even share of the group's time outside the bench (preparing, provenance)."""
     from sweep.bench import failed_row, prepare, run_shared_trials
-    from sweep.models import model_loads
     from sweep.run_info import provenance, provenance_unloaded
 
     prepared: list = [None] * len(cfgs)
@@ -65,7 +114,7 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
     for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
         try:
             prepared[i] = prepare(cfg)
-        except (SweepError, RuntimeError, ValueError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001
             rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
     ready = [i for i, p in enumerate(prepared) if p is not None]
     if ready:
@@ -73,7 +122,7 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
         group = [cfgs[i] for i in ready]
         try:
             measured = run_shared_trials(group, lm, [prepared[i][1] for i in ready], prompts, reuse=reuse_cache())
-        except (SweepError, RuntimeError, ValueError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the group's failed rows, whatever it raised
             measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
         for i, row in zip(ready, measured):
             rows[i] = row
@@ -84,16 +133,7 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
     for cfg, row, p, seconds in zip(cfgs, rows, prepared, (b + rest for b in bench)):
         # a setting that failed to prepare has no model
         prov = provenance(cfg, p[0], run_id) if p is not None else provenance_unloaded(cfg, run_id)
-        out.append(
-            {
-                **prov,
-                **row,
-                "sweep_name": sweep_name,
-                "worker_pid": os.getpid(),
-                "worker_model_loads": model_loads(),
-                "trial_seconds": seconds,
-            }
-        )
+        out.append(_with_worker({**prov, **row}, sweep_name, seconds))
     return out
 
 
@@ -150,7 +190,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         n_trials=s.n_trials,
         sampler=s.sampler,
         seed=s.seed,
-        ratio=tuple(s.skip_ratio),
+        ratio=tuple(s.skip_ratio) if s.skip_ratio is not None else (0.0, 1.0),
         draft_len=b.draft_len,
         draft_stop=b.draft_stop,
         costs=costs,

@@ -78,6 +78,23 @@ CASES: list[tuple[list[str], str]] = [
     (["calibrate", *TINY, "gate=full"], "gate=full"),
     (["calibrate", *TINY, "gate=saturation", "calibrate.epsilon=0"], "calibrate.epsilon"),
     (["calibrate", *TINY, "gate=saturation", "calibrate.split=1"], "calibrate.split"),
+    # issue 25: inputs that ended in "unexpected ..." or blamed the wrong thing
+    (["bench", *TINY, "seed=18446744073709551615"], "seed=18446744073709551615"),
+    (["profile", *TINY, "seed=9223372036854775808"], "seed=9223372036854775808"),
+    (["run", *TINY, "search=optuna-mo", "search.seed=4294967296"], "search.seed"),
+    (["profile", *TINY, "profile.topk=1000"], "profile.topk=1000"),
+    (["profile", *TINY, "profile.topk=261"], "profile.topk=261"),
+    (["bench", *TINY, "results.root={root}/" + "x" * 300], "results.root"),
+    (["profile", *TINY, "results.root={root}/" + "x" * 256 + "/y"], "results.root"),
+    (["run", *TINY, "sweep.storage={root}/" + "s" * 300], "sweep.storage"),
+    (["analyze", "results.root={root}", "analysis.out={root}/" + "o" * 300], "analysis.out"),
+    (["fit", "model=tiny-llama", "prompts.n=2", "results.root={root}", "fit.out={root}/" + "f" * 300], "fit.out"),
+    (["bench", *TINY, "results.root={root}/" + "/".join(["d" * 200] * 20)], "results.root"),
+    (["bench", *TINY, "bench.gen_tokens=4096"], "bench.gen_tokens=4096"),
+    (["bench", *TINY, "bench.gen_tokens=4095"], "bench.gen_tokens=4095"),
+    (["profile", *TINY, "profile.gen_tokens=4096"], "profile.gen_tokens=4096"),
+    (["fit", "model=tiny-llama", "prompts.n=2", "fit.gen_tokens=4096"], "fit.gen_tokens=4096"),
+    (["calibrate", *TINY, "gate=margin", "prompts.n=4", "bench.gen_tokens=4096"], "bench.gen_tokens=4096"),
     # config, schema, the command itself
     (["config", "gate.nope=1"], "gate.nope"),
     (["config", "gate=saturation", "gate.eps=nan"], "gate.eps"),
@@ -151,3 +168,73 @@ def test_bad_submissions_are_one_line_and_contact_nothing(argv, word, places):
     assert res.returncode != 0, res.stderr
     _one_error_line(res.stderr, word)
     assert not any(places["cwd"].iterdir())
+
+
+# ---------------------------------------------------------------- issue 25: the environment, and stdout going away
+
+
+def _conf_copy(tmp_path: Path, edit: dict[str, str]) -> Path:
+    import shutil
+
+    conf = tmp_path / "conf-copy"
+    shutil.copytree(ROOT / "conf", conf)
+    for name, text in edit.items():
+        with open(conf / name, "a") as f:
+            f.write(text)
+    return conf
+
+
+ENV_CASES = [
+    ({"config.yaml": "broken: [unclosed\n"}, ["config"], "config.yaml:"),
+    ({"gate/saturation.yaml": "eps: {a: 1\n"}, ["profile", *TINY, "gate=saturation"], "gate/saturation.yaml:"),
+    ({"model/tiny-llama.yaml": "\t tab: x\n"}, ["bench", *TINY], "model/tiny-llama.yaml:"),
+    ({"search/optuna-mo.yaml": "- - : ]\n"}, ["run", *TINY, "search=optuna-mo"], "search/optuna-mo.yaml:"),
+]
+
+
+@pytest.mark.parametrize("edit, argv, word", ENV_CASES, ids=[c[2] for c in ENV_CASES])
+def test_a_conf_directory_that_is_not_yaml_is_one_line_naming_the_file(edit, argv, word, places, capsys, monkeypatch):
+    monkeypatch.setenv("SWEEP_CONFIG_DIR", str(_conf_copy(places["tmp"] / "confs", edit)))
+    code = main([*argv, f"results.root={places['root']}"] if argv[0] != "config" else argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = _one_error_line(err, word)
+    assert line.startswith("error: SWEEP_CONFIG_DIR=") and "not valid YAML" in line
+    assert not Path(places["root"]).exists() and not any(places["cwd"].iterdir())
+
+
+def test_a_relative_conf_directory_is_used_as_given(places, capsys, monkeypatch):
+    import shutil
+
+    shutil.copytree(ROOT / "conf", places["cwd"] / "myconf")
+    monkeypatch.setenv("SWEEP_CONFIG_DIR", "myconf")  # relative to the working directory
+    assert main(["config", "gate=saturation"]) == 0
+    assert "name: saturation" in capsys.readouterr().out
+
+
+def test_a_state_directory_under_a_file_is_one_line_before_any_work(places, capsys, monkeypatch):
+    monkeypatch.setenv("SWEEP_STATE_DIR", f"{places['file']}/state")
+    code = main(["run", *TINY, f"results.root={places['root']}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = _one_error_line(err, "SWEEP_STATE_DIR")
+    assert f"lies under {places['file']}, which is a file" in line
+    _nothing_written(places)
+
+
+@pytest.mark.parametrize("argv", [["schema"], ["config"], ["config", "gate=margin"], ["--help"], ["run", "--help"]])
+def test_stdout_closed_early_is_a_quiet_exit(argv, places):
+    """`sweep schema | head -1`: the reader leaves; no traceback, no error line (128 + SIGPIPE, as cat does)."""
+    env = {k: v for k, v in os.environ.items() if k != "SWEEP_DEBUG"}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("sweep")), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=places["cwd"],
+        env=env,
+    )
+    proc.stdout.close()  # before the command writes a byte
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "error:" not in err, err
+    assert code in (0, 141), (code, err)

@@ -242,3 +242,152 @@ def test_a_failed_row_is_replaced_by_the_trials_next_run(tmp_path):
     writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
     assert writer.write(_row("t1", run_id="second")) is True
     assert pl.read_parquet(path)["run_id"].item() == "second"
+
+
+# ---------------------------------------------------------------- planted claims (issue 25): never fatal, no long wait
+
+HOST = socket.gethostname()
+PLANTED_CLAIMS = {
+    "a JSON list": b"[]",
+    "a JSON string": b'"claim"',
+    "JSON null": b"null",
+    "an empty object": b"{}",
+    "garbage bytes": b"\x00\xff garbage \x80",
+    "an empty file": b"",
+    "a huge pid": json.dumps({"run_id": "x", "sweep_name": "s", "host": HOST, "pid": 99999999999999999999}).encode(),
+    "a huge pid of another host": json.dumps(
+        {"run_id": "x", "sweep_name": "s", "host": "elsewhere", "pid": 2**70}
+    ).encode(),
+    "a negative pid": json.dumps({"run_id": "x", "sweep_name": "s", "host": HOST, "pid": -1}).encode(),
+    "pid 0 (every process of the group)": json.dumps(
+        {"run_id": "x", "sweep_name": "s", "host": HOST, "pid": 0}
+    ).encode(),
+    "a pid that is a string": json.dumps({"run_id": "x", "sweep_name": "s", "host": HOST, "pid": "1"}).encode(),
+    "a pid that is a float": json.dumps({"run_id": "x", "sweep_name": "s", "host": HOST, "pid": 1.5}).encode(),
+    "a run id that is a number": json.dumps({"run_id": 7, "sweep_name": "s", "host": HOST, "pid": 1}).encode(),
+    "a deeply nested document": b"[" * 30000 + b"]" * 30000,
+    "a claim of a megabyte": json.dumps({"run_id": "x" * 2**20, "sweep_name": "s", "host": HOST, "pid": 1}).encode(),
+}
+
+
+@pytest.mark.parametrize("content", PLANTED_CLAIMS.values(), ids=PLANTED_CLAIMS.keys())
+def test_a_claim_that_is_not_a_claim_is_taken_over_in_seconds_and_named(tmp_path, content, caplog):
+    path = claims.claim_path(tmp_path, "t1")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    t0 = time.time()
+    with caplog.at_level("WARNING", logger="sweep.claims"):
+        with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
+            assert held.row is None and json.loads(path.read_text())["run_id"] == "b"  # ours now
+    assert time.time() - t0 < claims.GRACE_S + 3, "waited for a claim that is not one"
+    [note] = held.notes
+    assert note.startswith(f"took over the stale claim {path} (not a claim: "), note
+    assert [r.getMessage() for r in caplog.records] == [note]  # logged once, named
+
+
+def test_a_fresh_unreadable_claim_is_waited_for_briefly_in_case_it_is_being_written(tmp_path):
+    path = claims.claim_path(tmp_path, "t1")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"")
+    box: list = []
+
+    def waiter():
+        with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
+            box.append(held)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)
+    path.write_text(json.dumps(owner("a").__dict__))  # its writer finished: a live claim of this process
+    time.sleep(claims.GRACE_S + 1)
+    assert not box, "a claim whose writer finished within the grace period must be waited for"
+    claims.release(tmp_path, "t1", "a")
+    thread.join(timeout=10)
+    assert box and box[0].row is None
+
+
+def test_a_claims_directory_that_is_a_file_runs_the_trial_unclaimed(tmp_path):
+    (tmp_path / "claims").write_text("planted")
+    with claims.hold(tmp_path, "t1", owner("a"), lambda: None) as held:
+        assert held.row is None
+    [note] = held.notes
+    assert note.startswith("trial t1 runs unclaimed") and f"{tmp_path / 'claims'} is not a directory" in note
+    claims.release(tmp_path, "t1", "a")  # the driver's release is harmless too
+    assert claims.release_run(tmp_path, "a") == [] and (tmp_path / "claims").read_text() == "planted"
+
+
+def test_a_claims_directory_linked_out_of_the_root_is_never_written_through(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "claims").symlink_to(elsewhere)
+    with claims.hold(tmp_path / "root", "t1", owner("a"), lambda: None) as held:
+        assert held.row is None and "runs unclaimed" in held.notes[0]
+    claims.release(tmp_path / "root", "t1", "a")
+    assert list(elsewhere.iterdir()) == []
+    with pytest.raises(Exception, match="outside it"):
+        claims.check_dir(tmp_path / "root")
+
+
+def test_a_stale_break_file_of_a_dead_breaker_delays_nothing_for_long(tmp_path):
+    path = claims.claim_path(tmp_path, "t1")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"[]")
+    guard = path.with_name(path.name + ".break")
+    guard.write_text("")
+    stamp = time.time() - claims.BREAK_S - 1
+    os.utime(guard, (stamp, stamp))
+    t0 = time.time()
+    with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
+        assert held.row is None
+    assert time.time() - t0 < claims.GRACE_S + 5
+
+
+def test_release_run_removes_only_this_runs_claims(tmp_path):
+    for tid, run in (("t1", "a"), ("t2", "a"), ("t3", "b")):
+        assert claims._try_create(claims.claim_path(tmp_path, tid), owner(run))
+    (tmp_path / "claims" / "junk.json").write_bytes(b"[]")
+    removed = claims.release_run(tmp_path, "a")
+    assert sorted(p.name for p in removed) == ["t1.json", "t2.json"]
+    assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["junk.json", "t3.json"]
+
+
+def test_a_sweep_takes_over_planted_claims_of_its_trials_and_completes(ray_session, tmp_path, caplog):
+    """Garbage claims planted for every trial of a sweep, and R/claims/.. a file elsewhere: the sweep
+    completes in about the time it takes, names each claim it took over, and writes every row."""
+    from conftest import TINY_SWEEP, compose, sweep
+    from sweep.identity import trial_identity
+    from sweep.plan import plan_sweep
+
+    space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1)'}]"
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", space]
+    ids = [trial_identity(c, "cpu").id for _, c in plan_sweep(compose(*args), args).grid_trials]
+    contents = list(PLANTED_CLAIMS.values())
+    (tmp_path / "claims").mkdir()
+    for i, tid in enumerate(ids):
+        (tmp_path / "claims" / f"{tid}.json").write_bytes(contents[i % len(contents)] or b"[]")
+    t0 = time.time()
+    with caplog.at_level("WARNING", logger="sweep.rows"):
+        outcome = sweep(tmp_path, space)
+    assert time.time() - t0 < 60, "waited for claims that are not claims"
+    assert outcome.written == 2 and sorted(read("trials", tmp_path)["trial_id"]) == sorted(ids)
+    notes = [r.getMessage() for r in caplog.records if r.name == "sweep.rows"]
+    assert sorted(n.split(" (")[0] for n in notes if n.startswith("took over")) == sorted(
+        f"took over the stale claim {tmp_path / 'claims' / tid}.json" for tid in ids
+    )
+    assert not list((tmp_path / "claims").glob("*.json"))
+
+
+def test_a_sweep_into_a_root_whose_claims_is_a_file_completes_unclaimed(ray_session, tmp_path, caplog):
+    from conftest import sweep
+
+    (tmp_path / "claims").write_text("planted by someone else")
+    space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1)'}]"
+    with caplog.at_level("WARNING"):
+        outcome = sweep(tmp_path, space)
+    assert outcome.written == 2 and set(read("trials", tmp_path)["status"]) == {"ok"}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        m.startswith(f"{tmp_path / 'claims'} is not a directory: this sweep's trials run unclaimed") for m in messages
+    )
+    assert sum("runs unclaimed" in m for m in messages if m.startswith("trial ")) == 2  # each trial said so

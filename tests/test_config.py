@@ -19,6 +19,7 @@ GROUP_EXTRA = {
     "gguf": ["model.path=x.gguf"],
     "jsonl": ["prompts.path=p.jsonl"],
     "classifier": ["gate.readouts=readouts.safetensors"],
+    "skip": ["bench.mode=self_speculative"],
 }
 
 
@@ -58,7 +59,7 @@ BAD = [
     (
         ["gate=nope"],
         "gate=nope: unknown option; allowed: classifier, conformal, cosine, entropy, fixed, full, margin, pca, "
-        "saturation, softmax",
+        "saturation, skip, softmax",
     ),
     (["prompts=nope"], "prompts=nope: unknown option; allowed: chat, humaneval, jsonl"),
     (["profile.nope=1"], "profile.nope: unknown key in profile; allowed: gen_tokens, topk"),
@@ -68,7 +69,7 @@ BAD = [
     (["profile.gen_tokens=1.5"], "profile.gen_tokens=1.5: must be an integer"),
     (["profile.topk=0"], "profile.topk=0: must be an integer in 1..1000"),
     (["eas.alpha=1.5"], "eas.alpha=1.5: must be a number in [0, 1]"),
-    (["seed=-1"], "seed=-1: must be an integer >= 0"),
+    (["seed=-1"], "seed=-1: must be an integer in 0..9223372036854775807 (2^63 - 1, torch's)"),
     (["device=tpu"], "device=tpu: must be one of auto, cpu, cuda"),
     (["dtype=int8"], "dtype=int8: must be one of float32, bfloat16, float16"),
     (["prompts.n=0"], "prompts.n=0: must be an integer >= 1 or null (all)"),

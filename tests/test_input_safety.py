@@ -413,3 +413,119 @@ def test_bench_with_a_pca_k_over_the_hidden_size_loads_nothing_and_writes_nothin
     code, err = cli(tmp_path, capsys, "bench", "model=tiny-llama", "gate=pca", "gate.k=100", f"results.root={root}")
     assert code == 2 and len(err) == 1 and err[0].startswith("error: gate.k=100: must be an integer in 1..64")
     assert model_loads() == loads and not root.exists()
+
+
+# ------------------------------------------------------------------ 8. issue 25: ranges, sizes and edited metadata
+
+
+def test_seeds_are_bounded_by_what_their_generators_take():
+    assert refused("seed=18446744073709551615") == (
+        "seed=18446744073709551615: must be an integer in 0..9223372036854775807 (2^63 - 1, torch's)"
+    )
+    assert refused("search=optuna-mo", "search.seed=4294967296") == (
+        "search.seed=4294967296: must be an integer in 0..4294967295 (2^32 - 1, Optuna's samplers)"
+    )
+    assert compose("seed=9223372036854775807", "search.seed=4294967295").seed == 2**63 - 1
+
+
+def _edited(path: Path, target: Path, **meta: str) -> Path:
+    """``path``'s readouts with metadata edited and the digest recomputed, so it passes the digest check."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from sweep.readouts import content_digest
+
+    with safe_open(str(path), framework="pt") as f:
+        old, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    old.pop("digest")
+    new = {**old, **meta}
+    save_file(tensors, str(target), metadata={**new, "digest": content_digest(tensors, new)})
+    return target
+
+
+EDITS = {
+    "prompt_ids not a list": {"prompt_ids": "5"},
+    "prompt_ids an object": {"prompt_ids": "{}", "prompt_digests": "[]"},  # would bypass the overlap check
+    "prompt_ids an empty list": {"prompt_ids": "[]", "prompt_digests": "[]"},
+    "prompt_ids of numbers": {"prompt_ids": "[1, 2, 3]"},
+    "prompt_digests not one per prompt": {"prompt_digests": '["00"]'},
+    "prompt_digests not a list": {"prompt_digests": '"abc"'},
+    "gen_tokens not a number": {"gen_tokens": "many"},
+    "num_layers zero": {"num_layers": "0"},
+}
+
+
+@pytest.mark.parametrize("meta", EDITS.values(), ids=EDITS.keys())
+def test_readouts_whose_metadata_was_edited_are_refused_in_one_line(llama_readouts, tmp_path, capsys, meta):
+    target = _edited(llama_readouts, tmp_path / "edited.safetensors", **meta)
+    root = tmp_path / "r"
+    args = ["bench", "model=tiny-llama", "gate=classifier", f"gate.readouts={target}", "prompts.start=3"]
+    code, err = cli(
+        tmp_path, capsys, *args, "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", f"results.root={root}"
+    )
+    assert code == 2 and len([e for e in err if e.startswith("error:")]) == 1, err
+    assert err[-1].startswith(f"error: gate.readouts={target}: its metadata") and "unexpected" not in err[-1]
+    assert not root.exists()
+
+
+def _auto_env(address: str) -> dict:
+    """A user's environment: `auto` found through RAY_ADDRESS, no loopback mode set beforehand."""
+    env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "OMP_NUM_THREADS": "1"}
+    for key in ("SWEEP_DEBUG", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(key, None)
+    return env
+
+
+def test_cluster_address_auto_names_the_loopback_address_it_found(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    sweep_exe = str(Path(sys.executable).with_name("sweep"))
+    args = [
+        sweep_exe,
+        "run",
+        "model=tiny-llama",
+        "cluster=existing",
+        "cluster.address=auto",
+        f"results.root={tmp_path}",
+    ]
+    res = subprocess.run(args, env=_auto_env(f"127.0.0.1:{port}"), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: cluster.address=auto: nothing answers at 127.0.0.1:{port};"), line
+
+
+def test_cluster_address_auto_joins_a_cluster_on_loopback(tmp_path):
+    import secrets
+
+    from conftest import ROOT, subprocess_env
+
+    token = tmp_path / "token"  # the cluster's own token (never ~/.ray/auth_token), given to the driver too
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    helper = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "helpers" / "local_cluster.py"), "0"],
+        env=subprocess_env(RAY_AUTH_TOKEN_PATH=str(token)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = helper.stdout.readline()
+        assert line, helper.stderr.read()[-2000:]
+        gcs = json.loads(line)["gcs"]
+        assert gcs.startswith("127.0.0.1:")
+        sweep_exe = str(Path(sys.executable).with_name("sweep"))
+        tiny = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+        space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 0.1}]"
+        args = [sweep_exe, "run", *tiny, space, "cluster=existing", "cluster.address=auto", f"results.root={tmp_path}"]
+        env = {**_auto_env(gcs), "RAY_AUTH_TOKEN_PATH": str(token)}
+        res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "the Ray cluster at auto" in res.stderr and "1 trials written" in res.stdout
+    finally:
+        helper.stdin.close()
+        helper.wait(timeout=60)

@@ -9,7 +9,7 @@ from sweep.bench import prepare, run_trial
 from sweep.engine import Engine
 from sweep.errors import ConfigError
 from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.speculative import SelfSpeculative
+from sweep.speculative import PrefixDraft, SelfSpeculative
 
 FULL_ATTENTION = ["llama", "qwen2", "qwen3"]
 
@@ -22,7 +22,7 @@ def test_output_equals_full_depth_for_every_draft_shape(family):
         baseline = Engine(lm).generate(prompt.input_ids, 17).tokens
         for exit_layer in (1, 2, 3):
             for draft_len in (1, 2, 5):
-                gen = SelfSpeculative(lm, exit_layer, draft_len).generate(prompt.input_ids, 17)
+                gen = SelfSpeculative(lm, PrefixDraft(lm, exit_layer), draft_len).generate(prompt.input_ids, 17)
                 assert gen.tokens == baseline, (exit_layer, draft_len)
                 assert 0 <= gen.accepted <= gen.drafted and gen.rounds >= 1
                 assert gen.tokens_per_verification == pytest.approx(16 / gen.rounds)
@@ -40,7 +40,7 @@ def test_perfect_drafts_are_all_accepted():
             last.self_attn.o_proj.weight.zero_()
             last.mlp.down_proj.weight.zero_()
         prompt = list(range(3, 40))
-        gen = SelfSpeculative(lm, 3, 4).generate(prompt, 21)
+        gen = SelfSpeculative(lm, PrefixDraft(lm, 3), 4).generate(prompt, 21)
         assert gen.tokens == Engine(lm).generate(prompt, 21).tokens
         assert gen.acceptance_rate == 1.0 and gen.tokens_per_verification == 5.0
     finally:
@@ -48,8 +48,9 @@ def test_perfect_drafts_are_all_accepted():
 
 
 def test_sliding_window_models_are_refused():
+    lm = load("model=tiny-gemma3")
     with pytest.raises(ConfigError, match="sliding-window attention layers"):
-        SelfSpeculative(load("model=tiny-gemma3"), 2, 3)
+        SelfSpeculative(lm, PrefixDraft(lm, 2), 3)
 
 
 def test_bench_rows_for_self_speculation(tmp_path):
@@ -73,5 +74,5 @@ def test_bench_rows_for_self_speculation(tmp_path):
 
 def test_self_speculation_needs_the_fixed_gate(tmp_path):
     # a config-only rule: it fails when the config is composed, before any model loads
-    with pytest.raises(ConfigError, match="bench.mode=self_speculative: drafts with gate=fixed"):
+    with pytest.raises(ConfigError, match="bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K"):
         compose("model=tiny-qwen2", "gate=margin", "gate.min_layer=1", "bench.mode=self_speculative", "prompts.n=1")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -345,3 +346,217 @@ def test_exactly_one_of_racing_exclusive_writers_wins(tmp_path):
     assert len(outcome) == n and len(winners) == 1
     assert read("profile", tmp_path)["run_id"].unique().to_list() == winners
     assert [p.name for p in (tmp_path / "profile" / "model=m-1").iterdir()] == ["r.parquet"]
+
+
+# ---------------------------------------------------------------- F. planted files and links (issue 25)
+
+TINY_RUN = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+SPACE = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1)'}]"
+
+
+@pytest.mark.parametrize("pid", ["99999999999999999999", "0", "4194305", "1" + "0" * 200])
+def test_a_temporary_name_with_an_impossible_pid_is_left_and_named_once(tmp_path, caplog, pid):
+    directory = tmp_path / "profile" / "model=m-1"
+    directory.mkdir(parents=True)
+    planted = directory / f".x~{guard._host_token()}~{pid}~ab.tmp"
+    planted.write_bytes(b"planted")
+    guard._named.clear()
+    with caplog.at_level(logging.WARNING, logger="sweep.store"):
+        for stem in ("r1", "r2"):  # two writes into the directory: both go through, one warning
+            write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem=stem)
+    assert planted.read_bytes() == b"planted" and read("profile", tmp_path).height == 8
+    assert [r.getMessage() for r in caplog.records] == [
+        f"leaving {planted} alone: pid {pid[:30]} is not a process id (removed once it is 3600 s old)"
+    ]
+    old = time.time() - guard.STALE_AFTER_S - 60
+    os.utime(planted, (old, old))
+    write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem="r3")
+    assert not planted.exists()  # an old one goes, as any orphan
+
+
+def test_a_sweep_writes_every_row_past_a_planted_temporary_name(ray_session, tmp_path):
+    from conftest import sweep
+
+    directory = tmp_path / "trials" / "model=tiny-llama" / "gate=saturation"
+    directory.mkdir(parents=True)
+    planted = directory / f".x~{guard._host_token()}~99999999999999999999~ab.tmp"
+    planted.write_bytes(b"x")
+    outcome = sweep(tmp_path, SPACE)
+    assert outcome.written == 2 and read("trials", tmp_path).height == 2  # rows lost: 0
+    assert planted.exists()
+
+
+def _refused(capsys, argv) -> str:
+    from sweep.models import model_loads
+
+    loads = model_loads()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert model_loads() == loads, "a model loaded before the refusal"
+    return line
+
+
+def test_run_refuses_a_tune_storage_linked_out_of_the_root_before_any_work(tmp_path, capsys):
+    root, elsewhere = tmp_path / "R", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "ray").symlink_to(elsewhere)
+    line = _refused(capsys, ["run", *TINY_RUN, f"results.root={root}", SPACE])
+    assert (
+        line == f"error: results.root={root}: refusing to write {root}/ray, which resolves to {elsewhere}, outside it"
+    )
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in root.iterdir()) == ["ray"]
+
+
+def test_fit_refuses_readouts_linked_out_of_the_root_before_the_model_loads(tmp_path, capsys):
+    root, elsewhere = tmp_path / "R", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "readouts").symlink_to(elsewhere)
+    fit = ["fit", "model=tiny-llama", "prompts.n=2", "fit.gen_tokens=4", f"results.root={root}"]
+    line = _refused(capsys, fit)
+    assert line.startswith(f"error: results.root={root}: refusing to write {root}/readouts/tiny-llama, which resolves")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tiny-llama").symlink_to(elsewhere)  # fit.out given: its model directory linked elsewhere
+    line = _refused(capsys, [*fit, f"fit.out={out}"])
+    assert line.startswith(f"error: fit.out={out}: refusing to write {out}/tiny-llama, which resolves to {elsewhere}")
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def optuna_root(ray_session, tmp_path_factory):
+    """An Optuna sweep of 4 tiny trials (its study in <root>/ray/<name>/optuna.db), run once for the module."""
+    from conftest import sweep
+
+    root = tmp_path_factory.mktemp("optuna")
+    outcome = sweep(root, "search=optuna-mo", "search.n_trials=4", "search.seed=3")
+    assert outcome.written == 4
+    return root, outcome.name
+
+
+def _resume(root: Path, name: str, capsys, *extra: str) -> tuple[int, str, str]:
+    argv = ["run", *TINY_RUN, f"results.root={root}", "search=optuna-mo", "search.n_trials=4", "search.seed=3"]
+    code = main([*argv, "resume=true", f"sweep.name={name}", *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def optuna_copy(optuna_root, tmp_path):
+    root, name = optuna_root
+    shutil.copytree(root, tmp_path / "r")
+    return tmp_path / "r", name
+
+
+def test_a_resume_refuses_links_planted_in_the_sweeps_tune_directory(optuna_copy, tmp_path, capsys):
+    root, name = optuna_copy
+    sweep_dir = root / "ray" / name
+    victim = tmp_path / "victim.db"
+    shutil.copy(sweep_dir / "optuna.db", victim)
+    before = victim.stat().st_mtime_ns
+    (sweep_dir / "optuna.db").unlink()
+    (sweep_dir / "optuna.db").symlink_to(victim)
+    code, _, err = _resume(root, name, capsys)
+    assert code == 2, err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    escape = f"refusing to write {sweep_dir}/optuna.db, which resolves to {victim}, outside it"
+    assert line == f"error: results.root={root}: {escape}"
+    assert victim.stat().st_mtime_ns == before
+    (sweep_dir / "optuna.db").unlink()
+    shutil.copy(victim, sweep_dir / "optuna.db")
+    (sweep_dir / "tuner.pkl").unlink()
+    os.link(victim, sweep_dir / "tuner.pkl")  # a hard link: another name for a file elsewhere
+    code, _, err = _resume(root, name, capsys)
+    assert code == 2 and f"refusing to write {sweep_dir}/tuner.pkl, which has 2 hard links" in err, err
+    assert victim.stat().st_mtime_ns == before
+
+
+def test_a_truncated_study_is_named_in_one_line_with_the_way_out(optuna_copy, capsys):
+    root, name = optuna_copy
+    db = root / "ray" / name / "optuna.db"
+    os.truncate(db, db.stat().st_size // 2)
+    before = snapshot(root)
+    code, _, err = _resume(root, name, capsys)
+    assert code == 2 and "Traceback" not in err and "unexpected" not in err, err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {db}: the sweep's Optuna study cannot be read (")
+    assert "move the file away and resume" in line
+    assert {k: v for k, v in snapshot(root).items() if "/ray/" not in f"/{k}"} == {
+        k: v for k, v in before.items() if "/ray/" not in f"/{k}"
+    }  # no row written
+    db.rename(db.with_name("optuna.db.broken"))  # the way out it names: a fresh study from the rows
+    code, out, err = _resume(root, name, capsys)
+    assert code == 0, err
+    assert read("trials", root).height == 4  # the 4 trials' rows were taken from their rows: none lost, none new
+
+
+def test_a_resume_never_counts_a_trial_done_without_its_row(optuna_copy, capsys):
+    root, name = optuna_copy
+    ids = set(read("trials", root)["trial_id"])
+    lost = sorted(files("trials", root))[:2]
+    for path in lost:  # two trials the study holds as complete, whose rows were never written
+        path.unlink()
+    code, out, err = _resume(root, name, capsys)
+    assert code == 0, err
+    assert re.search(r"2 trials written, 0 skipped", out), out  # the study's own settings, run again, once each
+    df = read("trials", root)
+    assert df.height == 4 and set(df["trial_id"]) == ids  # rows lost: 0
+
+
+def test_a_study_whose_values_table_was_dropped_resumes_from_the_rows(optuna_copy, capsys):
+    import sqlite3
+
+    root, name = optuna_copy
+    ids = set(read("trials", root)["trial_id"])
+    lost = sorted(files("trials", root))[:2]
+    for path in lost:
+        path.unlink()
+    with sqlite3.connect(root / "ray" / name / "optuna.db") as db:
+        db.execute("DROP TABLE trial_values")
+    code, out, err = _resume(root, name, capsys)
+    assert code == 0 and "Traceback" not in err and "unexpected" not in err, err
+    assert re.search(r"2 trials written", out), out  # the 2 trials whose rows were missing, not "all 4 done"
+    assert read("trials", root).height == 4 and set(read("trials", root)["trial_id"]) == ids  # rows lost: 0
+
+
+# ---------------------------------------------------------------- G. analyze: copies of a row, non-finite speedups
+
+
+def test_analyze_counts_a_trial_once_however_many_copies_of_its_row(root, capsys, caplog):
+    source = sorted(files("trials", root))[0]
+    tid = source.stem
+    for i in range(3):  # three copies of one trial's row, under other names and another partition
+        copy = (
+            source.parent / f"copy{i}.parquet"
+            if i < 2
+            else root / "trials" / "model=tiny-llama" / "gate=x" / "c.parquet"
+        )
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copy(source, copy)
+    with caplog.at_level(logging.WARNING, logger="sweep.analysis"):
+        assert main(["analyze", f"results.root={root}"]) == 0
+    out = capsys.readouterr().out
+    assert "(2 ok trials)" in out, out
+    assert [r.getMessage() for r in caplog.records if r.name == "sweep.analysis"] == [
+        f"1 trial ids have more than one row (copies of a trial's file): each counted once, its newest row kept: "
+        f"{tid} (4 rows)"
+    ]
+
+
+def test_analyze_leaves_out_a_non_finite_speedup_and_never_prints_nan(root, capsys, caplog):
+    for path in files("trials", root):
+        df = pl.read_parquet(path)
+        meta = pl.read_parquet_metadata(path)
+        df.with_columns(speedup_wall=pl.lit(float("nan")), speedup_e2e_wall=pl.lit(float("nan"))).write_parquet(
+            path, metadata=meta
+        )
+        break
+    with caplog.at_level(logging.WARNING, logger="sweep.report"):
+        assert main(["analyze", f"results.root={root}"]) == 0
+    out = capsys.readouterr().out
+    report = (root / "report" / "report.md").read_text()
+    assert "nan" not in out.lower() and "nanx" not in report, out
+    assert any("not a finite number; left out" in r.getMessage() for r in caplog.records)

@@ -7,7 +7,7 @@ the profile summaries (layer curve, EAS, oracle exits, tuned lens against logit 
 """
 
 from sweep.analysis._confidence import SPEEDUPS, ranked, skipped_compute, trial_rng, with_confidence
-from sweep.analysis._load import load_profiles, load_trials
+from sweep.analysis._load import distinct_trials, load_profiles, load_trials
 from sweep.analysis._pareto import (
     KNEE_MIN_POINTS,
     TARGETS,
@@ -40,6 +40,7 @@ __all__ = [
     "TARGETS",
     "best_at_targets",
     "chord_knees",
+    "distinct_trials",
     "eas_per_layer",
     "eas_table",
     "format_summary",

@@ -19,9 +19,9 @@ KNEE_MIN_POINTS = 3  # a knee is a bend: fewer front points have none
 
 
 def ok_trials(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
-    """Rows that count: ``status == ok`` with the metric and agreement present, with the
-    ranked speedup columns (``ranked``)."""
-    ok = trials.lazy().filter((pl.col("status") == "ok") & pl.col(metric).is_not_null() & pl.col(y).is_not_null())
+    """Rows that count: ``status == ok`` with the metric and agreement present and finite (a NaN
+    would rank above every number), with the ranked speedup columns (``ranked``)."""
+    ok = trials.lazy().filter((pl.col("status") == "ok") & pl.col(metric).is_finite() & pl.col(y).is_finite())
     return ranked(ok, metric)
 
 

@@ -27,7 +27,7 @@ CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
 def config_dir() -> Path:
     """conf/ of this checkout, or ``$SWEEP_CONFIG_DIR`` when set."""
     env = os.environ.get(CONFIG_DIR_ENV)
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    path = Path(env).expanduser().absolute() if env else Path(__file__).resolve().parents[2] / "conf"
     if not (path / "config.yaml").is_file():
         raise ConfigError(f"{CONFIG_DIR_ENV}: no config.yaml in {path}; point it at the project's conf/ directory")
     return path
@@ -35,6 +35,7 @@ def config_dir() -> Path:
 
 def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """The composed config as a plain dict (defaults plus overrides), not yet validated."""
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf import OmegaConf
@@ -48,6 +49,8 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_error(exc)) from None
     if isinstance(data.get("gate"), dict):
         _layer_keys(data["gate"], _given(overrides))
     return data
@@ -56,6 +59,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
 def group_choices(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, str | None]:
     """The option each config group (model, gate, prompts, search, cluster, experiment) takes
     in the composition of ``overrides``: Hydra's runtime choices, for `sweep <command> --help`."""
+    import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
@@ -67,7 +71,18 @@ def group_choices(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, str 
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_error(exc)) from None
     return {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+
+
+def _yaml_error(exc) -> str:
+    """A conf file that is not YAML: the file and line, and what the parser said."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{mark.name}:{mark.line + 1}" if mark is not None else "a file"
+    what = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    env = f"{CONFIG_DIR_ENV}={os.environ[CONFIG_DIR_ENV]}: " if os.environ.get(CONFIG_DIR_ENV) else ""
+    return f"{env}{where}: not valid YAML ({what})"
 
 
 def _given(overrides: list[str] | tuple[str, ...]) -> set[str]:

@@ -136,20 +136,20 @@ class SearchConfig:
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
     spaces: list = field(check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")
     n_trials: int | None = field(None, check=in_range(1, 100000), allowed="an integer in 1..100000")
-    seed: int = field(check=at_least(0), allowed="an integer >= 0")
+    seed: int = field(check=in_range(0, 2**32 - 1), allowed="an integer in 0..4294967295 (2^32 - 1, Optuna's samplers)")
     sampler: Literal["tpe", "random", "nsga2"]
     objectives: dict = field(check=lambda v: len(v) > 0, allowed="a non-empty mapping of metric: max|min")
     constraints: dict = field(allowed="a mapping of metric: minimum value")
     neighbours: int = field(
         check=in_range(0, 100), allowed="an integer in 0..100"
     )  # screen: knee neighbours run closed-loop
-    # skipset: the skip ratio |S| / 2L range candidates must keep, and how many of the best run closed-loop
-    skip_ratio: list = field(
-        [0.0, 1.0],
+    # skipset: the skip ratio |S| / 2L range candidates must keep (null: any), how many of the best run closed-loop
+    skip_ratio: list | None = field(
+        None,
         check=lambda v: len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and 0 <= v[0] <= v[1] <= 1,
-        allowed="[lo, hi] with 0 <= lo <= hi <= 1",
+        allowed="[lo, hi] with 0 <= lo <= hi <= 1, or null",
     )
-    closed_loop: int = field(8, check=in_range(1, 1000), allowed="an integer in 1..1000")
+    closed_loop: int | None = field(None, check=in_range(1, 1000), allowed="an integer in 1..1000 or null")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +241,7 @@ class Config:
     model: ModelConfig
     gate: GateConfig
     prompts: PromptsConfig
-    seed: int = field(check=at_least(0), allowed="an integer >= 0")
+    seed: int = field(check=in_range(0, 2**63 - 1), allowed="an integer in 0..9223372036854775807 (2^63 - 1, torch's)")
     device: Literal["auto", "cpu", "cuda"]
     dtype: Literal["float32", "bfloat16", "float16"]
     run_id: str | None = _name(None)

@@ -21,9 +21,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from safetensors import SafetensorError
 
 from sweep.config import ModelConfig
 from sweep.errors import ConfigError, InputError
+from sweep.models import _cache
 from sweep.models._adapter import Adapter
 from sweep.models._fidelity import Fidelity, check
 from sweep.provenance import device_label, fingerprint_dir, fingerprint_file, fingerprint_state
@@ -46,6 +48,7 @@ LOAD_ERRORS = (
     struct.error,
     OverflowError,
     MemoryError,
+    SafetensorError,
 )
 
 
@@ -285,13 +288,34 @@ def _load_gguf_file(path: Path, mcfg: ModelConfig, torch_dtype: torch.dtype):
     content_hash = fingerprint_file(path)
     key = hashlib.sha256(f"{content_hash}|{transformers.__version__}".encode()).hexdigest()[:24]
     converted = cache_dir() / "converted" / key
-    if (converted / COMPLETE).is_file():
-        log.info("loading %s from the conversion cache %s", path.name, converted)
-        model, tokenizer, _, _ = _load_hf_from(str(converted), None, content_hash, torch_dtype, local_only=True)
-        return model, tokenizer, content_hash, None
+    cached = _from_cache(converted, path, content_hash, torch_dtype) if os.path.lexists(converted) else None
+    if cached is not None:
+        return *cached, content_hash, None
     model, tokenizer = _dequantize(path, where, torch_dtype)
     _save_converted(model, tokenizer, converted)
     return model, tokenizer, content_hash, None
+
+
+def _from_cache(converted: Path, path: Path, content_hash: str, torch_dtype: torch.dtype):
+    """The model and tokenizer of a verified conversion cache entry (``_cache.entry_problem``: every
+    file's size and sha256 as written); None after removing an entry that fails the check or the load,
+    so it is rebuilt from the GGUF file."""
+    problem = _cache.entry_problem(converted, COMPLETE)
+    if problem is None:
+        log.info("loading %s from the conversion cache %s", path.name, converted)
+        try:
+            model, tokenizer, _, _ = _load_hf_from(str(converted), None, content_hash, torch_dtype, local_only=True)
+            return model, tokenizer
+        except InputError as exc:
+            problem = str(exc)
+    log.warning("the conversion cache entry %s cannot be used (%s); rebuilding it from %s", converted, problem, path)
+    trash = converted.with_name(f".{converted.name}.corrupt.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    try:
+        converted.rename(trash)  # atomic: a concurrent loader sees the entry or nothing
+        shutil.rmtree(trash, ignore_errors=True)
+    except OSError as exc:
+        log.warning("cannot remove the conversion cache entry %s (%s)", converted, _short(exc))
+    return None
 
 
 def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
@@ -318,7 +342,7 @@ def _save_converted(model, tokenizer, target: Path) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / COMPLETE).write_text("ok\n")
+        _cache.write_manifest(tmp, COMPLETE)  # each file's size and sha256, checked at every load
         tmp.rename(target)
     except OSError as exc:  # another process won the rename, or the cache is read-only
         log.info("conversion cache not written (%s); continuing without it", _short(exc))
@@ -358,6 +382,9 @@ def _load_hf_from(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where = f"model.path={ref}"
+    problem = _cache.weights_problem(Path(ref)) if local_only and Path(ref).is_dir() else None
+    if problem is not None:
+        raise InputError(f"{where}: {problem}")
     try:
         config = AutoConfig.from_pretrained(ref, revision=revision, local_files_only=local_only)
         require_causal_lm(config, where)

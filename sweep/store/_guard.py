@@ -10,7 +10,9 @@ by (path, mtime, size), so a rescan costs one ``stat`` per file.
 A writer writes ``.<stem>~<host>~<pid>~<hex>.tmp`` and renames it into place; one killed
 mid-write leaves that file behind. The next writer of the directory removes it: at once when
 it was written on this host (same host name and pid namespace) by a process that is gone,
-otherwise once it is older than ``STALE_AFTER_S`` (a write takes seconds).
+otherwise once it is older than ``STALE_AFTER_S`` (a write takes seconds). A name that looks like
+one but names no writer there could have (a pid no system has: planted) is logged once and left
+until it is that old; nothing found in a directory ever stops its writer.
 """
 
 from __future__ import annotations
@@ -173,6 +175,10 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.stem}~{_host_token()}~{os.getpid()}~{uuid.uuid4().hex[:12]}.tmp")
 
 
+_PID_MAX = 2**22  # Linux's PID_MAX_LIMIT: a larger pid names no process on any system
+_named: set[str] = set()  # temporary-looking names already logged as not a live writer's
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -181,6 +187,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's live process
         return True
     return True
+
+
+def _odd_name(path: str, why: str) -> None:
+    """Log once that ``path`` looks like a temporary file but names no writer of this host: left alone."""
+    if path not in _named:
+        _named.add(path)
+        log.warning("leaving %s alone: %s (removed once it is %.0f s old)", path, why, STALE_AFTER_S)
 
 
 def stale_temps(directory: Path, *, now: float | None = None) -> list[Path]:
@@ -204,15 +217,25 @@ def stale_temps(directory: Path, *, now: float | None = None) -> list[Path]:
             continue
         if age > STALE_AFTER_S:
             found.append(Path(entry.path))
-        elif m is not None and m["host"] == host and int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
+        elif m is None or m["host"] != host:
+            continue
+        elif not 0 < int(m["pid"]) <= _PID_MAX:  # planted: no writer has that pid
+            _odd_name(entry.path, f"pid {m['pid'][:30]} is not a process id")
+        elif int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
             found.append(Path(entry.path))
     return found
 
 
 def remove_stale_temps(directory: Path) -> list[Path]:
-    """Remove the orphaned temporary files in ``directory``; the ones removed (another writer may race us)."""
+    """Remove the orphaned temporary files in ``directory``; the ones removed (another writer may race us).
+    Never raises: whatever is found there, the write that called this goes on."""
     removed = []
-    for path in stale_temps(directory):
+    try:
+        stale = stale_temps(directory)
+    except Exception as exc:  # noqa: BLE001 - a file planted here must never stop a writer
+        log.warning("cannot check %s for orphaned temporary files: %s", directory, exc)
+        return removed
+    for path in stale:
         try:
             path.unlink()
         except FileNotFoundError:

@@ -1,0 +1,103 @@
+"""Model files checked before they are loaded: safetensors headers, and the manifest of a GGUF
+conversion cache entry.
+
+A safetensors file starts with an 8-byte little-endian header length, the JSON header (each
+tensor's byte range), then the tensors: a file cut short, or garbage, no longer covers the
+ranges its header names, and is named before transformers reports it without a path. A
+conversion cache entry (``sweep.models._loader``) records every file's size and sha256 in its
+completion marker when it is written; an entry whose files no longer match is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+MANIFEST_VERSION = 1
+_HEADER_MAX = 100 * 2**20  # safetensors' own bound on the JSON header
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (cut short, padded, garbage); None when its
+    header is readable and its tensors' byte ranges cover the file exactly."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{size} bytes, shorter than a safetensors header"
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_HEADER_MAX, size - 8):
+                return f"its header claims {n} bytes, the file has {size}: cut short or not safetensors"
+            header = json.loads(f.read(n))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except (ValueError, UnicodeDecodeError):
+        return "its header is not JSON: corrupt or not safetensors"
+    if not isinstance(header, dict):
+        return "its header is not a table of tensors"
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            return f"tensor {name[:60]} has no byte range in the header"
+        end = max(end, offsets[1])
+    if 8 + n + end != size:
+        return f"its tensors need {8 + n + end} bytes, the file has {size}: cut short or padded"
+    return None
+
+
+def weights_problem(directory: Path) -> str | None:
+    """The first safetensors file under ``directory`` that is not whole, with why; None when all are."""
+    for path in sorted(directory.glob("*.safetensors")):
+        why = safetensors_problem(path)
+        if why is not None:
+            return f"{path} is truncated or corrupt ({why})"
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(8 * 2**20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(directory: Path, marker: str) -> None:
+    """Record each file of ``directory`` (its size and sha256) in ``directory/marker``, written last."""
+    files = {
+        p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != marker
+    }
+    (directory / marker).write_text(json.dumps({"version": MANIFEST_VERSION, "files": files}, indent=1) + "\n")
+
+
+def entry_problem(directory: Path, marker: str) -> str | None:
+    """Why the cache entry ``directory`` cannot be trusted (no marker, an older unverified marker, a
+    file missing, of another size or another hash); None when every recorded file matches."""
+    try:
+        record = json.loads((directory / marker).read_text())
+    except FileNotFoundError:
+        return f"no {marker}: the entry was never completed"
+    except (OSError, ValueError):
+        return f"its {marker} is not a manifest (an entry written before entries were verified)"
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files or record.get("version") != MANIFEST_VERSION:
+        return f"its {marker} is not a manifest of version {MANIFEST_VERSION}"
+    for name, want in files.items():
+        path = directory / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{path} is missing"
+        if not isinstance(want, dict) or size != want.get("size"):
+            return f"{path} has {size} bytes, {want.get('size') if isinstance(want, dict) else '?'} were written"
+        if _sha256(path) != want.get("sha256"):
+            return f"{path} changed since it was written (sha256 differs)"
+    return None

@@ -1,0 +1,224 @@
+"""Faults a sweep on shared storage meets (issue 25), each real: a SIGTERM to a real `sweep run`, a
+full filesystem (a small tmpfs) while rows are written, a trial that raises, and corrupt model files
+(a truncated safetensors file in an HF directory and in the GGUF conversion cache). Each ends in one
+line naming what to do, and no row is lost: a resume computes exactly what is missing, once."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import load, subprocess_env
+from helpers.tiny_gguf import write_tiny_gguf
+from sweep.cli import main
+from sweep.store import files, read
+
+SWEEP = str(Path(sys.executable).with_name("sweep"))
+SPACE = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.4)'}]"
+# one setting per Tune trial, one at a time: rows land one by one
+ONE_BY_ONE = ["sweep.shared_baseline=1", "sweep.max_concurrent=1"]
+TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=24", "bench.repeats=4", "bench.warmup=0"]
+TINY = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+
+
+def wait_for_rows(root: Path, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while len(files("trials", root)) < n:
+        assert proc.poll() is None, f"sweep ended early: {proc.communicate()[1][-3000:]}"
+        assert time.time() < deadline, "timed out waiting for rows"
+        time.sleep(0.2)
+
+
+def resume_line(err: str) -> str:
+    """The `sweep run ...` command of the one resume line in ``err``."""
+    [line] = [line for line in err.splitlines() if "resume with `sweep run " in line]
+    return re.search(r"resume with `(sweep run [^`]*)`", line).group(1)
+
+
+def written(out: str) -> int:
+    return int(re.search(r"(\d+) trials written", out).group(1))
+
+
+# ---------------------------------------------------------------- 5. SIGTERM
+
+
+def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_once(tmp_path):
+    root = tmp_path / "r"
+    args = [SWEEP, "run", *TRIALS, f"results.root={root}", SPACE, *ONE_BY_ONE]
+    proc = subprocess.Popen(args, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(root, 1, proc)
+    proc.send_signal(signal.SIGTERM)  # what timeout, Kubernetes and systemd send
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]  # 128 + SIGTERM, not 134 (Ray's abort)
+    assert "SIGTERM received" not in err and "Traceback" not in err and "Tuner.restore" not in err, err[-3000:]
+    command = resume_line(err)
+    assert command.count("resume=true") == 1 and command.count("sweep.name=") == 1
+    assert not list((root / "claims").glob("*.json")), "the stopped run's claims were not released"
+    first = written(out)
+    assert 1 <= first < 4
+    resumed = subprocess.run([SWEEP, "run", *_split(command)], env=subprocess_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert written(resumed.stdout) == 4 - first  # each trial computed exactly once over the two runs
+    df = read("trials", root)
+    assert df.height == 4 and df["trial_id"].n_unique() == 4 and set(df["status"]) == {"ok"}
+    assert len(files("trials", root)) == 4  # rows lost: 0
+
+
+def _split(command: str) -> list[str]:
+    import shlex
+
+    return shlex.split(command)[2:]
+
+
+def test_the_resume_hint_of_a_resumed_run_names_resume_once():
+    from sweep.interrupt import resume_command
+
+    hint = resume_command(["model=tiny-llama", "resume=true", "sweep.name=old", "run_id=r1", "x=1"], "s-1")
+    assert hint == "sweep run model=tiny-llama x=1 resume=true sweep.name=s-1"
+
+
+# ---------------------------------------------------------------- 6. a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs, filled to 16 KiB of free space (a claim fits, a row does not); unmounted after."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()}")
+    filler = mount / "filler"
+    try:
+        with open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError:
+        pass
+    os.truncate(filler, filler.stat().st_size - 16384)
+    try:
+        yield mount, filler
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_while_rows_are_written_stops_in_one_line_and_the_resume_completes(small_disk):
+    root, filler = small_disk
+    args = [SWEEP, "run", *TINY, f"results.root={root}", SPACE, *ONE_BY_ONE]
+    full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr and "unexpected" not in full.stderr, full.stderr[-3000:]
+    [line] = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    assert "no space left on device" in line and f"{root}/trials/model=tiny-llama/gate=saturation/" in line
+    assert "resume with `sweep run " in line
+    # nothing half-written: no row file, no temporary file, no claim left behind
+    assert not [p for p in (root / "trials").rglob("*") if p.is_file()]
+    assert not list((root / "claims").glob("*.json"))
+    filler.unlink()  # space is back
+    command = _split(resume_line(full.stderr))
+    resumed = subprocess.run([SWEEP, "run", *command], env=subprocess_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    df = read("trials", root)
+    assert df.height == 4 and df["trial_id"].n_unique() == 4 and set(df["status"]) == {"ok"}  # rows lost: 0
+
+
+# ---------------------------------------------------------------- 7. a trial that raises; 8. corrupt model files
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    """tiny-llama saved as an HF model directory (config, safetensors weights, tokenizer)."""
+    path = tmp_path_factory.mktemp("hf") / "tiny"
+    lm = load("model=tiny-llama")
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return path
+
+
+def truncated_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    weights = dst / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    return weights
+
+
+def test_a_truncated_safetensors_file_is_named_in_one_line(hf_dir, tmp_path, capsys):
+    weights = truncated_copy(hf_dir, tmp_path / "cut")
+    code = main(["bench", "model=hf", f"model.path={tmp_path / 'cut'}", *TINY[1:], f"results.root={tmp_path / 'r'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unexpected" not in err, err
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"{weights} is truncated or corrupt" in line
+    garbage = tmp_path / "garbage"
+    shutil.copytree(hf_dir, garbage)
+    (garbage / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}" * 50)
+    code = main(["bench", "model=hf", f"model.path={garbage}", *TINY[1:], f"results.root={tmp_path / 'r'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{garbage / 'model.safetensors'} is truncated or corrupt" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_trial_that_raises_is_one_failed_row_and_a_sweep_with_no_success_exits_nonzero(
+    ray_session, hf_dir, tmp_path, capsys
+):
+    weights = truncated_copy(hf_dir, tmp_path / "cut")
+    root = tmp_path / "r"
+    code = main(
+        ["run", "model=hf", f"model.path={tmp_path / 'cut'}", *TINY[1:], f"results.root={root}", SPACE, *ONE_BY_ONE]
+    )
+    captured = capsys.readouterr()
+    assert code == 1, captured.err[-3000:]
+    assert "lost its worker" not in captured.err and "more than sweep.max_failures" not in captured.err
+    assert re.search(r"4 trials written, 0 skipped \(their rows exist\), 4 failed", captured.out), captured.out
+    assert "error: sweep " in captured.err and "no trial succeeded (4 failed" in captured.err
+    df = read("trials", root)
+    assert df.height == 4 and set(df["status"]) == {"failed"}
+    assert all(f"{weights} is truncated or corrupt" in e for e in df["error"])  # the one-line error, once
+    assert df["worker_pid"].n_unique() == 1  # one worker ran all four: none was restarted
+
+
+def _bench_gguf(gguf: Path, cache: Path, root: Path) -> subprocess.CompletedProcess:
+    """`sweep bench` of a GGUF file in a fresh process (a process loads a model once), cache in ``cache``."""
+    args = [SWEEP, "bench", "model=gguf", f"model.path={gguf}", *TINY[1:], f"results.root={root}"]
+    env = subprocess_env(SWEEP_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_corrupt_conversion_cache_entry_is_verified_and_rebuilt(tmp_path):
+    gguf, cache = write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "cache"
+    first = _bench_gguf(gguf, cache, tmp_path / "r")
+    assert first.returncode == 0 and "dequantizing tiny.gguf" in first.stderr, first.stderr[-3000:]
+    [entry] = list((cache / "converted").iterdir())
+    manifest = json.loads((entry / ".sweep-complete").read_text())["files"]
+    assert manifest["model.safetensors"]["size"] == (entry / "model.safetensors").stat().st_size
+    weights = entry / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    second = _bench_gguf(gguf, cache, tmp_path / "r")  # a later run: rebuilt, not broken
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "unexpected" not in second.stderr
+    assert f"the conversion cache entry {entry} cannot be used ({weights} has" in second.stderr
+    assert "dequantizing tiny.gguf" in second.stderr  # rebuilt, with a fresh manifest
+    assert json.loads((entry / ".sweep-complete").read_text())["files"]["model.safetensors"]["size"] == (
+        weights.stat().st_size
+    )
+    with open(weights, "r+b") as f:  # same size, other bytes: the recorded hash finds it
+        f.seek(1000)
+        f.write(b"\xff" * 64)
+    third = _bench_gguf(gguf, cache, tmp_path / "r")
+    assert third.returncode == 0 and "changed since it was written (sha256 differs)" in third.stderr
+    (entry / ".sweep-complete").write_text("ok\n")  # an entry an earlier version wrote: never verified
+    fourth = _bench_gguf(gguf, cache, tmp_path / "r")
+    assert fourth.returncode == 0 and "is not a manifest" in fourth.stderr and "dequantizing" in fourth.stderr
+    fifth = _bench_gguf(gguf, cache, tmp_path / "r")
+    assert fifth.returncode == 0 and "from the conversion cache" in fifth.stderr and "dequantizing" not in fifth.stderr
+    assert read("trials", tmp_path / "r")["status"].to_list() == ["ok"]  # one trial id, its row replaced each time
