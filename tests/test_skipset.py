@@ -174,3 +174,26 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     for row in rows.iter_rows(named=True):
         assert joined[row["trial_id"]] == row["skip"]  # each measured row is a screened candidate
     assert rows.filter(pl.col("gate") != "skip").height == 0
+
+
+def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
+    """speedup_model of a self-speculative generation: each round's drafts at the skip set's step cost (a full
+    step less its bypassed sublayers) plus a verification of drafts + 1 positions, against full-depth steps."""
+    from sweep.costs import cost_model
+    from sweep.prompts import Prompt
+    from sweep.trial_metrics import PromptRun, speculation
+
+    lm = load("model=tiny-llama")
+    ids = chat_prompts(lm, 1)[0].input_ids
+    skip = SkipSet.parse("a2+m3")
+    gen = SelfSpeculative(lm, SkipDraft(lm, skip), 3).generate(ids, N)
+    costs = cost_model(lm, ids, kv_policies=[], verify_positions=4)
+    step = costs.step_ms - costs.attn_ms - costs.mlp_ms  # one attention and one MLP bypassed
+    by_hand = (N - 1) * costs.step_ms / sum(k * step + costs.verify_ms[k] for k in gen.drafted_lengths)
+
+    class Gate:  # what speculation() reads of a skip gate
+        name, cfg = "skip", type("Cfg", (), {"skip": "a2+m3"})
+
+    row = speculation([PromptRun(Prompt("p", "", list(ids)), gen, gen)], costs, Gate)
+    assert row["speedup_model"] == pytest.approx(by_hand, rel=1e-9)
+    assert costs.verify_ms[0] > 0 and len(costs.verify_ms) >= 4 and costs.attn_ms >= 0 and costs.mlp_ms >= 0

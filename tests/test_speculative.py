@@ -68,7 +68,9 @@ def test_bench_rows_for_self_speculation(tmp_path):
     )
     row = run_trial(cfg, *prepare(cfg))
     assert row["status"] == "ok" and row["agreement"] == 1.0 and row["exact_match"] == 1.0
-    assert 0 <= row["acceptance_rate"] <= 1 and row["tokens_per_verification"] >= 1 and row["speedup_model"] is None
+    assert 0 <= row["acceptance_rate"] <= 1 and row["tokens_per_verification"] >= 1
+    assert row["acceptance_length"] == pytest.approx(1 + row["mean_accepted_length"])
+    assert 0 < row["speedup_model"] < float("inf") and row["draft_ms_per_token"] > 0 and row["verify_ms_per_token"] > 0
     assert row["mode"] == "self_speculative" and row["draft_len"] == 3
 
 
