@@ -2,14 +2,26 @@
 
 The bench computes its point estimates with these functions and `sweep.analysis` bootstraps
 the very same functions, so an interval always belongs to the statistic it is printed
-beside. Plain numpy: a leading batch axis evaluates many resamples at once.
+beside. The ranked speedup (``ranked_speedup``: capped from above where no compute was skipped,
+1.0 inside the trial's noise floor) is what fronts, targets, knees, verdicts and the Optuna
+objective all use; the noise floor (``noise_floor``) comes from the A/A control, full depth timed
+against full depth in the same rounds. Plain numpy: a leading batch axis evaluates many
+resamples at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+FLOOR_OF = {"speedup_wall": "noise_floor", "speedup_e2e_wall": "noise_floor_e2e"}  # each speedup's A/A floor
+FLOOR_LEVEL = 0.95  # a null effect (full depth against itself) lands inside the floor this often
+FLOOR_BOOT = 4000  # resamples behind a noise floor
+MAX_ROUNDS = 100_000  # rounds_for_floor looks no further
 
 
 def pooled_speedup(baseline: np.ndarray, gated: np.ndarray) -> np.ndarray | float:
@@ -32,20 +44,122 @@ def mean_agreement(per_prompt: np.ndarray) -> np.ndarray | float:
     return float(out) if np.ndim(out) == 0 else out
 
 
+def skips_compute(mode, step_layers_saved, exit_rate, kv_policy) -> np.ndarray | bool:
+    """True where a trial skipped decoder-layer work on decode steps: self-speculation (drafts run
+    fewer layers), or early exit whose decode steps skipped layers (``step_layers_saved`` > 0; older
+    rows without it: ``exit_rate`` > 0) under a K/V policy that does not run them anyway (not
+    ``full``). Scalars or arrays (None: an older row's missing value)."""
+    mode, kv = (np.asarray(v, dtype=object) for v in (mode, kv_policy))
+    saved, rate = _floats(step_layers_saved), _floats(exit_rate)
+    saved = np.nan_to_num(np.where(np.isnan(saved), rate, saved), nan=0.0)
+    out = (mode == "self_speculative") | ((saved > 0) & (kv != None) & (kv != "full"))  # noqa: E711 (elementwise)
+    return bool(out) if np.ndim(out) == 0 else out
+
+
+def _floats(values) -> np.ndarray:
+    """Floats with NaN for None (an older row's missing value)."""
+    arr = np.asarray(values, dtype=object)
+    return np.where(arr == None, np.nan, arr).astype(float)  # noqa: E711 (elementwise)
+
+
+def inside_floor(value, floor) -> np.ndarray | bool:
+    """True where ``value`` lies inside the noise floor ``floor`` (the fraction f of ``noise_floor``):
+    within [1/(1+f), 1+f] it cannot be told from 1.0. False where no floor applies (None or NaN)."""
+    v, f = np.asarray(value, dtype=float), _floats(floor)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.isfinite(f) & (np.abs(np.log(v)) <= np.log1p(np.nan_to_num(f, nan=0.0)))
+    return bool(out) if np.ndim(out) == 0 else out
+
+
+def ranked_speedup(measured, skipped, floor=None) -> np.ndarray | float:
+    """The speedup a trial is ranked by: the measured ratio, capped at 1.0 from above where the trial
+    skipped no compute (above 1.0 its ratio is timing noise; below, its probes and heads are a real
+    cost and stay), then 1.0 where it lies inside the trial's noise floor ``floor`` (``inside_floor``).
+    ``floor`` None or NaN: no floor applies (a row without an A/A control)."""
+    m = np.asarray(measured, dtype=float)
+    capped = np.where(np.asarray(skipped, dtype=bool), m, np.minimum(m, 1.0))
+    out = np.where(inside_floor(capped, floor), 1.0, capped)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def row_speedup(row: Mapping[str, Any], metric: str = "speedup_wall") -> float | None:
+    """A trial row's ranked speedup: ``ranked_speedup`` of its measured ``metric``, whether it skipped
+    compute (``skips_compute``) and its A/A floor for that metric (``FLOOR_OF``). What the analysis
+    ranks by (``sweep.analysis.ranked``) and what the Optuna study optimises (``sweep.tune``); None
+    without the measured value."""
+    if row.get(metric) is None:
+        return None
+    skipped = skips_compute(row.get("mode"), row.get("step_layers_saved"), row.get("exit_rate"), row.get("kv_policy"))
+    return ranked_speedup(row[metric], skipped, row.get(FLOOR_OF[metric]))
+
+
+def noise_floor(baseline, other, rounds: int | None = None, level: float = FLOOR_LEVEL, n_boot: int = FLOOR_BOOT):
+    """The A/A noise floor f: a speedup within [1/(1+f), 1+f] cannot be told from 1.0.
+
+    ``baseline`` and ``other`` are the two full-depth sides of an A/A control, seconds shaped
+    (rounds, units), timed in the same rounds as a trial (several controls' rounds may be
+    stacked: every round is one draw of the round-to-round noise). ``pooled_speedup`` of
+    ``rounds`` rounds drawn with replacement (default: as many as given), ``n_boot`` times:
+    the null distribution of the bench's estimator at that many rounds; f is the ``level``
+    quantile of |log| of it, so it covers both the A/A's offset from 1.0 and its spread. The
+    generator is seeded from the timings, so the same timings always give the same floor.
+    None without timings."""
+    base, aa = (np.asarray(v, dtype=float) for v in (baseline, other))
+    if base.size == 0 or aa.shape != base.shape or base.ndim != 2:
+        return None
+    sums = np.stack([base.sum(axis=-1), aa.sum(axis=-1)])  # (2, rounds): a round's units, summed
+    if not np.all(np.isfinite(sums)) or np.any(sums <= 0):
+        return None
+    rounds = rounds or sums.shape[1]
+    digest = hashlib.sha256(np.round(sums, 9).tobytes() + f":{rounds}:{level}:{n_boot}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    pick = rng.integers(0, sums.shape[1], size=(n_boot, rounds))
+    null = pooled_speedup(sums[0][pick][..., None], sums[1][pick][..., None])
+    return float(np.expm1(np.quantile(np.abs(np.log(null)), level)))
+
+
+def rounds_for_floor(baseline, other, target: float, level: float = FLOOR_LEVEL) -> int | None:
+    """The fewest timed rounds whose A/A noise floor (``noise_floor`` of these rounds' noise, drawn
+    that many times) is at most ``target`` (0.02: speedups beyond +-2% can be told from 1.0); None
+    when no number of rounds up to ``MAX_ROUNDS`` gets there (an A/A offset from 1.0 that more rounds
+    do not average away) or without timings. Doubling, then bisection: the floor shrinks about as
+    1/sqrt(rounds)."""
+
+    def ok(r: int) -> bool:
+        f = noise_floor(baseline, other, rounds=r, level=level)
+        return f is not None and f <= target
+
+    if noise_floor(baseline, other, level=level) is None:
+        return None
+    hi = 1
+    while not ok(hi):
+        if hi >= MAX_ROUNDS:
+            return None
+        hi = min(hi * 2, MAX_ROUNDS)
+    lo = hi // 2  # not ok (or 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
 @dataclass
 class Timings:
     """Seconds per side, [round][unit]: a unit is one prompt, or one batch of prompts decoded
     together. Prefill covers the request before the first decode step: prefill, the gate's
-    calibration and the first token's decision; decode covers tokens 2..n."""
+    calibration and the first token's decision; decode covers tokens 2..n. ``aa_*``: the A/A
+    control, a second full-depth run of every unit in the same rounds (empty when not measured)."""
 
     base_decode: list[list[float]]
     gated_decode: list[list[float]]
     base_prefill: list[list[float]]
     gated_prefill: list[list[float]]
+    aa_decode: list[list[float]] = field(default_factory=list)
+    aa_prefill: list[list[float]] = field(default_factory=list)
 
     @classmethod
     def empty(cls, repeats: int, units: int) -> "Timings":
-        return cls(*([[0.0] * units for _ in range(repeats)] for _ in range(4)))
+        return cls(*([[0.0] * units for _ in range(repeats)] for _ in range(6)))
 
     def speedup(self) -> float:
         """speedup_wall: decode only."""
@@ -57,15 +171,30 @@ class Timings:
             np.add(self.base_decode, self.base_prefill), np.add(self.gated_decode, self.gated_prefill)
         )
 
-    def columns(self) -> dict[str, list[list[float]]]:
+    def aa(self) -> dict[str, float | None]:
+        """The A/A control's figures: speedup_aa and speedup_e2e_aa (the bench's estimator, full depth
+        against full depth) and each one's noise floor; None where no A/A was timed."""
+        if not self.aa_decode:
+            return {"speedup_aa": None, "speedup_e2e_aa": None, "noise_floor": None, "noise_floor_e2e": None}
+        base_e2e, aa_e2e = np.add(self.base_decode, self.base_prefill), np.add(self.aa_decode, self.aa_prefill)
+        return {
+            "speedup_aa": pooled_speedup(self.base_decode, self.aa_decode),
+            "speedup_e2e_aa": pooled_speedup(base_e2e, aa_e2e),
+            "noise_floor": noise_floor(self.base_decode, self.aa_decode),
+            "noise_floor_e2e": noise_floor(base_e2e, aa_e2e),
+        }
+
+    def columns(self) -> dict[str, list[list[float]] | None]:
         """The trial table's round_* columns, in ms."""
 
         def ms(m):
-            return [[v * 1000 for v in row] for row in m]
+            return [[v * 1000 for v in row] for row in m] if m else None
 
         return {
             "round_baseline_ms": ms(self.base_decode),
             "round_ms": ms(self.gated_decode),
             "round_baseline_prefill_ms": ms(self.base_prefill),
             "round_prefill_ms": ms(self.gated_prefill),
+            "round_aa_ms": ms(self.aa_decode),
+            "round_aa_prefill_ms": ms(self.aa_prefill),
         }

@@ -34,8 +34,11 @@ def _save(fig, out: Path, name: str) -> str:
     return name
 
 
-def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, out: Path) -> str:
-    """One model's ok trials (95% intervals as error bars) per gate, its front across gates and the knee."""
+def pareto_figure(
+    ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, out: Path, floor: float | None = None
+) -> str:
+    """One model's ok trials (95% intervals as error bars) per gate, its front across gates (full depth a
+    point of it) and the knee, and the model's A/A noise floor ``floor`` as a band around 1x."""
     rows = ok.filter(pl.col("model") == model)
     metric = rows["speedup_metric"][0]
     fig, ax = _pyplot().subplots(figsize=(8.5, 6))
@@ -66,7 +69,7 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             mec="dimgrey",
             ms=8,
             ls="none",
-            label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise",
+            label=f"skipped no compute ({idle.height}): capped at 1x from above",
         )
     line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
     if line.height:
@@ -93,6 +96,10 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 1},
             bbox={"boxstyle": "round", "fc": "white", "ec": "crimson", "alpha": 0.9},
         )
+    ax.plot([1.0], [1.0], marker="s", ms=9, color="black", ls="none", label="full depth (1x, agreement 1)")
+    if floor is not None:
+        band = f"A/A noise floor ±{100 * floor:.1f}%: indistinguishable from 1x"
+        ax.axvspan(1.0 / (1.0 + floor), 1.0 + floor, color="grey", alpha=0.15, label=band)
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
     ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
     what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"

@@ -24,7 +24,12 @@ from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
 #    carries lens (tuned or null); trials carry readouts_id and fit_prompts; the classifier gate
 # 6: trials carry setup_seconds (the untimed work of bench_seconds); a shared baseline's group apportions its
 #    time to its rows by their timed rounds' seconds
-SCHEMA_VERSION = 6
+# 7: trials carry the A/A control (speedup_aa, speedup_e2e_aa, noise_floor, noise_floor_e2e, round_aa_*);
+#    the ranked `speedup` is capped at 1.0 from above only (a trial that skipped no compute keeps a measured
+#    slowdown) and is 1.0 inside the trial's noise floor (capped, within_noise, speedup_floor); pareto and targets
+#    hold the full-depth reference (trial_id `full-depth`) and name a front by front_gate; knees are taken over
+#    front points with agreement >= analysis.knee_min_agreement, the unrestricted knee beside them
+SCHEMA_VERSION = 7
 
 
 @dataclass(frozen=True)
