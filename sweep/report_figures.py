@@ -82,9 +82,21 @@ def pareto_figure(
             label="Pareto front (all gates)",
         )
     knee = knees.filter((pl.col("model") == model) & (pl.col("front") == "model")) if knees.height else knees
-    if knee.height:
-        k = knee.row(0, named=True)
-        ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
+    k = knee.row(0, named=True) if knee.height else None
+    if k is not None and k["knee_all_trial_id"] != k["trial_id"]:
+        ax.plot(
+            [k["knee_all_speedup"]],
+            [k["knee_all_agreement"]],
+            marker="*",
+            ms=14,
+            mfc="none",
+            mec="crimson",
+            ls="none",
+            label="unrestricted knee (all front points)",
+        )
+    if k is not None and k["trial_id"] is not None:
+        floor_label = f"knee (chord, agreement >= {k['knee_min_agreement']:g})"
+        ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label=floor_label)
         ax.annotate(
             f"knee: {k['gate']} {k['params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
             (k["speedup"], k["agreement"]),

@@ -198,7 +198,7 @@ def chord_by_hand(points: list[tuple[str, float, float]]) -> str:
     return max(points, key=lambda p: (abs(norm(p[1], xs) + norm(p[2], ys) - 1), p[2]))[0]
 
 
-def test_knees_are_taken_above_a_useful_agreement():
+def test_knees_are_taken_above_a_useful_agreement(tmp_path):
     front = [("a", 1.2, 0.99), ("b", 1.5, 0.95), ("c", 1.7, 0.92), ("d", 3.0, 0.30), ("e", 3.05, 0.008)]
     frame = rows(*((t, s, a, True) for t, s, a in front))
     table = knees_table(fronts(frame)).filter(pl.col("front") == "model").row(0, named=True)
@@ -212,6 +212,12 @@ def test_knees_are_taken_above_a_useful_agreement():
     assert low["trial_id"].to_list() == ["d"]
     none = knees_table(fronts(frame), min_agreement=0.999).filter(pl.col("front") == "model").row(0, named=True)
     assert none["trial_id"] is None and none["knee_all_trial_id"] == "d"  # too few points that accurate
+    from sweep.report_figures import pareto_figure
+
+    ok = ok_trials(frame).collect()
+    for floor in (0.9, 0.999):  # a knee and the unrestricted one drawn; none above the floor, the unrestricted only
+        name = pareto_figure(ok, fronts(ok), knees_table(fronts(ok), min_agreement=floor), "m", tmp_path, floor=0.05)
+        assert (tmp_path / name).stat().st_size > 10_000
 
 
 def test_the_knee_floor_is_a_documented_setting():
