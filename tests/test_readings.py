@@ -237,9 +237,8 @@ def test_the_knee_floor_is_a_documented_setting():
 def test_the_report_states_the_floor_and_marks_speedups_inside_it(tmp_path, capsys):
     for gate in (["gate=fixed", "gate.exit_layer=2"], ["gate=fixed", "gate.exit_layer=3"]):
         assert main(["bench", *TINY, "bench.repeats=2", *gate, f"results.root={tmp_path}"]) == 0
-    path = next(p for p in (tmp_path / "trials").rglob("*.parquet") if "exit_layer" not in p.name)
-    trials = pl.read_parquet(path)
-    trials.with_columns(noise_floor=pl.lit(0.9)).write_parquet(path)  # a floor of +-90%: any speedup is inside it
+    for path in (tmp_path / "trials").rglob("*.parquet"):  # a floor of +-300%: any speedup of 4 layers is inside
+        pl.read_parquet(path).with_columns(noise_floor=pl.lit(3.0)).write_parquet(path)
     capsys.readouterr()
     assert main(["analyze", f"results.root={tmp_path}", "analysis.targets=[0.0]"]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
@@ -252,10 +251,14 @@ def test_the_report_states_the_floor_and_marks_speedups_inside_it(tmp_path, caps
     assert floors["aa_rounds"] == 4 and floors["repeats"] == 2
     assert_is_95_quantile(floors["floor"], exact_null(pooled, 2), tol=0.02)
     assert f"the floor at 2 rounds is **±{100 * floors['floor']:.1f}%**" in report
-    assert f"A floor of ±2% (analysis.floor_target) needs about {floors['rounds_for_target']} timed rounds" in report
-    marked = ok.filter(pl.col("trial_id") == trials["trial_id"][0]).row(0, named=True)
-    assert marked["within_noise"] and marked["speedup"] == 1.0
-    assert f"≈1x (measured {marked['speedup_wall']:.3f}, inside ±90.0%)" in report
+    need = floors["rounds_for_target"]  # None: the pooled A/A sits off 1x by more than 2% (a loaded machine)
+    said = f"needs about {need} timed rounds" if need is not None else "needs more rounds than any number up to"
+    assert f"A floor of ±2% (analysis.floor_target) {said}" in report
+    assert ok["within_noise"].all() and (ok["speedup"] == 1.0).all()
+    # full depth wins the tie at 1x; the best setting beside it is marked as inside its floor
+    marked = best_at_targets(ok, targets=(0.0,), reference=False).row(0, named=True)
+    assert best_at_targets(ok, targets=(0.0,))["trial_id"].to_list() == ["full-depth"]
+    assert f"≈1x (measured {marked['speedup_wall']:.3f}, inside ±300.0%)" in report
     assert "agreement >= 0.9, analysis.knee_min_agreement" in report or "Knees of the fronts" not in report
 
 
