@@ -259,7 +259,7 @@ def aa_lines(row: dict[str, Any]) -> list[str]:
     one where it does."""
     from sweep.estimators import row_speedup, skips_compute
 
-    if row.get("speedup_aa") is None or not row.get("round_aa_ms"):
+    if row.get("speedup_aa") is None or row.get("noise_floor") is None or not row.get("round_aa_ms"):
         return []
     rounds = [sum(b) / sum(a) for b, a in zip(row["round_baseline_ms"], row["round_aa_ms"])]
     floor, measured, ranked = row["noise_floor"], row["speedup_wall"], row_speedup(row)
