@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sweep.analysis import noise_floors, ok_trials
-from sweep.estimators import noise_floor, rounds_for_floor
+from sweep.noise import noise_floor, rounds_for_floor
 from sweep.store import read
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"closed form (normal per-round log-ratios, sd {sd:.4f}, median offset {offset:+.4f}): "
         f"rounds for ±{100 * args.target:g}% ~ (1.96 * sqrt(pi/2) * sd / log(1 + target))^2 = {closed:.0f}"
-        f" (ignores the offset); resampled: {rounds_for_floor(base, other, args.target)}"
+        f" (ignores the offset); exact: {rounds_for_floor(base, other, args.target)}"
     )
     print(f"rows: {root}/trials")
     return 0

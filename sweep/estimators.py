@@ -4,24 +4,22 @@ The bench computes its point estimates with these functions and `sweep.analysis`
 the very same functions, so an interval always belongs to the statistic it is printed
 beside. The ranked speedup (``ranked_speedup``: capped from above where no compute was skipped,
 1.0 inside the trial's noise floor) is what fronts, targets, knees, verdicts and the Optuna
-objective all use; the noise floor (``noise_floor``) comes from the A/A control, full depth timed
-against full depth in the same rounds. Plain numpy: a leading batch axis evaluates many
+objective all use; the noise floor (``sweep.noise.noise_floor``) comes from the A/A control, full
+depth timed against full depth in the same rounds. Plain numpy: a leading batch axis evaluates many
 resamples at once.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from sweep.noise import noise_floor
+
 FLOOR_OF = {"speedup_wall": "noise_floor", "speedup_e2e_wall": "noise_floor_e2e"}  # each speedup's A/A floor
-FLOOR_LEVEL = 0.95  # a null effect (full depth against itself) lands inside the floor this often
-FLOOR_BOOT = 4000  # resamples behind a noise floor
-MAX_ROUNDS = 100_000  # rounds_for_floor looks no further
 
 
 def pooled_speedup(baseline: np.ndarray, gated: np.ndarray) -> np.ndarray | float:
@@ -91,56 +89,6 @@ def row_speedup(row: Mapping[str, Any], metric: str = "speedup_wall") -> float |
         return None
     skipped = skips_compute(row.get("mode"), row.get("step_layers_saved"), row.get("exit_rate"), row.get("kv_policy"))
     return ranked_speedup(row[metric], skipped, row.get(FLOOR_OF[metric]))
-
-
-def noise_floor(baseline, other, rounds: int | None = None, level: float = FLOOR_LEVEL, n_boot: int = FLOOR_BOOT):
-    """The A/A noise floor f: a speedup within [1/(1+f), 1+f] cannot be told from 1.0.
-
-    ``baseline`` and ``other`` are the two full-depth sides of an A/A control, seconds shaped
-    (rounds, units), timed in the same rounds as a trial (several controls' rounds may be
-    stacked: every round is one draw of the round-to-round noise). ``pooled_speedup`` of
-    ``rounds`` rounds drawn with replacement (default: as many as given), ``n_boot`` times:
-    the null distribution of the bench's estimator at that many rounds; f is the ``level``
-    quantile of |log| of it, so it covers both the A/A's offset from 1.0 and its spread. The
-    generator is seeded from the timings, so the same timings always give the same floor.
-    None without timings."""
-    base, aa = (np.asarray(v, dtype=float) for v in (baseline, other))
-    if base.size == 0 or aa.shape != base.shape or base.ndim != 2:
-        return None
-    sums = np.stack([base.sum(axis=-1), aa.sum(axis=-1)])  # (2, rounds): a round's units, summed
-    if not np.all(np.isfinite(sums)) or np.any(sums <= 0):
-        return None
-    rounds = rounds or sums.shape[1]
-    digest = hashlib.sha256(np.round(sums, 9).tobytes() + f":{rounds}:{level}:{n_boot}".encode()).digest()
-    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-    pick = rng.integers(0, sums.shape[1], size=(n_boot, rounds))
-    null = pooled_speedup(sums[0][pick][..., None], sums[1][pick][..., None])
-    return float(np.expm1(np.quantile(np.abs(np.log(null)), level)))
-
-
-def rounds_for_floor(baseline, other, target: float, level: float = FLOOR_LEVEL) -> int | None:
-    """The fewest timed rounds whose A/A noise floor (``noise_floor`` of these rounds' noise, drawn
-    that many times) is at most ``target`` (0.02: speedups beyond +-2% can be told from 1.0); None
-    when no number of rounds up to ``MAX_ROUNDS`` gets there (an A/A offset from 1.0 that more rounds
-    do not average away) or without timings. Doubling, then bisection: the floor shrinks about as
-    1/sqrt(rounds)."""
-
-    def ok(r: int) -> bool:
-        f = noise_floor(baseline, other, rounds=r, level=level)
-        return f is not None and f <= target
-
-    if noise_floor(baseline, other, level=level) is None:
-        return None
-    hi = 1
-    while not ok(hi):
-        if hi >= MAX_ROUNDS:
-            return None
-        hi = min(hi * 2, MAX_ROUNDS)
-    lo = hi // 2  # not ok (or 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
 
 
 @dataclass

@@ -5,7 +5,7 @@ and how many timed rounds bring that floor down to a target.
 Each trial's own floor (``noise_floor``, from its rounds alone) is what its ranked speedup uses;
 this summary pools every distinct A/A control of a model (a shared-baseline group's rows share
 one), so its floor at the trials' number of rounds, and the rounds a target floor needs, rest on
-all of them (``sweep.estimators.noise_floor`` and ``rounds_for_floor``).
+all of them (``sweep.noise.noise_floor`` and ``rounds_for_floor``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import statistics
 import numpy as np
 import polars as pl
 
-from sweep.estimators import noise_floor, pooled_speedup, rounds_for_floor
+from sweep.estimators import pooled_speedup
+from sweep.noise import noise_floor, rounds_for_floor
 
 FLOOR_TARGET = 0.02  # analysis.floor_target's default: +-2%
 

@@ -130,8 +130,9 @@ TRIALS = Table(
             "noise_floor",
             "fraction",
             "the trial's A/A noise floor f for speedup_wall: a speedup within [1/(1+f), 1+f] cannot be told from 1.0. "
-            "The 95% quantile of |log| of speedup_aa's estimator on its timed rounds resampled with replacement "
-            "(sweep.estimators.noise_floor: covers the A/A's offset from 1 and its spread); null without an A/A",
+            "The smallest f such that speedup_aa's estimator on its timed rounds drawn with replacement lies within "
+            "that band with probability >= 0.95, computed exactly (sweep.noise.noise_floor: covers the A/A's offset "
+            "from 1 and its spread); null without an A/A",
         ),
         metric("noise_floor_e2e", "fraction", "noise_floor for speedup_e2e_wall (whole requests)"),
         metric(
