@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from sweep.analysis import noise_floors, ok_trials
 from sweep.noise import noise_floor, rounds_for_floor
@@ -35,15 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     exe = Path(sys.executable).with_name("sweep")
     root = Path(tempfile.mkdtemp(prefix="aa-floor-"))
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    for run in range(args.runs):
-        cmd = [str(exe), "bench", *args.overrides, f"results.root={root}"]
+    for run in range(args.runs):  # a root per run: the same trial's row would replace the last one's
+        cmd = [str(exe), "bench", *args.overrides, f"results.root={root / f'run{run}'}"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr[-2000:], file=sys.stderr)
             return done.returncode
         print(f"run {run + 1}/{args.runs} done; load {os.getloadavg()[0]:.2f}")
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    rows = read("trials", root).sort("created_at")
+    rows = pl.concat([read("trials", root / f"run{run}") for run in range(args.runs)], how="diagonal_relaxed")
     print("\nrun  speedup_aa  noise_floor  per-round A/A ratios")
     for i, r in enumerate(rows.iter_rows(named=True)):
         ratios = [sum(b) / sum(a) for b, a in zip(r["round_baseline_ms"], r["round_aa_ms"])]
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         f"pooled over {pooled['aa_rounds']} rounds: floor at {pooled['repeats']} rounds "
         f"±{100 * pooled['floor']:.2f}%; rounds for ±{100 * args.target:g}%: {pooled['rounds_for_target']}"
     )
-    base = np.concatenate([np.asarray(r, float).sum(axis=1) for r in rows["round_baseline_ms"]])[:, None]
-    other = np.concatenate([np.asarray(r, float).sum(axis=1) for r in rows["round_aa_ms"]])[:, None]
+    base = np.concatenate([np.asarray(r, float).sum(axis=1) for r in rows["round_baseline_ms"].to_list()])[:, None]
+    other = np.concatenate([np.asarray(r, float).sum(axis=1) for r in rows["round_aa_ms"].to_list()])[:, None]
     for k in (3, 5, 10, 20, 40):
         print(f"  floor at {k:3d} rounds: ±{100 * noise_floor(base, other, rounds=k):.2f}%")
     logs = np.log(base[:, 0] / other[:, 0])
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         f"rounds for ±{100 * args.target:g}% ~ (1.96 * sqrt(pi/2) * sd / log(1 + target))^2 = {closed:.0f}"
         f" (ignores the offset); exact: {rounds_for_floor(base, other, args.target)}"
     )
-    print(f"rows: {root}/trials")
+    print(f"rows: {root}/run*/trials")
     return 0
 
 
