@@ -68,16 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     base = np.concatenate([np.asarray(r, float).sum(axis=1) for r in rows["round_baseline_ms"].to_list()])[:, None]
     other = np.concatenate([np.asarray(r, float).sum(axis=1) for r in rows["round_aa_ms"].to_list()])[:, None]
-    for k in (3, 5, 10, 20, 40):
-        print(f"  floor at {k:3d} rounds: ±{100 * noise_floor(base, other, rounds=k):.2f}%")
+    for k in (3, 5, 10):
+        print(
+            f"  pooled floor at {k:3d} rounds: ±{100 * noise_floor(base, other, rounds=k):.2f}%; projected rounds for "
+            f"±{100 * args.target:g}%: {rounds_for_floor(base, other, args.target, rounds=k)}"
+        )
     logs = np.log(base[:, 0] / other[:, 0])
-    sd, offset = float(np.std(logs, ddof=1)), float(np.median(logs))
-    z = 1.959964 * np.sqrt(np.pi / 2) * sd
-    closed = (z / np.log1p(args.target)) ** 2
+    offset, mad = float(np.median(logs)), float(np.median(np.abs(logs - np.median(logs))))
+    sd = 1.4826 * mad  # robust: a disturbed round does not inflate it
+    room = np.log1p(args.target) - abs(offset)
+    closed = (1.959964 * np.sqrt(np.pi / 2) * sd / room) ** 2 if room > 0 else float("inf")
     print(
-        f"closed form (normal per-round log-ratios, sd {sd:.4f}, median offset {offset:+.4f}): "
-        f"rounds for ±{100 * args.target:g}% ~ (1.96 * sqrt(pi/2) * sd / log(1 + target))^2 = {closed:.0f}"
-        f" (ignores the offset); exact: {rounds_for_floor(base, other, args.target)}"
+        f"closed form (normal per-round log-ratios, robust sd {sd:.4f} = 1.4826 MAD, median offset {offset:+.4f}): "
+        f"rounds for ±{100 * args.target:g}% ~ (1.96 sqrt(pi/2) sd / (log(1 + target) - |offset|))^2 = {closed:.0f}"
     )
     print(f"rows: {root}/run*/trials")
     return 0

@@ -13,11 +13,12 @@ told from 1.0. Plain numpy.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 FLOOR_LEVEL = 0.95  # a null effect (full depth against itself) lands inside the floor at least this often
 MAX_POOL = 1000  # a larger pool of rounds is summarised by this many of its quantiles (equal mass each)
-MAX_ROUNDS = 10_000  # rounds_for_floor looks no further
 
 
 def round_ratios(baseline, other) -> np.ndarray | None:
@@ -49,27 +50,26 @@ def noise_floor(baseline, other, rounds: int | None = None, level: float = FLOOR
     return float(np.expm1(dev[order][at]))
 
 
-def rounds_for_floor(baseline, other, target: float, level: float = FLOOR_LEVEL) -> int | None:
-    """The fewest timed rounds whose A/A noise floor (``noise_floor`` of these rounds' noise, drawn that
-    many times) is at most ``target`` (0.02: speedups beyond +-2% can be told from 1.0); None when no
-    number up to ``MAX_ROUNDS`` gets there (an A/A offset from 1.0 that more rounds do not average
-    away) or without timings. Doubling, then bisection: the floor shrinks about as 1/sqrt(rounds)."""
-
-    def ok(r: int) -> bool:
-        return noise_floor(baseline, other, rounds=r, level=level) <= target
-
-    if round_ratios(baseline, other) is None:
+def rounds_for_floor(
+    baseline, other, target: float, rounds: int | None = None, level: float = FLOOR_LEVEL
+) -> int | None:
+    """The timed rounds a floor of ``target`` needs (0.02: speedups beyond +-2% can be told from 1.0),
+    projected from the floor f at ``rounds`` rounds (default: as many as given) of these timings. The
+    floor is an offset o (|log| of the A/A's median over every round: a bias, which more rounds do not
+    average away) plus a spread s = log(1+f) - o, which shrinks as 1/sqrt(rounds):
+    rounds * (s / (log(1+target) - o))^2, rounded up. None when o alone reaches the target, or
+    without timings. (Drawing many rounds from a few measured ones cannot be trusted beyond them: the
+    median of such draws sits on a lattice of the measured values, so the law is applied instead.)"""
+    ratios = round_ratios(baseline, other)
+    if ratios is None:
         return None
-    hi = 1
-    while not ok(hi):
-        if hi >= MAX_ROUNDS:
-            return None
-        hi = min(hi * 2, MAX_ROUNDS)
-    lo = hi // 2  # not ok (or 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+    n = rounds or len(ratios)
+    offset = abs(float(np.log(np.median(ratios))))
+    spread = max(float(np.log1p(noise_floor(baseline, other, rounds=n, level=level))) - offset, 0.0)
+    room = float(np.log1p(target)) - offset
+    if room <= 0:
+        return None
+    return max(1, math.ceil(n * (spread / room) ** 2 - 1e-9))
 
 
 def _pool(ratios: np.ndarray) -> np.ndarray:

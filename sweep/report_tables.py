@@ -27,9 +27,10 @@ def floor_lines(ctx: ReportContext, model: str) -> list[str]:
         return ["Noise floor: no trial of this model timed an A/A control (rows from before schema 7).", ""]
     r = rows.row(0, named=True)
     need = (
-        f"about {r['rounds_for_target']} timed rounds (bench.repeats)"
+        f"about {r['rounds_for_target']} timed rounds (bench.repeats; projected from the floor at {r['repeats']}: "
+        "its spread shrinks as 1/sqrt(rounds), the A/A's offset from 1x does not)"
         if r["rounds_for_target"] is not None
-        else "more rounds than any number up to 100000 (the A/A offset from 1x does not average away)"
+        else "more than any number of rounds: the A/A's own offset from 1x is that large and does not average away"
     )
     own = f"; the trials' own floors: median ±{100 * r['trial_floor_median']:.1f}%" if r["trial_floor_median"] else ""
     return [

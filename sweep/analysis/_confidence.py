@@ -68,7 +68,7 @@ def ranked(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall") ->
         within = pl.Series(np.atleast_1d(inside_floor(capped, f)), dtype=pl.Boolean)
         return pl.DataFrame(
             {
-                "speedup": pl.Series(np.atleast_1d(ranked_speedup(m, skipped, f)), dtype=pl.Float64),
+                "speedup": pl.Series(np.atleast_1d(ranked_speedup(m, skipped, f)), dtype=pl.Float64).fill_nan(None),
                 "capped": pl.Series(~skipped & (m > 1.0), dtype=pl.Boolean),
                 "within_noise": within.scatter(np.flatnonzero(np.isnan(f)), None),  # null: no floor applies
             }

@@ -40,8 +40,9 @@ def noise_floors(trials: pl.DataFrame, metric: str = "speedup_wall", target: flo
     and timed rounds (``aa_rounds``) there are; the median, least and greatest A/A speedup over the
     controls (``speedup_aa``'s estimator, or its end-to-end twin for speedup_e2e_wall); the floor
     pooled over every round at the trials' median ``repeats`` (``floor``) beside the median of the
-    trials' own floors; and the fewest rounds whose pooled floor is at most ``target``
-    (``rounds_for_target``, null when no number of rounds gets there)."""
+    trials' own floors; and the rounds a floor of ``target`` needs, projected from the pooled floor
+    (``rounds_for_target``: ``sweep.noise.rounds_for_floor``; null when the A/A's offset alone reaches
+    the target)."""
     e2e = metric == "speedup_e2e_wall"
     need = ["model", "status", "round_baseline_ms", "round_aa_ms", "repeats", "noise_floor", "noise_floor_e2e"]
     need += ["round_baseline_prefill_ms", "round_aa_prefill_ms"]
@@ -76,7 +77,7 @@ def noise_floors(trials: pl.DataFrame, metric: str = "speedup_wall", target: flo
                 "floor": noise_floor(base, aa, rounds=repeats),
                 "trial_floor_median": statistics.median(floors) if floors else None,
                 "floor_target": float(target),
-                "rounds_for_target": rounds_for_floor(base, aa, target),
+                "rounds_for_target": rounds_for_floor(base, aa, target, rounds=repeats),
             }
         )
     return pl.DataFrame(rows, schema=_SCHEMA)
