@@ -125,10 +125,14 @@ def knees_table(ctx: ReportContext, model: str) -> list[str]:
         if r is None:
             lines.append(f"| {label} | {f['len']} | no knee (fewer than {KNEE_MIN_POINTS} points) | | | | | |")
             continue
-        whole = f"{r['knee_all_params'] or 'full depth'}: {r['knee_all_speedup']:.3f}x / {r['knee_all_agreement']:.3f}"
+        name = (
+            "full depth" if r["knee_all_trial_id"] == FULL_DEPTH_ID else f"{r['knee_all_gate']} {r['knee_all_params']}"
+        )
+        whole = f"{name}: {r['knee_all_speedup']:.3f}x / {r['knee_all_agreement']:.3f}"
         if r["trial_id"] is None:
             lines.append(
-                f"| {label} | {r['front_points']} | no knee ({r['knee_points']} points at agreement >= {floor:g}) "
+                f"| {label} | {r['front_points']} | no knee (fewer than {KNEE_MIN_POINTS} points at agreement >= "
+                f"{floor:g}: {r['knee_points']}) "
                 f"| | | | | {whole} |"
             )
             continue

@@ -209,6 +209,7 @@ def test_knees_are_taken_above_a_useful_agreement(tmp_path):
     table = knees_table(fronts(frame)).filter(pl.col("front") == "model").row(0, named=True)
     points = [("full-depth", 1.0, 1.0), *front]
     assert table["knee_all_trial_id"] == chord_by_hand(points) == "d"  # right by the chord, of no use
+    assert table["knee_all_gate"] == "saturation" and table["knee_all_agreement"] == 0.30
     useful = [p for p in points if p[2] >= 0.9]
     assert table["trial_id"] == chord_by_hand(useful) and table["agreement"] >= 0.9
     assert table["knee_min_agreement"] == 0.9 and table["knee_points"] == len(useful) == 4

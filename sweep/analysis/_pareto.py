@@ -185,6 +185,7 @@ def knees_table(
             kneedle_speedup=cross["speedup"] if cross else None,
             kneedle_agreement=cross["agreement"] if cross else None,
             knee_all_trial_id=whole["trial_id"],
+            knee_all_gate=whole["gate"],
             knee_all_params=params_text(whole),
             knee_all_speedup=whole["speedup"],
             knee_all_agreement=whole["agreement"],

@@ -197,6 +197,7 @@ KNEES = Table(
         Column("kneedle_speedup", pl.Float64(), "ratio", "the Kneedle knee's ranked speedup", nullable=True),
         Column("kneedle_agreement", pl.Float64(), "fraction", "the Kneedle knee's agreement", nullable=True),
         Column("knee_all_trial_id", pl.String(), "", "the unrestricted knee: chord method over every front point"),
+        Column("knee_all_gate", pl.String(), "", "the unrestricted knee's gate (`full` for the full-depth reference)"),
         Column("knee_all_params", pl.String(), "", "the unrestricted knee's parameters, as key=value text"),
         Column("knee_all_speedup", pl.Float64(), "ratio", "the unrestricted knee's ranked speedup"),
         Column("knee_all_agreement", pl.Float64(), "fraction", "the unrestricted knee's agreement"),
