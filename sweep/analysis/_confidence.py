@@ -37,7 +37,7 @@ def skipped_compute() -> pl.Expr:
     self-speculation, or exits on decode steps under a K/V policy other than full)."""
 
     def skips(s: pl.Series) -> pl.Series:
-        f = [s.struct.field(k).to_list() for k in ("mode", "step_layers_saved", "exit_rate", "kv_policy")]
+        f = [s.struct.field(k).to_numpy() for k in ("mode", "step_layers_saved", "exit_rate", "kv_policy")]
         return pl.Series(np.atleast_1d(skips_compute(*f)), dtype=pl.Boolean)
 
     inputs = pl.struct("mode", "step_layers_saved", "exit_rate", "kv_policy")
