@@ -4,8 +4,9 @@ Warm-up (the self-check's untimed baselines count towards the baseline's); the c
 on the warmed model; the determinism self-check (two full-depth baselines must give identical
 tokens, their max logit difference is recorded), which leads into the timed rounds as the
 baseline's warm-up did; the gated run; timing of baseline and
-gated decoding interleaved over repeats (every timed run must reproduce its tokens
-too); then agreement, exits, wall-clock and cost-model speedups. A trial that fails
+gated decoding interleaved over repeats, with an A/A control (full depth timed again in the same
+rounds: the trial's noise floor; every timed run must reproduce its tokens too); then agreement,
+exits, wall-clock and cost-model speedups. A trial that fails
 the self-check is ``nondeterministic`` and never ``ok``.
 
 In a sweep worker (``run_trial(..., reuse=cache)``, see ``sweep.reuse``) the reference and
@@ -256,12 +257,13 @@ def run_shared_trials(
 
 def timed_shares(timings: list[Timings]) -> list[float]:
     """Each setting's share of a shared group's time: the seconds of its own gated runs plus an even
-    share of the baseline's, over the group's timed seconds (the shares sum to 1)."""
+    share of the baseline's and the A/A control's, over the group's timed seconds (the shares sum to 1)."""
 
     def total(*grids) -> float:
         return sum(v for grid in grids for row in grid for v in row)
 
-    base = total(timings[0].base_decode, timings[0].base_prefill) / len(timings)
+    t0 = timings[0]  # the baseline and the A/A control are shared: an even share of them each
+    base = total(t0.base_decode, t0.base_prefill, t0.aa_decode, t0.aa_prefill) / len(timings)
     own = [base + total(t.gated_decode, t.gated_prefill) for t in timings]
     whole = sum(own)
     return [o / whole if whole > 0 else 1 / len(own) for o in own]
@@ -424,20 +426,24 @@ def _timed_rounds_shared(
     baseline: _Side, gated: list[_Side], refs: list[_References], repeats: int
 ) -> tuple[list[Timings], list[bool]]:
     """``_timed_rounds`` for one baseline and several gated sides: per round and unit the
-    baseline and each gated side in turn (forward when round + unit is even, else reversed);
-    each side's Timings carry the baseline timed in the same rounds."""
+    baseline, each gated side in turn and the A/A control (a second full-depth run), forward
+    when round + unit is even, else reversed, so the baseline and the A/A swap ends; each side's
+    Timings carry the baseline and the A/A timed in the same rounds."""
     units = refs[0].units
     timings = [Timings.empty(repeats, len(units)) for _ in gated]
     base_ok, gated_ok = True, [True] * len(gated)
     for r in range(repeats):
         for i, unit in enumerate(units):
-            order = [None, *range(len(gated))]  # None: the baseline
+            order = ["baseline", *range(len(gated)), "aa"]
             for s in order if (r + i) % 2 == 0 else reversed(order):
-                if s is None:
+                if s in ("baseline", "aa"):
                     gen = baseline.run(unit)
                     base_ok &= gen.tokens == refs[0].baseline[i].tokens
                     for t in timings:
-                        t.base_decode[r][i], t.base_prefill[r][i] = gen.decode_seconds, gen.prefill_seconds
+                        decode, prefill = (
+                            (t.base_decode, t.base_prefill) if s == "baseline" else (t.aa_decode, t.aa_prefill)
+                        )
+                        decode[r][i], prefill[r][i] = gen.decode_seconds, gen.prefill_seconds
                     continue
                 gen, ref, t = gated[s].run(unit), refs[s], timings[s]
                 if i >= len(ref.gated):  # no gated reference run: the first timed round's is the reference

@@ -28,12 +28,14 @@ from pathlib import Path
 import polars as pl
 
 from sweep.analysis import (
+    FULL_DEPTH_ID,
     best_at_targets,
     distinct_trials,
     fronts,
     knees_table,
     load_profiles,
     load_trials,
+    noise_floors,
     ok_trials,
     params_text,
     with_confidence,
@@ -71,9 +73,10 @@ def analyse(cfg) -> ReportContext:
     front = fronts(ok, a.speedup) if ok.height else pl.DataFrame()
     if front.height:  # intervals for the rows the tables show; seeded per trial, the same as on all rows
         front = with_confidence(front, **conf)
-    knees = knees_table(front) if front.height else pl.DataFrame()
+    knees = knees_table(front, min_agreement=a.knee_min_agreement) if front.height else pl.DataFrame()
     targets = _targets(ok, tuple(a.targets), conf)
-    ok = _front_intervals(ok, front)
+    settings = _targets(ok, tuple(a.targets), conf, reference=False)  # the best setting, beating full depth or not
+    ok = _front_intervals(ok, front)  # (after the targets: theirs are bootstrapped for their picks)
     out = Path(a.out) if a.out else root / "report"
     if not a.out:
         inside(root, out)  # <root>/report, not a symlink to elsewhere
@@ -88,6 +91,9 @@ def analyse(cfg) -> ReportContext:
         profiles=profiles if has_profiles else None,
         alpha=cfg.eas.alpha,
         min_prompts=a.ci_min_prompts,
+        settings=settings,
+        floors=noise_floors(ok, a.speedup, a.floor_target) if ok.height else pl.DataFrame(),
+        knee_min_agreement=a.knee_min_agreement,
     )
 
 
@@ -190,18 +196,26 @@ def _front_intervals(ok: pl.DataFrame, front: pl.DataFrame) -> pl.DataFrame:
     trials nobody reads took most of an analysis of 10,000 trials)."""
     if not front.height:  # (no ok trials)
         return ok
-    return ok.join(front.select("trial_id", *CI_COLUMNS).unique("trial_id"), on="trial_id", how="left")
+    cols = [c for c in CI_COLUMNS if c in front.columns]
+    measured = front.filter(pl.col("trial_id") != FULL_DEPTH_ID)
+    return ok.join(measured.select("trial_id", *cols).unique("trial_id"), on="trial_id", how="left")
 
 
-def _targets(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict) -> pl.DataFrame:
+def _targets(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict, *, reference: bool = True) -> pl.DataFrame:
+    """The targets table: the best at each target, full depth among the candidates (``reference``), with
+    the intervals of its picks (bootstrapped here: ``ok`` carries none)."""
     if not ok.height:
         return pl.DataFrame()
-    best = best_at_targets(ok, targets, metric=conf["metric"])
-    if "agreement_lo" not in best.columns:
-        best = with_confidence(best.filter(pl.col("trial_id").is_not_null()), **conf).join(
-            best.select("model", "target"), on=["model", "target"], how="right"
-        )
-    params = [params_text(r) if r["trial_id"] else None for r in best.iter_rows(named=True)]
+    best = best_at_targets(ok, targets, metric=conf["metric"], reference=reference)
+    if "agreement_lo" not in ok.columns:
+        measured = (pl.col("trial_id").is_not_null() & (pl.col("trial_id") != FULL_DEPTH_ID)).fill_null(False)
+        ci = [c for c in ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi") if c in best.columns]
+        picked = with_confidence(best.filter(measured).drop(ci), **conf)
+        best = pl.concat([picked, best.filter(~measured)], how="diagonal_relaxed")
+    params = [
+        "full depth" if r["trial_id"] == FULL_DEPTH_ID else params_text(r) if r["trial_id"] else None
+        for r in best.iter_rows(named=True)
+    ]
     return (
         best.with_columns(params=pl.Series(params, dtype=pl.String))
         .select(_declared_names("targets"))

@@ -37,9 +37,12 @@ def _save(fig, out: Path, name: str) -> str:
 MANY_POINTS = 300  # from this many trials of a gate, smaller and lighter markers keep the cloud readable
 
 
-def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, out: Path) -> str:
+def pareto_figure(
+    ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, out: Path, floor: float | None = None
+) -> str:
     """One model's ok trials per gate (95% intervals as error bars on the trials of its front across gates),
-    that front and the knee."""
+    that front (full depth a point of it) and the knee, and the model's A/A noise floor ``floor`` as a band
+    around 1x."""
     rows = ok.filter(pl.col("model") == model)
     metric = rows["speedup_metric"][0]
     line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
@@ -80,7 +83,7 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             mec="dimgrey",
             ms=8,
             ls="none",
-            label=f"skipped no compute ({idle.height}): drawn at 1x, measured ratio is noise",
+            label=f"skipped no compute ({idle.height}): capped at 1x from above",
         )
     if line.height:
         ax.plot(
@@ -92,9 +95,21 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             label="Pareto front (all gates)",
         )
     knee = knees.filter((pl.col("model") == model) & (pl.col("front") == "model")) if knees.height else knees
-    if knee.height:
-        k = knee.row(0, named=True)
-        ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label="knee (chord)")
+    k = knee.row(0, named=True) if knee.height else None
+    if k is not None and k["knee_all_trial_id"] != k["trial_id"]:
+        ax.plot(
+            [k["knee_all_speedup"]],
+            [k["knee_all_agreement"]],
+            marker="*",
+            ms=14,
+            mfc="none",
+            mec="crimson",
+            ls="none",
+            label="unrestricted knee (all front points)",
+        )
+    if k is not None and k["trial_id"] is not None:
+        floor_label = f"knee (chord, agreement >= {k['knee_min_agreement']:g})"
+        ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label=floor_label)
         ax.annotate(
             f"knee: {k['gate']} {k['params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
             (k["speedup"], k["agreement"]),
@@ -106,6 +121,10 @@ def pareto_figure(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mo
             arrowprops={"arrowstyle": "->", "color": "crimson", "lw": 1},
             bbox={"boxstyle": "round", "fc": "white", "ec": "crimson", "alpha": 0.9},
         )
+    ax.plot([1.0], [1.0], marker="s", ms=9, color="black", ls="none", label="full depth (1x, agreement 1)")
+    if floor is not None:
+        band = f"A/A noise floor ±{100 * floor:.1f}%: indistinguishable from 1x"
+        ax.axvspan(1.0 / (1.0 + floor), 1.0 + floor, color="grey", alpha=0.15, label=band)
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
     ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
     what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"

@@ -275,6 +275,7 @@ def format_row(row: dict[str, Any], costs=None) -> str:
         f"{row['kv_cost_layers']:.2f}/layer, "
         f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
     ]
+    lines += aa_lines(row)
     if row.get("mode") == "self_speculative":
         lines.append(
             f"self-speculation: draft_len {row['draft_len']}, acceptance rate {row['acceptance_rate']:.3f}, "
@@ -285,3 +286,31 @@ def format_row(row: dict[str, Any], costs=None) -> str:
         lines.append(costs.format())
     lines.append(f"status: {row['status']}")
     return "\n".join(lines)
+
+
+def aa_lines(row: dict[str, Any]) -> list[str]:
+    """The A/A control's spread and the trial's noise floor, and the ranked speedup the analysis and
+    the Optuna objective use (``sweep.estimators.row_speedup``), with why it differs from the measured
+    one where it does."""
+    from sweep.estimators import row_speedup, skips_compute
+
+    if row.get("speedup_aa") is None or row.get("noise_floor") is None or not row.get("round_aa_ms"):
+        return []
+    rounds = [sum(b) / sum(a) for b, a in zip(row["round_baseline_ms"], row["round_aa_ms"])]
+    floor, measured, ranked = row["noise_floor"], row["speedup_wall"], row_speedup(row)
+    lines = [
+        f"A/A control (full depth against full depth, in the same rounds): speedup_aa {row['speedup_aa']:.3f}x, "
+        f"rounds {min(rounds):.3f}-{max(rounds):.3f}x; noise floor ±{100 * floor:.1f}%: a speedup within "
+        f"{1 / (1 + floor):.3f}x-{1 + floor:.3f}x cannot be told from 1x"
+    ]
+    skipped = skips_compute(row.get("mode"), row.get("step_layers_saved"), row.get("exit_rate"), row.get("kv_policy"))
+    if not skipped and measured > 1.0:
+        why = "capped: it skipped no compute, so a ratio above 1x is timing noise"
+    elif ranked == 1.0 and measured != 1.0:
+        why = "inside the noise floor: indistinguishable from 1x"
+    elif not skipped:
+        why = "it skipped no compute: the slowdown is its probes' and heads' real cost"
+    else:
+        why = "outside the noise floor"
+    lines.append(f"ranked speedup (what `sweep analyze` and the Optuna objective use): {ranked:.3f}x ({why})")
+    return lines

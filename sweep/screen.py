@@ -15,6 +15,7 @@ from typing import Any
 
 import polars as pl
 
+from sweep.analysis import FULL_DEPTH_ID
 from sweep.config import Config, GateConfig, compose
 from sweep.config._fields import build
 from sweep.errors import ConfigError
@@ -22,7 +23,7 @@ from sweep.gatespec import GATE_COLUMNS, GATE_SPECS
 from sweep.search import as_override, spaces
 
 log = logging.getLogger("sweep.screen")
-BASELINE = "full-depth"  # the reference point (1x, agreement 1) on every simulated front
+BASELINE = FULL_DEPTH_ID  # the reference point (1x, agreement 1) on every simulated front, as on every measured one
 
 
 def dense_settings(cfg: Config, base: list[str], merge) -> list[tuple[list[str], Config]]:

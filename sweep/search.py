@@ -194,7 +194,9 @@ def _check_skipset(search: SearchConfig) -> None:
     """A skip-set search: one sub-space naming gate=skip and fixing the rest of the setting (the skip set
     itself is what the screen searches), a sampler that takes a seed and a constraint."""
     if search.closed_loop is None:
-        raise ConfigError("search.closed_loop: required for a skipset search (how many of the best sets run closed-loop)")
+        raise ConfigError(
+            "search.closed_loop: required for a skipset search (how many of the best sets run closed-loop)"
+        )
     if search.sampler not in ("tpe", "random"):
         raise ConfigError(f"search.sampler={search.sampler}: a skipset search samples with tpe or random")
     if len(search.spaces) != 1:

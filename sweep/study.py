@@ -22,6 +22,7 @@ from ray.tune.search.optuna import OptunaSearch
 from sweep import _ray_private
 from sweep.config import SearchConfig
 from sweep.errors import ConfigError, SweepError
+from sweep.estimators import skips_compute
 from sweep.identity import trial_identity
 from sweep.plan import trial_config
 from sweep.search import Param, as_override, spaces
@@ -170,10 +171,13 @@ def _reading(path: Path):
 class ConstrainedOptunaSearch(OptunaSearch):
     """OptunaSearch whose study stands on its own (README, "Sweeps"): on each finished trial it
     records the trial's row identity as user attributes (``trial_id``, the join key with the
-    Parquet ``trials`` table, ``gate``, ``model``, ``status``; ``error`` for failed trials),
-    sets its constraints (``metric >= bound`` as ``bound - metric <= 0``, with each constrained
-    metric as a user attribute), and tells the study that a trial which is not ``ok`` failed
-    (rather than leaving it running).
+    Parquet ``trials`` table, ``gate``, ``model``, ``status``; ``error`` for failed trials) and
+    its measured figures beside the ranked objective (``speedup_wall_measured``, ``speedup_aa``,
+    ``noise_floor``, ``skipped_compute``), sets its constraints (``metric >= bound`` as
+    ``bound - metric <= 0``, with each constrained metric as a user attribute, then
+    ``skipped_compute``: 0 where the trial skipped compute, else 1, infeasible, so a trial that
+    is not early exit is never the study's best), and tells the study that a trial which is not
+    ``ok`` failed (rather than leaving it running).
 
     ``base`` and ``device``: how the driver composes a trial's config, for the identity of a
     trial whose worker died before it reported a row (as ``RowWriter.errored`` does).
@@ -211,10 +215,13 @@ class ConstrainedOptunaSearch(OptunaSearch):
                 ot_trial.set_user_attr(key, value)
             if result and result.get("status") != "ok":
                 result, error = None, True
-            elif result and self._bounds:
+            elif result:
+                for key, value in _measured_attrs(result).items():
+                    ot_trial.set_user_attr(key, value)
                 for metric in self._bounds:
                     ot_trial.set_user_attr(metric, float(result[metric]))
-                set_constraints(ot_trial, [float(b) - float(result[m]) for m, b in self._bounds.items()])
+                bounds = [float(b) - float(result[m]) for m, b in self._bounds.items()]
+                set_constraints(ot_trial, [*bounds, 0.0 if _skipped(result) else 1.0])
         super().on_trial_complete(trial_id, result=result, error=error)
 
     def _row_attrs(self, trial_id: str, result: dict | None, error: bool) -> dict[str, Any]:
@@ -250,6 +257,30 @@ class ConstrainedOptunaSearch(OptunaSearch):
 
 
 ROW_ATTRS = ("trial_id", "gate", "model", "status")  # user attributes every trial carries (from its row)
+SKIP_CONSTRAINT = "skipped_compute"  # the last constraint of every trial: one that skipped no compute is infeasible
+MEASURED_ATTRS = {  # user attribute: the row's column, beside the ranked objective
+    "speedup_wall_measured": "speedup_wall",
+    "speedup_aa": "speedup_aa",
+    "noise_floor": "noise_floor",
+}
+
+
+def _row(result: dict) -> dict:
+    return json.loads(result["row_json"]) if "row_json" in result else {}
+
+
+def _measured_attrs(result: dict) -> dict[str, Any]:
+    """An ok trial's measured figures beside its objective: the raw speedup_wall ratio (the objective is the
+    ranked one), its A/A control and noise floor, and whether it skipped compute."""
+    row = _row(result)
+    attrs = {key: float(row[col]) for key, col in MEASURED_ATTRS.items() if row.get(col) is not None}
+    return {**attrs, "skipped_compute": _skipped(result)}
+
+
+def _skipped(result: dict) -> bool:
+    """Whether the trial skipped decoder-layer work (``sweep.estimators.skips_compute`` of its row)."""
+    row = _row(result)
+    return skips_compute(row.get("mode"), row.get("step_layers_saved"), row.get("exit_rate"), row.get("kv_policy"))
 
 
 def set_constraints(trial, values: list[float]) -> None:
@@ -316,7 +347,14 @@ def describe_study(search: SearchConfig, storage, root: Path | None = None) -> o
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(metrics)
     study.set_user_attr("objectives", dict(search.objectives))
-    study.set_user_attr("constraints", [f"{m} >= {b}" for m, b in search.constraints.items()])
+    study.set_user_attr("constraints", [*(f"{m} >= {b}" for m, b in search.constraints.items()), SKIP_CONSTRAINT])
+    study.set_user_attr(
+        "objective_speedup",
+        "speedup_wall is the ranked speedup the analysis ranks by (sweep.estimators.ranked_speedup): the measured "
+        "ratio capped at 1.0 from above where the trial skipped no compute, and 1.0 inside its A/A noise floor; the "
+        "measured ratio is the user attribute speedup_wall_measured. A trial that skipped no compute is infeasible "
+        "(constraint skipped_compute), so it is never the study's best.",
+    )
     if len(spaces(search)) > 1:
         study.set_user_attr("subspaces", subspace_labels(spaces(search)))
     if root is not None:

@@ -135,4 +135,4 @@ def metrics(
         else None,
     }
     # a batch runs to its deepest sequence: its steps' layers are the max over the batch
-    return {**row, **t.columns(), "step_layers_saved": 1.0 - statistics.fmean(charged.layers) / L}
+    return {**row, **t.aa(), **t.columns(), "step_layers_saved": 1.0 - statistics.fmean(charged.layers) / L}

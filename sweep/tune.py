@@ -27,6 +27,7 @@ from ray.tune.search import ConcurrencyLimiter
 from sweep import _ray_private, claims, interrupt
 from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
+from sweep.estimators import row_speedup
 from sweep.gatespec import GATE_SPECS
 from sweep.identity import trial_device, trial_identity
 from sweep.plan import (
@@ -199,9 +200,15 @@ def _report(
 
 
 def _metrics(row: dict) -> dict:
-    """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed)."""
+    """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed).
+    ``speedup_wall`` is the ranked speedup the analysis ranks by (``sweep.estimators.row_speedup``:
+    capped at 1.0 from above where no compute was skipped, 1.0 inside the trial's A/A noise floor);
+    the study keeps the measured ratio as a user attribute (``sweep.study``)."""
     ok = row.get("status") == "ok"
-    return {"status": row.get("status"), **{m: (row.get(m) if ok else None) for m in METRICS}}
+    metrics = {m: (row.get(m) if ok else None) for m in METRICS}
+    if ok:
+        metrics["speedup_wall"] = row_speedup(row, "speedup_wall")
+    return {"status": row.get("status"), **metrics}
 
 
 # ---------------------------------------------------------------- the driver

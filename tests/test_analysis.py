@@ -53,19 +53,21 @@ def ids(df: pl.DataFrame) -> list[str]:
 
 
 def test_front_of_a_classic_set():
-    front = pareto_front(trials(CLASSIC))
+    front = pareto_front(trials(CLASSIC), reference=False)
     assert ids(front) == ["t004", "t003", "t002", "t001", "t000"]  # sorted by speedup, descending
+    # full depth (1x, agreement 1) is a point of every front: t000 only ties it, so it gives way
+    assert ids(pareto_front(trials(CLASSIC))) == ["t004", "t003", "t002", "t001", "full-depth"]
 
 
 def test_ties_are_all_kept_and_a_tie_dominates_nothing_twice():
     df = trials([(1.5, 0.9), (1.5, 0.9), (1.5, 0.8), (1.0, 0.9), (2.0, 0.5)])
-    assert sorted(ids(pareto_front(df))) == ["t000", "t001", "t004"]
+    assert sorted(ids(pareto_front(df, reference=False))) == ["t000", "t001", "t004"]
 
 
 def test_single_point_and_all_dominated_but_one():
-    assert ids(pareto_front(trials([(1.3, 0.7)]))) == ["t000"]
+    assert ids(pareto_front(trials([(1.3, 0.7)]), reference=False)) == ["t000"]
     df = trials([(2.0, 1.0), (1.9, 0.99), (1.0, 0.5), (2.0, 0.2)])
-    assert ids(pareto_front(df)) == ["t000"]
+    assert ids(pareto_front(df)) == ids(pareto_front(df, reference=False)) == ["t000"]  # t000 dominates full depth
 
 
 def test_failed_and_nondeterministic_rows_never_count():
@@ -77,7 +79,7 @@ def test_failed_and_nondeterministic_rows_never_count():
             trials([(7.0, 1.0)], start=300).with_columns(agreement=pl.lit(None, pl.Float64)),
         ]
     )
-    assert set(ids(pareto_front(df))) == CLASSIC_FRONT
+    assert set(ids(pareto_front(df, reference=False))) == CLASSIC_FRONT
 
 
 def test_fronts_per_model_and_gate():
@@ -88,16 +90,16 @@ def test_fronts_per_model_and_gate():
             trials([(3.0, 0.1)], model="other", start=20),
         ]
     )
-    per_gate = pareto_front(df, by=("model", "gate"))
+    per_gate = pareto_front(df, by=("model", "gate"), reference=False)
     assert {(r["model"], r["gate"], r["trial_id"]) for r in per_gate.iter_rows(named=True)} == {
         ("m", "saturation", "t000"),
         ("m", "saturation", "t001"),
         ("m", "margin", "t010"),
         ("other", "saturation", "t020"),
     }
-    across = pareto_front(df, by=("model",))
+    across = pareto_front(df, by=("model",), reference=False)
     assert set(ids(across.filter(pl.col("model") == "m"))) == {"t000", "t010", "t001"}
-    both = fronts(df)
+    both = fronts(df, reference=False)
     assert set(both["front"]) == {"model", "model+gate"}
     across_rows = both.filter(pl.col("front") == "model")
     assert set(zip(across_rows["trial_id"], across_rows["gate"])) == {  # each trial keeps its own gate
@@ -140,15 +142,16 @@ def test_knees_of_a_front_with_a_known_corner():
     curve = trials(gentle + steep)
     front = pareto_front(curve)
     assert front.height == 15
-    table = knees_table(fronts(curve))
+    table = knees_table(fronts(curve), min_agreement=0.0)  # every front point a candidate
     row = table.filter(pl.col("front") == "model").row(0, named=True)
     assert row["front_points"] == 15 and row["trial_id"] == "t009" and row["kneedle_trial_id"] == "t009"
+    assert row["knee_all_trial_id"] == "t009" and row["knee_points"] == sum(a >= 0.0 for _, a in gentle + steep)
     assert kneedle_knee(front.head(11)) is None  # the cross-check needs 12 points
 
 
 def test_best_speedup_at_each_target():
     df = pl.concat([trials(CLASSIC), trials([(3.0, 0.9), (1.1, 0.96)], model="low", start=40)])
-    best = best_at_targets(df)
+    best = best_at_targets(df, reference=False)
     got = {(r["model"], r["target"]): r["trial_id"] for r in best.iter_rows(named=True)}
     assert got == {
         ("m", 0.95): "t002",
@@ -161,7 +164,7 @@ def test_best_speedup_at_each_target():
         ("low", 1.0): None,
     }
     # ties on speedup go to the higher agreement, then the smaller trial id
-    tied = best_at_targets(trials([(1.5, 0.96), (1.5, 0.99), (1.5, 0.99)]), targets=(0.95,))
+    tied = best_at_targets(trials([(1.5, 0.96), (1.5, 0.99), (1.5, 0.99)]), targets=(0.95,), reference=False)
     assert ids(tied) == ["t001"]
 
 
@@ -258,22 +261,30 @@ def test_a_trial_gets_the_same_interval_whatever_rows_come_with_it():
     )  # the analysis seed still matters
 
 
-def test_trials_that_skipped_no_compute_are_1x_and_never_win_a_front():
+def test_trials_that_skipped_no_compute_are_capped_from_above_only_and_never_win_a_front():
     base = [[10.0, 10.0], [10.0, 10.0]]
     rows = [
         timed_row("noise", base, [[6.0, 7.0], [6.5, 6.5]], exit_rate=0.0),  # no exit, measured 1.5x
         timed_row("fullkv", base, [[7.0, 7.0], [7.0, 7.0]], kv_policy="full"),  # exits, but runs every layer anyway
+        timed_row("fullcost", base, [[16.0, 17.0], [17.0, 16.0]], kv_policy="full"),  # and pays a head: 0.606x
         timed_row("real", base, [[8.0, 8.0], [8.0, 8.0]], agree=[1.0, 0.9]),  # exits: 1.25x
         timed_row("spec", base, [[9.0, 9.0], [9.0, 9.0]], exit_rate=0.0, mode="self_speculative"),  # drafts skip layers
     ]
     out = {r["trial_id"]: r for r in with_confidence(frame(*rows), seed=0).iter_rows(named=True)}
     assert out["noise"]["speedup"] == 1.0 and out["noise"]["speedup_noise"] == pytest.approx(20 / 13)
+    assert out["noise"]["capped"] and out["fullkv"]["capped"] and not out["real"]["capped"]
     assert out["fullkv"]["speedup"] == 1.0 and not out["fullkv"]["skipped_compute"]
-    assert out["noise"]["speedup_lo"] == out["noise"]["speedup_hi"] == 1.0
+    assert out["noise"]["speedup_lo"] == out["noise"]["speedup_hi"] == 1.0  # every resample is capped as well
+    # a slowdown is never raised to 1.0: the head the exit ran and the model's own head are a real cost
+    assert out["fullcost"]["speedup"] == pytest.approx(20 / 33) and not out["fullcost"]["capped"]
+    assert out["fullcost"]["speedup_hi"] < 1.0
     assert out["real"]["speedup"] == pytest.approx(1.25) and out["real"]["speedup_noise"] is None
     assert out["spec"]["skipped_compute"] and out["spec"]["speedup"] == pytest.approx(10 / 9)
     front = pareto_front(frame(*rows))
     assert "noise" not in ids(front) and "fullkv" not in ids(front) and "real" in ids(front)
+    assert "fullcost" not in ids(front)  # full depth dominates it
+    assert "full-depth" not in ids(front)  # lossless self-speculation at 1.11x dominates full depth itself
+    assert "full-depth" in ids(pareto_front(frame(*rows[:4])))
 
 
 def test_intervals_from_few_prompts_are_flagged():
@@ -287,6 +298,7 @@ def test_intervals_from_few_prompts_are_flagged():
 
 def verdict_row(**kw):
     row = {
+        "trial_id": "t1",
         "speedup_metric": "speedup_wall",
         "gate": "fixed",
         "params": "exit_layer=20 mode=self_speculative draft_len=4",
@@ -294,11 +306,21 @@ def verdict_row(**kw):
         "exit_rate": 0.0,
         "acceptance_rate": 0.8,
         "skipped_compute": True,
+        "capped": False,
+        "within_noise": False,
+        "speedup_floor": 0.03,
         "speedup_noise": None,
         "ci_prompts": 8,
         "ci_few_prompts": False,
     }
-    return {**row, **kw}
+    row.update(kw)
+    row.setdefault("speedup_wall", row.get("speedup"))
+    return row
+
+
+FULL = verdict_row(
+    trial_id="full-depth", gate="full", params="full depth", mode="early_exit", skipped_compute=False, speedup=1.0
+)
 
 
 def test_verdicts_follow_each_modes_own_evidence():
@@ -306,41 +328,28 @@ def test_verdicts_follow_each_modes_own_evidence():
 
     faster = verdict(verdict_row(speedup=1.6, speedup_lo=1.4, speedup_hi=1.8), 8)
     assert "with a speedup: lossless self-speculation" in faster and "1.600x" in faster and "cost more" not in faster
-    slower = verdict(verdict_row(speedup=0.8, speedup_lo=0.7, speedup_hi=0.9, acceptance_rate=0.2), 8)
-    assert (
-        slower.startswith("no gate reaches")
-        and "drafting and verifying cost more than the accepted drafts save" in slower
-    )
+    slower = verdict(FULL, 8, verdict_row(speedup=0.8, speedup_lo=0.7, speedup_hi=0.9, acceptance_rate=0.2))
+    assert slower.startswith("no setting beats full depth") and "drafting and verifying cost more" in slower
     unsure = verdict(verdict_row(speedup=1.05, speedup_lo=0.95, speedup_hi=1.15, ci_prompts=2, ci_few_prompts=True), 8)
     assert "distinguishable from 1x" in unsure and "fewer than 8" in unsure
-    idle = verdict(
-        verdict_row(
-            mode="early_exit",
-            gate="margin",
-            params="theta=20",
-            skipped_compute=False,
-            speedup=1.0,
-            speedup_lo=1.0,
-            speedup_hi=1.0,
-            speedup_noise=1.52,
-            exit_rate=0.0,
-        ),
+    idle = dict(mode="early_exit", gate="margin", params="theta=20", skipped_compute=False, exit_rate=0.0)
+    capped = verdict(FULL, 8, verdict_row(**idle, speedup=1.0, speedup_wall=1.52, capped=True, speedup_noise=1.52))
+    assert "skipped no compute" in capped and "timing noise" in capped and "(measured 1.520x)" in capped
+    cost = verdict(FULL, 8, verdict_row(**idle, speedup=0.6, speedup_noise=0.6))
+    assert "0.600x" in cost and "probes and heads cost real time" in cost and "with a speedup" not in cost
+    noise = verdict(
+        FULL,
         8,
+        verdict_row(
+            mode="early_exit", params="exit_layer=9", speedup=1.0, speedup_wall=1.02, within_noise=True, exit_rate=0.9
+        ),
     )
-    assert "skipped no compute" in idle and "1.520x is timing noise" in idle and "with a speedup:" not in idle
+    assert "inside its A/A noise floor of +-3.0%" in noise and "(measured 1.020x)" in noise
     exits = verdict(
-        verdict_row(
-            mode="early_exit",
-            gate="margin",
-            params="theta=5",
-            speedup=1.3,
-            speedup_lo=1.1,
-            speedup_hi=1.5,
-            exit_rate=0.4,
-        ),
-        8,
+        verdict_row(mode="early_exit", gate="margin", params="theta=5", speedup=1.3, speedup_lo=1.1, exit_rate=0.4), 8
     )
     assert "with a speedup: margin theta=5" in exits
+    assert verdict(FULL, 8, None).startswith("no setting reaches agreement >=")
 
 
 def bench_rows(root, *gates):
@@ -379,22 +388,26 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     pareto, knees, targets = read("pareto", tmp_path), read("knees", tmp_path), read("targets", tmp_path)
     assert set(pareto["front"]) == {"model", "model+gate"} and pareto["agreement_lo"].null_count() == 0
     assert (knees["front_points"] >= 3).all() and targets["target"].to_list() == [0.95, 0.98, 0.99, 1.0]
-    per_gate = pareto.filter(pl.col("front") == "model+gate").group_by("gate").len()
-    expected = {("model+gate", g) for g in per_gate.filter(pl.col("len") >= 3)["gate"]} | (
+    per_gate = pareto.filter(pl.col("front") == "model+gate").group_by("front_gate").len()
+    expected = {("model+gate", g) for g in per_gate.filter(pl.col("len") >= 3)["front_gate"]} | (
         {("model", None)} if pareto.filter(pl.col("front") == "model").height >= 3 else set()
     )
-    named = {(r["front"], r["gate"] if r["front"] == "model+gate" else None) for r in knees.iter_rows(named=True)}
+    named = {(r["front"], r["front_gate"]) for r in knees.iter_rows(named=True)}
     assert named == expected  # fronts of 1-2 points have no knee
+    # full depth is a point of every front unless a setting dominates it
+    for (front, gate), sub in pareto.partition_by("front", "front_gate", as_dict=True).items():
+        beaten = sub.filter((pl.col("speedup") > 1.0) & (pl.col("agreement") >= 1.0))
+        assert ("full-depth" in sub["trial_id"].to_list()) == (beaten.height == 0), (front, gate)
     for table in (pareto, targets.drop_nulls("trial_id")):
         assert (table["speedup_lo"] <= table["speedup"]).all() and (table["speedup"] <= table["speedup_hi"]).all()
         assert (table["agreement_lo"] <= table["agreement"]).all() and (
             table["agreement"] <= table["agreement_hi"]
         ).all()
         assert table["ci_few_prompts"].all()  # 2 prompts: flagged
-    assert (
-        pareto.filter(~pl.col("skipped_compute"))["speedup"].to_list()
-        == [1.0] * pareto.filter(~pl.col("skipped_compute")).height
-    )
+    for r in pareto.filter(~pl.col("skipped_compute") & (pl.col("trial_id") != "full-depth")).iter_rows(named=True):
+        capped = min(r["speedup_wall"], 1.0)  # from above only: a slowdown stays
+        inside = abs(math.log(capped)) <= math.log1p(r["noise_floor"])
+        assert r["within_noise"] == inside and r["speedup"] == pytest.approx(1.0 if inside else capped)
     assert targets.filter(pl.col("target") == 1.0)["agreement"][0] == 1.0  # the full gate always qualifies
     report = (tmp_path / "report" / "report.md").read_text()
     for name in ("pareto_tiny-llama.png", "layers_tiny-llama.png", "eas.png"):
@@ -522,8 +535,11 @@ def test_self_speculative_trials_stay_out_of_the_batching_section(tmp_path, caps
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## The batching effect" not in report  # one early-exit batch size only: nothing to compare
     targets = read("targets", tmp_path).filter(pl.col("target") == 1.0)
-    assert targets["mode"].to_list() == ["self_speculative"]  # lossless, so it is the only one at agreement 1
-    assert targets["params"][0] == "exit_layer=2 min_layer=1 mode=self_speculative draft_len=2"
+    spec = best_at_targets(read("trials", tmp_path), reference=False).filter(pl.col("target") == 1.0)
+    assert spec["mode"].to_list() == ["self_speculative"]  # lossless, so the only setting at agreement 1
+    assert params_text(spec.row(0, named=True)) == "exit_layer=2 min_layer=1 mode=self_speculative draft_len=2"
+    # the targets table names it only where it beats full depth, which is always a candidate there
+    assert targets["trial_id"][0] == (spec["trial_id"][0] if spec["speedup"][0] > 1.0 else "full-depth")
 
 
 def test_params_text_names_mode_and_batch_size():

@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 
 from conftest import compose, sweep
+from sweep.analysis import ok_trials
 from sweep.search import Param, spaces
 from sweep.store import read
 
@@ -38,7 +39,7 @@ def check_study(study: optuna.Study, root: Path, n_trials: int) -> None:
     trials table on trial_id."""
     assert study.metric_names == ["speedup_wall"]
     assert study.user_attrs["objectives"] == {"speedup_wall": "max"}
-    assert study.user_attrs["constraints"] == ["agreement >= 0.98"]
+    assert study.user_attrs["constraints"] == ["agreement >= 0.98", "skipped_compute"]
     assert study.user_attrs["subspaces"] == ["saturation", "margin#1", "margin#2"]
     assert study.user_attrs["trials_table"] == str(root / "trials")
     trials = study.trials
@@ -61,10 +62,12 @@ def check_study(study: optuna.Study, root: Path, n_trials: int) -> None:
             assert trial.state == optuna.trial.TrialState.FAIL and attrs["status"] == "failed"
             assert "must be in 1..4" in attrs["error"] and "constraints" not in trial.system_attrs
             continue
+        skip = 0.0 if attrs["skipped_compute"] else 1.0
         assert trial.state == optuna.trial.TrialState.COMPLETE and attrs["status"] == "ok"
         # optuna-dashboard reads the list in system attribute "constraints"; Optuna's samplers read it too
-        assert trial.system_attrs["constraints"] == [pytest.approx(0.98 - row["agreement"])]
-        assert trial.constraints == {"0": pytest.approx(0.98 - row["agreement"])}
+        assert trial.system_attrs["constraints"] == [pytest.approx(0.98 - row["agreement"]), skip]
+        assert trial.constraints == {"0": pytest.approx(0.98 - row["agreement"]), "1": skip}
+        assert attrs["speedup_wall_measured"] == pytest.approx(row["speedup_wall"])  # the raw ratio
         assert not any(key.startswith("constraints:") for key in trial.system_attrs)
         assert attrs["agreement"] == pytest.approx(row["agreement"])
         theta = trial.params.get("margin#1/gate.theta")
@@ -81,7 +84,11 @@ def check_study(study: optuna.Study, root: Path, n_trials: int) -> None:
     )
     assert joined.height == sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) > 0
     assert joined["run_id"].null_count() == 0  # every COMPLETE trial found its row
-    assert joined["value_speedup_wall"].to_list() == pytest.approx(joined["speedup_wall"].to_list())
+    # the objective is the analysis's own ranked speedup; the raw ratio is a user attribute
+    ranked = ok_trials(rows).collect().select("trial_id", "speedup")
+    both = joined.join(ranked, left_on="user_attrs_trial_id", right_on="trial_id", how="left")
+    assert both["value_speedup_wall"].to_list() == pytest.approx(both["speedup"].to_list())
+    assert both["user_attrs_speedup_wall_measured"].to_list() == pytest.approx(both["speedup_wall"].to_list())
 
 
 def test_study_stands_on_its_own_and_survives_a_resume(ray_session, tmp_path):
@@ -120,10 +127,11 @@ def test_multi_objective_study_names_both_metrics(ray_session, tmp_path):
     rows = {r["trial_id"]: r for r in read("trials", tmp_path).to_dicts()}
     for trial in study.trials:
         row = rows[trial.user_attrs["trial_id"]]
-        assert trial.values == pytest.approx([row["speedup_wall"], row["agreement"]])
+        ranked = ok_trials(pl.DataFrame([row])).collect()["speedup"][0]  # what the analysis ranks by
+        assert trial.values == pytest.approx([ranked, row["agreement"]])
         assert set(trial.params) <= {"subspace", "gate.eps", "gate.theta", "gate.min_depth"}
         assert trial.params["subspace"] == row["gate"]  # subspaces labelled by their gate
-        assert "constraints" not in trial.system_attrs
+        assert trial.system_attrs["constraints"] == [0.0 if trial.user_attrs["skipped_compute"] else 1.0]
 
 
 # ---------------------------------------------------------------- names, without Ray
@@ -197,7 +205,14 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     first, second, third = study.trials
     assert third.state == optuna.trial.TrialState.COMPLETE and third.values == [1.5, 0.9]
     cfg3 = trial_config(base, partial["trial"], "cpu")
-    assert third.user_attrs == {"trial_id": "abc", "status": "ok", "gate": cfg3.gate.name, "model": "tiny-llama"}
+    assert third.user_attrs == {
+        "trial_id": "abc",
+        "status": "ok",
+        "gate": cfg3.gate.name,
+        "model": "tiny-llama",
+        "speedup_wall_measured": 1.5,
+        "skipped_compute": False,  # a row without its exits: nothing says it skipped compute
+    }
     cfg = trial_config(base, died["trial"], "cpu")
     assert first.state == optuna.trial.TrialState.FAIL
     assert first.user_attrs == {

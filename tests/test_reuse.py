@@ -267,12 +267,13 @@ def test_self_speculative_trials_reuse_too():
 
 def _timed_seconds(row) -> float:
     """A row's own timed rounds from its round_* columns (ms): its gated runs and an even share of
-    the baseline's (shared by ``baseline_shared`` settings)."""
+    the baseline's and the A/A control's (shared by ``baseline_shared`` settings)."""
 
     def total(col):
         return sum(v for unit in row[col] for v in unit) / 1000
 
-    base = (total("round_baseline_ms") + total("round_baseline_prefill_ms")) / row["baseline_shared"]
+    shared = ("round_baseline_ms", "round_baseline_prefill_ms", "round_aa_ms", "round_aa_prefill_ms")
+    base = sum(total(col) for col in shared) / row["baseline_shared"]
     return base + total("round_ms") + total("round_prefill_ms")
 
 

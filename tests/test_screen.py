@@ -27,6 +27,21 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
         profile["run_id"].n_unique() == 1
         and sim["trace_run_id"].unique().to_list() == profile["run_id"].unique().to_list()
     )
+    # the screen ran no full-depth trial, yet full depth is on every front it does not lose to, and a
+    # candidate at every target: a front's other points all beat it, and no target is left without a pick
+    assert trials.filter(pl.col("status") == "ok")["round_aa_ms"].null_count() == 0  # an A/A in every trial
+    from sweep.cli import main
+
+    assert main(["analyze", f"results.root={tmp_path}"]) == 0
+    pareto, targets = read("pareto", tmp_path), read("targets", tmp_path)
+    for _, front in pareto.partition_by("front", "front_gate", as_dict=True).items():
+        others = front.filter(pl.col("trial_id") != "full-depth")
+        assert (others["speedup"] > 1.0).all()  # full depth dominates every setting at 1x or slower
+        beats = others.filter(pl.col("agreement") >= 1.0).height > 0
+        assert ("full-depth" in front["trial_id"].to_list()) != beats
+    assert targets["trial_id"].null_count() == 0 and (targets["speedup"] >= 1.0).all()
+    at = targets.filter(pl.col("trial_id") == "full-depth")
+    assert (at["gate"] == "full").all() and (at["agreement"] == 1.0).all()
 
 
 def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):

@@ -175,8 +175,8 @@ def test_a_failing_report_writes_nothing(root, monkeypatch):
 
     real = report_figures.pareto_figure
 
-    def half_then_fail(ok, front, knees, model, out):
-        real(ok, front, knees, model, out)  # one figure drawn, then the report fails
+    def half_then_fail(ok, front, knees, model, out, **kw):
+        real(ok, front, knees, model, out, **kw)  # one figure drawn, then the report fails
         raise RuntimeError("figure failed")
 
     before = snapshot(root)

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from conftest import TINY_SWEEP, compose, run_cli, sweep
+from sweep.analysis import ok_trials
 from sweep.errors import ConfigError
 from sweep.identity import id_of_key
 from sweep.store import files, read
@@ -52,7 +53,12 @@ def test_optuna_multi_objective_persists_its_study(ray_session, tmp_path):
     assert len(study.directions) == 2
     assert len(study.trials) == 6
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    assert {round(v, 9) for t in study.trials for v in [t.values[0]]} == {round(v, 9) for v in df["speedup_wall"]}
+    # the objective is the ranked speedup the analysis ranks by, not the raw ratio (a user attribute)
+    ranked = ok_trials(df).collect()
+    assert {round(t.values[0], 9) for t in study.trials} == {round(v, 9) for v in ranked["speedup"]}
+    assert {round(t.user_attrs["speedup_wall_measured"], 9) for t in study.trials} == {
+        round(v, 9) for v in df["speedup_wall"]
+    }
 
 
 def test_optuna_is_seeded(ray_session, tmp_path):
@@ -71,13 +77,15 @@ def test_constrained_search_hands_agreement_to_the_sampler(ray_session, tmp_path
         storage=f"sqlite:///{outcome.path}/optuna.db",
     )
     assert len(study.directions) == 1
+    rows = {r["trial_id"]: r for r in read("trials", tmp_path).to_dicts()}
     for trial in study.trials:
-        assert trial.user_attrs["agreement"] == pytest.approx(
-            read("trials", tmp_path).filter(pl.col("speedup_wall") == trial.values[0])["agreement"][0]
-        )
-        # Optuna's list format: what optuna-dashboard reads, and what Optuna's samplers read as trial.constraints
-        assert trial.system_attrs["constraints"] == [pytest.approx(0.98 - trial.user_attrs["agreement"])]
-        assert trial.constraints == {"0": pytest.approx(0.98 - trial.user_attrs["agreement"])}
+        row = rows[trial.user_attrs["trial_id"]]
+        assert trial.user_attrs["agreement"] == pytest.approx(row["agreement"])
+        # Optuna's list format: what optuna-dashboard reads, and what Optuna's samplers read as trial.constraints;
+        # the last one: a trial that skipped no compute is infeasible
+        skip = 0.0 if trial.user_attrs["skipped_compute"] else 1.0
+        assert trial.system_attrs["constraints"] == [pytest.approx(0.98 - row["agreement"]), skip]
+        assert trial.constraints == {"0": pytest.approx(0.98 - row["agreement"]), "1": skip}
 
 
 def test_failed_trials_are_rows(ray_session, tmp_path):

@@ -1,20 +1,25 @@
 """Analysis for downstream teams: lazy polars over the results tables.
 
-Load every stored run, find Pareto fronts of speedup against agreement and their knees,
-the best trial at each agreement target, bootstrap confidence intervals over prompts, and
+Load every stored run, find Pareto fronts of speedup against agreement (full depth a point of
+every one) and their knees, the best trial at each agreement target, bootstrap confidence
+intervals over prompts, the A/A noise floor per model, and
 the profile summaries (layer curve, EAS, oracle exits, tuned lens against logit lens).
 ``sweep analyze`` writes them as tables and a report.
 """
 
-from sweep.analysis._confidence import SPEEDUPS, ranked, skipped_compute, trial_rng, with_confidence
+from sweep.analysis._confidence import FLOORS, SPEEDUPS, ranked, skipped_compute, trial_rng, with_confidence
 from sweep.analysis._load import distinct_trials, load_profiles, load_trials
+from sweep.analysis._noise import FLOOR_TARGET, noise_floors
 from sweep.analysis._pareto import (
+    FULL_DEPTH_ID,
+    KNEE_MIN_AGREEMENT,
     KNEE_MIN_POINTS,
     TARGETS,
     best_at_targets,
     chord_knees,
     front_gate,
     fronts,
+    full_depth,
     kneedle_knee,
     knees_table,
     nondominated,
@@ -34,6 +39,10 @@ from sweep.analysis._profiles import (
 )
 
 __all__ = [
+    "FLOORS",
+    "FLOOR_TARGET",
+    "FULL_DEPTH_ID",
+    "KNEE_MIN_AGREEMENT",
     "KNEE_MIN_POINTS",
     "SPEEDUPS",
     "S_VARIANTS",
@@ -46,12 +55,14 @@ __all__ = [
     "format_summary",
     "front_gate",
     "fronts",
+    "full_depth",
     "kneedle_knee",
     "knees_table",
     "layer_curve",
     "lens_curves",
     "load_profiles",
     "load_trials",
+    "noise_floors",
     "nondominated",
     "ok_trials",
     "oracle_exits",

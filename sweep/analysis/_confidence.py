@@ -1,9 +1,12 @@
 """Which speedup a trial is ranked by, and bootstrap confidence intervals of it and of agreement.
 
-A trial that skipped no compute (no decode step exited, or kv_policy=full ran every skipped
-layer anyway) cannot be faster than full depth: its ranked ``speedup`` is 1.0 by
-construction and its measured ratio is kept as ``speedup_noise``. Intervals bootstrap the
-very estimators the bench reports (``sweep.estimators``), seeded per trial.
+The ranked ``speedup`` is ``sweep.estimators.ranked_speedup`` of the measured ratio: a trial that
+skipped no compute (no decode step exited, or kv_policy=full ran every skipped layer anyway) is
+capped at 1.0 from above (above 1.0 its ratio is timing noise; below, its probes and heads cost
+real time and the slowdown stays), and a speedup inside the trial's A/A noise floor is 1.0 (it
+cannot be told from full depth). The Optuna objective is the same function (``sweep.tune``).
+Intervals bootstrap the very estimators the bench reports (``sweep.estimators``), ranked the same
+way on every resample, seeded per trial.
 """
 
 from __future__ import annotations
@@ -13,33 +16,76 @@ import hashlib
 import numpy as np
 import polars as pl
 
-from sweep.estimators import mean_agreement, pooled_speedup
+from sweep.estimators import FLOOR_OF, inside_floor, mean_agreement, pooled_speedup, ranked_speedup, skips_compute
 
 LEVEL = 0.95
 SPEEDUPS = ("speedup_wall", "speedup_e2e_wall")
+FLOORS = FLOOR_OF  # each metric's A/A floor column
+
+
+_INPUTS = {  # what ranking reads; an older frame's missing ones read as null
+    "mode": pl.String,
+    "step_layers_saved": pl.Float64,
+    "exit_rate": pl.Float64,
+    "kv_policy": pl.String,
+    **{floor: pl.Float64 for floor in FLOORS.values()},
+}
 
 
 def skipped_compute() -> pl.Expr:
-    """True where the trial skipped decoder-layer work on decode steps: self-speculation
-    (drafts run fewer layers), or early exit with exits on decode steps under a K/V policy
-    that does not run the skipped layers anyway."""
-    speculative = pl.col("mode").fill_null("early_exit") == "self_speculative"
-    # step_layers_saved: layers the (batch's) decode steps skipped; older rows fall back to exits
-    saved = pl.coalesce(pl.col("step_layers_saved"), pl.col("exit_rate")).fill_null(0.0) > 0
-    return speculative | (saved & (pl.col("kv_policy") != "full"))
+    """True where the trial skipped decoder-layer work on decode steps (``sweep.estimators.skips_compute``:
+    self-speculation, or exits on decode steps under a K/V policy other than full)."""
+
+    def skips(s: pl.Series) -> pl.Series:
+        f = [s.struct.field(k).to_numpy() for k in ("mode", "step_layers_saved", "exit_rate", "kv_policy")]
+        return pl.Series(np.atleast_1d(skips_compute(*f)), dtype=pl.Boolean)
+
+    inputs = pl.struct("mode", "step_layers_saved", "exit_rate", "kv_policy")
+    return inputs.map_batches(skips, return_dtype=pl.Boolean, is_elementwise=True)
 
 
 def ranked(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall") -> pl.LazyFrame:
-    """Add ``speedup_metric``, ``skipped_compute``, ``speedup`` (``metric``, 1.0 where no
-    compute was skipped) and ``speedup_noise`` (the measured ratio of those trials)."""
+    """Add ``speedup_metric``, ``skipped_compute``, ``speedup_floor`` (the metric's A/A noise floor,
+    null without one), ``speedup`` (``sweep.estimators.ranked_speedup``), ``capped`` (no compute
+    skipped and measured above 1.0: capped to 1.0), ``within_noise`` (the capped ratio lies inside
+    the floor: indistinguishable from 1.0; null without a floor) and ``speedup_noise`` (the
+    measured ratio of trials that skipped no compute: above 1.0 noise, below 1.0 a real cost)."""
     if metric not in SPEEDUPS:
         raise ValueError(f"speedup metric {metric!r}: one of {', '.join(SPEEDUPS)}")
-    skipped = skipped_compute()
-    return trials.lazy().with_columns(
+    frame = trials.lazy()
+    names = set(frame.collect_schema().names())
+    frame = frame.with_columns(pl.lit(None, t).alias(k) for k, t in _INPUTS.items() if k not in names)
+    frame = frame.with_columns(
         speedup_metric=pl.lit(metric),
-        skipped_compute=skipped,
-        speedup=pl.when(skipped).then(pl.col(metric)).otherwise(pl.lit(1.0)),
-        speedup_noise=pl.when(skipped).then(None).otherwise(pl.col(metric)),
+        skipped_compute=skipped_compute(),
+        speedup_floor=pl.col(FLOORS[metric]).cast(pl.Float64),
+    )
+
+    def rank(s: pl.Series) -> pl.Series:
+        m, f = (s.struct.field(k).cast(pl.Float64).fill_null(np.nan).to_numpy() for k in (metric, "speedup_floor"))
+        skipped = s.struct.field("skipped_compute").fill_null(False).to_numpy()
+        capped = np.where(skipped, m, np.minimum(m, 1.0))
+        within = pl.Series(np.atleast_1d(inside_floor(capped, f)), dtype=pl.Boolean)
+        return pl.DataFrame(
+            {
+                "speedup": pl.Series(np.atleast_1d(ranked_speedup(m, skipped, f)), dtype=pl.Float64).fill_nan(None),
+                "capped": pl.Series(~skipped & (m > 1.0), dtype=pl.Boolean),
+                "within_noise": within.scatter(np.flatnonzero(np.isnan(f)), None),  # null: no floor applies
+            }
+        ).to_struct()
+
+    parts = pl.struct(metric, "skipped_compute", "speedup_floor").map_batches(
+        rank,
+        return_dtype=pl.Struct({"speedup": pl.Float64, "capped": pl.Boolean, "within_noise": pl.Boolean}),
+        is_elementwise=True,
+    )
+    return (
+        frame.with_columns(_ranked=parts)
+        .with_columns(
+            pl.col("_ranked").struct.unnest(),
+            speedup_noise=pl.when(pl.col("skipped_compute")).then(None).otherwise(pl.col(metric)),
+        )
+        .drop("_ranked")
     )
 
 
@@ -79,7 +125,7 @@ def with_confidence(
 
     Agreement: prompts resampled. Speedup (the ranked ``metric``): prompts (batches for
     batched trials) and timed rounds resampled from the round_* timings, the estimator
-    applied to each resample; 1.0-1.0 for trials that skipped no compute. Rows without the
+    applied to each resample and ranked as the point is (``ranked``). Rows without the
     per-prompt or per-round values (failed trials, older files) get nulls there.
     """
     frame = ranked(trials, metric).collect()
@@ -94,6 +140,7 @@ def with_confidence(
             "round_baseline_prefill_ms",
             "round_prefill_ms",
             "skipped_compute",
+            "speedup_floor",
         )
     }
     out: dict[str, list] = {
@@ -122,8 +169,8 @@ def with_confidence(
 
 
 def _speedup_interval(row: dict, metric: str, rng: np.random.Generator, n_boot: int, tail: float):
-    if not row["skipped_compute"]:
-        return 1.0, 1.0
+    """The interval of the ranked speedup: the measured estimator on each resample, then ranked as
+    the point estimate is (capped where no compute was skipped, 1.0 inside the trial's floor)."""
     base, gated = row["round_baseline_ms"], row["round_ms"]
     if not base or not gated:
         return None, None
@@ -135,5 +182,6 @@ def _speedup_interval(row: dict, metric: str, rng: np.random.Generator, n_boot: 
             base + np.asarray(row["round_baseline_prefill_ms"], float),
             gated + np.asarray(row["round_prefill_ms"], float),
         )
-    lo, hi = np.quantile(bootstrap_speedup(base, gated, rng, n_boot), [tail, 1 - tail])
+    boot = ranked_speedup(bootstrap_speedup(base, gated, rng, n_boot), row["skipped_compute"], row["speedup_floor"])
+    lo, hi = np.quantile(boot, [tail, 1 - tail])
     return float(lo), float(hi)

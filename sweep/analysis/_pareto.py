@@ -1,7 +1,10 @@
 """Pareto fronts of speedup against agreement, their knees, and the best trial per target.
 
-Every function ranks by the ``speedup`` column of ``ranked`` (the chosen metric, 1.0 for
-trials that skipped no compute), so timing noise never wins a front.
+Every function ranks by the ``speedup`` column of ``ranked`` (capped at 1.0 from above where no
+compute was skipped, 1.0 inside the trial's noise floor), so timing noise never wins a front.
+Full depth, at 1.0x and agreement 1.0, is always available to a user: it is a point of every
+front and a candidate at every target (``FULL_DEPTH_ID``), so a setting it dominates is on no
+front, and a setting that only ties it loses to it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from sweep.gatespec import gate_text
 
 TARGETS = (0.95, 0.98, 0.99, 1.0)
 KNEE_MIN_POINTS = 3  # a knee is a bend: fewer front points have none
+KNEE_MIN_AGREEMENT = 0.9  # analysis.knee_min_agreement's default: knees among front points this accurate
+FULL_DEPTH_ID = "full-depth"  # the trial_id of the full-depth reference (1.0x, agreement 1.0)
 
 
 def ok_trials(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
@@ -25,12 +30,49 @@ def ok_trials(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall",
     return ranked(ok, metric)
 
 
+def full_depth(groups: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
+    """The full-depth reference, one row per row of ``groups`` (its key columns): trial_id
+    ``FULL_DEPTH_ID``, gate ``full`` (unless ``gate`` is a key), source ``reference``, 1.0x on every
+    speedup, agreement 1.0, nothing exited; its intervals 1.0-1.0 (it is the definition of 1.0)."""
+    keys = groups.lazy().collect_schema().names()
+    one = pl.lit(1.0, pl.Float64)
+    values = {
+        "trial_id": pl.lit(FULL_DEPTH_ID),
+        "gate": pl.lit("full"),
+        "source": pl.lit("reference"),
+        "status": pl.lit("ok"),
+        "mode": pl.lit("early_exit"),
+        "speedup_metric": pl.lit(metric),
+        "skipped_compute": pl.lit(False),
+        "capped": pl.lit(False),
+        "within_noise": pl.lit(None, pl.Boolean),
+        **{c: one for c in ("speedup", "speedup_wall", "speedup_e2e_wall", "speedup_model", "speedup_e2e_model")},
+        **{c: one for c in ("agreement", "prefix_agreement", "exact_match", y)},
+        **{c: pl.lit(0.0, pl.Float64) for c in ("exit_rate", "layers_saved", "step_layers_saved")},
+        **{c: one for c in ("speedup_lo", "speedup_hi", "agreement_lo", "agreement_hi")},
+    }
+    return groups.lazy().unique().with_columns(**{k: v for k, v in values.items() if k not in keys})
+
+
 def pareto_front(
-    trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement", by: tuple[str, ...] = ()
+    trials: pl.DataFrame | pl.LazyFrame,
+    metric: str = "speedup_wall",
+    y: str = "agreement",
+    by: tuple[str, ...] = (),
+    *,
+    reference: bool = True,
 ) -> pl.DataFrame:
-    """Rows of ``status == ok`` not dominated in (speedup max, y max), per group ``by``;
-    ``speedup`` is ``metric`` where the trial skipped compute, else 1.0 (``ranked``)."""
-    return nondominated(ok_trials(trials, metric, y), "speedup", y, by)
+    """Rows of ``status == ok`` not dominated in (speedup max, y max), per group ``by``; ``speedup``
+    is the ranked one (``ranked``). With ``reference`` (the default) each group's front includes full
+    depth (``full_depth``): a setting it dominates is not on it, and one that ties it (1.0x at y 1.0)
+    gives way to it."""
+    ok = ok_trials(trials, metric, y)
+    if not reference:
+        return nondominated(ok, "speedup", y, by)
+    ref = full_depth(ok.select(list(by)) if by else pl.LazyFrame({"_group": [0]}), metric, y)
+    rows = pl.concat([ok, ref.drop("_group", strict=False)], how="diagonal_relaxed")
+    tied = (pl.col("trial_id") != FULL_DEPTH_ID) & (pl.col("speedup") <= 1.0) & (pl.col(y) >= 1.0)
+    return nondominated(rows.filter(~tied), "speedup", y, by)
 
 
 def nondominated(rows: pl.DataFrame | pl.LazyFrame, x: str, y: str, by: tuple[str, ...] = ()) -> pl.DataFrame:
@@ -105,44 +147,72 @@ def kneedle_knee(front: pl.DataFrame, x: str = "speedup", y: str = "agreement", 
     return pts.filter(pl.col(x) == knee).row(0, named=True)
 
 
-def knees_table(fronts: pl.DataFrame, min_points: int = KNEE_MIN_POINTS) -> pl.DataFrame:
-    """One knee row per front (``front``, model, and the gate of a ``model+gate`` front) of at least
-    ``min_points`` points, the Kneedle cross-check beside it. ``gate`` and the setting columns are the
-    knee trial's own (typed as in ``trials``): join to the fronts on (trial_id, front)."""
+def knees_table(
+    fronts: pl.DataFrame, min_points: int = KNEE_MIN_POINTS, min_agreement: float = KNEE_MIN_AGREEMENT
+) -> pl.DataFrame:
+    """One knee row per front (``front``, model, ``front_gate``) of at least ``min_points`` points: the
+    chord knee over the front points with agreement >= ``min_agreement`` (null when fewer than
+    ``min_points`` reach it: a knee at agreement 0.01 is right by the chord and of no use), the Kneedle
+    cross-check over the same points, and the unrestricted knee over all of them (``knee_all_*``).
+    ``gate`` and the setting columns are the knee trial's own (typed as in ``trials``): join to the fronts
+    on (trial_id, front)."""
     from sweep.store import TABLES
 
     names = [c.name for c in TABLES["knees"].columns if c.name not in ("schema_version", "created_at")]
     schema = {c.name: c.dtype for c in TABLES["knees"].columns if c.name in names}
     rows = []
-    keyed = fronts.with_columns(_front_gate=front_gate())
-    for _, front in keyed.partition_by(["front", "model", "_front_gate"], as_dict=True, maintain_order=True).items():
+    keyed = fronts if "front_gate" in fronts.columns else fronts.with_columns(front_gate=pl.lit(None, pl.String))
+    for _, front in keyed.partition_by(["front", "model", "front_gate"], as_dict=True, maintain_order=True).items():
         if front.height < min_points:
             continue
-        knee = chord_knees(front.drop("_front_gate"), by=(), min_points=min_points).row(0, named=True)
-        cross = kneedle_knee(front)
+        whole = chord_knees(front, by=(), min_points=min_points).row(0, named=True)
+        useful = front.filter(pl.col("agreement") >= min_agreement)
+        found = chord_knees(useful, by=(), min_points=min_points)
+        knee = found.row(0, named=True) if found.height else {}
+        cross = kneedle_knee(useful) if knee else None
         row = {name: knee.get(name) for name in names}
         row.update(
+            front=whole["front"],
+            model=whole["model"],
+            front_gate=whole.get("front_gate"),
             front_points=front.height,
-            params=params_text(knee),
+            knee_min_agreement=float(min_agreement),
+            knee_points=useful.height,
+            speedup_metric=whole.get("speedup_metric"),
+            params=params_text(knee) if knee else None,
             kneedle_trial_id=cross["trial_id"] if cross else None,
             kneedle_speedup=cross["speedup"] if cross else None,
             kneedle_agreement=cross["agreement"] if cross else None,
+            knee_all_trial_id=whole["trial_id"],
+            knee_all_gate=whole["gate"],
+            knee_all_params=params_text(whole),
+            knee_all_speedup=whole["speedup"],
+            knee_all_agreement=whole["agreement"],
         )
         rows.append(row)
-    return pl.DataFrame(rows, schema=schema).sort("front", "model", "gate")
+    return pl.DataFrame(rows, schema=schema).sort("front", "model", "front_gate", nulls_last=False)
 
 
 def front_gate() -> pl.Expr:
-    """The gate that names a front: the trial's gate on a ``model+gate`` front, null on a ``model`` front."""
-    return pl.when(pl.col("front") == "model+gate").then(pl.col("gate")).otherwise(pl.lit(None, pl.String))
+    """The gate that names a front: the ``front_gate`` column (the gate of a ``model+gate`` front,
+    null on a ``model`` front); ``gate`` is each row's own (``full`` for the full-depth reference)."""
+    return pl.col("front_gate")
 
 
-def fronts(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall") -> pl.DataFrame:
+def fronts(
+    trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", *, reference: bool = True
+) -> pl.DataFrame:
     """Both fronts the report uses, told apart by ``front``: per model across gates (``model``) and
-    per (model, gate) (``model+gate``); ``gate`` stays each trial's own."""
-    across = pareto_front(trials, metric, by=("model",)).with_columns(front=pl.lit("model"))
-    per_gate = pareto_front(trials, metric, by=("model", "gate")).with_columns(front=pl.lit("model+gate"))
-    return pl.concat([across, per_gate], how="vertical_relaxed")
+    per (model, gate) (``model+gate``, named by ``front_gate``); ``gate`` stays each row's own. With
+    ``reference``, full depth is a point of every one of them (``pareto_front``)."""
+    rows = trials.lazy()
+    across = pareto_front(rows, metric, by=("model",), reference=reference).with_columns(
+        front=pl.lit("model"), front_gate=pl.lit(None, pl.String)
+    )
+    per_gate = pareto_front(
+        rows.with_columns(front_gate=pl.col("gate")), metric, by=("model", "front_gate"), reference=reference
+    ).with_columns(front=pl.lit("model+gate"))
+    return pl.concat([across, per_gate], how="diagonal_relaxed")
 
 
 def best_at_targets(
@@ -150,21 +220,32 @@ def best_at_targets(
     targets: tuple[float, ...] = TARGETS,
     by: tuple[str, ...] = ("model",),
     metric: str = "speedup_wall",
+    *,
+    reference: bool = True,
 ) -> pl.DataFrame:
     """Per group and target: the ok trial with the highest ranked ``speedup`` among those with
-    agreement >= target (ties: higher agreement, then trial_id); null trial columns when
-    no trial reaches the target."""
+    agreement >= target (ties: higher agreement, then trial_id). With ``reference`` (the default) full
+    depth (``full_depth``) is a candidate at every target and wins its ties, so a row names a setting
+    only where it beats full depth; without, null trial columns where no trial reaches the target."""
     keys = list(by)
     ok = ok_trials(trials, metric)
+    groups = ok.select(keys).unique()
+    if reference:
+        ok = pl.concat([ok, full_depth(groups, metric)], how="diagonal_relaxed")
+    first = (pl.col("trial_id") == FULL_DEPTH_ID).alias("_reference")
     picks = []
     for target in targets:
         picks.append(
             ok.filter(pl.col("agreement") >= target)
-            .sort([*keys, "speedup", "agreement", "trial_id"], descending=[False] * len(keys) + [True, True, False])
+            .with_columns(first)
+            .sort(
+                [*keys, "speedup", "agreement", "_reference", "trial_id"],
+                descending=[False] * len(keys) + [True, True, True, False],
+            )
             .unique(subset=keys, keep="first", maintain_order=True)
+            .drop("_reference")
             .with_columns(target=pl.lit(float(target)))
         )
-    groups = ok.select(keys).unique()
     grid = groups.join(pl.LazyFrame({"target": [float(t) for t in targets]}), how="cross")
     best = pl.concat(picks, how="vertical_relaxed")
     return grid.join(best, on=[*keys, "target"], how="left").sort([*keys, "target"]).collect()

@@ -198,6 +198,10 @@ class AnalysisConfig:
     speedup: Literal["speedup_wall", "speedup_e2e_wall"]
     # intervals resampled from fewer prompts than this are flagged as unreliable
     ci_min_prompts: int = field(check=at_least(2), allowed="an integer >= 2")
+    # knees are taken among front points at least this accurate (the unrestricted knee is kept beside)
+    knee_min_agreement: float = field(check=in_range(0, 1), allowed="a number in [0, 1]")
+    # the A/A noise floor (a fraction: 0.02 = +-2%) for which the report says how many timed rounds it takes
+    floor_target: float = field(check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1]")
 
 
 @dataclass(frozen=True, kw_only=True)

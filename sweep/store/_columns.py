@@ -26,7 +26,14 @@ from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
 #    time to its rows by their timed rounds' seconds
 # 7: every row carries the model's kind (attention | ssm | hybrid), the adapter path its K/V fill takes
 #    and the fidelity check's errors at load; family is the decoder's HF model_type (any decoder-only LM)
-SCHEMA_VERSION = 7
+# 8: trials carry the A/A control (speedup_aa, speedup_e2e_aa, noise_floor, noise_floor_e2e, round_aa_*);
+#    the ranked `speedup` is capped at 1.0 from above only (a trial that skipped no compute keeps a measured
+#    slowdown) and is 1.0 inside the trial's noise floor (capped, within_noise, speedup_floor); pareto and targets
+#    hold the full-depth reference (trial_id `full-depth`) and name a front by front_gate; knees are taken over
+#    front points with agreement >= analysis.knee_min_agreement, the unrestricted knee beside them
+# 9: trials carry skip-set self-speculation (gate=skip: skip, skip_ratio; draft_stop, acceptance_length,
+#    draft_ms_per_token, verify_ms_per_token); self-speculative rows carry the cost model's speedup_model
+SCHEMA_VERSION = 9
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ two equal. Add columns freely; renaming a column or changing its meaning bumps
 from __future__ import annotations
 
 from sweep.store._columns import GATE_FIELDS, PROVENANCE, SCHEMA_VERSION, Column, Table
-from sweep.store._tables import KNEES, PARETO, PROFILE, SIMULATED, TARGETS
+from sweep.store._analysis import KNEES, PARETO, TARGETS
+from sweep.store._tables import PROFILE, SIMULATED
 from sweep.store._trials import TRIALS
 
 __all__ = ["GATE_FIELDS", "PROVENANCE", "SCHEMA_VERSION", "TABLES", "Column", "Table", "markdown"]

@@ -135,6 +135,23 @@ TRIALS = Table(
             "time, from the round_* columns",
         ),
         metric(
+            "speedup_aa",
+            "ratio",
+            "the A/A control: speedup_wall's estimator on full depth against full depth, the second full-depth run "
+            "of every unit timed in the same rounds as the trial (round_baseline_ms / round_aa_ms); noise around 1; "
+            "null in rows written before schema 7",
+        ),
+        metric("speedup_e2e_aa", "ratio", "the A/A control on whole requests (speedup_e2e_wall's estimator)"),
+        metric(
+            "noise_floor",
+            "fraction",
+            "the trial's A/A noise floor f for speedup_wall: a speedup within [1/(1+f), 1+f] cannot be told from 1.0. "
+            "The smallest f such that speedup_aa's estimator on its timed rounds drawn with replacement lies within "
+            "that band with probability >= 0.95, computed exactly (sweep.noise.noise_floor: covers the A/A's offset "
+            "from 1 and its spread); null without an A/A",
+        ),
+        metric("noise_floor_e2e", "fraction", "noise_floor for speedup_e2e_wall (whole requests)"),
+        metric(
             "speedup_model",
             "ratio",
             "speedup the measured cost model predicts from the gated run's exits and probes on decode steps (tokens "
@@ -346,6 +363,21 @@ TRIALS = Table(
             pl.List(pl.List(pl.Float64())),
             "ms",
             "[round][unit] gated prefill ms (prefill, calibration, first decision)",
+            nullable=True,
+        ),
+        Column(
+            "round_aa_ms",
+            pl.List(pl.List(pl.Float64())),
+            "ms",
+            "[round][unit] the A/A control's decode ms: a second full-depth run of each unit in the same rounds "
+            "(the baseline and it swap ends of each round's order)",
+            nullable=True,
+        ),
+        Column(
+            "round_aa_prefill_ms",
+            pl.List(pl.List(pl.Float64())),
+            "ms",
+            "[round][unit] the A/A control's prefill ms",
             nullable=True,
         ),
     ),
