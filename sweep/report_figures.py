@@ -293,3 +293,30 @@ def batching_figure(series: dict[str, pl.DataFrame], sizes: list[int], out: Path
     axes[0].legend(fontsize=7)
     fig.suptitle("The batching effect: early exit saves compute only when every sequence of the batch has exited")
     return _save(fig, out, "batching.png")
+
+
+def skip_map_figure(maps: list[tuple[str, str, int]], out: Path) -> str:
+    """Each model's best skip set as a layer map: attention and MLP (rows) of layers 1..L (columns), the
+    bypassed sublayers filled. ``maps``: (model, canonical skip text, L)."""
+    from sweep.skipset import SkipSet
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(maps), 1, figsize=(10, 1.1 + 1.0 * len(maps)), squeeze=False)
+    for ax, (model, text, L) in zip(axes[:, 0], maps):
+        skip = SkipSet.parse(text)
+        grid = [
+            [layer in skip.attention for layer in range(1, L + 1)],
+            [layer in skip.mlp for layer in range(1, L + 1)],
+        ]
+        ax.imshow(grid, cmap="Greys", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
+        ax.set_yticks([0, 1], ["attention", "MLP"])
+        step = max(1, L // 15)
+        ax.set_xticks(range(0, L, step), [str(i + 1) for i in range(0, L, step)])  # layers are 1-indexed
+        ax.set_xticks([i - 0.5 for i in range(L + 1)], minor=True)
+        ax.set_yticks([-0.5, 0.5, 1.5], minor=True)
+        ax.grid(which="minor", color="white", lw=1)
+        ax.tick_params(which="minor", length=0)
+        ax.set_title(f"{model}: skip {text} (ratio {skip.ratio(L):.2f}; dark: bypassed)", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("layer")
+    fig.tight_layout()
+    return _save(fig, out, "skip_sets.png")

@@ -299,6 +299,61 @@ def batching_section(ctx: ReportContext) -> Section:
     return Section(lines + ["", f"![{name}]({name})", ""], [name])
 
 
+def speculation_section(ctx: ReportContext) -> Section:
+    """Self-speculation per model: the best draft of each kind (layers 1..K, a skip set) with its acceptance
+    and the draft/verify split of its time per token that explains its speedup or its absence, and the best
+    skip set as a layer map."""
+    ok = ctx.ok
+    if not ok.height or "mode" not in ok.columns:
+        return Section([])
+    spec = ok.filter(pl.col("mode") == "self_speculative")
+    if not spec.height:
+        return Section([])
+    lines = [
+        "## Self-speculation",
+        "",
+        "Lossless by construction (agreement 1.0, checked on every trial): the draft (layers 1..K and the logit lens,",
+        "or the full model with the skip set's sublayers bypassed) proposes up to draft_len tokens, the full model",
+        "verifies them in one pass. acceptance length = 1 + accepted drafts per verification; draft and verify are",
+        "ms per committed token; full depth costs `baseline ms` per token.",
+        "",
+        *table_head(
+            "model",
+            "draft",
+            "acceptance",
+            "acc. length",
+            "draft ms",
+            "verify ms",
+            "baseline ms",
+            "speedup_wall",
+            "cost model",
+        ),
+    ]
+    maps = []
+    for model in sorted(spec["model"].unique().to_list()):
+        rows = spec.filter(pl.col("model") == model)
+        for kind in ("fixed", "skip"):
+            best = rows.filter(pl.col("gate") == kind).sort("speedup", descending=True, nulls_last=True).head(1)
+            if not best.height:
+                continue
+            r = best.row(0, named=True)
+            draft = (
+                f"skip {r['skip']} (ratio {num(r['skip_ratio'])})" if kind == "skip" else f"layers 1..{r['exit_layer']}"
+            )
+            lines.append(
+                f"| {model} | {draft}, {r['draft_len']} drafts | {num(r['acceptance_rate'])} | "
+                f"{num(r['acceptance_length'])} | {num(r['draft_ms_per_token'])} | {num(r['verify_ms_per_token'])} | "
+                f"{num(r['baseline_ms_per_token'])} | {num(r['speedup_wall'])}x | {num(r['speedup_model'])}x |"
+            )
+            if kind == "skip":
+                maps.append((model, r["skip"], int(r["num_layers"])))
+    lines.append("")
+    if not maps:
+        return Section(lines)
+    name = figures.skip_map_figure(maps, ctx.out)
+    return Section(lines + [f"![{name}]({name})", ""], [name])
+
+
 SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (
     header,
     verdict_section,
@@ -306,5 +361,6 @@ SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (
     profiles_section,
     lens_section,
     screen_section,
+    speculation_section,
     batching_section,
 )

@@ -174,6 +174,14 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     for row in rows.iter_rows(named=True):
         assert joined[row["trial_id"]] == row["skip"]  # each measured row is a screened candidate
     assert rows.filter(pl.col("gate") != "skip").height == 0
+    from sweep.report import run_analyze
+
+    report, _ = run_analyze(compose(f"results.root={tmp_path}"))
+    text = report.read_text()
+    shown = [line for line in text.splitlines() if line.startswith("| tiny-llama | skip ")]
+    assert "## Self-speculation" in text and len(shown) == 1  # the best skip set, by the ranked speedup
+    assert any(f"skip {skip} " in shown[0] for skip in rows["skip"].to_list())
+    assert (report.parent / "skip_sets.png").is_file()
 
 
 def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
