@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import TINY_FAMILIES, compose, load
+from helpers.contract import each_sequence_decides_as_it_would_alone
 from sweep import bench
 from sweep.batching import BatchEngine, batches, left_pad
 from sweep.bench import prepare, run_trial
@@ -80,35 +81,16 @@ def test_full_depth_rows_equal_their_single_runs(tiny, batch):
                 assert together.tokens == [alone[i] for i in order]
 
 
-def _each_sequence_decides_as_it_would_alone(lm, prompts, gate_cfg, policy, readouts=None):
-    L = lm.num_layers
-
-    def gate():
-        made = make_gate(gate_cfg, L)
-        made.attach(readouts)  # a learned exit's fitted readouts (None for the others)
-        return made
-
-    together = BatchEngine(lm, gate(), policy).generate_batch(prompts, N)
-    alone = [Engine(lm, gate(), policy).generate(ids, N) for ids in prompts]
-    assert together.tokens == [g.tokens for g in alone]
-    assert together.exit_layers == [g.exit_layers for g in alone]
-    # the max-over-batch rule: a step runs to the deepest sequence's exit (L under kv_policy=full)
-    for step, ran in enumerate(together.step_layers, start=1):
-        deepest = max(row[step] for row in together.exit_layers)
-        assert ran == (L if policy == "full" else deepest)
-    return together
-
-
 @pytest.mark.parametrize("policy", ["propagate", "full"])
 @pytest.mark.parametrize("gate_cfg", GATES, ids=[g.name for g in GATES])
-def test_each_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy):
-    _each_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy)
+def testeach_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy):
+    each_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy)
 
 
 @pytest.mark.parametrize("policy", ["propagate", "full"])
 @pytest.mark.parametrize("gate_cfg", CONFORMAL, ids=[f"q={g.q}" for g in CONFORMAL])
 def test_conformal_rows_exit_and_decide_as_they_would_alone(confident, gate_cfg, policy):
-    together = _each_sequence_decides_as_it_would_alone(confident, uneven(confident), gate_cfg, policy)
+    together = each_sequence_decides_as_it_would_alone(confident, uneven(confident), gate_cfg, policy)
     exits = sum(e < confident.num_layers for row in together.exit_layers for e in row)
     assert exits > 0, "conformal should exit on this model"
 

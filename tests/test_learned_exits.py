@@ -116,7 +116,7 @@ def test_replay_equals_the_closed_loop_for_learned_exits(fitted, family, dtype, 
 def test_a_batch_of_two_decodes_each_row_as_alone(fitted, family, setting, policy):
     """Rows of a left-padded batch exit at different layers; each is read through its own
     layer's translator and decides as it would alone (and the gate does exit)."""
-    from test_batching import _each_sequence_decides_as_it_would_alone
+    from helpers.contract import each_sequence_decides_as_it_would_alone
 
     lm, readouts, path, prompts, trace, _ = fitted(family)
     name, lens, column = SETTINGS[setting]
@@ -124,7 +124,7 @@ def test_a_batch_of_two_decodes_each_row_as_alone(fitted, family, setting, polic
     cfg = GateConfig(name=name, min_layer=1, theta=value, lens=lens, readouts=str(path))
     pair = [list(p.input_ids) for p in prompts[:2]]
     assert len(pair[0]) != len(pair[1])  # left padding is exercised
-    together = _each_sequence_decides_as_it_would_alone(lm, pair, cfg, policy, readouts)
+    together = each_sequence_decides_as_it_would_alone(lm, pair, cfg, policy, readouts)
     assert any(e < lm.num_layers for row in together.exit_layers for e in row), f"{setting} never exits"
 
 

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from conftest import TINY_FAMILIES, compose, load
+from helpers.contract import replay_equals_engine
 from sweep.config import GateConfig
 from sweep.costs import CostModel
 from sweep.engine import Engine
 from sweep.gates import GATES, make_gate
 from sweep.profile import decode_states, profile_prompts, trace_prompt
 from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.simulate import Signals, exit_layers, probes_at, signals_from_trace, simulate, threshold_value
+from sweep.simulate import Signals, probes_at, signals_from_trace, simulate, threshold_value
 
 N = 8
 DTYPES = ("float32", "bfloat16")
@@ -84,31 +85,6 @@ def test_signals_cover_every_generated_token(tiny, traced):
     assert sig.token_index.tolist() == list(range(N)) * len(prompts)
     lengths = {p.id: len(p.input_ids) for p in prompts}
     assert [r.shape[0] for r in sig.prefill_residual] == [lengths[p] for p in sig.prompt_ids]
-
-
-def replay_equals_engine(lm, prompts, sig, baseline, cfg):
-    """Replay the gate ``cfg`` on the trace and run it closed loop (kv_policy=full): up to each
-    prompt's first divergence from full-depth decoding, every step exits where the replay says and
-    agrees with full depth exactly when the replay's top-1 matches. Returns (the gate, the closed
-    loop's exit layers over all prompts, the steps compared)."""
-    gate = make_gate(cfg, lm.num_layers)
-    order = {p: i for i, p in enumerate(sig.prompt_ids)}
-    min_layer = 1 if cfg.name == "fixed" else gate.min_layer
-    value = torch.tensor([threshold_value(gate)], dtype=torch.float64)
-    sim = exit_layers(type(gate), sig, value, min_layer, cfg.decay)[0]
-    exits, compared = [], 0
-    for prompt in prompts:
-        gen = Engine(lm, gate, "full").generate(prompt.input_ids, N)
-        exits += gen.exit_layers
-        rows = (sig.prompt_index == order[prompt.id]).nonzero().flatten()
-        diverged = next((i for i, (a, b) in enumerate(zip(gen.tokens, baseline[prompt.id])) if a != b), N - 1)
-        for i in range(diverged + 1):  # decided on the same context as the trace
-            t = rows[i]
-            assert gen.exit_layers[i] == int(sim[t]), (cfg, prompt.id, i)
-            agrees = gen.tokens[i] == baseline[prompt.id][i]
-            assert agrees == bool(sig.match[t, sim[t] - 1]), (cfg, prompt.id, i)
-            compared += 1
-    return gate, exits, compared
 
 
 @pytest.mark.parametrize("gate_name", sorted(SETTINGS))

@@ -109,6 +109,8 @@ def mixed_setting(name: str, sig, num_layers: int, readouts_path: str | None = N
     first min_layer where one does); None when nothing does. Fixed exits after layer 2, full never."""
     if name == "full":
         return GateConfig(name="full", min_layer=1)
+    if name == "skip":  # it names a self-speculative draft (tests/test_skipset.py); in the engine it never exits
+        return GateConfig(name="skip", skip="a1")
     if name == "fixed":
         return GateConfig(name="fixed", min_layer=1, exit_layer=2)
     param, ladder = LADDERS[name]
