@@ -149,6 +149,13 @@ GATE_SPECS: Registry[GateSpec] = Registry("gate")
 for _spec in (
     GateSpec("full", "never exits: the full-depth baseline", probe="none", signal=None),
     GateSpec(
+        "skip",
+        "never exits: drafts for bench.mode=self_speculative with the full model minus the sublayers in skip",
+        probe="none",
+        signal=None,
+        params=("skip",),
+    ),
+    GateSpec(
         "fixed",
         "always exits after exit_layer (null: after min_layer): the speedup ceiling",
         probe="none",
@@ -228,13 +235,6 @@ for _spec in (
         signal="pca_delta",
         params=("eps", "k"),
         threshold="eps",
-    ),
-    GateSpec(
-        "skip",
-        "never exits: drafts for bench.mode=self_speculative with the full model minus the sublayers in skip",
-        probe="none",
-        signal=None,
-        params=("skip",),
     ),
     GateSpec(
         "classifier",

@@ -72,7 +72,7 @@ def analyse(cfg) -> ReportContext:
     ok = ok_trials(trials, a.speedup).collect()
     front = fronts(ok, a.speedup) if ok.height else pl.DataFrame()
     if front.height:  # intervals for the rows the tables show; seeded per trial, the same as on all rows
-        front = with_confidence(front, **conf)
+        front = _measured_intervals(front, conf)
     knees = knees_table(front, min_agreement=a.knee_min_agreement) if front.height else pl.DataFrame()
     targets = _targets(ok, tuple(a.targets), conf)
     settings = _targets(ok, tuple(a.targets), conf, reference=False)  # the best setting, beating full depth or not
@@ -189,6 +189,16 @@ def _carry_cache(src: ReportContext, dst: ReportContext) -> None:
 
 
 CI_COLUMNS = ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", "ci_prompts", "ci_few_prompts")
+
+
+def _measured_intervals(front: pl.DataFrame, conf: dict) -> pl.DataFrame:
+    """``front`` with the intervals of its measured rows bootstrapped; the full-depth reference
+    keeps its own (1.0-1.0: it is the definition of 1.0), in the front's order."""
+    front = front.with_row_index("_order")
+    reference = pl.col("trial_id") == FULL_DEPTH_ID
+    ci = [c for c in ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi") if c in front.columns]
+    picked = with_confidence(front.filter(~reference).drop(ci), **conf)
+    return pl.concat([picked, front.filter(reference)], how="diagonal_relaxed").sort("_order").drop("_order")
 
 
 def _front_intervals(ok: pl.DataFrame, front: pl.DataFrame) -> pl.DataFrame:

@@ -189,6 +189,23 @@ def job_metadata(cfg, overrides: list[str], git_sha: str) -> dict[str, str]:
     return metadata
 
 
+def require_token() -> None:
+    """Token auth needs the cluster's token here (Ray's client looks in ``$RAY_AUTH_TOKEN``, the
+    file ``$RAY_AUTH_TOKEN_PATH`` names, then ``~/.ray/auth_token``): one line when none is found."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    if path:
+        if not Path(path).is_file():
+            raise ConfigError(f"RAY_AUTH_TOKEN_PATH={path}: no such file (it names the cluster's token file)")
+        return
+    if not (Path.home() / ".ray" / "auth_token").is_file():
+        raise ConfigError(
+            "--auth token: no Ray auth token here: set RAY_AUTH_TOKEN_PATH to the cluster's token file (or "
+            "RAY_AUTH_TOKEN, or put it at ~/.ray/auth_token); --auth disabled for a cluster without token auth"
+        )
+
+
 def job_client(dashboard: str):
     """Ray's job client for exactly ``dashboard``: Ray's constructor prefers ``$RAY_API_SERVER_ADDRESS``
     and ``$RAY_ADDRESS`` over the address it is given, so both are hidden from it meanwhile
@@ -220,6 +237,8 @@ def submit_job(
     entrypoint = job_entrypoint(overrides, auth, python)
     submission_id = submission_id or new_submission_id()
     git_sha = git_sha or submitted_commit(root)
+    if auth == "token":
+        require_token()
     try:
         client = job_client(dashboard)
     except (ConnectionError, RuntimeError, ValueError) as exc:

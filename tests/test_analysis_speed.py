@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from conftest import ROOT, compose
-from sweep.analysis import with_confidence
+from sweep.analysis import FULL_DEPTH_ID, with_confidence
 from sweep.analysis._kneedle import kneedle
 from sweep.cli import main
 from sweep.store import read_file, write_table
@@ -104,7 +104,9 @@ def test_intervals_are_bootstrapped_for_the_rows_the_tables_show(root):
     everything = with_confidence(ctx.ok.drop("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi"))
     cols = ["trial_id", "agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi"]
     for table in (ctx.front, ctx.targets.drop_nulls("trial_id")):
-        got = table.select(cols).unique("trial_id").sort("trial_id")
+        reference = table.filter(pl.col("trial_id") == FULL_DEPTH_ID)  # 1.0-1.0: it is the definition of 1.0
+        assert all(reference[c].eq(1.0).all() for c in cols[1:])
+        got = table.filter(pl.col("trial_id") != FULL_DEPTH_ID).select(cols).unique("trial_id").sort("trial_id")
         assert got.equals(everything.select(cols).join(got.select("trial_id"), on="trial_id").sort("trial_id"))
 
 

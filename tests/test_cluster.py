@@ -78,13 +78,25 @@ def test_a_killed_worker_is_retried(tmp_path):
     assert len(set(read("trials", tmp_path)["worker_pid"])) >= 2  # a new worker took over
 
 
+def own_token(directory: Path) -> str:
+    """A token file of the test's own (never ~/.ray/auth_token, which CI has not got)."""
+    import secrets
+
+    token = directory / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    return str(token)
+
+
 @pytest.fixture()
-def two_node_cluster():
-    """A head and one worker node on 127.0.0.1 (token auth), in a helper process."""
+def two_node_cluster(tmp_path_factory):
+    """A head and one worker node on 127.0.0.1 (token auth with a token of its own), in a helper
+    process; ``env`` is the environment of a driver or submitter that talks to it."""
     helper = ROOT / "tests" / "helpers" / "local_cluster.py"
+    cluster_env = env(RAY_AUTH_TOKEN_PATH=own_token(tmp_path_factory.mktemp("token")))
     proc = subprocess.Popen(
         [sys.executable, str(helper), "1"],
-        env=env(),
+        env=cluster_env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -93,7 +105,7 @@ def two_node_cluster():
     line = proc.stdout.readline()
     assert line, proc.stderr.read()[-2000:]
     info = json.loads(line)
-    info["proc"] = proc
+    info["proc"], info["env"] = proc, cluster_env
     yield info
     proc.stdin.close()
     proc.wait(timeout=60)
@@ -114,7 +126,7 @@ def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_pa
             "bench.warmup=0",
             f"results.root={tmp_path}",
         ],
-        env=env(),
+        env=two_node_cluster["env"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -143,7 +155,7 @@ def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
         f"results.root={tmp_path}",
         "sweep.max_failures=3",
     ]
-    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, env=two_node_cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(tmp_path, 1, proc)
     helper = two_node_cluster["proc"]
     helper.stdin.write("remove-worker\n")
@@ -154,10 +166,10 @@ def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
     assert_each_trial_once(tmp_path, 8)
 
 
-def _submit_to_nothing(*overrides: str) -> subprocess.CompletedProcess:
+def _submit_to_nothing(*overrides: str, **extra: str) -> subprocess.CompletedProcess:
     """jobs/submit.py against an address where no job server answers."""
     command = [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", "http://127.0.0.1:9", "--", *overrides]
-    return subprocess.run(command, env=env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(command, env=env(**extra), capture_output=True, text=True, timeout=120)
 
 
 def test_jobs_submit_rejects_bad_input_before_contacting_a_cluster():
@@ -167,8 +179,18 @@ def test_jobs_submit_rejects_bad_input_before_contacting_a_cluster():
     assert res.returncode == 2 and "model=nope: unknown option" in res.stderr
 
 
+def test_jobs_submit_without_a_token_says_where_one_goes(tmp_path):
+    res = _submit_to_nothing("model=tiny-llama", f"results.root={tmp_path}", HOME=str(tmp_path))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: --auth token: no Ray auth token here: set RAY_AUTH_TOKEN_PATH"), line
+    missing = tmp_path / "nowhere"
+    res = _submit_to_nothing("model=tiny-llama", f"results.root={tmp_path}", RAY_AUTH_TOKEN_PATH=str(missing))
+    assert res.returncode == 2 and f"error: RAY_AUTH_TOKEN_PATH={missing}: no such file" in res.stderr
+
+
 def test_jobs_submit_to_nothing_fails_fast(tmp_path):
     t0 = time.perf_counter()
-    res = _submit_to_nothing("model=tiny-llama", f"results.root={tmp_path}")
+    res = _submit_to_nothing("model=tiny-llama", f"results.root={tmp_path}", RAY_AUTH_TOKEN_PATH=own_token(tmp_path))
     assert res.returncode == 2 and "--address http://127.0.0.1:9: no Ray job server answers there" in res.stderr
     assert time.perf_counter() - t0 < 60

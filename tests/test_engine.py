@@ -25,6 +25,7 @@ N = 8
 # thresholds that make tiny random models exit at a mix of layers
 GATE_CONFIGS = {
     "full": GateConfig(name="full", min_layer=1),
+    "skip": GateConfig(name="skip", min_layer=1, skip="a1+m2"),  # drafts for self-speculation; never exits
     "fixed": GateConfig(name="fixed", min_layer=1, exit_layer=2),
     "saturation": GateConfig(name="saturation", min_layer=2, eps=0.8),
     "margin": GateConfig(name="margin", min_layer=1, theta=0.4),
@@ -127,7 +128,7 @@ def expected_exits(lm, prompt_ids, tokens, cfg):
     for t in range(n):
         pos = P - 1 + t
         options, picks = [], []
-        for layer in range(min_layer, L) if cfg.name not in ("full", "fixed") else []:
+        for layer in range(min_layer, L) if cfg.name not in ("full", "skip", "fixed") else []:
             h, h_prev = hs[layer][pos], hs[layer - 1][pos]
             z = lens64(model, raw[layer][0, pos])
             normed = model.model.norm(raw[layer][0, pos]).double()

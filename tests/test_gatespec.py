@@ -126,7 +126,7 @@ def test_config_only_rules_fail_at_compose(overrides, message):
 
 
 # what a gate needs beyond its conf file: the classifier reads `sweep fit`'s readouts (not opened at compose)
-NEEDS = {"classifier": ["gate.readouts=readouts.safetensors"]}
+NEEDS = {"classifier": ["gate.readouts=readouts.safetensors"], "skip": ["bench.mode=self_speculative"]}
 
 
 def test_valid_settings_of_every_gate_pass():
@@ -193,7 +193,7 @@ def test_run_with_an_out_of_domain_search_value_fails_before_ray_starts():
 # ---------------------------------------------------------------- depth-relative defaults (issue 13, item 10)
 
 SMOLLM2_DEPTH = 30  # SmolLM2-135M's layers: the defaults keep the layers it had before min_depth (layer 8, exit 15)
-BEFORE = {"full": (1, None), "fixed": (15, 15)}  # (min_layer, exit_layer) at L=30; every other gate: (8, None)
+BEFORE = {"full": (1, None), "skip": (1, None), "fixed": (15, 15)}  # (min_layer, exit_layer) at L=30; others: (8, None)
 
 
 @pytest.mark.parametrize("name", GATE_SPECS.names())
@@ -203,14 +203,14 @@ def test_every_gates_default_first_layer_is_a_fraction_of_depth(name):
     from conftest import ROOT
 
     conf = yaml.safe_load((ROOT / "conf" / "gate" / f"{name}.yaml").read_text())
-    if name != "full":  # the full gate never exits: min_layer 1, as before
+    if name not in ("full", "skip"):  # the full and skip gates never exit: min_layer 1, as before
         assert conf["min_layer"] is None and 0 < conf["min_depth"] <= 1, conf
     gate = compose([f"gate={name}", *NEEDS.get(name, [])]).gate
     assert check_model(gate, SMOLLM2_DEPTH) == Resolved(*BEFORE.get(name, (8, None)))
     tiny = check_model(gate, 4)  # the default no longer fails on a 4-layer model ("must be in 1..4")
     assert 1 <= tiny.min_layer <= 4 and (tiny.exit_layer is None) == (name != "fixed")
     deep = check_model(gate, 80).min_layer  # and scales with depth
-    assert deep == {"full": 1, "fixed": 40}.get(name, 20)
+    assert deep == {"full": 1, "skip": 1, "fixed": 40}.get(name, 20)
 
 
 def test_an_explicit_min_layer_wins_over_the_default_min_depth():
@@ -269,7 +269,7 @@ def test_every_gate_with_its_defaults_benches_a_4_layer_model(tmp_path, llama_re
     fast = ["model=tiny-llama", f"results.root={tmp_path}", "prompts.start=3", "prompts.n=1", "bench.gen_tokens=2"]
     fast += ["bench.warmup=0", "bench.repeats=1"]
     for name in GATE_SPECS.names():
-        needs = [f"gate.readouts={llama_readouts}"] if name == "classifier" else []
+        needs = {"classifier": [f"gate.readouts={llama_readouts}"], "skip": NEEDS["skip"]}.get(name, [])
         cfg = compose([*fast, f"gate={name}", *needs])
         row = run_trial(cfg, *prepare(cfg))
         assert row["status"] in ("ok", "nondeterministic"), (name, row.get("error"))

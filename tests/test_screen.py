@@ -15,7 +15,7 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
     assert sim.height == outcome.simulated.height > 100  # the dense grid, every setting simulated
     from sweep.gates import GATES
 
-    assert set(sim["source"]) == {"simulated"} and set(sim["gate"]) == set(GATES.names()) - {"full", "classifier"}
+    assert set(sim["source"]) == {"simulated"} and set(sim["gate"]) == set(GATES.names()) - {"full", "skip", "classifier"}
     selected = sim.filter(pl.col("selected"))
     assert 0 < selected.height <= sim.height / 4
     trials = read("trials", tmp_path)
@@ -74,6 +74,7 @@ def test_selection_keeps_the_front_above_full_depth():
             "q": [None] * 6,
             "k": [None] * 6,
             "decay": [None] * 6,
+            "skip": [None] * 6,
             "lens": [None] * 6,
             "speedup_model": [1.2, 1.5, 2.0, 0.9, 0.95, 1.4],
             "agreement_tf": [0.9, 0.6, 0.2, 1.0, 1.0, 0.5],
@@ -84,6 +85,7 @@ def test_selection_keeps_the_front_above_full_depth():
             "q": pl.Float64,
             "k": pl.Int64,
             "decay": pl.Float64,
+            "skip": pl.String,
             "lens": pl.String,
         },
     )
@@ -112,13 +114,13 @@ def test_knee_neighbours_stay_on_their_lens():
             "model": ["m"] * 5,
             "gate": ["margin"] * 5,
             "min_layer": [8] * 5,
-            **{c: [None] * 5 for c in ("exit_layer", "eps", "q", "k", "decay")},
+            **{c: [None] * 5 for c in ("exit_layer", "eps", "q", "k", "decay", "skip")},
             "theta": theta,
             "lens": ["tuned"] * 3 + [None] * 2,
             "speedup_model": [2.0, 1.6, 1.1, 0.8, 0.7],
             "agreement_tf": [0.5, 0.9, 0.99, 0.3, 0.2],
         },
-        schema_overrides={"exit_layer": pl.Int64, "eps": pl.Float64, "q": pl.Float64, "k": pl.Int64},
+        schema_overrides={"exit_layer": pl.Int64, "eps": pl.Float64, "q": pl.Float64, "k": pl.Int64, "skip": pl.String},
     ).with_columns(pl.col("decay").cast(pl.Float64), pl.col("lens").cast(pl.String))
     out = select(table, neighbours=1)
     assert out.filter("on_front")["trial_id"].sort().to_list() == ["t1", "t2", "t3"]

@@ -122,23 +122,25 @@ class FakeRun:
 
 
 class FakeEngine:
-    """Records which side ran which unit; a single run's tokens are its prompt's first id."""
+    """Records which side ran which unit; a single run's tokens are its prompt's first id and
+    its decode seconds the run's place in the call order, so a timing names the run it came from."""
 
     def __init__(self, name: str, calls: list) -> None:
         self.name, self.calls = name, calls
 
     def generate(self, ids, n, record=False):
         self.calls.append((self.name, ids[0]))
-        return FakeRun([ids[0]] * n, logits=torch.zeros(n, 2) if record else None)
+        return FakeRun([ids[0]] * n, decode_seconds=float(len(self.calls)), logits=torch.zeros(n, 2) if record else None)
 
     def generate_batch(self, prompts, n):
         self.calls.append((self.name, prompts[0][0]))
-        return FakeRun([[p[0]] * n for p in prompts])
+        return FakeRun([[p[0]] * n for p in prompts], decode_seconds=float(len(self.calls)))
 
 
 @pytest.mark.parametrize("batched", [False, True])
 def test_one_interleaving_for_single_sequences_and_batches(batched):
-    """Per (round, unit), which side goes first alternates: the same order whatever a unit is."""
+    """Per (round, unit) the baseline, the gated side and the A/A control (a second full-depth
+    run) run in turn, reversed when round + unit is odd: the same order whatever a unit is."""
     from sweep.prompts import Prompt
 
     calls = []
@@ -151,16 +153,14 @@ def test_one_interleaving_for_single_sequences_and_batches(batched):
     timings, reproduced = bench._timed_rounds(base, gated, refs, repeats=2)
     assert reproduced and len(timings.base_decode) == 2 and len(timings.base_decode[0]) == 2
     first = [unit[0].input_ids[0] for unit in units]
-    assert calls == [
-        ("base", first[0]),
-        ("gated", first[0]),
-        ("gated", first[1]),
-        ("base", first[1]),
-        ("gated", first[0]),
-        ("base", first[0]),
-        ("base", first[1]),
-        ("gated", first[1]),
-    ]
+    # every slot runs the unit it times; the gated side always sits between the two full-depth runs
+    assert calls == [(side, first[i]) for _ in range(2) for i in range(2) for side in ("base", "gated", "base")]
+    for r in range(2):
+        for i in range(2):
+            slot = 3 * (2 * r + i) + 1  # the call index of this (round, unit)'s first run
+            base_at, aa_at = (slot, slot + 2) if (r + i) % 2 == 0 else (slot + 2, slot)
+            assert timings.base_decode[r][i] == base_at and timings.aa_decode[r][i] == aa_at, (r, i)
+            assert timings.gated_decode[r][i] == slot + 1
     assert [run.prompt for run in refs.prompt_runs(base, gated)] == prompts
 
 
