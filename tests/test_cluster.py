@@ -155,7 +155,9 @@ def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
         f"results.root={tmp_path}",
         "sweep.max_failures=3",
     ]
-    proc = subprocess.Popen(args, env=two_node_cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, env=two_node_cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     wait_for_rows(tmp_path, 1, proc)
     helper = two_node_cluster["proc"]
     helper.stdin.write("remove-worker\n")

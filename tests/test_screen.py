@@ -15,7 +15,11 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
     assert sim.height == outcome.simulated.height > 100  # the dense grid, every setting simulated
     from sweep.gates import GATES
 
-    assert set(sim["source"]) == {"simulated"} and set(sim["gate"]) == set(GATES.names()) - {"full", "skip", "classifier"}
+    assert set(sim["source"]) == {"simulated"} and set(sim["gate"]) == set(GATES.names()) - {
+        "full",
+        "skip",
+        "classifier",
+    }
     selected = sim.filter(pl.col("selected"))
     assert 0 < selected.height <= sim.height / 4
     trials = read("trials", tmp_path)

@@ -130,7 +130,9 @@ class FakeEngine:
 
     def generate(self, ids, n, record=False):
         self.calls.append((self.name, ids[0]))
-        return FakeRun([ids[0]] * n, decode_seconds=float(len(self.calls)), logits=torch.zeros(n, 2) if record else None)
+        return FakeRun(
+            [ids[0]] * n, decode_seconds=float(len(self.calls)), logits=torch.zeros(n, 2) if record else None
+        )
 
     def generate_batch(self, prompts, n):
         self.calls.append((self.name, prompts[0][0]))
