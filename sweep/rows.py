@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweep import progress
 from sweep.errors import SweepError
 from sweep.gatespec import gate_text
 from sweep.plan import trial_config, tune_settings
@@ -26,9 +27,9 @@ class SweepOutcome:
     path: str
     root: str
     total: int
-    skipped: int  # trials whose finished row already existed (planned around, or reported again)
+    skipped: int  # settings whose finished row already existed (planned around, or reported again)
     written: int = 0  # rows this run wrote
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # the sweep's settings' rows: this run's and those done before
     overhead_s: list[float] = field(default_factory=list)
     interrupted: bool = False
     simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
@@ -88,6 +89,7 @@ class RowWriter:
         self.existing = 0  # reported trials whose finished row was already there
         self._seen: set[str] = set()
         self._started: dict[str, float] = {}
+        self._shown: progress.Phase | None = None  # the settings' count (``sweep.progress``), from the first row
 
     @property
     def overheads(self) -> list[float]:
@@ -96,6 +98,7 @@ class RowWriter:
         return list(self._overheads.values())
 
     def started(self, key: str) -> None:
+        self._settings()  # the settings' count and its clock start with the first Tune trial
         self._started[key] = time.perf_counter()
 
     def result(self, key: str, result: dict) -> None:
@@ -110,12 +113,25 @@ class RowWriter:
             return
         row = json.loads(result["row_json"])
         cached = bool(result.get("cached"))
-        if self.write(row, cached=cached) and not cached and row.get("bench_seconds") is not None:
+        with progress.timed("writing"):
+            written = self.write(row, cached=cached)
+        if written and not cached and row.get("bench_seconds") is not None:
             wall = time.perf_counter() - self._started.get(key, time.perf_counter())
             self._bench[key] = self._bench.get(key, 0.0) + row["bench_seconds"]
             self._overheads[key] = wall - self._bench[key]
-        total = self.total if self.total is not None else "?"
-        log.info("[%d/%s] %s", len(self._seen), total, describe(row, cached, result.get("computed_by")))
+        # "[n/total] <the setting's line> (n/total, elapsed, ETA)", the settings' count in the display
+        shown = self._settings()
+        shown.advance(len(self._seen) - shown.done, text=describe(row, cached, result.get("computed_by")))
+
+    def _settings(self) -> progress.Phase:
+        if self._shown is None:
+            self._shown = progress.start("settings", self.total)
+        return self._shown
+
+    def close(self) -> None:
+        """The sweep is over: its settings' count leaves the display."""
+        if self._shown is not None:
+            self._shown.close()
 
     def errored(self, config: dict, error: str) -> None:
         """A Tune trial (one setting, or a bundle of them) Tune gave up on: its worker died more than
@@ -205,8 +221,8 @@ def overhead_summary(outcome: SweepOutcome) -> str:
     if not outcome.overhead_s:
         return ""
     return (
-        "orchestration overhead per trial (driver-observed wall - bench time): "
-        f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} trials"
+        "orchestration overhead per Tune trial (driver-observed wall - bench time): "
+        f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} Tune trials"
     )
 
 

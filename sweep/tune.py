@@ -25,7 +25,7 @@ import ray
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 
-from sweep import _ray_private, claims
+from sweep import _ray_private, claims, progress
 from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
 from sweep.gatespec import GATE_SPECS
@@ -33,6 +33,7 @@ from sweep.identity import trial_device, trial_identity
 from sweep.plan import (
     Plan,
     baseline_groups,
+    done_settings,
     plan_sweep,
     screen_selection,
     select_trials,
@@ -146,6 +147,13 @@ def trial_resources(cfg: Config) -> dict[str, float]:
 
 
 def _trainable(config: dict, base: list[str] = (), context: dict | None = None) -> None:
+    """One Tune trial in a Ray worker (``_settings_trial``), its progress events forwarded to the driver."""
+    context = context or {}
+    with _forwarding(context.get("progress"), f"Tune trial {tune.get_context().get_trial_id()}"):
+        _settings_trial(config, base, context)
+
+
+def _settings_trial(config: dict, base: list[str] = (), context: dict | None = None) -> None:
     """One Tune trial in a Ray worker: one setting (``config["trial"]``) or a bundle of settings
     timed against one shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose
     on the driver's device, claim each setting in the results root (``sweep.claims``: a concurrent
@@ -199,6 +207,42 @@ def _metrics(row: dict) -> dict:
     return {"status": row.get("status"), **{m: (row.get(m) if ok else None) for m in METRICS}}
 
 
+# ---------------------------------------------------------------- progress from the workers
+
+
+class _ProgressHub:
+    """An actor holding the progress events workers post (``sweep.progress.forward``) until the driver
+    drains them into its display (``Progress``, ``_screen``)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def post(self, source: str, event: dict) -> None:
+        self.events.append((source, event))
+
+    def drain(self) -> list[tuple[str, dict]]:
+        out, self.events = self.events, []
+        return out
+
+
+@contextlib.contextmanager
+def _forwarding(hub, source: str):
+    """In a worker: this process's progress events posted to ``hub`` (fire and forget; one caller's
+    actor calls run in order) under ``source``; nothing without a hub."""
+    if hub is None:
+        yield
+        return
+    with progress.forward(lambda event: hub.post.remote(source, event)):
+        yield
+
+
+def _drain(hub) -> None:
+    """On the driver: the events the workers posted, into this process's display and listeners."""
+    if hub is not None:
+        for source, event in ray.get(hub.drain.remote()):
+            progress.replay([event], source)
+
+
 # ---------------------------------------------------------------- the driver
 
 
@@ -222,38 +266,41 @@ def _execute(plan: Plan) -> SweepOutcome:
     """Resolve the trials' resources and device, pick the trials still to run, fit, reconcile."""
     cfg = plan.cfg
     resources = trial_resources(cfg)
+    hub = ray.remote(num_cpus=0)(_ProgressHub).remote()  # the workers' progress events, for the display
     device = trial_device(cfg.device, resources["gpu"])
     grid_trials, simulated = plan.grid_trials, None
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
-            grid_trials, simulated = _screen(plan, grid_trials, resources, device)
+            grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
         else:
             grid_trials = chosen
     planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
     total = len(planned) if planned is not None else cfg.search.n_trials
-    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), total or 0, skipped, simulated=simulated)
+    existing = done_settings(grid_trials, plan.done, device)  # shown with this run's rows at the end
+    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), total or 0, skipped, rows=existing)
+    outcome.simulated = simulated
     if planned == []:
         log.info("sweep %s: nothing to run", plan.name)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    tuner = _tuner(plan, planned, resources, device, Progress(writer), grid=grid_trials)
+    tuner = _tuner(plan, planned, resources, device, Progress(writer, hub), grid=grid_trials, hub=hub)
     if tuner is None:  # resume=true: the study has all its trials already
         log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
         return outcome
+    size = cfg.sweep.shared_baseline
+    bundles = len(baseline_groups(grid_trials, planned, size)) if planned is not None and size > 1 else total
     log.info(
-        "sweep %s: %s trials on %s (%s per trial); Tune state in %s",
-        plan.name,
-        total,
-        _cluster_label(cfg.cluster),
-        resources,
-        plan.path,
+        "sweep %s: %s settings in %s Tune trials on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
+        *(plan.name, total, bundles, _cluster_label(cfg.cluster), resources["cpu"], resources["gpu"], plan.path),
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     interrupted = _reconcile(tuner.fit(), writer, total)
+    _drain(hub)
+    writer.close()
     return dataclasses.replace(
         outcome,
-        rows=writer.rows,
+        rows=existing + writer.rows,
         written=writer.written,
         skipped=skipped + writer.existing,
         overhead_s=writer.overheads,
@@ -296,11 +343,17 @@ def screened_before(plan: Plan, settings, device: str):
     return [s for s in settings if trial_identity(s[1], device).id in keep]
 
 
-def _screen(plan: Plan, settings, resources: dict, device: str):
+def _traced(hub, *args):
+    """``screen_trace`` in its Ray task, its progress forwarded to the driver."""
+    with _forwarding(hub, "screen trace"):
+        return screen_trace(*args)
+
+
+def _screen(plan: Plan, settings, resources: dict, device: str, hub=None):
     """Profile the model once (in a worker with the trials' resources), then replay every
     setting on the trace (``sweep.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
-    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(screen_trace)
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_traced)
     probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
         c.gate
         for _, c in settings
@@ -314,7 +367,11 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
             f"this search names {len(readouts)}"
         )
     try:
-        traced = ray.get(task.remote(plan.base, plan.run_id, device, probes))
+        ref = task.remote(hub, plan.base, plan.run_id, device, probes)
+        while not ray.wait([ref], timeout=0.5)[0]:
+            _drain(hub)
+        _drain(hub)
+        traced = ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
         if cause is not None:
@@ -323,9 +380,9 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
 
 
-def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None):
+def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None, hub=None):
     cfg, path = plan.cfg, plan.path
-    context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
+    context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device, "progress": hub}
     context["done"] = {} if planned is not None else plan.done
     trainable = tune.with_resources(tune.with_parameters(_trainable, base=plan.base, context=context), resources)
     num_samples = cfg.search.n_trials
@@ -374,20 +431,42 @@ def _cluster_label(cluster: ClusterConfig) -> str:
 
 
 class Progress(tune.Callback):
-    """Tune callback on the driver: hands trial events to the row writer."""
+    """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
+    events (posted to ``hub``) to the display."""
 
-    def __init__(self, writer: RowWriter) -> None:
-        self.writer = writer
+    def __init__(self, writer: RowWriter, hub=None) -> None:
+        self.writer, self.hub = writer, hub
+        self.drained = 0.0
+
+    def _drain(self, every: float = 0.0) -> None:
+        if time.perf_counter() - self.drained >= every:
+            self.drained = time.perf_counter()
+            _drain(self.hub)
+
+    def on_step_end(self, iteration, trials, **info):
+        self._drain(every=0.5)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.writer.started(trial.trial_id)
+        settings = tune_settings(trial.config) if trial.config else []
+        if len(settings) > 1:
+            progress.note(
+                f"Tune trial {trial.trial_id}: {len(settings)} settings timed against one shared baseline in the "
+                "same rounds (sweep.shared_baseline): their rows come together when its timed rounds end"
+            )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._drain()  # the worker's last phases before its row
         self.writer.result(trial.trial_id, result)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._drain()
+        progress.finished(f"Tune trial {trial.trial_id}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         failures = trial.run_metadata.num_failures
         log.warning("trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        progress.finished(f"Tune trial {trial.trial_id}")
         self.writer.errored(trial.config, last_error(trial.error_file))

@@ -148,6 +148,6 @@ def test_run_prints_progress_table_and_front(tmp_path):
     res = run_cli("run", *TINY_SWEEP, "search=conformal-grid", f"results.root={tmp_path}", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "sweep: [6/6] tiny-llama gate=conformal" in res.stderr
-    assert "Pareto front" in res.stdout and "orchestration overhead per trial" in res.stdout
+    assert "Pareto front" in res.stdout and "orchestration overhead per Tune trial" in res.stdout
     assert f"rows: {tmp_path}/trials" in res.stdout
     assert read("trials", tmp_path).height == 6
