@@ -225,6 +225,10 @@ class _ProgressHub:
         return out
 
 
+def _progress_hub():
+    return ray.remote(num_cpus=0)(_ProgressHub).remote()
+
+
 @contextlib.contextmanager
 def _forwarding(hub, source: str):
     """In a worker: this process's progress events posted to ``hub`` (fire and forget; one caller's
@@ -266,12 +270,13 @@ def _execute(plan: Plan) -> SweepOutcome:
     """Resolve the trials' resources and device, pick the trials still to run, fit, reconcile."""
     cfg = plan.cfg
     resources = trial_resources(cfg)
-    hub = ray.remote(num_cpus=0)(_ProgressHub).remote()  # the workers' progress events, for the display
+    hub = None  # the actor holding the workers' progress events, once a worker runs
     device = trial_device(cfg.device, resources["gpu"])
     grid_trials, simulated = plan.grid_trials, None
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
+            hub = _progress_hub()
             grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
         else:
             grid_trials = chosen
@@ -284,6 +289,7 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info("sweep %s: nothing to run", plan.name)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
+    hub = hub or _progress_hub()
     tuner = _tuner(plan, planned, resources, device, Progress(writer, hub), grid=grid_trials, hub=hub)
     if tuner is None:  # resume=true: the study has all its trials already
         log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
