@@ -225,8 +225,28 @@ class _ProgressHub:
         return out
 
 
-def _progress_hub():
-    return ray.remote(num_cpus=0)(_ProgressHub).remote()
+class _Hub:
+    """The driver's side of a ``_ProgressHub`` actor: workers get ``actor``; the driver drains it."""
+
+    def __init__(self) -> None:
+        self.actor = ray.remote(num_cpus=0)(_ProgressHub).remote()
+        self.pending = None  # a drain in flight (``drain(wait=False)``)
+
+    def drain(self, wait: bool = True) -> None:
+        """The events the workers posted, into this process's display and listeners. Without ``wait``,
+        only what the previous call's drain brought back, and the next one is sent: the Tune loop never
+        blocks on the actor (which takes seconds to start)."""
+        pending, self.pending = self.pending, None
+        if not wait and pending is not None and not ray.wait([pending], timeout=0)[0]:
+            self.pending = pending
+            return
+        refs = [pending] if pending is not None else []
+        if wait:
+            refs.append(self.actor.drain.remote())
+        for source, event in (item for ref in refs for item in ray.get(ref)):
+            progress.replay([event], source)
+        if not wait:
+            self.pending = self.actor.drain.remote()
 
 
 @contextlib.contextmanager
@@ -238,13 +258,6 @@ def _forwarding(hub, source: str):
         return
     with progress.forward(lambda event: hub.post.remote(source, event)):
         yield
-
-
-def _drain(hub) -> None:
-    """On the driver: the events the workers posted, into this process's display and listeners."""
-    if hub is not None:
-        for source, event in ray.get(hub.drain.remote()):
-            progress.replay([event], source)
 
 
 # ---------------------------------------------------------------- the driver
@@ -276,7 +289,7 @@ def _execute(plan: Plan) -> SweepOutcome:
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
-            hub = _progress_hub()
+            hub = _Hub()
             grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
         else:
             grid_trials = chosen
@@ -289,7 +302,7 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info("sweep %s: nothing to run", plan.name)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    hub = hub or _progress_hub()
+    hub = hub or _Hub()
     tuner = _tuner(plan, planned, resources, device, Progress(writer, hub), grid=grid_trials, hub=hub)
     if tuner is None:  # resume=true: the study has all its trials already
         log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
@@ -302,7 +315,7 @@ def _execute(plan: Plan) -> SweepOutcome:
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     interrupted = _reconcile(tuner.fit(), writer, total)
-    _drain(hub)
+    hub.drain()
     writer.close()
     return dataclasses.replace(
         outcome,
@@ -355,7 +368,7 @@ def _traced(hub, *args):
         return screen_trace(*args)
 
 
-def _screen(plan: Plan, settings, resources: dict, device: str, hub=None):
+def _screen(plan: Plan, settings, resources: dict, device: str, hub: _Hub):
     """Profile the model once (in a worker with the trials' resources), then replay every
     setting on the trace (``sweep.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
@@ -373,10 +386,10 @@ def _screen(plan: Plan, settings, resources: dict, device: str, hub=None):
             f"this search names {len(readouts)}"
         )
     try:
-        ref = task.remote(hub, plan.base, plan.run_id, device, probes)
+        ref = task.remote(hub.actor, plan.base, plan.run_id, device, probes)
         while not ray.wait([ref], timeout=0.5)[0]:
-            _drain(hub)
-        _drain(hub)
+            hub.drain()
+        hub.drain()
         traced = ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
@@ -386,9 +399,10 @@ def _screen(plan: Plan, settings, resources: dict, device: str, hub=None):
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
 
 
-def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None, hub=None):
+def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None, hub: _Hub | None = None):
     cfg, path = plan.cfg, plan.path
-    context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device, "progress": hub}
+    context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
+    context["progress"] = hub.actor if hub is not None else None
     context["done"] = {} if planned is not None else plan.done
     trainable = tune.with_resources(tune.with_parameters(_trainable, base=plan.base, context=context), resources)
     num_samples = cfg.search.n_trials
@@ -440,17 +454,14 @@ class Progress(tune.Callback):
     """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
     events (posted to ``hub``) to the display."""
 
-    def __init__(self, writer: RowWriter, hub=None) -> None:
+    def __init__(self, writer: RowWriter, hub: _Hub) -> None:
         self.writer, self.hub = writer, hub
         self.drained = 0.0
 
-    def _drain(self, every: float = 0.0) -> None:
-        if time.perf_counter() - self.drained >= every:
-            self.drained = time.perf_counter()
-            _drain(self.hub)
-
     def on_step_end(self, iteration, trials, **info):
-        self._drain(every=0.5)
+        if time.perf_counter() - self.drained >= 0.5:
+            self.drained = time.perf_counter()
+            self.hub.drain(wait=False)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.writer.started(trial.trial_id)
@@ -462,11 +473,11 @@ class Progress(tune.Callback):
             )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._drain()  # the worker's last phases before its row
+        self.hub.drain()  # the worker's last phases before its row
         self.writer.result(trial.trial_id, result)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._drain()
+        self.hub.drain()
         progress.finished(f"Tune trial {trial.trial_id}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):

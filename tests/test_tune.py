@@ -36,7 +36,8 @@ def test_rerun_skips_trials_whose_rows_exist(ray_session, tmp_path):
     sweep(tmp_path, "search=margin-grid")
     before = {p.name: p.stat().st_mtime_ns for p in files("trials", tmp_path)}
     again = sweep(tmp_path, "search=margin-grid")
-    assert again.skipped == 6 and again.rows == []
+    assert again.skipped == 6 and again.written == 0
+    assert {r["trial_id"] for r in again.rows} == {p.stem for p in files("trials", tmp_path)}  # shown, not redone
     assert {p.name: p.stat().st_mtime_ns for p in files("trials", tmp_path)} == before
     redo = sweep(tmp_path, "search=margin-grid", "sweep.rerun=true")
     assert len(redo.rows) == 6 and len(files("trials", tmp_path)) == 6  # rewritten, not duplicated
