@@ -105,7 +105,7 @@ class RowWriter:
         if "row_json" not in result:
             if result.get("error"):
                 log.warning(
-                    "[%d/%s] a trial could not be composed, so it has no row: %s",
+                    "[%d/%s] a setting could not be composed, so it has no row: %s",
                     len(self._seen),
                     self.total,
                     result["error"],
@@ -143,13 +143,13 @@ class RowWriter:
             try:
                 cfg = trial_config(self.base, trial, self.device)
             except SweepError as exc:
-                log.warning("a trial errored and could not be composed (%s): %s", exc, error)
+                log.warning("a Tune trial errored and its setting could not be composed (%s): %s", exc, error)
                 continue
             failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
             row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
             row["sweep_name"] = self.sweep_name
             self.write(row)
-            log.warning("[%d/%s] trial gave up after retries: %s", len(self._seen), self.total, error)
+            log.warning("[%d/%s] a Tune trial gave up after retries: %s", len(self._seen), self.total, error)
 
     def write(self, row: dict, *, cached: bool = False) -> bool:
         """Write a row once per trial id in this sweep; True if written now.
@@ -184,7 +184,7 @@ class RowWriter:
                 exclusive=exclusive,
             )
         except FileExistsError:
-            log.warning("trial %s: a row appeared meanwhile (another sweep); kept it", tid)
+            log.warning("setting %s: a row appeared meanwhile (another sweep); kept it", tid)
             self.existing += 1
             claims.release(self.root, tid, self.run_id)
             return False

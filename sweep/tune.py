@@ -305,7 +305,7 @@ def _execute(plan: Plan) -> SweepOutcome:
     hub = hub or _Hub()
     tuner = _tuner(plan, planned, resources, device, Progress(writer, hub), grid=grid_trials, hub=hub)
     if tuner is None:  # resume=true: the study has all its trials already
-        log.info("sweep %s: its study has all %s trials; nothing to run", plan.name, cfg.search.n_trials)
+        log.info("sweep %s: its study has all %s Tune trials; nothing to run", plan.name, cfg.search.n_trials)
         return outcome
     size = cfg.sweep.shared_baseline
     bundles = len(baseline_groups(grid_trials, planned, size)) if planned is not None and size > 1 else total
@@ -482,7 +482,7 @@ class Progress(tune.Callback):
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         failures = trial.run_metadata.num_failures
-        log.warning("trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
+        log.warning("Tune trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         progress.finished(f"Tune trial {trial.trial_id}")
