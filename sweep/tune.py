@@ -40,6 +40,7 @@ from sweep.plan import (
     trial_config,
     tune_settings,
 )
+from sweep.progress_ray import Hub, forwarding
 from sweep.rows import RowWriter, SweepOutcome, finished_row, last_error, row_path
 from sweep.search import METRICS
 from sweep.study import optuna_search, remaining_trials
@@ -149,7 +150,7 @@ def trial_resources(cfg: Config) -> dict[str, float]:
 def _trainable(config: dict, base: list[str] = (), context: dict | None = None) -> None:
     """One Tune trial in a Ray worker (``_settings_trial``), its progress events forwarded to the driver."""
     context = context or {}
-    with _forwarding(context.get("progress"), f"Tune trial {tune.get_context().get_trial_id()}"):
+    with forwarding(context.get("progress"), f"Tune trial {tune.get_context().get_trial_id()}"):
         _settings_trial(config, base, context)
 
 
@@ -207,59 +208,6 @@ def _metrics(row: dict) -> dict:
     return {"status": row.get("status"), **{m: (row.get(m) if ok else None) for m in METRICS}}
 
 
-# ---------------------------------------------------------------- progress from the workers
-
-
-class _ProgressHub:
-    """An actor holding the progress events workers post (``sweep.progress.forward``) until the driver
-    drains them into its display (``Progress``, ``_screen``)."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict]] = []
-
-    def post(self, source: str, event: dict) -> None:
-        self.events.append((source, event))
-
-    def drain(self) -> list[tuple[str, dict]]:
-        out, self.events = self.events, []
-        return out
-
-
-class _Hub:
-    """The driver's side of a ``_ProgressHub`` actor: workers get ``actor``; the driver drains it."""
-
-    def __init__(self) -> None:
-        self.actor = ray.remote(num_cpus=0)(_ProgressHub).remote()
-        self.pending = None  # a drain in flight (``drain(wait=False)``)
-
-    def drain(self, wait: bool = True) -> None:
-        """The events the workers posted, into this process's display and listeners. Without ``wait``,
-        only what the previous call's drain brought back, and the next one is sent: the Tune loop never
-        blocks on the actor (which takes seconds to start)."""
-        pending, self.pending = self.pending, None
-        if not wait and pending is not None and not ray.wait([pending], timeout=0)[0]:
-            self.pending = pending
-            return
-        refs = [pending] if pending is not None else []
-        if wait:
-            refs.append(self.actor.drain.remote())
-        for source, event in (item for ref in refs for item in ray.get(ref)):
-            progress.replay([event], source)
-        if not wait:
-            self.pending = self.actor.drain.remote()
-
-
-@contextlib.contextmanager
-def _forwarding(hub, source: str):
-    """In a worker: this process's progress events posted to ``hub`` (fire and forget; one caller's
-    actor calls run in order) under ``source``; nothing without a hub."""
-    if hub is None:
-        yield
-        return
-    with progress.forward(lambda event: hub.post.remote(source, event)):
-        yield
-
-
 # ---------------------------------------------------------------- the driver
 
 
@@ -289,7 +237,7 @@ def _execute(plan: Plan) -> SweepOutcome:
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
-            hub = _Hub()
+            hub = Hub()
             grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
         else:
             grid_trials = chosen
@@ -302,7 +250,7 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info("sweep %s: nothing to run", plan.name)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    hub = hub or _Hub()
+    hub = hub or Hub()
     tuner = _tuner(plan, planned, resources, device, Progress(writer, hub), grid=grid_trials, hub=hub)
     if tuner is None:  # resume=true: the study has all its trials already
         log.info("sweep %s: its study has all %s Tune trials; nothing to run", plan.name, cfg.search.n_trials)
@@ -364,11 +312,11 @@ def screened_before(plan: Plan, settings, device: str):
 
 def _traced(hub, *args):
     """``screen_trace`` in its Ray task, its progress forwarded to the driver."""
-    with _forwarding(hub, "screen trace"):
+    with forwarding(hub, "screen trace"):
         return screen_trace(*args)
 
 
-def _screen(plan: Plan, settings, resources: dict, device: str, hub: _Hub):
+def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
     """Profile the model once (in a worker with the trials' resources), then replay every
     setting on the trace (``sweep.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
@@ -399,7 +347,7 @@ def _screen(plan: Plan, settings, resources: dict, device: str, hub: _Hub):
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
 
 
-def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None, hub: _Hub | None = None):
+def _tuner(plan: Plan, planned, resources: dict, device: str, callback, grid=None, hub: Hub | None = None):
     cfg, path = plan.cfg, plan.path
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
     context["progress"] = hub.actor if hub is not None else None
@@ -454,7 +402,7 @@ class Progress(tune.Callback):
     """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
     events (posted to ``hub``) to the display."""
 
-    def __init__(self, writer: RowWriter, hub: _Hub) -> None:
+    def __init__(self, writer: RowWriter, hub: Hub) -> None:
         self.writer, self.hub = writer, hub
         self.drained = 0.0
 
