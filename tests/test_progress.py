@@ -88,6 +88,8 @@ def test_quiet_and_ci_turn_the_progress_off(tmp_path):
     assert quiet.returncode == 0, quiet.stderr[-3000:]
     assert not [line for line in quiet.stderr.splitlines() if line.startswith("sweep:") or "\r" in line]
     assert "status: ok" in quiet.stdout and quiet.stdout.splitlines()[-1].startswith("time ")  # results stay
+    rc, out, tty = _in_pty(["--quiet", *BENCH, f"results.root={tmp_path}"])  # a terminal: no bars either
+    assert rc == 0 and "status: ok" in out and "timed rounds" not in tty and "\r" not in tty.replace("\r\n", "")
     short = run_cli(*BENCH, "-q", f"results.root={tmp_path}", env=_env())  # -q, anywhere on the line
     assert short.returncode == 0 and "sweep:" not in short.stderr
     ci = run_cli(*BENCH, f"results.root={tmp_path}", env=_env(CI="true"))
