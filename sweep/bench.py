@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweep import progress
 from sweep.config import Config
 from sweep.costs import CostModel, DecodeSteps, cost_model
 from sweep.engine import Decoded, Engine
@@ -83,6 +84,11 @@ class _References:
 
 def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     """Load and check everything a trial needs; bad input fails here, before any work."""
+    with progress.phase("load", part="load"):
+        return _prepare(cfg)
+
+
+def _prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
     items = read_prompts(cfg.prompts)
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
     gate = make_gate(cfg.gate, lm.num_layers, lm.adapter.config.hidden_size)  # the one check against the model
@@ -278,9 +284,11 @@ def _warm_gated(
     if reuse.needs_warmup((key, id(lm.adapter), "gated", *gate_kind)):
         for _ in range(b.warmup):
             gated.run(units[0])
+            progress.step()
 
 
 SELF_CHECK_RUNS = 2  # untimed full-depth runs of each unit the determinism self-check makes
+WARM_UP_AND_SELF_CHECK = "warm-up and self-check"  # a part of the time breakdown (``sweep.progress``)
 
 
 def _warm_baseline(baseline: _Side, units: list[list[Prompt]], warmup: int, *, self_check: bool) -> None:
@@ -288,6 +296,7 @@ def _warm_baseline(baseline: _Side, units: list[list[Prompt]], warmup: int, *, s
     that follows makes ``SELF_CHECK_RUNS`` of them itself, so only the rest run here."""
     for _ in range(max(warmup - SELF_CHECK_RUNS, 0) if self_check else warmup):
         baseline.run(units[0])
+        progress.step()
 
 
 def _warm_up(
@@ -302,10 +311,11 @@ def _warm_up(
 ) -> None:
     """Warm-up before the cost model and the self-check: the baseline once per key (what a self-check
     still to come leaves of bench.warmup), each gated side once per key and gate kind."""
-    if reuse.needs_warmup((key, id(lm.adapter), "baseline")):
-        _warm_baseline(baseline, units, cfgs[0].bench.warmup, self_check=reuse.get(key) is None)
-    for cfg, gate, side in zip(cfgs, gates, gated):
-        _warm_gated(reuse, key, cfg, lm, gate, units, side)
+    with progress.phase("warm-up", part=WARM_UP_AND_SELF_CHECK):  # one step per run
+        if reuse.needs_warmup((key, id(lm.adapter), "baseline")):
+            _warm_baseline(baseline, units, cfgs[0].bench.warmup, self_check=reuse.get(key) is None)
+        for cfg, gate, side in zip(cfgs, gates, gated):
+            _warm_gated(reuse, key, cfg, lm, gate, units, side)
 
 
 def _reused_references(
@@ -387,6 +397,7 @@ def _reference_runs(baseline: _Side, gated: _Side | None, units: list[list[Promp
     sequences, their max logit difference), then the gated run (none when ``gated`` is None:
     the first timed round gives it)."""
     refs = _References(units, max_logit_diff=None if baseline.batched else 0.0)
+    shown = progress.start("self-check", len(units), part=WARM_UP_AND_SELF_CHECK)  # one step per unit
     for unit in units:
         first, second = baseline.run(unit, record=True), baseline.run(unit, record=True)
         if first.tokens != second.tokens:
@@ -399,6 +410,8 @@ def _reference_runs(baseline: _Side, gated: _Side | None, units: list[list[Promp
         refs.baseline.append(first)
         if gated is not None:
             refs.gated.append(gated.run(unit))
+        shown.advance()
+    shown.close()
     return refs
 
 
@@ -432,6 +445,7 @@ def _timed_rounds_shared(
     units = refs[0].units
     timings = [Timings.empty(repeats, len(units)) for _ in gated]
     base_ok, gated_ok = True, [True] * len(gated)
+    shown = progress.start("timed rounds", repeats * len(units), part="timed rounds")  # one step per round and unit
     for r in range(repeats):
         for i, unit in enumerate(units):
             order = ["baseline", *range(len(gated)), "aa"]
@@ -451,6 +465,8 @@ def _timed_rounds_shared(
                 else:
                     gated_ok[s] &= gen.tokens == ref.gated[i].tokens
                 t.gated_decode[r][i], t.gated_prefill[r][i] = gen.decode_seconds, gen.prefill_seconds
+            shown.advance()
+    shown.close()
     reproduced = [base_ok and ok for ok in gated_ok]
     if not all(reproduced):
         log.warning("a timed repeat did not reproduce its reference tokens")
@@ -488,9 +504,10 @@ def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
     run_id = cfg.run_id or new_run_id()
     prov = provenance(cfg, lm, run_id)
     row.update(sweep_name=None, worker_pid=None, worker_model_loads=None, trial_seconds=None)  # sweep-only columns
-    path = write_table(
-        "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
-    )
+    with progress.timed("writing"):
+        path = write_table(
+            "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
+        )
     costs = (
         cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[cfg.bench.kv_policy], **verify_positions([cfg]))
         if cfg.bench.cost_model and row["status"] != "failed"

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from sweep import progress
 from sweep.config import Config
 from sweep.errors import ConfigError
 from sweep.gatespec import GATE_SPECS
@@ -139,41 +140,41 @@ def run_calibrate(cfg: Config) -> Calibration:
     log.info("full-depth baselines: %d prompts x %d tokens", len(prompts) + len(drift), n)
     full = Engine(lm)
     baseline = {}
-    for i, p in enumerate([*prompts, *drift], 1):
-        baseline[p.id] = full.generate(p.input_ids, n).tokens
-        _progress("baselines", i, len(prompts) + len(drift))
+    with progress.phase("calibrate: full-depth baselines", len(prompts) + len(drift)):  # one step per prompt
+        for p in [*prompts, *drift]:
+            baseline[p.id] = full.generate(p.input_ids, n).tokens
+            progress.step()
     pvalue = PVALUES[c.pvalue]
     result = Calibration(spec.name, spec.threshold, n_cal=len(cal), n_holdout=len(held))
     t0 = time.perf_counter()
 
     def risk(value: float, group) -> tuple[float, float]:
+        shown = progress.start(f"calibrate: {spec.threshold}={value:g}", len(group))  # one step per prompt
         gate = make_gate(dataclasses.replace(cfg.gate, **{spec.threshold: value}), lm.num_layers)
         gate.attach(prepared.readouts)
         engine = Engine(lm, gate, cfg.bench.kv_policy)
         losses, exits = [], []
-        for i, p in enumerate(group, 1):
+        for p in group:
             gen = engine.generate(p.input_ids, n)
-            _progress(f"{spec.threshold}={value:g}", i, len(group))
+            shown.advance()
             losses.append(sum(a != b for a, b in zip(gen.tokens, baseline[p.id])) / n)
             exits += [e < lm.num_layers for e in gen.exit_layers]
+        shown.close()
         return sum(losses) / len(losses), sum(exits) / len(exits)
 
+    # the ladder: one step per threshold, until the first not rejected (fewer steps than planned then)
+    ladder = progress.start("calibrate: ladder", len(values))
     for value in values:
         r, _ = risk(value, cal)
         p = pvalue(r, len(cal), c.delta)
         result.tested.append(float(value))
         result.risks.append(r)
         result.pvalues.append(p)
-        log.info(
-            "%s=%g: calibration risk %.4f, p-value %.3g %s",
-            spec.threshold,
-            value,
-            r,
-            p,
-            "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)",
-        )
+        verdict = "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)"
+        ladder.advance(text=f"{spec.threshold}={value:g}: calibration risk {r:.4f}, p-value {p:.3g} {verdict}")
         if p > c.epsilon:
             break
+    ladder.close()
     last = fixed_sequence(result.pvalues, c.epsilon)
     if last >= 0:
         result.chosen = result.tested[last]
@@ -212,13 +213,6 @@ def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:
 
         check_disjoint(gate.readouts, drift, key="calibrate.heldout_prompts")
     return drift
-
-
-def _progress(what: str, done: int, total: int) -> None:
-    """A progress line at every tenth of a long loop (and at its end)."""
-    step = max(1, total // 10)
-    if total >= 20 and (done % step == 0 or done == total):
-        log.info("%s: %d/%d prompts", what, done, total)
 
 
 def format_calibration(cfg: Config, r: Calibration) -> str:

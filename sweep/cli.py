@@ -12,8 +12,10 @@ import signal
 import sys
 import warnings
 
-from sweep.cli_help import HELP_FLAGS, USAGE, flag_error, show_help
+from sweep.cli_help import HELP_FLAGS, QUIET_FLAGS, USAGE, flag_error, show_help
 from sweep.errors import SweepError
+from sweep import progress
+from sweep.textfit import WrappingFormatter, fit_lines
 
 
 # the directories each command writes into (config keys; null ones are skipped): checked
@@ -47,7 +49,7 @@ def _profile(overrides: list[str]) -> int:
 
     cfg = compose_for("profile", overrides)
     path, trace = run_profile(cfg)
-    print(format_summary(trace, cfg.eas.alpha))
+    print(fit_lines(format_summary(trace, cfg.eas.alpha)))
     print(f"trace: {path}")
     return 0
 
@@ -55,9 +57,11 @@ def _profile(overrides: list[str]) -> int:
 def _bench(overrides: list[str]) -> int:
     from sweep.bench import run_bench
 
-    path, row, summary = run_bench(compose_for("bench", overrides))
-    print(summary)
+    with progress.breakdown() as times:
+        path, row, summary = run_bench(compose_for("bench", overrides))
+    print(fit_lines(summary))
     print(f"row: {path}")
+    print(fit_lines(times.line()))
     return 0 if row["status"] == "ok" else 1
 
 
@@ -70,17 +74,21 @@ def _run(overrides: list[str]) -> int:
     ray_environment(cfg.cluster)  # before Ray is imported
     from sweep import interrupt
     from sweep.rows import overhead_summary
+    from sweep.run_report import failures, sweep_report
     from sweep.tune import run_sweep
 
-    outcome = run_sweep(cfg, overrides)
-    print(sweep_report(outcome))
+    with progress.breakdown() as times:
+        outcome = run_sweep(cfg, overrides)
     if outcome.interrupted:
+        print(sweep_report(outcome))
         how = "stopped by SIGTERM" if interrupt.stop_signal() == signal.SIGTERM else "interrupted"
         print(f"{how}: resume with `{interrupt.resume_command(overrides, outcome.name)}`", file=sys.stderr)
         return 128 + interrupt.stop_signal()
+    print(sweep_report(outcome, cfg.analysis))
     summary = overhead_summary(outcome)
     if summary:
-        print(summary)
+        print(fit_lines(summary))
+    print(fit_lines(times.line()))
     failed = failures(outcome)
     if failed and failed == len(outcome.rows) + outcome.unrowed and not outcome.skipped:
         print(
@@ -90,101 +98,21 @@ def _run(overrides: list[str]) -> int:
     return 0
 
 
-def failures(outcome) -> int:
-    """This sweep's failed trials: failed rows, and trials whose config did not compose (no row)."""
-    return sum(r.get("status") == "failed" for r in outcome.rows) + outcome.unrowed
-
-
-def sweep_report(outcome) -> str:
-    """The table of this sweep's trials and their Pareto front (speedup_wall, agreement)."""
-    import polars as pl
-
-    from sweep.analysis import pareto_front
-
-    lines = [
-        f"sweep {outcome.name}: {outcome.written} trials written, {outcome.skipped} skipped (their rows exist), "
-        f"{failures(outcome)} failed",
-        f"rows: {outcome.root}/trials (one Parquet file per trial); Tune state and Optuna study: {outcome.path}",
-    ]
-    if not outcome.rows:
-        return "\n".join(lines)
-    if outcome.simulated is not None:
-        lines += _screen_report(outcome)
-    from sweep.gatespec import GATE_COLUMNS
-
-    cols = [
-        "model",
-        "gate",
-        "min_layer",
-        *GATE_COLUMNS,
-        "kv_policy",
-        "mode",
-        "status",
-        "agreement",
-        "speedup_wall",
-        "speedup_model",
-        "speedup_e2e_wall",
-        "speedup_aa",
-        "noise_floor",
-        "exit_rate",
-        "step_layers_saved",
-        "trial_id",
-    ]
-    df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
-    df = df.sort("model", "gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
-    with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3):
-        lines += ["trials:", str(df)]
-        front = pareto_front(df, by=("model",)).select(
-            "model", "gate", "min_layer", *GATE_COLUMNS, "agreement", "speedup", "speedup_wall", "trial_id"
-        )
-        lines += [
-            "Pareto front (speedup and agreement, both maximised; status ok; full depth, 1x at agreement 1, is a "
-            "point of it; speedup = speedup_wall capped at 1 from above where no compute was skipped, and 1 inside "
-            "the trial's A/A noise floor):",
-            str(front),
-        ]
-    return "\n".join(lines)
-
-
 def _analyze(overrides: list[str]) -> int:
     from sweep.report import run_analyze
 
     path, verdicts = run_analyze(compose_for("analyze", overrides))
     for line in verdicts:
-        print(line)
+        print(fit_lines(line))
     print(f"report: {path}")
     return 0
-
-
-def _screen_report(outcome) -> list[str]:
-    import polars as pl
-
-    from sweep.screen import comparison, gap_by_gate
-
-    sim = outcome.simulated
-    lines = [
-        f"screen: {sim.height} settings simulated, {int(sim['on_front'].sum())} on the simulated front, "
-        f"{int(sim['selected'].sum())} run closed-loop (a grid of the same resolution: {sim.height} trials)"
-    ]
-    comp = comparison(sim, outcome.rows)
-    if comp.height:
-        with pl.Config(
-            tbl_rows=200, tbl_cols=20, tbl_width_chars=200, tbl_hide_dataframe_shape=True, float_precision=3
-        ):
-            lines += [
-                "simulated (teacher-forced) against measured (closed loop):",
-                str(comp),
-                "gap per gate (simulated - measured):",
-                str(gap_by_gate(comp)),
-            ]
-    return lines
 
 
 def _calibrate(overrides: list[str]) -> int:
     from sweep.calibrate import format_calibration, run_calibrate
 
     cfg = compose_for("calibrate", overrides)
-    print(format_calibration(cfg, run_calibrate(cfg)))
+    print(fit_lines(format_calibration(cfg, run_calibrate(cfg))))
     return 0
 
 
@@ -192,7 +120,7 @@ def _fit(overrides: list[str]) -> int:
     from sweep.readouts import run_fit
 
     path, _, summary = run_fit(compose_for("fit", overrides))
-    print(fit_report(summary))
+    print(fit_lines(fit_report(summary)))
     print(f"readouts: {path}")
     return 0
 
@@ -284,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: list[str]) -> int:
+    quiet = any(a in QUIET_FLAGS for a in args)  # anywhere on the line: no progress display, no info lines
+    args = [a for a in args if a not in QUIET_FLAGS]
     if not args or args[0] in HELP_FLAGS or args == ["help"]:
         print(USAGE, end="")
         return 0
@@ -300,11 +230,14 @@ def _main(args: list[str]) -> int:
     flag = next((a for a in overrides if a.startswith("-")), None)
     if flag is not None:
         return flag_error(flag, command)
-    logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(WrappingFormatter("sweep: %(message)s"))  # lines within 120 columns
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, handlers=[handler])
     if command not in NO_MODEL:
         _quiet_libraries()
     try:
-        return COMMANDS[command](overrides)
+        with progress.session(quiet):
+            return COMMANDS[command](overrides)
     except BrokenPipeError:
         raise
     except SweepError as exc:

@@ -12,7 +12,7 @@ from typing import Any
 
 from sweep.errors import SweepError
 
-USAGE = """usage: sweep <command> [key=value ...]
+USAGE = """usage: sweep [--quiet] <command> [key=value ...]
 
 commands:
   profile   per-layer trace of full-depth decoding, layer curve, EAS, oracle exits
@@ -26,10 +26,14 @@ commands:
   families  print the supported model families: each tiny model loaded and checked, what runs on it
 
 Overrides use Hydra's syntax, e.g. `sweep profile model=tiny-llama prompts.n=2`.
+Progress (phase, done/total, elapsed, ETA) shows on stderr: live on a terminal, a line per step (at most
+one a minute) in a pipe. --quiet (-q, anywhere on the line) turns it off with the info lines; so does a
+non-empty CI variable (info lines kept). Results print on stdout either way.
 `sweep <command> --help` (or `sweep help <command>`): the command's main keys, their defaults, examples.
 """
 
 HELP_FLAGS = ("-h", "--help")
+QUIET_FLAGS = ("-q", "--quiet")  # the one flag sweep takes: no progress display and no info lines on stderr
 
 # Hydra's command-line flags (hydra.cc/docs/advanced/hydra-command-line-flags): sweep composes
 # conf/ itself (Hydra's compose API), so none applies; each names what to use instead

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from sweep import progress
 from sweep.config import GateConfig
 from sweep.engine import Engine, StepState
 from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
@@ -46,8 +47,10 @@ class DecodeSteps:
 class CostModel:
     layer_ms: float  # one decoder layer of a decode step
     head_ms: float  # final norm + lm_head on one position (the logit lens)
-    lens_probe_ms: float  # a margin/conformal probe alone: lens + top-2 + decision
-    hidden_probe_ms: float  # a saturation probe alone: two norms of h + decision
+    # the probes alone, measured on demand (``cost_model(..., probes_alone=True)``; None until then): what a
+    # gate whose probe was not measured in situ is charged (a screen's replay); a bench measures its gate in situ
+    lens_probe_ms: float | None  # a margin/conformal probe alone: lens + top-2 + decision
+    hidden_probe_ms: float | None  # a saturation probe alone: two norms of h + decision
     # K/V fill of one skipped layer (kv_policy=propagate), by the path the engine takes; None until a
     # kv_policy=propagate trial needs it (``cost_model(..., kv_policy=...)``), and for a model without a fill
     kv_ms: float | None
@@ -96,7 +99,7 @@ class CostModel:
         if in_situ_key(gate) in self.extra_probe_ms:
             return self.extra_probe_ms[in_situ_key(gate)]
         known = {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms, **self.extra_probe_ms}
-        if gate.probe_key not in known:
+        if known.get(gate.probe_key) is None:
             raise KeyError(
                 f"probe '{gate.probe_key}' not measured: cost_model(lm, prompt_ids, gates=[...]) measures it"
             )
@@ -174,8 +177,8 @@ class CostModel:
         rows = [
             ("decoder layer", self.layer_ms),
             ("final norm + lm_head", self.head_ms),
-            ("lens probe alone (margin)", self.lens_probe_ms),
-            ("hidden probe alone (saturation)", self.hidden_probe_ms),
+            *([("lens probe alone (margin)", self.lens_probe_ms)] if self.lens_probe_ms is not None else []),
+            *([("hidden probe alone (saturation)", self.hidden_probe_ms)] if self.hidden_probe_ms is not None else []),
             *([("K/V fill, one layer (propagate)", self.kv_ms)] if self.kv_ms is not None else []),
             ("step overhead", self.overhead_ms),
             (f"full-depth step ({self.num_layers} layers)", self.step_ms),
@@ -196,27 +199,51 @@ def cost_model(
     repeats: int = 16,
     kv_policies: Sequence[str] = ("propagate",),
     verify_positions: int = 0,
+    probes_alone: bool | None = None,
 ) -> CostModel:
     """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
     model (kept with it: a model the model cache evicted takes its costs along, never leaving
     them to a later model); the probe of each of ``gates`` is measured too, in situ, once per
     ``in_situ_key`` (and a tuned lens's translator once): in the model's own rounds when it is
     measured with them, in rounds of its own for a gate that comes later. The K/V fill is measured
-    once a kv_policy=propagate trial asks for it (``kv_policies``), by the path the engine takes:
-    none under kv_policy=full; self-speculation's costs (sublayers, verification passes of up to
-    ``verify_positions`` positions) once a trial asks for them."""
-    # a loaded model has one device and dtype: its prompt length is all the key needs
-    costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
-    if "propagate" in kv_policies and costs.kv_ms is None and lm.adapter.kv_path is not None:
-        costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
-    if verify_positions > len(costs.verify_ms):
-        _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats)
-    for gate in gates:
-        if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
-            costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
-        if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
-            costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
-    return costs
+    once a kv_policy=propagate trial whose gate can exit asks for it (``kv_policies``), by the path
+    the engine takes: none under kv_policy=full, none for gate=full; self-speculation's costs
+    (sublayers, verification passes of up to ``verify_positions`` positions) once a trial asks for
+    them. The lens and hidden probes alone (what a gate not measured in situ is charged) once
+    ``probes_alone`` asks (None: when no gates are given). A gate without a probe (full, fixed)
+    measures no probe at all."""
+    with progress.phase("cost model", part="cost model"):
+        # a loaded model has one device and dtype: its prompt length is all the key needs
+        costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
+        exits = not gates or any(len(gate.probe_layers()) for gate in gates)
+        if "propagate" in kv_policies and exits and costs.kv_ms is None and lm.adapter.kv_path is not None:
+            costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
+        if (not gates if probes_alone is None else probes_alone) and costs.lens_probe_ms is None:
+            costs.lens_probe_ms, costs.hidden_probe_ms = _probes_alone(lm, prompt_ids)
+        if verify_positions > len(costs.verify_ms):
+            _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats)
+        for gate in gates:
+            if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
+                costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
+            if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
+                costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
+        return costs
+
+
+@torch.inference_mode()
+def _probes_alone(lm: LoadedModel, prompt_ids: Sequence[int]) -> tuple[float, float]:
+    """ms of a lens probe (margin) and of a hidden probe (saturation) alone, on one position."""
+    adapter, dev = lm.adapter, lm.device
+    with progress.phase("cost model: probes alone", 2):
+        token = torch.tensor([[int(prompt_ids[-1])]], device=dev)
+        h = adapter.embed(token)[:, -1]
+        h_prev = h * 0.9
+        theta = torch.tensor(0.0)
+        lens_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), dev)
+        progress.step()
+        hidden_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), dev)
+        progress.step()
+    return lens_ms, hidden_ms
 
 
 def in_situ_key(gate: Gate) -> str:
@@ -280,6 +307,7 @@ def _timed_steps(
                 stepper.step(token, kv).logits.argmax(-1)  # the next token, as a decode loop takes it
             if r >= 1:
                 times[name].append(clock.seconds * 1000)
+        progress.step()
     return times
 
 
@@ -297,7 +325,8 @@ def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_
     cache = lm.adapter.new_cache()
     token = lm.adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
     engines = {"full": Engine(lm), "probed": probed}
-    times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": _ProbeOnly()})
+    with progress.phase(f"cost model: probe {in_situ_key(gate)}", repeats + 1):  # rounds
+        times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": _ProbeOnly()})
     return _probe_fraction(times["probed"], times["full"], probed) * step_ms
 
 
@@ -326,19 +355,16 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
     del hs
     prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=3, warm=1)
     states = {("probed", key): _ProbeOnly() for key, engine in probed.items() if engine is not None}
-    times = _timed_steps(engines, token, cache, repeats, dev, states=states)
+    rounds = "cost model: step rounds" + "".join(f", probe {key}" for _, key in sorted(states, key=str))
+    with progress.phase(rounds, repeats + 1):
+        times = _timed_steps(engines, token, cache, repeats, dev, states=states)
     step_ms = statistics.median(times["full"])
     extra_probe_ms = {
         key: 0.0 if engine is None else _probe_fraction(times[("probed", key)], times["full"], engine) * step_ms
         for key, engine in probed.items()
     }
     h = adapter.embed(token)[:, -1]
-    h_prev = h * 0.9
-    theta = torch.tensor(0.0)
     head_ms = _median_ms(lambda: adapter.lens(h), dev)
-    # the probes alone; in situ on demand (``cost_model(..., gates=...)``)
-    lens_probe_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), dev)
-    hidden_probe_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), dev)
     if L > 1:
         # paired within rounds, as the probes are: the slope holds when the machine's speed drifts between rounds
         layer_ms = statistics.median(b - a for a, b in zip(times[lo], times[hi])) / (hi - lo)
@@ -350,8 +376,8 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
     return CostModel(
         layer_ms,
         head_ms,
-        lens_probe_ms,
-        hidden_probe_ms,
+        None,  # the probes alone: on demand (``_probes_alone``)
+        None,
         None,
         overhead_ms,
         step_ms,
@@ -388,7 +414,8 @@ def _measure_kv(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> flo
         copies = [copy.deepcopy(cache) for _ in range(5)]
         return _median_ms(lambda: adapter.fill_kv(h, copies.pop(), skipped, rope), dev, n=5, warm=0) / len(skipped)
     engines = {"fill": _fixed_engine(lm, lo, "propagate"), "none": _fixed_engine(lm, lo, "none")}
-    times = _timed_steps(engines, token, cache, repeats, dev)
+    with progress.phase("cost model: K/V fill rounds", repeats + 1):
+        times = _timed_steps(engines, token, cache, repeats, dev)
     return max(statistics.median(f - n for f, n in zip(times["fill"], times["none"])), 0.0) / len(skipped)
 
 

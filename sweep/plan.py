@@ -172,7 +172,7 @@ def select_trials(
             seen.add(tid)
             todo.append(trial)
     if skipped:
-        log.info("skipping %d trials whose rows exist under %s (sweep.rerun=true redoes them)", skipped, root)
+        log.info("skipping %d settings whose rows exist under %s (sweep.rerun=true redoes them)", skipped, root)
     return todo, skipped
 
 
@@ -193,6 +193,18 @@ def screened_before(plan: Plan, settings, device: str):
         return None
     keep = set(chosen.to_list())
     return [s for s in settings if trial_identity(s[1], device).id in keep]
+
+
+def done_settings(grid_trials: GridTrials | None, done: dict, device: str) -> list[dict]:
+    """The rows, already done, of the grid's settings on ``device``: each once, in grid order (what a
+    finished sweep run again shows); none for Optuna (its settings are sampled as it runs)."""
+    rows, seen = [], set()
+    for _, trial_cfg in grid_trials or []:
+        tid = trial_identity(trial_cfg, device).id
+        if tid in done and tid not in seen:
+            seen.add(tid)
+            rows.append(done[tid])
+    return rows
 
 
 def tune_settings(config: dict) -> list[list[str]]:

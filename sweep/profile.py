@@ -19,6 +19,7 @@ import polars as pl
 import torch
 import torch.nn.functional as F
 
+from sweep import progress
 from sweep.gates import (
     cosine_prev,
     entropy,
@@ -231,23 +232,19 @@ def profile_prompts(
     for each prompt in order (refused where the logit lens is not the model's own: its signals read it)."""
     lm.require(lens=True)
     frames = []
-    for i, prompt in enumerate(prompts, start=1):
+    shown = progress.start("profile", len(prompts), part="profile")  # one step per prompt
+    for prompt in prompts:
         t0 = time.perf_counter()
         decoded = decode_states(lm, prompt.input_ids, n_tokens=gen_tokens)
         t1 = time.perf_counter()
         cols = trace_prompt(lm, prompt, decoded.tokens, topk, pca_k, decoded=decoded, readouts=readouts)
         frames.append(pl.DataFrame(cols))
         del decoded
-        log.info(
-            "[%d/%d] %s: %d prompt + %d generated tokens; decode %.2f s, trace %.2f s",
-            i,
-            len(prompts),
-            prompt.id,
-            len(prompt.input_ids),
-            gen_tokens,
-            t1 - t0,
-            time.perf_counter() - t1,
+        shown.advance(
+            text=f"{prompt.id}: {len(prompt.input_ids)} prompt + {gen_tokens} generated tokens; decode "
+            f"{t1 - t0:.2f} s, trace {time.perf_counter() - t1:.2f} s"
         )
+    shown.close()
     trace = pl.concat(frames, how="vertical")
     from sweep.store import TABLES
 

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from sweep import progress
 from sweep.errors import ConfigError
 from sweep.gates import cosine_prev, saturation_delta
 
@@ -196,6 +197,7 @@ def _stream(lm, prompts: Sequence, gen_tokens: int, log_every: int):
     xtx = torch.zeros(L - 1, hidden + 1, hidden + 1, dtype=torch.float64, device=lm.device)
     xty = torch.zeros(L - 1, hidden + 1, hidden, dtype=torch.float64, device=lm.device)
     kept, finals, samples = [], [], 0
+    shown = progress.start("fit: decode", len(prompts))  # one step per prompt
     for i, prompt in enumerate(prompts, start=1):
         t0 = time.perf_counter()
         decoded = decode_states(lm, prompt.input_ids, n_tokens=gen_tokens)
@@ -209,11 +211,9 @@ def _stream(lm, prompts: Sequence, gen_tokens: int, log_every: int):
         samples += x.shape[1]
         kept.append(torch.stack([h[0, P - 1 :] for h in hs]))
         finals.append(torch.tensor(decoded.greedy, device=lm.device))
-        if log_every and (i % log_every == 0 or i == len(prompts)):
-            log.info(
-                "[%d/%d] %s: %d prompt + %d generated tokens; decode %.2f s",
-                *(i, len(prompts), prompt.id, P, gen_tokens, time.perf_counter() - t0),
-            )
+        text = f"{prompt.id}: {P} prompt + {gen_tokens} generated tokens; decode {time.perf_counter() - t0:.2f} s"
+        shown.advance(text=text if log_every and (i % log_every == 0 or i == len(prompts)) else None)
+    shown.close()
     return torch.cat(kept, dim=1), torch.cat(finals), xtx, xty, samples
 
 
@@ -232,6 +232,7 @@ def _fit_classifiers(draft: Readouts, adapter, states, final, l2: float, seed: i
     """Fit each layer's classifier per lens into ``weights`` (labels: that lens's top-1 equals the
     final token); returns the per-layer figures on the fitting set."""
     L, rows = states.shape[0] - 1, []
+    shown = progress.start("fit: classifiers", L - 1)  # one step per layer
     for layer in range(1, L):
         with torch.inference_mode():
             labels, kl = _score(draft, adapter, states, final, layer)
@@ -247,6 +248,8 @@ def _fit_classifiers(draft: Readouts, adapter, states, final, l2: float, seed: i
                 f"acc_{lens}": round((predicted == labels[lens].cpu()).float().mean().item(), 6),
             }
         rows.append(row)
+        shown.advance()
+    shown.close()
     return rows
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweep import progress
 from sweep.errors import SweepError
 from sweep.gatespec import gate_text
 from sweep.plan import trial_config, tune_settings
@@ -26,9 +27,9 @@ class SweepOutcome:
     path: str
     root: str
     total: int
-    skipped: int  # trials whose finished row already existed (planned around, or reported again)
+    skipped: int  # settings whose finished row already existed (planned around, or reported again)
     written: int = 0  # rows this run wrote
-    rows: list[dict] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # the sweep's settings' rows: this run's and those done before
     overhead_s: list[float] = field(default_factory=list)
     interrupted: bool = False
     unrowed: int = 0  # trials that could not even be composed, so have no row (each logged)
@@ -96,6 +97,7 @@ class RowWriter:
         self._started: dict[str, float] = {}
         self.fatal: SweepError | None = None  # the first row that could not be written
         self.unrowed = 0  # trials reported without a row (their config did not compose)
+        self._shown: progress.Phase | None = None  # the settings' count (``sweep.progress``), from the first row
 
     @property
     def overheads(self) -> list[float]:
@@ -104,6 +106,7 @@ class RowWriter:
         return list(self._overheads.values())
 
     def started(self, key: str) -> None:
+        self._settings()  # the settings' count and its clock start with the first Tune trial
         self._started[key] = time.perf_counter()
 
     def result(self, key: str, result: dict) -> None:
@@ -113,7 +116,7 @@ class RowWriter:
             if result.get("error"):
                 self.unrowed += 1
                 log.warning(
-                    "[%d/%s] a trial could not be composed, so it has no row: %s",
+                    "[%d/%s] a setting could not be composed, so it has no row: %s",
                     len(self._seen),
                     self.total,
                     result["error"],
@@ -121,15 +124,27 @@ class RowWriter:
             return
         row = json.loads(result["row_json"])
         cached = bool(result.get("cached"))
-        written = self.write(row, cached=cached)
+        with progress.timed("writing"):
+            written = self.write(row, cached=cached)
         if self.fatal is not None and not written and not cached:
             return  # said once, in write; the sweep stops
         if written and not cached and row.get("bench_seconds") is not None:
             wall = time.perf_counter() - self._started.get(key, time.perf_counter())
             self._bench[key] = self._bench.get(key, 0.0) + row["bench_seconds"]
             self._overheads[key] = wall - self._bench[key]
-        total = self.total if self.total is not None else "?"
-        log.info("[%d/%s] %s", len(self._seen), total, describe(row, cached, result.get("computed_by")))
+        # "[n/total] <the setting's line> (n/total, elapsed, ETA)", the settings' count in the display
+        shown = self._settings()
+        shown.advance(len(self._seen) - shown.done, text=describe(row, cached, result.get("computed_by")))
+
+    def _settings(self) -> progress.Phase:
+        if self._shown is None:
+            self._shown = progress.start("settings", self.total)
+        return self._shown
+
+    def close(self) -> None:
+        """The sweep is over: its settings' count leaves the display."""
+        if self._shown is not None:
+            self._shown.close()
 
     def errored(self, config: dict, error: str) -> None:
         """A Tune trial (one setting, or a bundle of them) Tune gave up on: its worker died more than
@@ -141,13 +156,13 @@ class RowWriter:
             try:
                 cfg = trial_config(self.base, trial, self.device)
             except SweepError as exc:
-                log.warning("a trial errored and could not be composed (%s): %s", exc, error)
+                log.warning("a Tune trial errored and its setting could not be composed (%s): %s", exc, error)
                 continue
             failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
             row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
             row["sweep_name"] = self.sweep_name
             self.write(row)
-            log.warning("[%d/%s] trial gave up after retries: %s", len(self._seen), self.total, error)
+            log.warning("[%d/%s] a Tune trial gave up after retries: %s", len(self._seen), self.total, error)
 
     def write(self, row: dict, *, cached: bool = False) -> bool:
         """Write a row once per trial id in this sweep; True if written now.
@@ -182,7 +197,7 @@ class RowWriter:
                 exclusive=exclusive,
             )
         except FileExistsError:
-            log.warning("trial %s: a row appeared meanwhile (another sweep); kept it", tid)
+            log.warning("setting %s: a row appeared meanwhile (another sweep); kept it", tid)
             self.existing += 1
             claims.release(self.root, tid, self.run_id)
             return False
@@ -240,8 +255,8 @@ def overhead_summary(outcome: SweepOutcome) -> str:
     if not outcome.overhead_s:
         return ""
     return (
-        "orchestration overhead per trial (driver-observed wall - bench time): "
-        f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} trials"
+        "orchestration overhead per Tune trial (driver-observed wall - bench time): "
+        f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} Tune trials"
     )
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from sweep import progress
 from sweep.config import GateConfig
 from sweep.costs import CostModel
 from sweep.errors import ConfigError
@@ -182,6 +183,7 @@ def simulate(
         groups.setdefault((g.name, rest), []).append(i)
     rows: list[dict | None] = [None] * len(gate_cfgs)
     decode = signals.token_index > 0
+    shown = progress.start("replay", len(groups), part="replay")  # one step per group of settings
     for (name, _), members in groups.items():
         cls = GATES.get(name, key="gate")
         gates = [make_gate(gate_cfgs[i], L) for i in members]
@@ -199,6 +201,8 @@ def simulate(
         metrics = _metrics(gates, exits, seen, costs, kv_policy, decode)
         for j, i in enumerate(members):
             rows[i] = metrics[j]
+        shown.advance()
+    shown.close()
     return pl.DataFrame(rows, infer_schema_length=None)
 
 

@@ -24,7 +24,7 @@ import ray
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 
-from sweep import _ray_private, claims, interrupt
+from sweep import _ray_private, claims, interrupt, progress
 from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
 from sweep.estimators import row_speedup
@@ -33,6 +33,7 @@ from sweep.identity import trial_device, trial_identity
 from sweep.plan import (
     Plan,
     baseline_groups,
+    done_settings,
     plan_sweep,
     row_ids,
     screen_selection,
@@ -41,6 +42,7 @@ from sweep.plan import (
     trial_config,
     tune_settings,
 )
+from sweep.progress_ray import Hub, forwarding
 from sweep.rows import RowWriter, SweepOutcome, last_error, os_error
 from sweep.search import METRICS
 from sweep.study import optuna_search, remaining_trials
@@ -158,6 +160,13 @@ def trial_resources(cfg: Config) -> dict[str, float]:
 
 
 def _trainable(config: dict, base: list[str] = (), context: dict | None = None) -> None:
+    """One Tune trial in a Ray worker (``_settings_trial``), its progress events forwarded to the driver."""
+    context = context or {}
+    with forwarding(context.get("progress"), f"Tune trial {tune.get_context().get_trial_id()}"):
+        _settings_trial(config, base, context)
+
+
+def _settings_trial(config: dict, base: list[str] = (), context: dict | None = None) -> None:
     """One Tune trial in a Ray worker: one setting (``config["trial"]``) or a bundle of settings
     timed against one shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose
     on the driver's device, claim each setting in the results root (``sweep.claims``: a concurrent
@@ -238,6 +247,7 @@ def _execute(plan: Plan) -> SweepOutcome:
     """Resolve the trials' resources and device, pick the trials still to run, fit, reconcile."""
     cfg = plan.cfg
     resources = trial_resources(cfg)
+    hub = None  # the actor holding the workers' progress events, once a worker runs
     device = trial_device(cfg.device, resources["gpu"])
     grid_trials, simulated = plan.grid_trials, None
     if cfg.search.kind == "skipset":
@@ -245,7 +255,8 @@ def _execute(plan: Plan) -> SweepOutcome:
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
-            grid_trials, simulated = _screen(plan, grid_trials, resources, device)
+            hub = Hub()
+            grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
         else:
             grid_trials = chosen
     planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
@@ -257,7 +268,8 @@ def _execute(plan: Plan) -> SweepOutcome:
         )
     total = len(planned) if planned is not None else _samples(plan)  # what this run runs
     size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
-    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, simulated=simulated)
+    existing = done_settings(grid_trials, plan.done, device)  # shown with this run's rows at the end
+    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, rows=existing, simulated=simulated)
     if total == 0:
         why = (
             "nothing to run"
@@ -267,22 +279,25 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info("sweep %s: %s", plan.name, why)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    tuner = _tuner(plan, planned, total, resources, device, writer, grid=grid_trials)
+    hub = hub or Hub()
+    tuner = _tuner(plan, planned, total, resources, device, writer, hub, grid=grid_trials)
+    shared = cfg.sweep.shared_baseline
+    bundles = len(baseline_groups(grid_trials, planned, shared)) if planned is not None and shared > 1 else total
     log.info(
-        "sweep %s: %s trials on %s (%s per trial); Tune state in %s",
-        plan.name,
-        total,
-        _cluster_label(cfg.cluster),
-        resources,
-        plan.path,
+        "sweep %s: %s settings in %s Tune trials on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
+        *(plan.name, total, bundles, _cluster_label(cfg.cluster), resources["cpu"], resources["gpu"], plan.path),
     )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
-    interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
+    try:
+        interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
+    finally:
+        hub.drain()
+        writer.close()
     if writer.fatal is not None:  # a row could not be written: the sweep stopped; a resume redoes those trials
         raise SweepError(f"{writer.fatal}; {interrupt.resume_hint(plan)}")
     return dataclasses.replace(
         outcome,
-        rows=writer.rows,
+        rows=existing + writer.rows,
         written=writer.written,
         skipped=skipped + writer.existing,
         overhead_s=writer.overheads,
@@ -320,11 +335,17 @@ def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
     return unfinished > 0 or settings < (total or 0)
 
 
-def _screen(plan: Plan, settings, resources: dict, device: str):
+def _traced(hub, *args):
+    """``screen_trace`` in its Ray task, its progress forwarded to the driver."""
+    with forwarding(hub, "screen trace"):
+        return screen_trace(*args)
+
+
+def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
     """Profile the model once (in a worker with the trials' resources), then replay every
     setting on the trace (``sweep.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
-    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(screen_trace)
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_traced)
     probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
         c.gate
         for _, c in settings
@@ -338,7 +359,11 @@ def _screen(plan: Plan, settings, resources: dict, device: str):
             f"this search names {len(readouts)}"
         )
     try:
-        traced = ray.get(task.remote(plan.base, plan.run_id, device, probes))
+        ref = task.remote(hub.actor, plan.base, plan.run_id, device, probes)
+        while not ray.wait([ref], timeout=0.5)[0]:
+            hub.drain()
+        hub.drain()
+        traced = ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
         if cause is not None:
@@ -385,16 +410,17 @@ def _samples(plan: Plan) -> int:
     return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root))
 
 
-def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, writer: RowWriter, grid=None):
+def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, writer: RowWriter, hub: Hub, grid=None):
     cfg, path = plan.cfg, plan.path
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
+    context["progress"] = hub.actor
     context["done"] = {} if planned is not None else plan.done
     trainable = tune.with_resources(tune.with_parameters(_trainable, base=plan.base, context=context), resources)
     run_config = tune.RunConfig(
         name=plan.name,
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
-        callbacks=[Progress(writer)],
+        callbacks=[Progress(writer, hub)],
         stop=_StopWhenRowsCannotBeWritten(writer),
         verbose=0,
     )
@@ -442,20 +468,39 @@ class _StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
 
 
 class Progress(tune.Callback):
-    """Tune callback on the driver: hands trial events to the row writer."""
+    """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
+    events (posted to ``hub``) to the display."""
 
-    def __init__(self, writer: RowWriter) -> None:
-        self.writer = writer
+    def __init__(self, writer: RowWriter, hub: Hub) -> None:
+        self.writer, self.hub = writer, hub
+        self.drained = 0.0
+
+    def on_step_end(self, iteration, trials, **info):
+        if time.perf_counter() - self.drained >= 0.5:
+            self.drained = time.perf_counter()
+            self.hub.drain(wait=False)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.writer.started(trial.trial_id)
+        settings = tune_settings(trial.config) if trial.config else []
+        if len(settings) > 1:
+            progress.note(
+                f"Tune trial {trial.trial_id}: {len(settings)} settings timed against one shared baseline in the "
+                "same rounds (sweep.shared_baseline): their rows come together when its timed rounds end"
+            )
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.hub.drain()  # the worker's last phases before its row
         self.writer.result(trial.trial_id, result)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.hub.drain()
+        progress.finished(f"Tune trial {trial.trial_id}")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         failures = trial.run_metadata.num_failures
-        log.warning("trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
+        log.warning("Tune trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        progress.finished(f"Tune trial {trial.trial_id}")
         self.writer.errored(trial.config, last_error(trial.error_file))

@@ -159,7 +159,10 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
     return {
         "trace": trace,
         "provenance": prov,
-        "costs": cost_model(lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy]).as_dict(),
+        # the probes alone too: the replay charges them to every gate not measured in situ here
+        "costs": cost_model(
+            lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy], probes_alone=True
+        ).as_dict(),
     }
 
 

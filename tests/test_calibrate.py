@@ -137,9 +137,8 @@ def test_calibrate_reports_progress_on_long_loops(caplog):
     )
     assert code == 0
     text = caplog.text
-    assert (
-        "full-depth baselines: 40 prompts x 2 tokens" in text
-        and "baselines: 4/40 prompts" in text
-        and "baselines: 40/40 prompts" in text
-    )
-    assert "eps=0.01: 20/20 prompts" in text  # the calibration half, threshold by threshold
+    assert "full-depth baselines: 40 prompts x 2 tokens" in text
+    # in a pipe (pytest's stderr), each loop's first and last step, with elapsed time and ETA (sweep.progress)
+    assert "calibrate: full-depth baselines: 1/40, " in text and "calibrate: full-depth baselines: 40/40, " in text
+    assert "calibrate: eps=0.01: 20/20, 00:" in text  # the calibration half, threshold by threshold
+    assert "[1/2] eps=0.01: calibration risk" in text  # the ladder, a line per threshold

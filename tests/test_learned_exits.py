@@ -268,7 +268,7 @@ def test_calibrate_a_classifier_and_check_its_drift(chat_tail_readouts, capsys):
     code = main(
         [*CALIBRATE, f"gate.readouts={chat_tail_readouts}", "calibrate.heldout_prompts=chat", "calibrate.heldout_n=4"]
     )
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # its lines wrap at 120 columns
     assert code == 0, out
     assert "calibrate gate=classifier" in out and "chosen theta=" in out
     assert "drift check on chat (4 prompts, another distribution): observed disagreement" in out

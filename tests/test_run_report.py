@@ -1,0 +1,61 @@
+"""The end of `sweep run` tells the whole story: every setting of the sweep (those measured now and those
+whose rows exist), the verdict `sweep analyze` would give on them, and where to go next."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import ROOT, compose, sweep
+from sweep.run_report import sweep_report
+from sweep.store import read
+
+
+def _report(outcome) -> str:
+    return sweep_report(outcome, compose().analysis)
+
+
+def test_a_second_run_shows_the_existing_rows_and_the_verdict(ray_session, tmp_path):
+    first = sweep(tmp_path, "search=saturation-grid")
+    ids = sorted(r["trial_id"] for r in first.rows)
+    assert first.written == 8 and len(ids) == 8
+    # two rows lost: the next run measures those two and shows all eight
+    lost = sorted(Path(tmp_path, "trials").rglob("*.parquet"))[:2]
+    for path in lost:
+        path.unlink()
+    again = sweep(tmp_path, "search=saturation-grid")
+    assert (again.written, again.skipped) == (2, 6) and sorted(r["trial_id"] for r in again.rows) == ids
+    # all there: nothing runs, and the end still shows every setting's row
+    done = sweep(tmp_path, "search=saturation-grid")
+    assert (done.written, done.skipped) == (0, 8) and sorted(r["trial_id"] for r in done.rows) == ids
+    text = _report(done)
+    assert "0 settings measured and written, 8 skipped" in text
+    assert "settings (8; 8 with rows from an earlier run or another sweep):" in text
+    lines = text.splitlines()
+    start, end = (
+        lines.index("settings (8; 8 with rows from an earlier run or another sweep):"),
+        lines.index(next(line for line in lines if line.startswith("Pareto front"))),
+    )
+    assert sorted(line.split()[-1] for line in lines[start:end] if line.startswith("saturation ")) == ids
+    assert f"next: `sweep analyze results.root={tmp_path}`" in text and "report.md" in text
+    assert read("trials", tmp_path).height == 8
+
+
+def test_the_verdict_is_the_one_sweep_analyze_gives(ray_session, tmp_path):
+    """On a root holding only this sweep, the end-of-run verdict and `sweep analyze`'s (another path: the
+    whole root, its targets table, its report) name the same setting with the same figures."""
+    from sweep.report import run_analyze
+
+    outcome = sweep(tmp_path, "search=margin-grid", "prompts.n=2")
+    lines = _report(outcome).splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("verdict on this sweep's 6 settings")))
+    end = next(i for i, line in enumerate(lines) if line.startswith("next: `sweep analyze"))
+    ours = " ".join(line.strip() for line in lines[at + 1 : end])
+    _, theirs = run_analyze(compose(f"results.root={tmp_path}"))
+    assert len(theirs) == 1 and theirs[0].startswith("tiny-llama: ")
+    assert ours.removesuffix(" (6 ok settings)") == theirs[0].removesuffix(" (6 ok trials)")
+
+
+def test_the_readme_starts_with_what_the_main_job_shows_and_what_comes_next():
+    head = "\n".join((ROOT / "README.md").read_text().splitlines()[:60])
+    assert "sweep analyze" in head and "report.md" in head and "make run" in head
+    assert "RUN_ARGS=" in head  # how to run a smaller main job
