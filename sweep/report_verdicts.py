@@ -19,24 +19,34 @@ if TYPE_CHECKING:
 
 def verdicts(ctx: ReportContext) -> list[str]:
     """One line per model: the verdict at the headline target, or EAS for models only profiled."""
-    lines, trials, targets = [], ctx.trials, ctx.targets
+    trials = ctx.trials
     models = sorted(set(trials["model"].unique().to_list()) if trials.height else set())
-    for model in models:
-        n_ok = trials.filter((pl.col("model") == model) & (pl.col("status") == "ok")).height
-        if not n_ok:
-            lines.append(f"{model}: no ok trials to judge")
-            continue
-        best, setting = _at_headline(targets, model), _at_headline(ctx.settings, model)
-        if best is None or best["trial_id"] is None:
-            lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} ({n_ok} ok trials)")
-            continue
-        lines.append(f"{model}: {verdict(best, ctx.min_prompts, setting)} ({n_ok} ok trials)")
+    lines = model_verdicts(trials, ctx.targets, ctx.settings, ctx.min_prompts)
     if ctx.profiles is not None:
         for model in sorted(set(ctx.eas["model"].to_list()) - set(models)):
             e = {r["variant"]: r["eas"] for r in ctx.eas.filter(pl.col("model") == model).iter_rows(named=True)}
             lines.append(
                 f"{model}: profiled only; EAS hidden {e['hidden']:.3f}, logits {e['logits']:.3f}, top-K {e['topk']:.3f}"
             )
+    return lines
+
+
+def model_verdicts(
+    trials: pl.DataFrame, targets: pl.DataFrame, settings: pl.DataFrame, min_prompts: int, noun: str = "trials"
+) -> list[str]:
+    """One line per model of ``trials``: ``verdict`` on its pick in ``targets`` (full depth among the
+    candidates) and its best setting in ``settings`` at the headline target, and its count of ok ``noun``."""
+    lines = []
+    for model in sorted(set(trials["model"].unique().to_list()) if trials.height else set()):
+        n_ok = trials.filter((pl.col("model") == model) & (pl.col("status") == "ok")).height
+        if not n_ok:
+            lines.append(f"{model}: no ok {noun} to judge")
+            continue
+        best, setting = _at_headline(targets, model), _at_headline(settings, model)
+        if best is None or best["trial_id"] is None:
+            lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} ({n_ok} ok {noun})")
+            continue
+        lines.append(f"{model}: {verdict(best, min_prompts, setting)} ({n_ok} ok {noun})")
     return lines
 
 

@@ -93,29 +93,23 @@ def verdict_lines(outcome, analysis) -> list[str]:
 
 
 def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
-    """Per model, `sweep analyze`'s verdict (``sweep.report.verdict``: the best setting at the headline
-    agreement target, its interval bootstrapped as there) over the given settings' rows."""
+    """Per model, `sweep analyze`'s verdict (``sweep.report_verdicts.model_verdicts``: the best at the
+    headline agreement target, full depth among the candidates, its interval bootstrapped as there) over
+    the given settings' rows."""
     import polars as pl
 
     from sweep.analysis import load_trials, ok_trials
-    from sweep.report import _targets, verdict
+    from sweep.report import _targets
     from sweep.report_sections import HEADLINE_TARGET
+    from sweep.report_verdicts import model_verdicts
 
     trials = load_trials(root).filter(pl.col("trial_id").is_in(trial_ids)).collect()
     ok = ok_trials(trials, analysis.speedup).collect()
     conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
-    targets = _targets(ok, (HEADLINE_TARGET,), {**conf, "min_prompts": analysis.ci_min_prompts})
-    lines = []
-    for model in sorted(trials["model"].unique().to_list()):
-        n_ok = ok.filter(pl.col("model") == model).height
-        best = targets.filter(pl.col("model") == model).to_dicts() if targets.height else []
-        if not n_ok:
-            lines.append(f"{model}: no ok settings to judge")
-        elif not best or best[0]["trial_id"] is None:
-            lines.append(f"{model}: no setting reaches agreement >= {HEADLINE_TARGET} ({n_ok} ok settings)")
-        else:
-            lines.append(f"{model}: {verdict(best[0], analysis.ci_min_prompts)} ({n_ok} ok settings)")
-    return lines
+    conf["min_prompts"] = analysis.ci_min_prompts
+    targets = _targets(ok, (HEADLINE_TARGET,), conf)
+    settings = _targets(ok, (HEADLINE_TARGET,), conf, reference=False)
+    return model_verdicts(trials, targets, settings, analysis.ci_min_prompts, noun="settings")
 
 
 def screen_report(outcome) -> list[str]:
