@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from sweep.analysis import noise_floors, ok_trials
-from sweep.noise import noise_floor, rounds_for_floor
+from sweep.bench.noise import noise_floor, rounds_for_floor
 from sweep.store import read
 
 

@@ -6,7 +6,7 @@ Builds a results root the way sweeps write one: one real trial (tiny-llama, meas
 bench in this process) is the template; each of the N rows varies it (model, gate, threshold,
 measured timings per round and prompt, per-prompt agreement, status: 2% failed, 1%
 nondeterministic) and is written through the sweep driver's own row writer
-(``sweep.rows.RowWriter``: one atomic Parquet file per trial). The root is built once under
+(``sweep.orchestrate.rows.RowWriter``: one atomic Parquet file per trial). The root is built once under
 ``--work`` and copied afresh for each pair, so every first run meets the files as a sweep left
 them. Then `sweep analyze` runs as a subprocess twice on the copy (first run, second run), with a
 fresh reader's cache each pair; the medians over the pairs are printed with the machine's load
@@ -36,9 +36,10 @@ BUILT = ".analyze_10k-built"  # marker: the root under --work is complete for th
 
 def template_row() -> dict:
     """One real trial row: tiny-llama measured by the bench, with its provenance (no file written)."""
-    from sweep.bench import prepare, run_trial
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trial
     from sweep.config import compose
-    from sweep.run_info import new_run_id, provenance
+    from sweep.store.run_info import new_run_id, provenance
 
     cfg = compose(["model=tiny-llama", "gate=saturation", "prompts.n=4", "bench.gen_tokens=16"])
     lm, gate, prompts = prepare(cfg)
@@ -49,7 +50,7 @@ def template_row() -> dict:
 def varied(template: dict, i: int, rng: np.random.Generator) -> dict:
     """Trial ``i``: the template with its own setting, timings and per-prompt agreement; the
     headline figures recomputed from them by the bench's own estimators."""
-    from sweep.estimators import Timings, mean_agreement
+    from sweep.bench.estimators import Timings, mean_agreement
 
     model = list(MODELS)[i % len(MODELS)]
     L = MODELS[model]
@@ -123,7 +124,7 @@ def _null_metrics(row: dict) -> dict:
 
 def build(root: Path, n: int) -> float:
     """Write ``n`` trial rows under ``root`` through the sweep driver's row writer; its seconds."""
-    from sweep.rows import RowWriter
+    from sweep.orchestrate.rows import RowWriter
 
     template = template_row()
     rng = np.random.default_rng(0)

@@ -12,10 +12,10 @@ import sys
 import torch
 
 from sweep.config import compose
-from sweep.engine import Engine
+from sweep.decode.engine import Engine
 from sweep.models import load_model
-from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.timing import Timer
+from sweep.models.prompts import read_prompts, tokenize_prompts
+from sweep.decode.timing import Timer
 
 
 def bare_loop(lm, ids: list[int], n: int) -> float:

@@ -10,7 +10,7 @@ random weights: SmolLM2-135M's (Llama, 30 layers, hidden 576, 9 heads, 3 KV head
 1536, vocab 49152, tied embeddings) in float32, and Llama-3-8B's (32 layers, hidden 4096, 32 heads,
 8 KV heads, intermediate 14336, vocab 128256) in bfloat16, built on the GPU.
 
-Per model it runs the bench (``sweep.bench.run_shared_trials``: warm-up, the cost model, the
+Per model it runs the bench (``sweep.bench.protocol.run_trials``: warm-up, the cost model, the
 determinism self-check, interleaved timed rounds) on one group of settings timed against one
 full-depth baseline per round: gate=full (the A/A control), fixed at half depth under both KV
 policies, saturation, and self-speculation drafting with half the layers. It prints ms/token,
@@ -40,12 +40,12 @@ from pathlib import Path
 
 import torch
 
-from sweep.bench import run_shared_trials
+from sweep.bench.protocol import run_trials
 from plain_compose import plain_compose
 from sweep.config import validate
 from sweep.gates import make_gate
 from sweep.models import DTYPES, LoadedModel, byte_tokenizer, ready
-from sweep.prompts import read_prompts, tokenize_prompts
+from sweep.models.prompts import read_prompts, tokenize_prompts
 
 AGREEMENT_NOTE = "agreement means nothing on random weights (their tokens are arbitrary): read speed and mechanics"
 
@@ -206,8 +206,8 @@ def sdpa_check(lm: LoadedModel, prompts, n: int) -> dict:
     """The prompts as one left-padded batch through the model's own attention: every hidden state and
     logit finite, at real and at padded positions (a NaN at padding reaches real positions through
     0 x NaN in the next layer's attention), and each row decoding what its prompt decodes alone."""
-    from sweep.batching import BatchEngine, left_pad
-    from sweep.engine import Engine
+    from sweep.decode.batching import BatchEngine, left_pad
+    from sweep.decode.engine import Engine
 
     ids = [list(p.input_ids) for p in prompts]
     batch = left_pad(ids, lm.device)
@@ -248,12 +248,12 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
     prompts = tokenize_prompts(read_prompts(cfgs[0].prompts), cfgs[0].prompts, lm.tokenizer)
     gates = [make_gate(c.gate, lm.num_layers, lm.model.config.hidden_size) for c in cfgs]
     t0 = time.perf_counter()
-    rows = run_shared_trials(cfgs, lm, gates, prompts)
+    rows = run_trials(cfgs, lm, gates, prompts)
     bench_s = time.perf_counter() - t0
     n = cfgs[0].bench.gen_tokens
     loop = compare(lm, prompts[:2], n, loop_rounds)
     sdpa = sdpa_check(lm, prompts, n)
-    from sweep.costs import cost_model
+    from sweep.bench.costs import cost_model
 
     costs = cost_model(lm, prompts[0].input_ids, verify_positions=cfgs[0].bench.draft_len + 1)
     out = {

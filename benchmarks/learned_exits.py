@@ -5,7 +5,7 @@ evaluation set (HumanEval fit_n.. and the chat set, never the fitting prompts):
 
 1. traces it (`sweep profile profile.readouts=...`): per-layer top-1 agreement with the final layer
    and KL to the final distribution, logit lens vs tuned lens, at decision positions;
-2. replays a dense grid of three families on the trace (``sweep.simulate``): logit-lens gates
+2. replays a dense grid of three families on the trace (``sweep.trace.simulate``): logit-lens gates
    (margin, softmax, entropy), the same gates reading the tuned lens, and the exit classifier
    (logit and tuned lens), with the cost model measured on the model (translator and classifier
    charged);
@@ -136,13 +136,13 @@ def replay(trace, readouts: Path, threads: int):
     import torch
 
     torch.set_num_threads(threads)
-    from sweep.bench import attach_readouts
+    from sweep.bench.command import attach_readouts
     from sweep.config import GateConfig, compose
-    from sweep.costs import cost_model
+    from sweep.bench.costs import cost_model
     from sweep.gates import make_gate
     from sweep.models import load_model
-    from sweep.prompts import read_prompts, tokenize_prompts
-    from sweep.simulate import signals_from_trace, simulate
+    from sweep.models.prompts import read_prompts, tokenize_prompts
+    from sweep.trace.simulate import signals_from_trace, simulate
 
     cfg = compose(["prompts=humaneval", "prompts.start=100", "prompts.n=1"])
     lm = load_model(cfg.model, device="cpu", dtype="float32", seed=0)

@@ -3,7 +3,7 @@
 Reads the profile traces under RESULTS_ROOT (one model, one run: `sweep profile ...` first),
 then prints, side by side:
   1. per layer, the median delta and median pca_delta, and how often pca_delta < delta;
-  2. both gates replayed over a fine eps grid (teacher-forced, `sweep.simulate`), compared at
+  2. both gates replayed over a fine eps grid (teacher-forced, `sweep.trace.simulate`), compared at
      matched compute: the best agreement among settings whose mean exit layer is at most a target.
 
     python benchmarks/pca_vs_saturation.py RESULTS_ROOT [--min-layer 8]
@@ -16,7 +16,7 @@ import argparse
 import polars as pl
 
 from sweep.config import GateConfig
-from sweep.simulate import signals_from_trace, simulate
+from sweep.trace.simulate import signals_from_trace, simulate
 
 EPS = [round(0.0025 * i, 4) for i in range(1, 241)]
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from sweep.analysis import load_profiles
 from sweep.config import GateConfig
-from sweep.costs import CostModel
-from sweep.simulate import signals_from_trace, simulate
+from sweep.bench.costs import CostModel
+from sweep.trace.simulate import signals_from_trace, simulate
 
 # the cost model measured for SmolLM2-135M fp32 on these CPUs (`sweep bench ... bench.cost_model=true`)
 COSTS = dict(

@@ -3,7 +3,7 @@
 Runs `sweep run experiment=main` (SmolLM2-135M, the saturation grid's 8 trials, 2 prompts x 16
 tokens, 2 repeats, one worker) alternately BEFORE (``SWEEP_REUSE=0`` and ``sweep.shared_baseline=1``:
 every trial takes its own warm-up, reference runs, determinism self-check and baseline, the old
-protocol) and AFTER (one reference and self-check per worker and key, see ``sweep.reuse``, and the
+protocol) and AFTER (one reference and self-check per worker and key, see ``sweep.bench.reuse``, and the
 config's ``sweep.shared_baseline``: up to that many settings timed against one baseline per round;
 ``--shared-after N`` sets it), each into its own
 temporary results root, and prints side by side: per trial ``bench_seconds / timed-rounds
@@ -17,7 +17,7 @@ ratios, and each grid trial's speedup and agreement before and after.
 
 ``--shared`` instead compares, in this process, the grid's 8 settings run one trial each (reusing
 the reference, as a worker does) with the same 8 settings measured against one shared baseline
-per round (``sweep.bench.run_shared_trials``), alternately: wall time and each setting's speedup.
+per round (``sweep.bench.protocol.run_trials``), alternately: wall time and each setting's speedup.
 
 ``--position N`` asks whether a setting's place in a shared group matters: N shared-baseline groups
 of the grid's first four settings plus a copy of the first at the far end (baseline, A, B, C, D, A'
@@ -105,12 +105,12 @@ def geo_mean_ratio(one: list[dict], other: list[dict], col: str) -> float:
 
 def main_job_settings(grid: list[tuple[float, float]], threads: int) -> tuple[list, list]:
     """The main job's saturation settings (eps, min_depth), composed and prepared in this process
-    (``sweep.bench.prepare``: the model loaded once), with ``threads`` OpenMP threads."""
+    (``sweep.bench.protocol.prepare``: the model loaded once), with ``threads`` OpenMP threads."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
 
     torch.set_num_threads(threads)
-    from sweep.bench import prepare
+    from sweep.bench.command import prepare
     from sweep.config import compose
 
     cfgs = [
@@ -122,8 +122,8 @@ def main_job_settings(grid: list[tuple[float, float]], threads: int) -> tuple[li
 
 def shared_comparison(pairs: int, threads: int) -> None:
     """One-setting trials (with reuse) against one shared-baseline group, alternately, in-process."""
-    from sweep.bench import run_shared_trials, run_trial
-    from sweep.reuse import ReuseCache
+    from sweep.bench.protocol import run_trials, run_trial
+    from sweep.bench.reuse import ReuseCache
 
     cfgs, prepared = main_job_settings(
         [(eps, depth) for depth in (0.25, 0.5) for eps in (0.05, 0.1, 0.2, 0.3)], threads
@@ -138,7 +138,7 @@ def shared_comparison(pairs: int, threads: int) -> None:
             if side == "single":
                 rows = [run_trial(c, *p, reuse=cache) for c, p in zip(cfgs, prepared)]
             else:
-                rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+                rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
             results[side].append((time.perf_counter() - t0, rows))
             print(f"pair {i} {side:<6}: {results[side][-1][0]:7.1f} s", flush=True)
     print(f"\nOMP_NUM_THREADS={threads}; 8 settings one trial each (reuse) vs one shared baseline per round")
@@ -169,19 +169,19 @@ def shared_comparison(pairs: int, threads: int) -> None:
 def position_check(groups: int, threads: int) -> None:
     """Is a setting's place in a shared group a bias? The same setting next to the baseline (A) and
     farthest from it (A'), timed in the same rounds of each group."""
-    from sweep.bench import run_shared_trials
-    from sweep.reuse import ReuseCache
+    from sweep.bench.protocol import run_trials
+    from sweep.bench.reuse import ReuseCache
 
     # A, B, C, D, A' (= A)
     cfgs, prepared = main_job_settings([(0.05, 0.25), (0.1, 0.25), (0.2, 0.25), (0.3, 0.25), (0.05, 0.25)], threads)
     lm, prompts, cache = prepared[0][0], prepared[0][2], ReuseCache()
     # an untimed first group: it carries the worker's warm-up and self-check
-    first = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+    first = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
     near, far = [], []
     print(f"OMP_NUM_THREADS={threads}; {groups} groups: baseline, A, B, C, D, A' (A = A' = {setting(first[0])})")
     print(f"  {'group':<6}{'A speedup':>10}{'A_ speedup':>11}{'A_/A gated ms':>15}")
     for g in range(1, groups + 1):
-        rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+        rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
         a, b = rows[0], rows[-1]
         assert a["agreement"] == b["agreement"] and a["exit_rate"] == b["exit_rate"]
         near.append(a["speedup_wall"])

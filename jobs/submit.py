@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
 
-    from sweep.cluster_env import ray_environment
+    from sweep.orchestrate.cluster_env import ray_environment
     from sweep.config import ClusterConfig, compose
     from sweep.errors import ConfigError, SweepError
-    from sweep.submit import job_metadata, resolve_address, submitted_commit
+    from sweep.orchestrate.submit import job_metadata, resolve_address, submitted_commit
 
     try:
         args.address = resolve_address(args.address)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         metadata = job_metadata(cfg, args.overrides, commit)
         if args.dry_run:
             return _dry_run(args, commit, metadata)
-        from sweep.submit import follow_job, new_submission_id, submit_job
+        from sweep.orchestrate.submit import follow_job, new_submission_id, submit_job
 
         submission_id = submit_job(
             args.address,
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dry_run(args, commit: str, metadata: dict[str, str]) -> int:
     """What a submission would ship and run; contacts no cluster."""
-    from sweep.submit import job_entrypoint, shipped_files
+    from sweep.orchestrate.submit import job_entrypoint, shipped_files
 
     files = shipped_files(ROOT)
     for rel in files:

@@ -9,7 +9,7 @@ around work that counts in the time breakdown but shows nothing (writing a row).
   ``--quiet`` or when ``CI`` is set. A step's text (a finished setting, a traced prompt) is an info
   log line in every mode, with its phase's count, elapsed time and ETA;
 - every listener (``listen``): ``Breakdown`` sums each part's seconds, tests read the events;
-- in a sweep's Ray worker, the driver (``forward``): ``sweep.tune`` posts them to an actor that the
+- in a sweep's Ray worker, the driver (``forward``): ``sweep.orchestrate.tune`` posts them to an actor that the
   driver drains and ``replay``s into its own display and listeners, labelled with their source.
 """
 
@@ -196,7 +196,7 @@ def finished(source: str) -> None:
 
 @contextlib.contextmanager
 def session(quiet: bool = False) -> Iterator[None]:
-    """A command's display (``sweep.cli``): off under ``quiet`` or CI; on a TTY, log lines are written
+    """A command's display (``sweep.cli.commands``): off under ``quiet`` or CI; on a TTY, log lines are written
     above the live bars."""
     _STATE.mode = _decide_mode(quiet)
     redirect, stop = contextlib.nullcontext(), threading.Event()

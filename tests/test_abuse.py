@@ -2,7 +2,7 @@
 
 For each: a non-zero exit, exactly one `error:` line that names the key or file, no
 traceback, and nothing written (neither results.root nor the working directory gains a
-file). The CLI runs in this process (``sweep.cli.main``); jobs/submit.py in a subprocess.
+file). The CLI runs in this process (``sweep.cli.commands.main``); jobs/submit.py in a subprocess.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sweep.cli import main
+from sweep.cli.commands import main
 
 TINY = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
 

@@ -20,7 +20,7 @@ from sweep.analysis import (
     params_text,
     with_confidence,
 )
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.store import read
 
 
@@ -324,7 +324,7 @@ FULL = verdict_row(
 
 
 def test_verdicts_follow_each_modes_own_evidence():
-    from sweep.report import verdict
+    from sweep.report.build import verdict
 
     faster = verdict(verdict_row(speedup=1.6, speedup_lo=1.4, speedup_hi=1.8), 8)
     assert "with a speedup: lossless self-speculation" in faster and "1.600x" in faster and "cost more" not in faster
@@ -417,8 +417,8 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
 
 def test_the_report_is_its_sections_in_order_written_once(tmp_path):
     from conftest import compose
-    from sweep.report import analyse, write_report
-    from sweep.report_sections import SECTIONS
+    from sweep.report.build import analyse, write_report
+    from sweep.report.sections import SECTIONS
 
     bench_rows(tmp_path, ["gate=full"], ["gate=full", "bench.batch_size=2"], ["gate=fixed", "gate.exit_layer=2"])
     assert main(["profile", "model=tiny-llama", "prompts.n=1", "profile.gen_tokens=4", f"results.root={tmp_path}"]) == 0

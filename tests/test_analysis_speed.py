@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, compose
 from sweep.analysis import FULL_DEPTH_ID, with_confidence
 from sweep.analysis._kneedle import kneedle
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.store import read_file, write_table
 
 
@@ -90,7 +90,7 @@ def root(tmp_path_factory):
 
 
 def test_intervals_are_bootstrapped_for_the_rows_the_tables_show(root):
-    from sweep.report import analyse
+    from sweep.report.build import analyse
 
     ctx = analyse(compose(f"results.root={root}"))
     shown = set(ctx.front["trial_id"]) | set(ctx.targets["trial_id"].drop_nulls())
@@ -115,7 +115,7 @@ def test_analyze_imports_no_model_or_scipy_library(root):
     heavy = ("torch", "transformers", "scipy", "kneed", "ray", "optuna")
     code = (
         "import sys\n"
-        "from sweep.cli import main\n"
+        "from sweep.cli.commands import main\n"
         f"rc = main(['analyze', 'results.root={root}'])\n"
         "import polars as pl\n"
         "from sweep.analysis import kneedle_knee\n"  # a front of 12+ points takes the Kneedle cross-check

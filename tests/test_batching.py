@@ -8,14 +8,15 @@ import torch
 
 from conftest import TINY_FAMILIES, compose, load
 from helpers.contract import each_sequence_decides_as_it_would_alone
-from sweep import bench
-from sweep.batching import BatchEngine, batches, left_pad
-from sweep.bench import prepare, run_trial
+from sweep.bench import protocol as bench
+from sweep.decode.batching import BatchEngine, batches, left_pad
+from sweep.bench.command import prepare
+from sweep.bench.protocol import run_trial
 from sweep.config import GateConfig
-from sweep.engine import Engine
+from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
 from sweep.gates import Gate, make_gate
-from sweep.prompts import read_prompts, tokenize_prompts
+from sweep.models.prompts import read_prompts, tokenize_prompts
 
 N = 8
 GATES = [
@@ -266,7 +267,7 @@ def test_extra_heads_and_fills_of_a_scripted_batch(policy, probe):
 def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
     """A step where some sequences exited but the batch ran on to L computes the model's head
     for the batch and the exited rows' own lens, and K/V overwrites: the cost model charges both."""
-    from sweep.costs import DecodeSteps, cost_model
+    from sweep.bench.costs import DecodeSteps, cost_model
 
     tiny = load("model=tiny-llama")
     prompts = chat_prompts(tiny, 3)

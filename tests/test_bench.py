@@ -8,10 +8,11 @@ import math
 import pytest
 
 from conftest import compose, run_cli
-from sweep.bench import prepare, run_trial
-from sweep.identity import trial_columns
-from sweep.cli import main
-from sweep.costs import CostModel, DecodeSteps
+from sweep.bench.command import prepare
+from sweep.bench.protocol import run_trial
+from sweep.config.identity import trial_columns
+from sweep.cli.commands import main
+from sweep.bench.costs import CostModel, DecodeSteps
 from sweep.gates import make_gate
 from sweep.store import read
 
@@ -143,12 +144,12 @@ def test_bad_bench_input_exits_2_and_writes_nothing(tmp_path, capsys, overrides,
 
 
 def test_a_trial_that_raises_is_a_failed_row(tmp_path, capsys, monkeypatch):
-    import sweep.bench as bench
+    from sweep.decode.engine import Engine
 
     def broken(*_args, **_kwargs):
         raise RuntimeError("CUDA error: an illegal memory access\nsecond line")
 
-    monkeypatch.setattr(bench, "_timed_rounds", broken)
+    monkeypatch.setattr(Engine, "generate", broken)  # the first decode of the trial raises
     code = main(["bench", "model=tiny-llama", f"results.root={tmp_path}", *FAST])
     out = capsys.readouterr().out
     assert code == 1 and "status: failed" in out
@@ -187,7 +188,7 @@ def test_cost_model_arithmetic():
 
 def test_measured_cost_model_is_sane():
     from conftest import load
-    from sweep.costs import cost_model
+    from sweep.bench.costs import cost_model
 
     lm = load("model=tiny-mistral")
     costs = cost_model(lm, list(range(1, 30)))

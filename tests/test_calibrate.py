@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from sweep.calibrate import (
+from sweep.trace.calibrate import (
     binomial_cdf,
     certifiable_risk,
     fixed_sequence,
@@ -18,7 +18,7 @@ from sweep.calibrate import (
     ordered,
     split,
 )
-from sweep.cli import main
+from sweep.cli.commands import main
 
 
 def test_hoeffding_p_values_by_hand():

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, run_cli
-from sweep.cli import COMMANDS, main
-from sweep.cli_help import HELP, USAGE
+from sweep.cli.commands import COMMANDS, main
+from sweep.cli.help import HELP, USAGE
 from sweep.config import compose, compose_dict
 
 

@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sweep.cluster_env import AUTH_DISABLED_WARNING, ray_environment, state_dir, stop_leftover_sessions
+from sweep.orchestrate.cluster_env import AUTH_DISABLED_WARNING, ray_environment, state_dir, stop_leftover_sessions
 from sweep.config import compose
 
 DRIVER = """
 import os, sys
-from sweep.cluster_env import ray_environment
+from sweep.orchestrate.cluster_env import ray_environment
 from sweep.config import compose
 cluster = compose([]).cluster
 ray_environment(cluster)  # as sweep run does, before Ray is imported
-from sweep import tune
+from sweep.orchestrate import tune
 tune.start_ray(cluster)
 import ray
 print("TOKEN_PATH", os.environ.get("RAY_AUTH_TOKEN_PATH"), flush=True)
@@ -54,7 +54,7 @@ def test_the_default_cluster_uses_token_auth():
 
 def test_disabled_auth_warns_naming_the_risk(ray_env, caplog):
     local = compose([]).cluster
-    with caplog.at_level(logging.WARNING, logger="sweep.cluster_env"):
+    with caplog.at_level(logging.WARNING, logger="sweep.orchestrate.cluster_env"):
         ray_environment(dataclasses.replace(local, address="10.0.0.5:6379"))
         assert caplog.records == []
         ray_environment(dataclasses.replace(local, address="10.0.0.5:6379", auth="disabled"))
@@ -105,7 +105,7 @@ def test_embedded_token_is_private_and_per_process(ray_env, tmp_path):
 @pytest.fixture(scope="module")
 def embedded_driver(tmp_path_factory):
     """A `sweep run`-like driver in a child process: its embedded cluster started through
-    ray_environment and sweep.tune.start_ray, with a private HOME and state dir."""
+    ray_environment and sweep.orchestrate.tune.start_ray, with a private HOME and state dir."""
     tmp = tmp_path_factory.mktemp("driver")
     home, state = tmp / "home", tmp / "state"
     home.mkdir()

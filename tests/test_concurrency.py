@@ -18,8 +18,8 @@ import polars as pl
 import pytest
 
 from conftest import subprocess_env
-from sweep import claims
-from sweep.rows import RowWriter, row_path
+from sweep.orchestrate import claims
+from sweep.orchestrate.rows import RowWriter, row_path
 from sweep.store import files, read
 
 SWEEP = str(Path(sys.executable).with_name("sweep"))
@@ -276,7 +276,7 @@ def test_a_claim_that_is_not_a_claim_is_taken_over_in_seconds_and_named(tmp_path
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
     t0 = time.time()
-    with caplog.at_level("WARNING", logger="sweep.claims"):
+    with caplog.at_level("WARNING", logger="sweep.orchestrate.claims"):
         with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
             assert held.row is None and json.loads(path.read_text())["run_id"] == "b"  # ours now
     assert time.time() - t0 < claims.GRACE_S + 3, "waited for a claim that is not one"
@@ -356,8 +356,8 @@ def test_a_sweep_takes_over_planted_claims_of_its_trials_and_completes(ray_sessi
     """Garbage claims planted for every trial of a sweep, and R/claims/.. a file elsewhere: the sweep
     completes in about the time it takes, names each claim it took over, and writes every row."""
     from conftest import TINY_SWEEP, compose, sweep
-    from sweep.identity import trial_identity
-    from sweep.plan import plan_sweep
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.plan import plan_sweep
 
     space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1)'}]"
     args = [*TINY_SWEEP, f"results.root={tmp_path}", space]
@@ -367,11 +367,11 @@ def test_a_sweep_takes_over_planted_claims_of_its_trials_and_completes(ray_sessi
     for i, tid in enumerate(ids):
         (tmp_path / "claims" / f"{tid}.json").write_bytes(contents[i % len(contents)] or b"[]")
     t0 = time.time()
-    with caplog.at_level("WARNING", logger="sweep.rows"):
+    with caplog.at_level("WARNING", logger="sweep.orchestrate.rows"):
         outcome = sweep(tmp_path, space)
     assert time.time() - t0 < 60, "waited for claims that are not claims"
     assert outcome.written == 2 and sorted(read("trials", tmp_path)["trial_id"]) == sorted(ids)
-    notes = [r.getMessage() for r in caplog.records if r.name == "sweep.rows"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "sweep.orchestrate.rows"]
     assert sorted(n.split(" (")[0] for n in notes if n.startswith("took over")) == sorted(
         f"took over the stale claim {tmp_path / 'claims' / tid}.json" for tid in ids
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import ROOT, compose
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.errors import ConfigError
 
 
@@ -89,7 +89,7 @@ BAD = [
     (["gate=margin", "gate.theta=null"], "gate.theta: required for gate=margin"),
     (["gate.min_depth=0"], "gate.min_depth=0.0: must be a number in (0, 1] or null"),
     (["gate.min_depth=1.5"], "gate.min_depth=1.5: must be a number in (0, 1] or null"),
-    (["gate.name=margn"], "gate.name=margn: unknown gate (did you mean 'margin'?); allowed: full, fixed"),
+    (["gate.name=margn"], "gate.name=margn: unknown gate (did you mean 'margin'?); allowed: full, skip, fixed"),
     (["resources.gpu=-1"], "resources.gpu=-1.0: must be auto or a number >= 0"),
     (["resources.gpu=lots"], "resources.gpu=lots: must be auto or a number >= 0"),
     (["resources.cpu=0"], "resources.cpu=0.0: must be a number > 0"),

@@ -1,5 +1,6 @@
 """The cost model measures each gate's probe where the engine pays it: inside real decode steps
-(``sweep.costs._measure``, ``_measure_probe``), with the gate's own decision rule, not a stand-in measured alone."""
+(``sweep.bench.costs._measure``, ``_measure_probe``), with the gate's own decision rule, not a stand-in
+measured alone."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 
 from conftest import load
 from sweep.config import GateConfig
-from sweep.costs import _ProbeOnly, cost_model, in_situ_key
-from sweep.engine import Engine
+from sweep.bench.costs import _ProbeOnly, cost_model, in_situ_key
+from sweep.decode.engine import Engine
 from sweep.gates import Gate, make_gate
 
 PROMPT = list(range(3, 20))
@@ -83,7 +84,7 @@ def test_a_model_measured_with_its_gates_times_their_probes_in_its_own_rounds(mo
     """The first measurement of a model (at a prompt length) times its gates' probes in the same rounds
     as its layers, one plain engine for all; a gate that comes later gets rounds of its own. Both
     charge the gate's own 3 ms decision."""
-    from sweep import costs as costs_module
+    from sweep.bench import costs as costs_module
 
     rounds = []
     real = costs_module._timed_steps

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import sweep
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.store import TABLES, read
 
 # how a row is told apart in each table (the readers return rows in their own order)

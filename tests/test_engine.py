@@ -17,9 +17,9 @@ import torch
 
 from conftest import compose, load
 from sweep.config import GateConfig
-from sweep.engine import Engine
+from sweep.decode.engine import Engine
 from sweep.gates import GATES, make_gate
-from sweep.prompts import read_prompts, tokenize_prompts
+from sweep.models.prompts import read_prompts, tokenize_prompts
 
 N = 8
 # thresholds that make tiny random models exit at a mix of layers

@@ -1,4 +1,4 @@
-"""The contract every family passes, on its seeded tiny model (``sweep.families.TINY``: random norm
+"""The contract every family passes, on its seeded tiny model (``sweep.config.families.TINY``: random norm
 scales and biases, 4 layers): the fidelity check finds the model's own parts, a skipped layer's K/V
 equal what the layer itself caches from h at the exit, the profile decodes what ``generate()``
 decodes, every gate exits in the engine, replays as the engine decides and decodes a batch of two
@@ -23,12 +23,12 @@ from helpers.contract import (
     replay_equals_engine,
     trace_of,
 )
-from sweep.engine import Engine
+from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
-from sweep.families import FAST_KV, TINY
+from sweep.config.families import FAST_KV, TINY
 from sweep.gates import GATES
 from sweep.models._fidelity import rel_err
-from sweep.profile import decode_states
+from sweep.trace.profile import decode_states
 
 ATTENTION = [f for f in ALL_TINY if TINY[f].kind in ("dense", "moe")]
 RECURRENT = [f for f in ALL_TINY if TINY[f].kind in ("ssm", "hybrid")]
@@ -159,7 +159,7 @@ def test_the_profile_decodes_what_generate_decodes(fam):
 @pytest.fixture(scope="module")
 def readouts_of(tmp_path_factory):
     """Readouts fitted per family on chat 2..4 (the classifier gate's), built on first use."""
-    from sweep.readouts import fit_readouts, save_readouts
+    from sweep.trace.readouts import fit_readouts, save_readouts
 
     built: dict = {}
 
@@ -169,7 +169,7 @@ def readouts_of(tmp_path_factory):
             prompts = chat_prompts(lm, 3, start=2)
             fit = fit_readouts(lm, prompts, gen_tokens=6, ridge=1.0, l2=1e-3, seed=0, prompt_set="chat", prompt_start=2)
             path = save_readouts(fit, tmp_path_factory.mktemp(f"readouts-{family}"))
-            from sweep.readouts import load_readouts
+            from sweep.trace.readouts import load_readouts
 
             built[family] = (str(path), load_readouts(str(path), lm))
         return built[family]
@@ -223,7 +223,8 @@ BENCH = ["prompts.n=2", "bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0
 
 
 def bench_row(family: str, *overrides: str) -> dict:
-    from sweep.bench import prepare, run_trial
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trial
 
     cfg = compose(f"model=tiny-{family}", *BENCH, *overrides)
     lm, gate, prompts = prepare(cfg)
@@ -252,7 +253,7 @@ def test_fixed_and_saturation_bench_under_both_kv_policies(fam, gate, policy):
 def test_a_padded_batch_the_model_cannot_decode_as_alone_is_refused_in_one_line(tmp_path):
     """Mamba's own forward does not decode a left-padded batch as each row alone: both rows differ (an
     independent check here, without the fidelity check), and bench.batch_size=2 is refused, rc 2."""
-    from sweep.batching import BatchEngine
+    from sweep.decode.batching import BatchEngine
 
     lm = load("model=tiny-mamba")
     pair = [p.input_ids for p in chat_prompts(lm, 2)]
@@ -343,7 +344,7 @@ def test_a_model_type_with_no_causal_lm_is_refused_before_its_weights_load(tmp_p
 
 @pytest.mark.parametrize("family", ["llama", "phi3"])
 def test_the_cost_model_measures_the_fill_of_the_path_taken_and_none_under_full(family):
-    from sweep.costs import cost_model
+    from sweep.bench.costs import cost_model
 
     lm = load(f"model=tiny-{family}", "seed=17")  # a model of its own: a cost model not measured yet
     prompt = list(range(5, 20))

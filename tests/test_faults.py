@@ -19,7 +19,7 @@ import pytest
 
 from conftest import load, subprocess_env
 from helpers.tiny_gguf import write_tiny_gguf
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.store import files, read
 
 SWEEP = str(Path(sys.executable).with_name("sweep"))
@@ -80,7 +80,7 @@ def _split(command: str) -> list[str]:
 
 
 def test_the_resume_hint_of_a_resumed_run_names_resume_once():
-    from sweep.interrupt import resume_command
+    from sweep.orchestrate.interrupt import resume_command
 
     hint = resume_command(["model=tiny-llama", "resume=true", "sweep.name=old", "run_id=r1", "x=1"], "s-1")
     assert hint == "sweep run model=tiny-llama x=1 resume=true sweep.name=s-1"

@@ -12,7 +12,7 @@ import pytest
 
 from sweep.config import GateConfig, compose
 from sweep.errors import ConfigError
-from sweep.gatespec import GATE_COLUMNS, GATE_SPECS, PARAMS, Resolved, check_gate, check_model, gate_text
+from sweep.config.gatespec import GATE_COLUMNS, GATE_SPECS, PARAMS, Resolved, check_gate, check_model, gate_text
 
 
 def _python(code: str, *args: str) -> dict:
@@ -73,7 +73,7 @@ def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
     """The store derives its gate columns from PARAMS: a parameter added there is a column."""
     import importlib
 
-    import sweep.gatespec as gs
+    import sweep.config.gatespec as gs
     import sweep.store._columns as columns
 
     extra = gs.ParamSpec("gamma", float, gs.Domain(lambda v: v > 0, "a number > 0"), "logits", "a test parameter")
@@ -166,7 +166,7 @@ def test_gate_text_is_the_one_text_form():
 SCRIPT = """
 import json, sys
 import sweep.models as models
-from sweep.cli import main
+from sweep.cli.commands import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "loads": models.model_loads(), "ray": "ray" in sys.modules}))
 """
@@ -244,7 +244,7 @@ def test_min_layer_resolution_for_gates_built_in_code():
 
 
 def test_search_spaces_over_min_layer_or_min_depth_compose_to_one_of_them():
-    from sweep.search import grid
+    from sweep.config.search import grid
 
     spaces = (
         "search.spaces=[{gate: margin, gate.min_layer: 'choice(2, 3)'}, "
@@ -264,7 +264,8 @@ def test_search_spaces_over_min_layer_or_min_depth_compose_to_one_of_them():
 def test_every_gate_with_its_defaults_benches_a_4_layer_model(tmp_path, llama_readouts):
     """Each gate's conf defaults run `sweep bench` on tiny-llama (L=4): the row carries the
     resolved min_layer (and min_depth, the setting); an explicit gate.min_layer=3 wins."""
-    from sweep.bench import prepare, run_trial
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trial
 
     fast = ["model=tiny-llama", f"results.root={tmp_path}", "prompts.start=3", "prompts.n=1", "bench.gen_tokens=2"]
     fast += ["bench.warmup=0", "bench.repeats=1"]

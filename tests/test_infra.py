@@ -18,7 +18,7 @@ import ray
 import yaml
 
 from conftest import ROOT, compose
-from sweep.search import check_search
+from sweep.config.search import check_search
 
 INFRA = ROOT / "infra"
 KUBERAY = json.loads((INFRA / "schema" / "kuberay.json").read_text())

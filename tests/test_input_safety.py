@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import compose
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.errors import ConfigError
-from sweep.paths import NAME_ALLOWED, check_writable_dir, is_name
+from sweep.config.paths import NAME_ALLOWED, check_writable_dir, is_name
 
 NAME_RULE = f"must be {NAME_ALLOWED} (it becomes a file or directory name)"
 
@@ -40,7 +40,7 @@ def cli(tmp_path: Path, capsys, *args: str) -> tuple[int, list[str]]:
 SCRIPT = """
 import json, sys
 import sweep.models as models
-from sweep.cli import main
+from sweep.cli.commands import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "loads": models.model_loads(), "ray": "ray" in sys.modules}))
 """
@@ -158,12 +158,12 @@ def test_a_file_or_a_path_under_a_file_is_not_a_directory(tmp_path):
 
 def test_an_unwritable_directory_is_refused(tmp_path, monkeypatch):
     """Without write permission (simulated: the tests may run as root, who has it anyway)."""
-    import sweep.paths
+    import sweep.config.paths
 
     locked = tmp_path / "locked"
     locked.mkdir()
     real = os.access
-    monkeypatch.setattr(sweep.paths.os, "access", lambda p, mode: real(p, mode) and Path(p) != locked)
+    monkeypatch.setattr(sweep.config.paths.os, "access", lambda p, mode: real(p, mode) and Path(p) != locked)
     with pytest.raises(ConfigError, match=r"results.root=.*/locked: the directory is not writable \(no write"):
         check_writable_dir("results.root", locked)
     with pytest.raises(
@@ -392,7 +392,7 @@ def test_pca_k_is_bounded_by_the_tiny_models_hidden_size_at_compose():
 
 
 def test_pca_k_states_the_hidden_size_as_its_bound():
-    from sweep.gatespec import PARAMS, check_model
+    from sweep.config.gatespec import PARAMS, check_model
 
     assert PARAMS["k"].domain.allowed == "an integer >= 1 and at most the model's hidden size"
     pca = compose("gate=pca", "gate.k=99999", "gate.min_layer=1").gate  # hidden size unknown until the model loads
@@ -433,7 +433,7 @@ def _edited(path: Path, target: Path, **meta: str) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from sweep.readouts import content_digest
+    from sweep.trace.readouts import content_digest
 
     with safe_open(str(path), framework="pt") as f:
         old, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}

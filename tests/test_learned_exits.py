@@ -14,14 +14,14 @@ import torch
 
 from conftest import TINY_FAMILIES, compose, load, run_cli
 from sweep.config import GateConfig
-from sweep.costs import CostModel
-from sweep.engine import Engine
+from sweep.bench.costs import CostModel
+from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
 from sweep.gates import make_gate
-from sweep.profile import profile_prompts
-from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.readouts import fit_readouts, load_readouts, save_readouts
-from sweep.simulate import exit_layers, signals_from_trace, simulate, threshold_value
+from sweep.trace.profile import profile_prompts
+from sweep.models.prompts import read_prompts, tokenize_prompts
+from sweep.trace.readouts import fit_readouts, load_readouts, save_readouts
+from sweep.trace.simulate import exit_layers, signals_from_trace, simulate, threshold_value
 
 N = 6
 
@@ -263,7 +263,7 @@ CALIBRATE = [
 
 
 def test_calibrate_a_classifier_and_check_its_drift(chat_tail_readouts, capsys):
-    from sweep.cli import main
+    from sweep.cli.commands import main
 
     code = main(
         [*CALIBRATE, f"gate.readouts={chat_tail_readouts}", "calibrate.heldout_prompts=chat", "calibrate.heldout_n=4"]
@@ -287,7 +287,7 @@ def test_calibrate_a_classifier_and_check_its_drift(chat_tail_readouts, capsys):
     ],
 )
 def test_calibration_and_drift_prompts_never_overlap_the_fitting_set(chat_tail_readouts, capsys, extra, message):
-    from sweep.cli import main
+    from sweep.cli.commands import main
 
     code = main([*CALIBRATE, f"gate.readouts={chat_tail_readouts}", *extra])
     err = capsys.readouterr().err

@@ -165,9 +165,9 @@ def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
     import gc
     import weakref
 
-    from sweep import costs as costs_module
+    from sweep.bench import costs as costs_module
     from sweep.config import GateConfig
-    from sweep.costs import CostModel, cost_model
+    from sweep.bench.costs import CostModel, cost_model
     from sweep.gates import make_gate
     from sweep.models import _loader
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import compose, sweep
 from sweep.analysis import ok_trials
-from sweep.search import Param, spaces
+from sweep.config.search import Param, spaces
 from sweep.store import read
 
 # a third sub-space whose trials fail in the bench (tiny-llama has 4 layers): failed trials
@@ -138,7 +138,7 @@ def test_multi_objective_study_names_both_metrics(ray_session, tmp_path):
 
 
 def test_parameter_names_are_config_paths_unless_distributions_differ(ray_session):
-    from sweep.study import param_names, subspace_labels
+    from sweep.orchestrate.study import param_names, subspace_labels
 
     for name in ("optuna-mo", "optuna-constrained"):
         parsed = spaces(compose(f"search={name}").search)
@@ -165,7 +165,7 @@ def test_parameter_names_are_config_paths_unless_distributions_differ(ray_sessio
 def test_a_name_keeps_one_distribution_per_study(ray_session):
     """Sub-spaces that give one config path different distributions (even different kinds)
     run in one study without Optuna refusing a parameter."""
-    from sweep.study import DefineByRun
+    from sweep.orchestrate.study import DefineByRun
 
     cfg = compose(
         "search=optuna-mo",
@@ -189,9 +189,9 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     """A trial whose worker died (Tune gives up on it: no result) or that Tune stopped before
     it ran carries what the driver can compose: the trial id its row would have, gate, model."""
     from conftest import TINY_SWEEP
-    from sweep.identity import trial_identity
-    from sweep.plan import trial_config
-    from sweep.study import optuna_search
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.plan import trial_config
+    from sweep.orchestrate.study import optuna_search
 
     base = [*TINY_SWEEP, "search=optuna-mo"]
     search = optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)

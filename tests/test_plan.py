@@ -1,5 +1,5 @@
 """Planning a sweep without Ray: names, base overrides, values checked, trials selected; and
-trial identity (sweep/identity.py): one key and id, stored with the row, the same on the
+trial identity (sweep/config/identity.py): one key and id, stored with the row, the same on the
 planner and in the worker."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from conftest import TINY_SWEEP, compose
 from sweep.errors import ConfigError
-from sweep.identity import id_of_key, trial_device, trial_identity
-from sweep.plan import base_overrides, merge, plan_sweep, select_trials, sweep_name, trial_config
+from sweep.config.identity import id_of_key, trial_device, trial_identity
+from sweep.orchestrate.plan import base_overrides, merge, plan_sweep, select_trials, sweep_name, trial_config
 
 
 def plan(tmp_path, *overrides):
@@ -23,8 +23,9 @@ def plan(tmp_path, *overrides):
 
 def test_planning_and_identity_import_without_ray_or_torch():
     code = (
-        "import sys, sweep.identity; assert 'torch' not in sys.modules, 'identity imported torch'; "
-        "import sweep.plan, sweep.rows, sweep.worker, sweep.submit; assert 'ray' not in sys.modules, 'ray imported'"
+        "import sys, sweep.config.identity; assert 'torch' not in sys.modules, 'identity imported torch'; "
+        "import sweep.orchestrate.plan, sweep.orchestrate.rows, sweep.orchestrate.worker, sweep.orchestrate.submit; "
+        "assert 'ray' not in sys.modules, 'ray imported'"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -62,7 +63,7 @@ def test_plan_checks_values_and_selects_each_trial_once(tmp_path):
 
 @pytest.mark.parametrize("gpus", [0.0, 1.0])
 def test_worker_and_planner_agree_for_device_auto(tmp_path, gpus):
-    from sweep.bench import trial_fields
+    from sweep.bench.rows import trial_fields
 
     p = plan(tmp_path, "search=margin-grid", "device=auto")
     device = trial_device(p.cfg.device, gpus)  # the driver's, from the GPUs each trial gets
@@ -92,7 +93,7 @@ def test_trial_key_is_canonical_json_of_the_defining_config():
 
 
 def test_a_stored_rows_key_rebuilds_its_id(tmp_path):
-    from sweep.rows import RowWriter
+    from sweep.orchestrate.rows import RowWriter
     from sweep.store import read
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=margin-grid"]

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import TINY_FAMILIES, compose, run_cli
-from sweep.cli import main
-from sweep.engine import greedy_decode
+from sweep.cli.commands import main
+from sweep.decode.engine import greedy_decode
 from sweep.models._tiny import build_tiny
 from sweep.analysis import eas_per_layer, eas_table, layer_curve, oracle_exits, oracle_summary
-from sweep.profile import decode_states, trace_prompt
-from sweep.prompts import read_prompts, tokenize_prompts
+from sweep.trace.profile import decode_states, trace_prompt
+from sweep.models.prompts import read_prompts, tokenize_prompts
 from sweep.store import read
 
 GEN = 6

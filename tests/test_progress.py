@@ -133,7 +133,7 @@ def test_forwarded_events_replay_on_the_driver_with_their_source():
 def test_the_breakdown_agrees_with_the_rows_own_seconds(tmp_path):
     """A bench's breakdown against the row's own clock (``bench_seconds``, ``setup_seconds``: another path):
     the parts measured between its start and its timed rounds are its setup, the timed rounds the rest."""
-    from sweep.bench import run_bench
+    from sweep.bench.command import run_bench
 
     cfg = compose("model=tiny-llama", "gate=margin", "gate.theta=1", "prompts.n=2", f"results.root={tmp_path}")
     t0 = time.perf_counter()
@@ -154,8 +154,9 @@ def test_the_breakdown_agrees_with_the_rows_own_seconds(tmp_path):
 def test_gate_full_measures_no_probe():
     """gate=full has no probe: its cost model measures none (no probe phase, no probe cost), nor the K/V
     fill it never uses; a saturation gate on the same model does measure its own probe."""
-    from sweep.bench import prepare, run_trial
-    from sweep.costs import cost_model
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trial
+    from sweep.bench.costs import cost_model
 
     cfg = compose("model=tiny-llama", "seed=31", "gate=full", "prompts.n=1", "bench.gen_tokens=4")
     lm, gate, prompts = prepare(cfg)  # seed=31: a model of its own, its cost model not measured yet

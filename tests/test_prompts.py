@@ -8,7 +8,7 @@ import pytest
 
 from conftest import compose, load
 from sweep.errors import InputError
-from sweep.prompts import CHAT_PROMPTS, read_prompts, tokenize_prompts
+from sweep.models.prompts import CHAT_PROMPTS, read_prompts, tokenize_prompts
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,16 @@
-"""The private Ray and Ray-Optuna attributes sweep reaches for (sweep/_ray_private.py), pinned
+"""The private Ray and Ray-Optuna attributes sweep reaches for (sweep/orchestrate/ray_internals.py), pinned
 to the installed Ray: an upgrade fails here first, naming the functions to re-check."""
 
 from __future__ import annotations
 
 import pytest
 
-from sweep import _ray_private
+from sweep.orchestrate import ray_internals as _ray_private
 
 
 @pytest.fixture(scope="module")
 def ray():
-    from sweep.cluster_env import ray_environment
+    from sweep.orchestrate.cluster_env import ray_environment
     from sweep.config import compose
 
     ray_environment(compose([]).cluster)  # before Ray is imported, as sweep run does
@@ -22,7 +22,7 @@ def ray():
 def test_ray_is_the_pinned_release(ray):
     assert ray.__version__.startswith(_ray_private.PINNED_RAY), (
         f"Ray {ray.__version__} is not the pinned {_ray_private.PINNED_RAY}: re-check "
-        f"{', '.join(_ray_private.FUNCTIONS)} in sweep/_ray_private.py, then update PINNED_RAY"
+        f"{', '.join(_ray_private.FUNCTIONS)} in sweep/orchestrate/ray_internals.py, then update PINNED_RAY"
     )
 
 

@@ -17,8 +17,8 @@ import polars as pl
 import pytest
 
 from sweep.analysis import best_at_targets, fronts, knees_table, noise_floors, ok_trials, pareto_front
-from sweep.cli import main
-from sweep.noise import noise_floor, rounds_for_floor
+from sweep.cli.commands import main
+from sweep.bench.noise import noise_floor, rounds_for_floor
 from sweep.store import read
 
 TINY = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=6", "bench.warmup=0"]
@@ -105,11 +105,12 @@ def test_every_bench_times_an_a_a_control_and_prints_its_spread(tmp_path, capsys
 
 def test_a_shared_baseline_group_shares_one_a_a_control():
     from conftest import compose
-    from sweep.bench import prepare, run_shared_trials
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trials
 
     cfgs = [compose(*TINY, "bench.repeats=2", *g) for g in (["gate=fixed", "gate.exit_layer=2"], ["gate=full"])]
     prepared = [prepare(c) for c in cfgs]
-    rows = run_shared_trials(cfgs, prepared[0][0], [p[1] for p in prepared], prepared[0][2])
+    rows = run_trials(cfgs, prepared[0][0], [p[1] for p in prepared], prepared[0][2])
     assert rows[0]["round_aa_ms"] == rows[1]["round_aa_ms"] and len(rows[0]["round_aa_ms"]) == 2
     assert rows[0]["round_baseline_ms"] == rows[1]["round_baseline_ms"]
     assert rows[0]["noise_floor"] == rows[1]["noise_floor"] is not None  # seeded from the timings alone
@@ -218,7 +219,7 @@ def test_knees_are_taken_above_a_useful_agreement(tmp_path):
     assert low["trial_id"].to_list() == ["d"]
     none = knees_table(fronts(frame), min_agreement=0.999).filter(pl.col("front") == "model").row(0, named=True)
     assert none["trial_id"] is None and none["knee_all_trial_id"] == "d"  # too few points that accurate
-    from sweep.report_figures import pareto_figure
+    from sweep.report.figures import pareto_figure
 
     ok = ok_trials(frame).collect()
     for floor in (0.9, 0.999):  # a knee and the unrestricted one drawn; none above the floor, the unrestricted only

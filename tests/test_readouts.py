@@ -12,11 +12,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from conftest import compose, load
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.errors import ConfigError
-from sweep.profile import decode_states
-from sweep.prompts import Prompt, read_prompts, tokenize_prompts
-from sweep.readouts import (
+from sweep.trace.profile import decode_states
+from sweep.models.prompts import Prompt, read_prompts, tokenize_prompts
+from sweep.trace.readouts import (
     LENSES,
     TENSORS,
     Readouts,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import compose
-from sweep.bench import prepare, run_trial
+from sweep.bench.command import prepare
+from sweep.bench.protocol import run_trial
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import compose, load, run_cli
-from sweep.prompts import read_prompts, tokenize_prompts
+from sweep.models.prompts import read_prompts, tokenize_prompts
 from sweep.store import read
 
 pytestmark = pytest.mark.slow

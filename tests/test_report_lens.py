@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 
 from sweep.analysis import lens_curves, load_profiles
-from sweep.cli import main
-from sweep.report_sections import _lens_table
+from sweep.cli.commands import main
+from sweep.report.sections import _lens_table
 
 GEN = 4  # profile.gen_tokens: the last prefill position and 3 decode positions per prompt
 HEADING = "## Learned readouts: tuned lens vs logit lens, tiny-llama"

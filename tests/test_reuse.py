@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import compose
-from sweep import bench
-from sweep.bench import prepare, run_trial
-from sweep.reuse import ReferenceKey, ReuseCache
+from sweep.bench.command import prepare
+from sweep.bench.protocol import PhaseEvent, run_trial
+from sweep.bench.reuse import ReferenceKey, ReuseCache
 
 FAST = ["bench.gen_tokens=6", "bench.repeats=2", "bench.warmup=1", "prompts.n=2"]
 
@@ -20,18 +20,20 @@ def cfg_of(*overrides):
     return compose("model=tiny-llama", *FAST, *overrides)
 
 
+class SelfChecks:
+    """Counts the determinism self-checks that really run, from the protocol's public events (a trial's
+    reference phase, one event per unit); pass it as ``on_event``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, event: PhaseEvent) -> None:
+        self.n += event.phase == "reference" and event.unit == 0
+
+
 @pytest.fixture
-def counted(monkeypatch):
-    """Counts the determinism self-checks (the reference runs) that really run."""
-    calls = {"n": 0}
-    real = bench._reference_runs
-
-    def counting(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bench, "_reference_runs", counting)
-    return calls
+def counted():
+    return SelfChecks()
 
 
 @contextlib.contextmanager
@@ -56,20 +58,20 @@ def test_a_workers_second_trial_reuses_the_reference(counted):
     first_cfg = cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1")
     second_cfg = cfg_of("gate=fixed", "gate.exit_layer=2")
     lm, gate, prompts = prepare(first_cfg)
-    first = run_trial(first_cfg, lm, gate, prompts, reuse=cache)
-    assert counted["n"] == 1 and cache.counts["self_checks"] == 1
+    first = run_trial(first_cfg, lm, gate, prompts, references=cache, on_event=counted)
+    assert counted.n == 1 and cache.counts["self_checks"] == 1
     lm2, gate2, prompts2 = prepare(second_cfg)
     assert lm2 is lm
-    second = run_trial(second_cfg, lm2, gate2, prompts2, reuse=cache)
-    assert counted["n"] == 1 and cache.counts["self_checks"] == 1  # no second determinism check ran
+    second = run_trial(second_cfg, lm2, gate2, prompts2, references=cache, on_event=counted)
+    assert counted.n == 1 and cache.counts["self_checks"] == 1  # no second determinism check ran
     assert cache.counts["reused"] == 1
     assert first["status"] == second["status"] == "ok"
     assert first["reference_reused"] is False and second["reference_reused"] is True
     assert first["reference_id"] == second["reference_id"]
     assert second["determinism_max_logit_diff"] == first["determinism_max_logit_diff"] == 0.0
     # the figures of a reused reference are the ones a fresh trial finds (decoding is deterministic)
-    fresh = run_trial(second_cfg, lm2, gate2, prompts2)
-    assert counted["n"] == 2 and fresh["reference_reused"] is False and fresh["reference_id"] != first["reference_id"]
+    fresh = run_trial(second_cfg, lm2, gate2, prompts2, on_event=counted)
+    assert counted.n == 2 and fresh["reference_reused"] is False and fresh["reference_id"] != first["reference_id"]
     for col in ("agreement", "prefix_agreement", "exit_rate", "mean_exit_layer", "prompt_agreement"):
         assert second[col] == fresh[col]
     # every trial still times its own baseline, interleaved with its gated run
@@ -80,10 +82,10 @@ def test_warmup_runs_once_per_key_and_gate_kind():
     cache = ReuseCache()
     for eps in (0.3, 0.2):
         cfg = cfg_of("gate=saturation", f"gate.eps={eps}", "gate.min_layer=1")
-        run_trial(cfg, *prepare(cfg), reuse=cache)
+        run_trial(cfg, *prepare(cfg), references=cache)
     assert cache.counts["warmups"] == 2  # the baseline's and the saturation gate's, once
     cfg = cfg_of("gate=margin", "gate.theta=2.0", "gate.min_layer=1")
-    run_trial(cfg, *prepare(cfg), reuse=cache)
+    run_trial(cfg, *prepare(cfg), references=cache)
     assert cache.counts["warmups"] == 3  # another probe: its gated side warms up once
 
 
@@ -91,15 +93,15 @@ def test_a_layer_turned_nondeterministic_after_the_reference_is_caught(counted):
     cache = ReuseCache()
     cfg = cfg_of("gate=fixed", "gate.exit_layer=3")
     lm, gate, prompts = prepare(cfg)
-    first = run_trial(cfg, lm, gate, prompts, reuse=cache)
+    first = run_trial(cfg, lm, gate, prompts, references=cache, on_event=counted)
     assert first["status"] == "ok"
     with noisy_layer(lm):
-        second = run_trial(cfg, lm, gate, prompts, reuse=cache)
-    assert second["reference_reused"] is True and counted["n"] == 1  # no self-check ran: the timed repeats caught it
+        second = run_trial(cfg, lm, gate, prompts, references=cache, on_event=counted)
+    assert second["reference_reused"] is True and counted.n == 1  # no self-check ran: the timed repeats caught it
     assert second["status"] == "nondeterministic" and second["deterministic"] is False
     assert cache.counts["dropped"] == 1  # the next trial re-runs the self-check
-    third = run_trial(cfg, lm, gate, prompts, reuse=cache)
-    assert third["reference_reused"] is False and counted["n"] == 2 and third["status"] == "ok"
+    third = run_trial(cfg, lm, gate, prompts, references=cache, on_event=counted)
+    assert third["reference_reused"] is False and counted.n == 2 and third["status"] == "ok"
     assert third["reference_id"] != first["reference_id"]
 
 
@@ -108,10 +110,10 @@ def test_a_nondeterministic_first_trial_keeps_no_reference():
     cfg = cfg_of("gate=full")
     lm, gate, prompts = prepare(cfg)
     with noisy_layer(lm):
-        row = run_trial(cfg, lm, gate, prompts, reuse=cache)
+        row = run_trial(cfg, lm, gate, prompts, references=cache)
     assert row["status"] == "nondeterministic" and row["determinism_max_logit_diff"] > 0
     assert not cache.references
-    clean = run_trial(cfg, lm, gate, prompts, reuse=cache)
+    clean = run_trial(cfg, lm, gate, prompts, references=cache)
     assert clean["status"] == "ok" and clean["reference_reused"] is False
 
 
@@ -130,14 +132,14 @@ def test_a_nondeterministic_first_trial_keeps_no_reference():
 def test_reuse_never_crosses_keys(counted, change):
     cache = ReuseCache()
     base = cfg_of("gate=fixed", "gate.exit_layer=2")
-    first = run_trial(base, *prepare(base), reuse=cache)
+    first = run_trial(base, *prepare(base), references=cache, on_event=counted)
     other = cfg_of("gate=fixed", "gate.exit_layer=2", *change)
-    second = run_trial(other, *prepare(other), reuse=cache)
-    assert counted["n"] == 2 and cache.counts["reused"] == 0
+    second = run_trial(other, *prepare(other), references=cache, on_event=counted)
+    assert counted.n == 2 and cache.counts["reused"] == 0
     assert second["reference_reused"] is False and second["reference_id"] != first["reference_id"]
     assert second["reference_id"].split("-")[0] != first["reference_id"].split("-")[0]  # another key
     # and the first key's reference is still there for its own trials
-    again = run_trial(base, *prepare(base), reuse=cache)
+    again = run_trial(base, *prepare(base), references=cache, on_event=counted)
     assert again["reference_reused"] is True and again["reference_id"] == first["reference_id"]
 
 
@@ -176,65 +178,69 @@ def test_sweep_bench_takes_its_own_reference():
     assert a["reference_reused"] is b["reference_reused"] is False and a["reference_id"] != b["reference_id"]
 
 
-def test_worker_rows_reuse_unless_disabled(monkeypatch):
-    from sweep.reuse import process_cache
-    from sweep.worker import REUSE_ENV, reuse_cache, trial_row
+def test_worker_rows_reuse_unless_disabled():
+    from sweep.bench.reuse import process_cache
+    from sweep.orchestrate.worker import reference_source, trial_row
 
     process_cache().clear()
-    monkeypatch.delenv(REUSE_ENV, raising=False)
-    assert reuse_cache() is process_cache()
+    assert reference_source(cfg_of()) is process_cache()
     rows = [trial_row(cfg_of("gate=fixed", f"gate.exit_layer={k}"), "run", "s", time.perf_counter()) for k in (1, 2)]
     assert [r["reference_reused"] for r in rows] == [False, True] and rows[0]["reference_id"] == rows[1]["reference_id"]
-    assert all(r["status"] == "ok" for r in rows)
-    monkeypatch.setenv(REUSE_ENV, "0")
-    assert reuse_cache() is None
-    row = trial_row(cfg_of("gate=fixed", "gate.exit_layer=3"), "run", "s", time.perf_counter())
+    assert all(r["status"] == "ok" and r["reference_source"] == "cached" for r in rows)
+    off = cfg_of("gate=fixed", "gate.exit_layer=3", "sweep.reuse=false")
+    assert reference_source(off) is None
+    row = trial_row(off, "run", "s", time.perf_counter())
     assert row["reference_reused"] is False and row["reference_id"] != rows[0]["reference_id"]
+    assert row["reference_source"] == "fresh"
     process_cache().clear()
 
 
 def test_settings_share_one_baseline_per_round(counted):
     """Item 3 of issue 14: several settings against one baseline timed in the same rounds, each
     its own row with the figures a one-setting trial finds."""
-    from sweep.bench import run_shared_trials
+    from sweep.bench.protocol import run_trials
 
     cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
     cfgs.append(cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1", "bench.kv_policy=full"))
     prepared = [prepare(c) for c in cfgs]
     lm, prompts = prepared[0][0], prepared[0][2]
-    rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts)
-    assert counted["n"] == 1  # one self-check for the group
+    rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, on_event=counted)
+    assert counted.n == 1  # one self-check for the group
     assert [r["status"] for r in rows] == ["ok"] * 3 and len({r["reference_id"] for r in rows}) == 1
     assert rows[0]["round_baseline_ms"] == rows[1]["round_baseline_ms"] == rows[2]["round_baseline_ms"]
     assert rows[0]["round_ms"] != rows[1]["round_ms"]
     for cfg, p, row in zip(cfgs, prepared, rows):
-        alone = run_trial(cfg, *p)
+        alone = run_trial(cfg, *p, on_event=counted)
         assert row["trial_id"] == alone["trial_id"] and row["kv_policy"] == alone["kv_policy"]
         for col in ("agreement", "prompt_agreement", "exit_rate", "mean_exit_layer", "speedup_model"):
             assert row[col] == pytest.approx(alone[col]) if col == "speedup_model" else row[col] == alone[col]
     with pytest.raises(ValueError, match="must share"):
-        run_shared_trials(
-            [cfgs[0], cfg_of("gate=full", "bench.gen_tokens=5")], lm, [p[1] for p in prepared[:2]], prompts
+        run_trials(
+            [cfgs[0], cfg_of("gate=full", "bench.gen_tokens=5")],
+            lm,
+            [p[1] for p in prepared[:2]],
+            prompts,
+            on_event=counted,
         )
 
 
 def test_a_drifting_setting_is_caught_in_a_shared_group():
-    from sweep.bench import run_shared_trials
+    from sweep.bench.protocol import run_trials
 
     cache = ReuseCache()
     cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 3)]
     prepared = [prepare(c) for c in cfgs]
     lm, prompts = prepared[0][0], prepared[0][2]
-    run_trial(cfgs[0], *prepared[0], reuse=cache)  # takes the reference
+    run_trial(cfgs[0], *prepared[0], references=cache)  # takes the reference
     with noisy_layer(lm):
-        rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+        rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, references=cache)
     assert all(r["reference_reused"] for r in rows) and all(r["status"] == "nondeterministic" for r in rows)
     assert cache.counts["dropped"] == 1
 
 
 def test_worker_rows_of_a_shared_group():
-    from sweep.reuse import process_cache
-    from sweep.worker import shared_trial_rows
+    from sweep.bench.reuse import process_cache
+    from sweep.orchestrate.worker import shared_trial_rows
 
     process_cache().clear()
     cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
@@ -258,7 +264,7 @@ def test_self_speculative_trials_reuse_too():
     cache = ReuseCache()
     cfg = cfg_of("bench.mode=self_speculative", "gate=fixed", "gate.exit_layer=2", "bench.draft_len=2")
     lm, gate, prompts = prepare(cfg)
-    first, second = (run_trial(cfg, lm, gate, prompts, reuse=cache) for _ in range(2))
+    first, second = (run_trial(cfg, lm, gate, prompts, references=cache) for _ in range(2))
     alone = run_trial(cfg, lm, gate, prompts)
     assert second["reference_reused"] and first["status"] == second["status"] == "ok"
     for col in ("acceptance_rate", "mean_accepted_length", "tokens_per_verification", "agreement"):
@@ -280,13 +286,13 @@ def _timed_seconds(row) -> float:
 def test_a_shared_group_apportions_its_time_by_each_settings_timed_rounds():
     """Every row of a group reads the group's bench / timed ratio (an even split made a fast setting
     look dear and a slow one cheap), and the rows' seconds add up to the group's wall time."""
-    from sweep.bench import run_shared_trials
+    from sweep.bench.protocol import run_trials
 
     cfgs = [cfg_of("gate=fixed", "gate.exit_layer=1"), cfg_of("gate=full"), cfg_of("gate=fixed", "gate.exit_layer=2")]
     prepared = [prepare(c) for c in cfgs]
     lm, prompts = prepared[0][0], prepared[0][2]
     t0 = time.perf_counter()
-    rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=ReuseCache())
+    rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, references=ReuseCache())
     wall = time.perf_counter() - t0
     ratios = [r["bench_seconds"] / _timed_seconds(r) for r in rows]
     assert ratios == pytest.approx([ratios[0]] * 3, rel=1e-6)
@@ -301,8 +307,8 @@ def test_setup_seconds_is_the_work_a_reusing_trial_no_longer_does():
     cache = ReuseCache()
     cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
     prepared = [prepare(c) for c in cfgs]
-    first = run_trial(cfgs[0], *prepared[0], reuse=cache)
-    second = run_trial(cfgs[1], *prepared[1], reuse=cache)
+    first = run_trial(cfgs[0], *prepared[0], references=cache)
+    second = run_trial(cfgs[1], *prepared[1], references=cache)
     assert second["reference_reused"] and not first["reference_reused"]
     # the first took the cost model, warm-up and the self-check; the second only built its engines
     assert first["setup_seconds"] > 10 * second["setup_seconds"]
@@ -313,90 +319,66 @@ def test_setup_seconds_is_the_work_a_reusing_trial_no_longer_does():
 
 
 @pytest.fixture
-def before_timing(monkeypatch):
-    """What a trial runs before its timed rounds, in order: untimed baseline runs ("baseline"), the
-    self-check's recorded ones ("self-check"), gated runs, the cost model's measurement and its rounds."""
-    from sweep import costs
-
+def before_timing():
+    """What a trial runs before its timed rounds, in order, from the protocol's public events: untimed
+    baseline warm-up runs ("baseline"), the self-check of each unit ("self-check": its two recorded
+    baselines), gated warm-up runs ("gated") and the cost model. Pass ``seen.append``-like ``on_event``."""
     seen: list[str] = []
-    real_run, real_measure, real_steps = bench._Side.run, costs._measure, costs._timed_steps
-    real_rounds = bench._timed_rounds_shared
+    tags = {"reference": "self-check", "cost model": "cost model", "round": "timed"}
 
-    def run(side, unit, record=False):
-        seen.append("gated" if side.engine.gate is not None else "self-check" if record else "baseline")
-        return real_run(side, unit, record)
-
-    def tagged(tag, real):
-        def call(*args, **kwargs):
-            seen.append(tag)
-            return real(*args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(bench._Side, "run", run)
-    monkeypatch.setattr(costs, "_measure", tagged("cost model", real_measure))
-    monkeypatch.setattr(costs, "_timed_steps", tagged("cost rounds", real_steps))
-    monkeypatch.setattr(bench, "_timed_rounds_shared", tagged("timed", real_rounds))
+    def on_event(event: PhaseEvent) -> None:
+        seen.append(event.side if event.phase == "warm-up" else tags[event.phase])
 
     def before() -> list[str]:
         return seen[: seen.index("timed")]
 
-    return seen, before
-
-
-def _fresh_costs(lm) -> None:
-    """Forget the model's measured cost model (it is kept with the loaded model, across tests)."""
-    for key in [k for k in lm.adapter._derived if k[0] == "cost_model"]:
-        del lm.adapter._derived[key]
+    return seen, before, on_event
 
 
 @pytest.mark.parametrize("warmup", [1, 3])
 def test_the_self_checks_runs_warm_the_baseline_after_the_cost_model(before_timing, warmup):
     """The self-check's untimed baselines count as the baseline's warm-up (only what bench.warmup asks
     beyond them runs) and lead into the timed rounds; the cost model is measured after the warm-ups,
-    before the self-check."""
-    seen, before = before_timing
+    before the self-check. Fresh or from a worker's source, the gated reference is the first timed run."""
+    seen, before, on_event = before_timing
     cfg = cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1", f"bench.warmup={warmup}")
     lm, gate, prompts = prepare(cfg)
-    _fresh_costs(lm)
     taking = ReuseCache()
-    for reuse, gated_refs in ((None, len(prompts)), (taking, 0)):  # a sweep worker's gated reference is timed
+    for source in (None, taking):
         seen.clear()
-        run_trial(cfg, lm, gate, prompts, reuse=reuse)
+        run_trial(cfg, lm, gate, prompts, references=source, on_event=on_event)
         ran = before()
-        assert ran.count("self-check") == 2 * len(prompts)  # two recorded baselines per prompt
+        assert ran.count("self-check") == len(prompts)  # two recorded baselines per prompt
         assert ran.count("baseline") == max(warmup - 2, 0)  # 0 for the default warm-up of 1
-        assert ran.count("gated") == warmup + gated_refs  # the gated side still warms up
+        assert ran.count("gated") == warmup  # the gated side warms up; no untimed gated reference
         cost = ran.index("cost model")
         assert ran[:cost].count("gated") == warmup and "self-check" not in ran[:cost]
-        assert set(ran[cost + 2 :]) <= {"self-check", "gated"} and ran[cost + 1] == "cost rounds"
-        _fresh_costs(lm)
+        assert set(ran[cost + 1 :]) == {"self-check"}
     # a worker given a reference (no self-check) warms its baseline up in full
     key = ReferenceKey.of(lm, prompts, gen_tokens=cfg.bench.gen_tokens, seed=cfg.seed, batch_size=1)
     given = ReuseCache()
     given.put(taking.get(key))
     seen.clear()
-    row = run_trial(cfg, lm, gate, prompts, reuse=given)
+    row = run_trial(cfg, lm, gate, prompts, references=given, on_event=on_event)
     ran = before()
     assert row["reference_reused"] and "self-check" not in ran
     assert ran.count("baseline") == warmup and ran.count("gated") == warmup
 
 
 def test_a_shared_group_measures_every_settings_probe_in_one_cost_model(before_timing):
-    from sweep.bench import run_shared_trials
+    from sweep.bench.protocol import run_trials
 
-    seen, before = before_timing
+    seen, before, on_event = before_timing
     cfgs = [
         cfg_of("gate=saturation", "gate.eps=0.3", "gate.min_layer=1"),
         cfg_of("gate=margin", "gate.theta=2.0", "gate.min_layer=1"),
     ]
     prepared = [prepare(c) for c in cfgs]
     lm, prompts = prepared[0][0], prepared[0][2]
-    _fresh_costs(lm)
-    rows = run_shared_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=ReuseCache())
+    rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, references=ReuseCache(), on_event=on_event)
     ran = before()
-    assert ran.count("cost model") == 1 and ran.count("cost rounds") == 1  # both probes in the model's rounds
+    assert ran.count("cost model") == 1
     cost = ran.index("cost model")
     assert ran[:cost] == ["gated", "gated"]  # each gate kind's warm-up, then the model's costs
-    assert ran[cost + 2 :] == ["self-check"] * 2 * len(prompts)  # the self-check leads into the timed rounds
-    assert all(r["probe_cost_layers"] > 0 for r in rows)
+    assert ran[cost + 1 :] == ["self-check"] * len(prompts)  # the self-check leads into the timed rounds
+    assert all(r["probe_cost_layers"] > 0 for r in rows)  # both probes measured in that one cost model

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import ROOT, compose, sweep
-from sweep.run_report import sweep_report
+from sweep.report.run_report import sweep_report
 from sweep.store import read
 
 
@@ -43,7 +43,7 @@ def test_a_second_run_shows_the_existing_rows_and_the_verdict(ray_session, tmp_p
 def test_the_verdict_is_the_one_sweep_analyze_gives(ray_session, tmp_path):
     """On a root holding only this sweep, the end-of-run verdict and `sweep analyze`'s (another path: the
     whole root, its targets table, its report) name the same setting with the same figures."""
-    from sweep.report import run_analyze
+    from sweep.report.build import run_analyze
 
     outcome = sweep(tmp_path, "search=margin-grid", "prompts.n=2")
     lines = _report(outcome).splitlines()

@@ -34,7 +34,7 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
     # the screen ran no full-depth trial, yet full depth is on every front it does not lose to, and a
     # candidate at every target: a front's other points all beat it, and no target is left without a pick
     assert trials.filter(pl.col("status") == "ok")["round_aa_ms"].null_count() == 0  # an A/A in every trial
-    from sweep.cli import main
+    from sweep.cli.commands import main
 
     assert main(["analyze", f"results.root={tmp_path}"]) == 0
     pareto, targets = read("pareto", tmp_path), read("targets", tmp_path)
@@ -49,7 +49,7 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
 
 
 def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):
-    from sweep.screen import comparison, gap_by_gate
+    from sweep.orchestrate.screen import comparison, gap_by_gate
 
     outcome = sweep(tmp_path, "search=screen", "bench.gen_tokens=6", "search.neighbours=0")
     comp = comparison(outcome.simulated, outcome.rows)
@@ -63,7 +63,7 @@ def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):
 
 
 def test_selection_keeps_the_front_above_full_depth():
-    from sweep.screen import select
+    from sweep.orchestrate.screen import select
 
     # f (eps 0.25) lies between the knee b (0.2) and c (0.3) on the threshold line but off the front
     table = pl.DataFrame(
@@ -109,7 +109,7 @@ def test_selection_keeps_the_front_above_full_depth():
 def test_knee_neighbours_stay_on_their_lens():
     """A tuned-lens gate's thresholds are a line of their own: the knee's neighbours are taken
     along it, never from the logit-lens settings of the same gate that sit between them."""
-    from sweep.screen import select
+    from sweep.orchestrate.screen import select
 
     theta = [1.0, 2.0, 3.0, 1.5, 2.5]
     table = pl.DataFrame(

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT, compose
 from sweep.errors import ConfigError
-from sweep.search import Param, check_search, grid, parse_space, spaces
+from sweep.config.search import Param, check_search, grid, parse_space, spaces
 
 SEARCHES = sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml"))
 
@@ -39,7 +39,7 @@ def test_expressions_parse_to_typed_params():
 
 
 def test_ranges_do_not_drift_and_strings_are_quoted():
-    from sweep.search import as_override
+    from sweep.config.search import as_override
 
     assert parse_space({"gate.eps": "range(0.1, 0.45, step=0.1)"}, "s")[0].values == (0.1, 0.2, 0.3, 0.4)
     assert parse_space({"gate.min_layer": "range(2, 9, step=3)"}, "s")[0].values == (2, 5, 8)
@@ -59,7 +59,7 @@ def test_one_function_maps_every_kind_to_tune_and_optuna(ray_session):
     import optuna
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from sweep.study import distributions as d
+    from sweep.orchestrate.study import distributions as d
 
     domain, dist = d(Param("k", "choice", (1, 2)))
     assert isinstance(domain, Categorical) and dist == optuna.distributions.CategoricalDistribution([1, 2])
@@ -74,7 +74,7 @@ def test_define_by_run_suggests_composable_overrides(ray_session):
     import optuna
 
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
-    from sweep.study import DefineByRun
+    from sweep.orchestrate.study import DefineByRun
 
     space = DefineByRun(spaces(compose("search=optuna-mo").search))
     seen = set()

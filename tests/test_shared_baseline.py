@@ -9,7 +9,7 @@ import pytest
 
 from conftest import TINY_SWEEP, compose, sweep
 from sweep.errors import ConfigError
-from sweep.plan import baseline_groups, plan_sweep, select_trials
+from sweep.orchestrate.plan import baseline_groups, plan_sweep, select_trials
 from sweep.store import files, read
 
 SPACE = "search.spaces=[{{gate: {gates}, bench.kv_policy: 'choice(full, propagate)', {extra}}}]"
@@ -83,7 +83,7 @@ def test_a_bundle_of_the_trials_left_runs_after_some_rows_exist(ray_session, tmp
 
 
 def test_a_bundle_given_up_on_writes_a_failed_row_per_setting(tmp_path):
-    from sweep.rows import RowWriter
+    from sweep.orchestrate.rows import RowWriter
 
     p, groups = _groups(tmp_path, 4)
     writer = RowWriter(str(p.root), 8, p.base, p.run_id, p.name, "cpu")

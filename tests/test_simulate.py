@@ -11,12 +11,12 @@ import torch
 from conftest import TINY_FAMILIES, compose, load
 from helpers.contract import replay_equals_engine
 from sweep.config import GateConfig
-from sweep.costs import CostModel
-from sweep.engine import Engine
+from sweep.bench.costs import CostModel
+from sweep.decode.engine import Engine
 from sweep.gates import GATES, make_gate
-from sweep.profile import decode_states, profile_prompts, trace_prompt
-from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.simulate import Signals, probes_at, signals_from_trace, simulate, threshold_value
+from sweep.trace.profile import decode_states, profile_prompts, trace_prompt
+from sweep.models.prompts import read_prompts, tokenize_prompts
+from sweep.trace.simulate import Signals, probes_at, signals_from_trace, simulate, threshold_value
 
 N = 8
 DTYPES = ("float32", "bfloat16")

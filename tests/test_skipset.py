@@ -11,13 +11,13 @@ import torch
 
 from conftest import ALL_TINY, compose, load, run_cli, sweep
 from helpers.contract import chat_prompts
-from sweep.engine import Engine
+from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
-from sweep.families import TINY
+from sweep.config.families import TINY
 from sweep.models._fidelity import rel_err
-from sweep.skipscreen import first_drafts, predict, record
-from sweep.skipset import SkipSet, canonical
-from sweep.speculative import SelfSpeculative, SkipDraft
+from sweep.decode.skipscreen import first_drafts, predict, record
+from sweep.config.skipset import SkipSet, canonical
+from sweep.decode.speculative import SelfSpeculative, SkipDraft
 
 N = 12
 ATTENTION = [f for f in ALL_TINY if TINY[f].kind in ("dense", "moe")]
@@ -125,8 +125,8 @@ def test_draft_stop_ends_drafting_at_an_unsure_draft():
 
 
 def test_the_search_with_one_seed_gives_the_same_study_twice():
-    from sweep.costs import cost_model
-    from sweep.skipsearch import best_sets, search
+    from sweep.bench.costs import cost_model
+    from sweep.orchestrate.skipsearch import best_sets, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
@@ -174,7 +174,7 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     for row in rows.iter_rows(named=True):
         assert joined[row["trial_id"]] == row["skip"]  # each measured row is a screened candidate
     assert rows.filter(pl.col("gate") != "skip").height == 0
-    from sweep.report import run_analyze
+    from sweep.report.build import run_analyze
 
     report, _ = run_analyze(compose(f"results.root={tmp_path}"))
     text = report.read_text()
@@ -187,9 +187,9 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
 def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
     """speedup_model of a self-speculative generation: each round's drafts at the skip set's step cost (a full
     step less its bypassed sublayers) plus a verification of drafts + 1 positions, against full-depth steps."""
-    from sweep.costs import cost_model
-    from sweep.prompts import Prompt
-    from sweep.trial_metrics import PromptRun, speculation
+    from sweep.bench.costs import cost_model
+    from sweep.models.prompts import Prompt
+    from sweep.bench.metrics import PromptRun, speculation
 
     lm = load("model=tiny-llama")
     ids = chat_prompts(lm, 1)[0].input_ids

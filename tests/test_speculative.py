@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import compose, load
-from sweep.bench import prepare, run_trial
-from sweep.engine import Engine
+from sweep.bench.command import prepare
+from sweep.bench.protocol import run_trial
+from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
-from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.speculative import PrefixDraft, SelfSpeculative
+from sweep.models.prompts import read_prompts, tokenize_prompts
+from sweep.decode.speculative import PrefixDraft, SelfSpeculative
 
 FULL_ATTENTION = ["llama", "qwen2", "qwen3"]
 

@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import ast
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import compose
-from sweep import bench
-from sweep.bench import prepare, run_trial
-from sweep.timing import Timer
+import sweep
 
-SWEEP = Path(bench.__file__).resolve().parent
+from conftest import compose
+from sweep.bench.command import prepare
+from sweep.bench.protocol import PhaseEvent, run_trial
+from sweep.decode.timing import Timer
+
+SWEEP = Path(sweep.__file__).resolve().parent  # the sweep package
 
 
 def sources(root: Path = SWEEP) -> dict[str, ast.Module]:
@@ -45,11 +46,11 @@ def private_names(tree: ast.Module) -> set[str]:
 
 def engine_privates_used_outside(root: Path = SWEEP) -> list[str]:
     trees = sources(root)
-    private = private_names(trees.pop("engine.py"))
+    private = private_names(trees.pop("decode/engine.py"))
     found = []
     for path, tree in trees.items():
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "sweep.engine":
+            if isinstance(node, ast.ImportFrom) and node.module == "sweep.decode.engine":
                 found += [f"{path}: imports {a.name}" for a in node.names if a.name.startswith("_")]
             elif isinstance(node, ast.Attribute) and node.attr in private:
                 found.append(f"{path}:{node.lineno}: .{node.attr}")
@@ -63,8 +64,11 @@ def test_no_module_touches_the_private_names_of_the_engine():
 
 
 def test_the_check_finds_what_it_looks_for(tmp_path):
-    (tmp_path / "engine.py").write_text("class _Exit(Exception): ...\nclass Engine:\n    def _hooks(self): ...\n")
-    (tmp_path / "user.py").write_text("from sweep.engine import _Exit\nwith e._hooks() as rope: pass\n")
+    (tmp_path / "decode").mkdir()
+    (tmp_path / "decode/engine.py").write_text(
+        "class _Exit(Exception): ...\nclass Engine:\n    def _hooks(self): ...\n"
+    )
+    (tmp_path / "user.py").write_text("from sweep.decode.engine import _Exit\nwith e._hooks() as rope: pass\n")
     assert len(engine_privates_used_outside(tmp_path)) == 2
 
 
@@ -82,7 +86,9 @@ INTERNALS = {
 }
 
 
-@pytest.mark.parametrize("module", ["models/_kvfill.py", "speculative.py", "batching.py", "engine.py", "costs.py"])
+@pytest.mark.parametrize(
+    "module", ["models/_kvfill.py", "decode/speculative.py", "decode/batching.py", "decode/engine.py", "bench/costs.py"]
+)
 def test_model_and_cache_internals_are_named_by_the_adapter_alone(module):
     tree = sources()[module]
     named = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
@@ -93,9 +99,9 @@ def test_model_and_cache_internals_are_named_by_the_adapter_alone(module):
 def test_one_synchronised_timer():
     for path, tree in sources().items():
         calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-        if path != "timing.py":
+        if path != "decode/timing.py":
             assert "torch.cuda.synchronize" not in calls, path
-        if path in ("engine.py", "batching.py", "speculative.py", "costs.py"):
+        if path in ("decode/engine.py", "decode/batching.py", "decode/speculative.py", "bench/costs.py"):
             assert "time.perf_counter" not in calls, path
 
 
@@ -110,88 +116,47 @@ def test_the_timer_synchronises_cuda_at_both_ends(monkeypatch):
     assert len(calls) == 2 and clock.seconds >= 0.01
 
 
-@dataclass
-class FakeRun:
-    tokens: list
-    decode_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    logits: torch.Tensor | None = None
-
-    def rows(self) -> list[FakeRun]:
-        return [FakeRun(tokens) for tokens in self.tokens]
-
-
-class FakeEngine:
-    """Records which side ran which unit; a single run's tokens are its prompt's first id and
-    its decode seconds the run's place in the call order, so a timing names the run it came from."""
-
-    def __init__(self, name: str, calls: list) -> None:
-        self.name, self.calls = name, calls
-
-    def generate(self, ids, n, record=False):
-        self.calls.append((self.name, ids[0]))
-        return FakeRun(
-            [ids[0]] * n, decode_seconds=float(len(self.calls)), logits=torch.zeros(n, 2) if record else None
-        )
-
-    def generate_batch(self, prompts, n):
-        self.calls.append((self.name, prompts[0][0]))
-        return FakeRun([[p[0]] * n for p in prompts], decode_seconds=float(len(self.calls)))
+def tiny_trial(batch_size: int, repeats: int = 2):
+    cfg = compose(
+        "model=tiny-llama",
+        "gate=fixed",
+        "gate.exit_layer=2",
+        f"bench.batch_size={batch_size}",
+        "prompts.n=4",
+        "bench.gen_tokens=3",
+        f"bench.repeats={repeats}",
+        "bench.warmup=1",
+    )
+    events: list[PhaseEvent] = []
+    row = run_trial(cfg, *prepare(cfg), on_event=events.append)
+    return row, events
 
 
-@pytest.mark.parametrize("batched", [False, True])
-def test_one_interleaving_for_single_sequences_and_batches(batched):
-    """Per (round, unit) the baseline, the gated side and the A/A control (a second full-depth
-    run) run in turn, reversed when round + unit is odd: the same order whatever a unit is."""
-    from sweep.prompts import Prompt
-
-    calls = []
-    size = 2 if batched else 1
-    prompts = [Prompt(f"p{i}", "", (i,)) for i in range(2 * size)]
-    units = [prompts[i : i + size] for i in range(0, len(prompts), size)]
-    base, gated = (bench._Side(FakeEngine(name, calls), 3, batched) for name in ("base", "gated"))
-    refs = bench._reference_runs(base, gated, units)
-    calls.clear()
-    timings, reproduced = bench._timed_rounds(base, gated, refs, repeats=2)
-    assert reproduced and len(timings.base_decode) == 2 and len(timings.base_decode[0]) == 2
-    first = [unit[0].input_ids[0] for unit in units]
-    # every slot runs the unit it times; the gated side always sits between the two full-depth runs
-    assert calls == [(side, first[i]) for _ in range(2) for i in range(2) for side in ("base", "gated", "base")]
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_one_interleaving_for_single_sequences_and_batches(batch_size):
+    """Per (round, unit) the baseline, the gated side and the A/A control (a second full-depth run)
+    run in turn, reversed when round + unit is odd: the same order whatever a unit is (a prompt, or
+    a batch of them), read from the protocol's public events."""
+    row, events = tiny_trial(batch_size)
+    assert row["status"] == "ok"
+    units = 4 // batch_size
+    rounds = [(e.round, e.unit, e.side) for e in events if e.phase == "round"]
+    expected = []
     for r in range(2):
-        for i in range(2):
-            slot = 3 * (2 * r + i) + 1  # the call index of this (round, unit)'s first run
-            base_at, aa_at = (slot, slot + 2) if (r + i) % 2 == 0 else (slot + 2, slot)
-            assert timings.base_decode[r][i] == base_at and timings.aa_decode[r][i] == aa_at, (r, i)
-            assert timings.gated_decode[r][i] == slot + 1
-    assert [run.prompt for run in refs.prompt_runs(base, gated)] == prompts
+        for i in range(units):
+            order = ["baseline", "gated", "aa"]
+            expected += [(r, i, side) for side in (order if (r + i) % 2 == 0 else order[::-1])]
+    assert rounds == expected
+    assert [e.unit for e in events if e.phase == "reference"] == list(range(units))  # the self-check, per unit
 
 
-def test_single_and_batched_trials_run_the_same_protocol(monkeypatch):
-    """run_trial times both paths with ``_timed_rounds`` and checks both with ``_reference_runs``."""
-    seen = []
-    for name in ("_reference_runs", "_timed_rounds"):
-        original = getattr(bench, name)
-
-        def spy(baseline, gated, *args, _name=name, _original=original):
-            seen.append((_name, gated.batched))
-            return _original(baseline, gated, *args)
-
-        monkeypatch.setattr(bench, name, spy)
-    for size in (1, 2):
-        cfg = compose(
-            "model=tiny-llama",
-            "gate=fixed",
-            "gate.exit_layer=2",
-            f"bench.batch_size={size}",
-            "prompts.n=2",
-            "bench.gen_tokens=4",
-            "bench.repeats=1",
-            "bench.warmup=0",
-        )
-        assert run_trial(cfg, *prepare(cfg))["status"] == "ok"
-    assert seen == [
-        ("_reference_runs", False),
-        ("_timed_rounds", False),
-        ("_reference_runs", True),
-        ("_timed_rounds", True),
-    ]
+def test_single_and_batched_trials_run_the_same_protocol():
+    """Both run the phases in the same order: warm-up, the cost model, the references (their
+    self-check), the timed rounds."""
+    for batch_size in (1, 2):
+        _, events = tiny_trial(batch_size, repeats=1)
+        phases = [e.phase for e in events]
+        first = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
+        assert first == ["warm-up", "cost model", "reference", "round"], (batch_size, first)
+        warm = [(e.side, e.unit) for e in events if e.phase == "warm-up"]
+        assert warm == [("gated", 0)]  # bench.warmup=1: the self-check's two baselines warm the baseline

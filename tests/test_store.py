@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 from sweep.errors import SweepError
-from sweep.profile import READOUT_COLUMNS
+from sweep.trace.profile import READOUT_COLUMNS
 from sweep.store import PROVENANCE, SCHEMA_VERSION, TABLES, files, markdown, read, scan, write_table
 
 PROV = {
@@ -140,7 +140,7 @@ def test_every_table_carries_provenance():
 
 def test_trials_store_their_key_beside_their_id():
     trials = [c.name for c in TABLES["trials"].columns]
-    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 9
+    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 10
     assert "trial_key" not in {c.name for c in TABLES["simulated"].columns}
 
 

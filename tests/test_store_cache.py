@@ -27,8 +27,8 @@ def cache(tmp_path, monkeypatch) -> Path:
 def base_row() -> dict:
     """A complete trials row, as the driver writes one for a trial that failed."""
     from conftest import compose
-    from sweep.bench import failed_row
-    from sweep.run_info import provenance_unloaded
+    from sweep.bench.rows import failed_row
+    from sweep.store.run_info import provenance_unloaded
 
     cfg = compose("model=tiny-llama")
     return {**provenance_unloaded(cfg, "run0"), **failed_row(cfg, 1, RuntimeError("no"))}

@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 from conftest import compose
-from sweep.cli import main
+from sweep.cli.commands import main
 from sweep.errors import ConfigError
 from sweep.store import files, read, scan, write_table
 from sweep.store import _guard as guard
@@ -144,7 +144,7 @@ def test_a_rewritten_older_file_with_our_metadata_still_loads(tmp_path, caplog):
 
 
 def test_the_sweeps_done_rows_skip_a_garbage_file(root, caplog):
-    from sweep.plan import done_rows
+    from sweep.orchestrate.plan import done_rows
 
     bad = root / "trials" / "model=x" / "bad.parquet"
     bad.parent.mkdir()
@@ -170,8 +170,8 @@ def test_analyze_completes_past_a_garbage_and_a_foreign_file(root, capsys):
 
 
 def test_a_failing_report_writes_nothing(root, monkeypatch):
-    from sweep import report_figures
-    from sweep.report import run_analyze
+    from sweep.report import figures as report_figures
+    from sweep.report.build import run_analyze
 
     real = report_figures.pareto_figure
 
@@ -196,7 +196,7 @@ def test_a_failing_report_writes_nothing(root, monkeypatch):
 
 
 def test_an_orphaned_report_staging_directory_is_removed(root):
-    from sweep.report import run_analyze
+    from sweep.report.build import run_analyze
 
     old, fresh = root / ".report.0123456789ab.tmp", root / ".report.ba9876543210.tmp"
     for d in (old, fresh):
@@ -554,7 +554,7 @@ def test_analyze_leaves_out_a_non_finite_speedup_and_never_prints_nan(root, caps
             path, metadata=meta
         )
         break
-    with caplog.at_level(logging.WARNING, logger="sweep.report"):
+    with caplog.at_level(logging.WARNING, logger="sweep.report.build"):
         assert main(["analyze", f"results.root={root}"]) == 0
     out = capsys.readouterr().out
     report = (root / "report" / "report.md").read_text()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sweep.submit import SHIPPED, shipped_files
+from sweep.orchestrate.submit import SHIPPED, shipped_files
 
 PLANTED = [
     ".git/config",
@@ -59,11 +59,11 @@ def checkout(tmp_path) -> Path:
 
 
 def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None = None, **kwargs) -> list[str]:
-    """`sweep.submit.submit_job` against a job client whose upload is Ray's own: Ray's
+    """`sweep.orchestrate.submit.submit_job` against a job client whose upload is Ray's own: Ray's
     working-dir logic (its excludes, the gitignore switch) and ``create_package`` build the zip
     that would be uploaded; nothing is contacted. Returns the zip's file entries; ``submitted``
     gets the keyword arguments the job client's submit_job received."""
-    from sweep.cluster_env import ray_environment
+    from sweep.orchestrate.cluster_env import ray_environment
     from sweep.config import ClusterConfig
 
     ray_environment(ClusterConfig(address="http://127.0.0.1:9", auth="token", dashboard=False))
@@ -97,7 +97,7 @@ def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None =
             return submission_id
 
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", PackagingClient)
-    from sweep.submit import submit_job
+    from sweep.orchestrate.submit import submit_job
 
     kwargs.setdefault("submission_id", "raysubmit_test")
     assert submit_job("http://127.0.0.1:9", ["model=tiny-llama"], root, **kwargs) == kwargs["submission_id"]
@@ -110,7 +110,7 @@ def test_the_job_package_holds_only_the_allowlist(monkeypatch, tmp_path, checkou
     monkeypatch.setenv("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "1")
     monkeypatch.setenv("RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES", "")  # not even Ray's own .git/.venv excludes
     entries = packaged_entries(monkeypatch, tmp_path, checkout)
-    assert "sweep/cli.py" in entries and "conf/config.yaml" in entries and "pyproject.toml" in entries
+    assert "sweep/cli/commands.py" in entries and "conf/config.yaml" in entries and "pyproject.toml" in entries
     assert entries == shipped_files(ROOT)
     assert {e.split("/")[0] for e in entries} <= set(SHIPPED)
     leaked = [e for e in entries if e in PLANTED + PLANTED_INSIDE or "key_link" in e or "/." in f"/{e}"]
@@ -125,14 +125,14 @@ def test_dry_run_lists_the_files_and_contacts_nothing(checkout):
     assert time.perf_counter() - t0 < 30
     lines = res.stdout.splitlines()
     files = [line for line in lines if "/" in line and " " not in line or line in SHIPPED]
-    assert "sweep/cli.py" in files and "conf/config.yaml" in files and "jobs/submit.py" in files
+    assert "sweep/cli/commands.py" in files and "conf/config.yaml" in files and "jobs/submit.py" in files
     assert files == shipped_files(checkout)
     assert not [f for f in files if f in PLANTED + PLANTED_INSIDE or "key_link" in f]
     size = sum((checkout / f).stat().st_size for f in files)
     assert f"{len(files)} files, {size} bytes" in res.stdout
     entry = next(line for line in lines if line.startswith("entrypoint: "))
     assert entry == (
-        "entrypoint: python -m sweep.cli run model=tiny-llama results.root=/shared/results "
+        "entrypoint: python -m sweep.cli.commands run model=tiny-llama results.root=/shared/results "
         "cluster=existing cluster.auth=token"
     )
     assert "submitted" not in res.stdout and "no Ray job server" not in res.stderr
@@ -188,8 +188,8 @@ def test_the_job_gets_the_commit_and_its_submission_id(monkeypatch, tmp_path, re
 
 
 def test_submitted_commit_is_dirty_when_the_shipped_files_differ(repo, tmp_path, monkeypatch):
-    from sweep.provenance import checkout_commit
-    from sweep.submit import submitted_commit
+    from sweep.store.provenance import checkout_commit
+    from sweep.orchestrate.submit import submitted_commit
 
     sha = git(repo, "rev-parse", "HEAD")
     assert submitted_commit(repo) == checkout_commit(repo) == sha
@@ -212,13 +212,13 @@ def test_submitted_commit_is_dirty_when_the_shipped_files_differ(repo, tmp_path,
 def test_a_staged_copy_takes_its_commit_from_the_environment(tmp_path):
     """The job's working directory is a staged copy without .git, possibly inside some other
     checkout: git_sha() there is $SWEEP_GIT_SHA, never the enclosing repository's commit."""
-    from sweep.submit import staged_project
+    from sweep.orchestrate.submit import staged_project
 
     outer = tmp_path / "outer"
     outer.mkdir()
     git(outer, "init", "-q")
     git(outer, "commit", "-q", "--allow-empty", "-m", "outer")
-    code = "from sweep.provenance import git_sha, submission_id; print(git_sha(), submission_id())"
+    code = "from sweep.store.provenance import git_sha, submission_id; print(git_sha(), submission_id())"
     with staged_project(ROOT) as (staged, _):
         inside = outer / "project"
         shutil.copytree(staged, inside)
@@ -243,8 +243,8 @@ def test_a_staged_copy_takes_its_commit_from_the_environment(tmp_path):
 def test_rows_carry_the_submission_id_only_inside_a_job(tmp_path, monkeypatch):
     """The in-process twin of the cluster test: the same bench row, outside and inside a job."""
     from conftest import compose
-    from sweep.bench import run_bench
-    from sweep.provenance import checkout_commit, git_sha
+    from sweep.bench.command import run_bench
+    from sweep.store.provenance import checkout_commit, git_sha
     from sweep.store import read
 
     base = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
@@ -260,7 +260,7 @@ def test_rows_carry_the_submission_id_only_inside_a_job(tmp_path, monkeypatch):
 
 def test_job_metadata_names_the_sweep():
     from conftest import compose
-    from sweep.submit import job_metadata
+    from sweep.orchestrate.submit import job_metadata
 
     overrides = ["experiment=cluster-gpu", "results.root=/mnt/results", "sweep.name=nightly"]
     metadata = job_metadata(compose(*overrides), overrides, "abc-dirty")
@@ -277,7 +277,7 @@ def test_job_metadata_names_the_sweep():
 
 
 def test_submission_ids_look_like_rays_own():
-    from sweep.submit import new_submission_id
+    from sweep.orchestrate.submit import new_submission_id
 
     ids = {new_submission_id() for _ in range(50)}
     assert len(ids) == 50 and all(re.fullmatch(r"raysubmit_[A-Za-z1-9]{16}", i) for i in ids)
@@ -298,7 +298,7 @@ def test_submission_ids_look_like_rays_own():
     ],
 )
 def test_the_address_comes_from_the_flag_then_rays_variables(flag, environ, expected):
-    from sweep.submit import resolve_address
+    from sweep.orchestrate.submit import resolve_address
 
     assert resolve_address(flag, environ) == expected
 
@@ -315,7 +315,7 @@ def test_the_address_comes_from_the_flag_then_rays_variables(flag, environ, expe
 )
 def test_a_cluster_address_is_refused_with_the_url_to_pass(flag, environ, message):
     from sweep.errors import ConfigError
-    from sweep.submit import resolve_address
+    from sweep.orchestrate.submit import resolve_address
 
     with pytest.raises(ConfigError) as err:
         resolve_address(flag, environ)
@@ -336,7 +336,7 @@ def test_rays_client_gets_exactly_the_resolved_address(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://elsewhere:8265")
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Recorder)
-    from sweep.submit import job_client
+    from sweep.orchestrate.submit import job_client
 
     job_client("http://127.0.0.1:8265")
     assert seen == [("http://127.0.0.1:8265", None, None)]

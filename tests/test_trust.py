@@ -9,14 +9,15 @@ import statistics
 import pytest
 
 from conftest import compose
-from sweep.bench import prepare, run_trial
-from sweep.estimators import Timings
-from sweep.trial_metrics import PromptRun as _PromptRun
-from sweep.trial_metrics import metrics as _metrics
-from sweep.costs import CostModel, DecodeSteps
-from sweep.engine import Generation
+from sweep.bench.command import prepare
+from sweep.bench.protocol import run_trial
+from sweep.bench.estimators import Timings
+from sweep.bench.metrics import PromptRun as _PromptRun
+from sweep.bench.metrics import metrics as _metrics
+from sweep.bench.costs import CostModel, DecodeSteps
+from sweep.decode.engine import Generation
 from sweep.gates import make_gate
-from sweep.prompts import Prompt
+from sweep.models.prompts import Prompt
 
 L = 4
 
@@ -118,7 +119,7 @@ def test_every_gate_reports_end_to_end_speedups(tmp_path, name, params):
 
 
 def test_analysis_can_rank_by_the_end_to_end_speedup(tmp_path, capsys):
-    from sweep.cli import main
+    from sweep.cli.commands import main
     from sweep.store import read
 
     common = [

@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY_SWEEP, compose, run_cli, sweep
 from sweep.analysis import ok_trials
 from sweep.errors import ConfigError
-from sweep.identity import id_of_key
+from sweep.config.identity import id_of_key
 from sweep.store import files, read
 
 

@@ -1,11 +1,11 @@
 """Which speedup a trial is ranked by, and bootstrap confidence intervals of it and of agreement.
 
-The ranked ``speedup`` is ``sweep.estimators.ranked_speedup`` of the measured ratio: a trial that
+The ranked ``speedup`` is ``sweep.bench.estimators.ranked_speedup`` of the measured ratio: a trial that
 skipped no compute (no decode step exited, or kv_policy=full ran every skipped layer anyway) is
 capped at 1.0 from above (above 1.0 its ratio is timing noise; below, its probes and heads cost
 real time and the slowdown stays), and a speedup inside the trial's A/A noise floor is 1.0 (it
-cannot be told from full depth). The Optuna objective is the same function (``sweep.tune``).
-Intervals bootstrap the very estimators the bench reports (``sweep.estimators``), ranked the same
+cannot be told from full depth). The Optuna objective is the same function (``sweep.orchestrate.tune``).
+Intervals bootstrap the very estimators the bench reports (``sweep.bench.estimators``), ranked the same
 way on every resample, seeded per trial.
 """
 
@@ -16,7 +16,7 @@ import hashlib
 import numpy as np
 import polars as pl
 
-from sweep.estimators import FLOOR_OF, inside_floor, mean_agreement, pooled_speedup, ranked_speedup, skips_compute
+from sweep.bench.estimators import FLOOR_OF, inside_floor, mean_agreement, pooled_speedup, ranked_speedup, skips_compute
 
 LEVEL = 0.95
 SPEEDUPS = ("speedup_wall", "speedup_e2e_wall")
@@ -33,7 +33,7 @@ _INPUTS = {  # what ranking reads; an older frame's missing ones read as null
 
 
 def skipped_compute() -> pl.Expr:
-    """True where the trial skipped decoder-layer work on decode steps (``sweep.estimators.skips_compute``:
+    """True where the trial skipped decoder-layer work on decode steps (``sweep.bench.estimators.skips_compute``:
     self-speculation, or exits on decode steps under a K/V policy other than full)."""
 
     def skips(s: pl.Series) -> pl.Series:
@@ -46,7 +46,7 @@ def skipped_compute() -> pl.Expr:
 
 def ranked(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall") -> pl.LazyFrame:
     """Add ``speedup_metric``, ``skipped_compute``, ``speedup_floor`` (the metric's A/A noise floor,
-    null without one), ``speedup`` (``sweep.estimators.ranked_speedup``), ``capped`` (no compute
+    null without one), ``speedup`` (``sweep.bench.estimators.ranked_speedup``), ``capped`` (no compute
     skipped and measured above 1.0: capped to 1.0), ``within_noise`` (the capped ratio lies inside
     the floor: indistinguishable from 1.0; null without a floor) and ``speedup_noise`` (the
     measured ratio of trials that skipped no compute: above 1.0 noise, below 1.0 a real cost)."""

@@ -5,7 +5,7 @@ and how many timed rounds bring that floor down to a target.
 Each trial's own floor (``noise_floor``, from its rounds alone) is what its ranked speedup uses;
 this summary pools every distinct A/A control of a model (a shared-baseline group's rows share
 one), so its floor at the trials' number of rounds, and the rounds a target floor needs, rest on
-all of them (``sweep.noise.noise_floor`` and ``rounds_for_floor``).
+all of them (``sweep.bench.noise.noise_floor`` and ``rounds_for_floor``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import statistics
 import numpy as np
 import polars as pl
 
-from sweep.estimators import pooled_speedup
-from sweep.noise import noise_floor, rounds_for_floor
+from sweep.bench.estimators import pooled_speedup
+from sweep.bench.noise import noise_floor, rounds_for_floor
 
 FLOOR_TARGET = 0.02  # analysis.floor_target's default: +-2%
 
@@ -41,7 +41,7 @@ def noise_floors(trials: pl.DataFrame, metric: str = "speedup_wall", target: flo
     controls (``speedup_aa``'s estimator, or its end-to-end twin for speedup_e2e_wall); the floor
     pooled over every round at the trials' median ``repeats`` (``floor``) beside the median of the
     trials' own floors; and the rounds a floor of ``target`` needs, projected from the pooled floor
-    (``rounds_for_target``: ``sweep.noise.rounds_for_floor``; null when the A/A's offset alone reaches
+    (``rounds_for_target``: ``sweep.bench.noise.rounds_for_floor``; null when the A/A's offset alone reaches
     the target)."""
     e2e = metric == "speedup_e2e_wall"
     need = ["model", "status", "round_baseline_ms", "round_aa_ms", "repeats", "noise_floor", "noise_floor_e2e"]

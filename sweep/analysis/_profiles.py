@@ -108,7 +108,7 @@ def oracle_summary(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
 
 def _decision_rows(trace: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
     """The rows at decision positions, where a gate decides: each prompt's last prefill position
-    (its first generated token) and its decode positions, as ``sweep.simulate.signals_from_trace``
+    (its first generated token) and its decode positions, as ``sweep.trace.simulate.signals_from_trace``
     selects them (per model, run and prompt)."""
     last_prefill = (
         pl.when(pl.col("phase") == "prefill").then(pl.col("position")).max().over("model", "run_id", "prompt_id")

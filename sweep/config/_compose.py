@@ -17,9 +17,9 @@ from typing import Any
 from sweep.config._fields import build
 from sweep.config._schema import Config
 from sweep.errors import ConfigError
-from sweep.gatespec import check_gate, check_k
-from sweep.paths import is_name
-from sweep.search import check_ladder, check_search
+from sweep.config.gatespec import check_gate, check_k
+from sweep.config.paths import is_name
+from sweep.config.search import check_ladder, check_search
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
 
@@ -91,7 +91,7 @@ def _given(overrides: list[str] | tuple[str, ...]) -> set[str]:
 
 
 def _layer_keys(gate: dict[str, Any], given: set[str]) -> None:
-    """Keep at most one of the gate's min_layer and min_depth (``sweep.gatespec.resolve_min_layer``):
+    """Keep at most one of the gate's min_layer and min_depth (``sweep.config.gatespec.resolve_min_layer``):
     what the overrides set wins over what a conf file set. The gates' conf files set min_depth
     (a fraction of depth) and leave min_layer null, so ``gate.min_layer=K`` drops that default
     min_depth, ``gate.min_depth=F`` drops a min_layer set by a conf file (an experiment's), and
@@ -141,18 +141,18 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
     if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
-        from sweep.skipset import canonical
+        from sweep.config.skipset import canonical
 
         cfg = dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, skip=canonical(cfg.gate.skip)))
     return cfg
 
 
-RUN_ID_LENGTH = len("20250101T000000Z-abcdef")  # sweep.run_info.new_run_id's
+RUN_ID_LENGTH = len("20250101T000000Z-abcdef")  # sweep.store.run_info.new_run_id's
 
 
 def check_sweep_name(cfg: Config) -> str:
     """`sweep run`'s directory name, <search.name>-<run_id> unless sweep.name is set, is a name
-    too (``sweep.paths``); a placeholder stands for a run_id not yet drawn."""
+    too (``sweep.config.paths``); a placeholder stands for a run_id not yet drawn."""
     if cfg.sweep.name is not None:
         return cfg.sweep.name
     run_id = cfg.run_id if cfg.run_id is not None else "x" * RUN_ID_LENGTH
@@ -201,7 +201,7 @@ def _check_bench(cfg: Config) -> None:
 
 def _derive_name(path: str | None) -> str:
     """A model label from a hub id, a directory or a file path: always a safe name
-    (``sweep.paths``), since it becomes a directory under results.root."""
+    (``sweep.config.paths``), since it becomes a directory under results.root."""
     assert path is not None
     p = Path(path)
     if p.suffix == ".gguf":
@@ -250,7 +250,7 @@ def _first_line(exc: BaseException, cause: BaseException | None = None, override
 def _comma_list(key: str, value: str, overrides=()) -> str:
     """A comma list as a value (Hydra's multirun sweep): one line pointing to `sweep run search=...`
     with this key's sub-space as the example (naming the gate when the key is a gate parameter)."""
-    from sweep.gatespec import GATE_SPECS, LAYER_KEYS
+    from sweep.config.gatespec import GATE_SPECS, LAYER_KEYS
 
     param = key.removeprefix("gate.")
     entries = [f"{key}: 'choice({value})'"]

@@ -4,7 +4,7 @@ Field names follow conf/ one to one. Defaults live in one place: conf/config.yam
 group files (a test keeps every field there); a field here carries its type and check, and
 no default except null for optional keys (and the gate parameters, null where a gate does
 not take them). Checks that need the loaded model (a layer index against L) live with the
-gate-spec table (``sweep.gatespec.check_model``).
+gate-spec table (``sweep.config.gatespec.check_model``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sweep.config._fields import at_least, field, in_range
-from sweep.families import TINY
-from sweep.gatespec import PARAMS
-from sweep.paths import NAME_ALLOWED, is_name
+from sweep.config.families import TINY
+from sweep.config.gatespec import PARAMS
+from sweep.config.paths import NAME_ALLOWED, is_name
 
 
 def _name(default=dataclasses.MISSING):
-    """A name that becomes a file or directory name under results.root (``sweep.paths``)."""
+    """A name that becomes a file or directory name under results.root (``sweep.config.paths``)."""
     return field(default, check=is_name, allowed=f"{NAME_ALLOWED} (it becomes a file or directory name)")
 
 
@@ -66,13 +66,13 @@ def _gate_param(name: str):
 class GateConfig:
     """An exit rule and its thresholds; parameters a gate does not take stay null.
 
-    The parameters are the gate-spec table's (``sweep.gatespec.PARAMS``, a test keeps the two
+    The parameters are the gate-spec table's (``sweep.config.gatespec.PARAMS``, a test keeps the two
     equal); which gate takes which, and narrower domains, are checked by ``check_gate``."""
 
-    name: str = "full"  # a gate of sweep.gatespec.GATE_SPECS
+    name: str = "full"  # a gate of sweep.config.gatespec.GATE_SPECS
     # the first layer after which the gate may exit: min_layer (a layer index) when set, else
     # ceil(min_depth * L) (a fraction of depth, the conf/gate default), else 1 (gates built in code);
-    # sweep.gatespec.resolve_min_layer, once the model's depth L is known
+    # sweep.config.gatespec.resolve_min_layer, once the model's depth L is known
     min_layer: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null")
     min_depth: float | None = field(None, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1] or null")
     exit_layer: int | None = _gate_param("exit_layer")
@@ -81,7 +81,8 @@ class GateConfig:
     q: float | None = _gate_param("q")
     k: int | None = _gate_param("k")
     decay: float | None = _gate_param("decay")
-    skip: str | None = _gate_param("skip")  # the skip gate's bypassed sublayers (sweep.skipset), e.g. 'a3+m3+a5-9'
+    # the skip gate's bypassed sublayers (sweep.config.skipset), e.g. 'a3+m3+a5-9'
+    skip: str | None = _gate_param("skip")
     # which readout turns h_l into logits (the lens-probe gates and the classifier's exit token):
     # logit = the model's own final norm and head; tuned = a fitted translator first (`sweep fit`)
     lens: Literal["logit", "tuned"] | None = None  # null: logit (gates built in code)
@@ -180,6 +181,9 @@ class SweepConfig:
     # grid and screen: settings of one model (differing only in gate, kv_policy, mode) timed against one
     # full-depth baseline per round, each its own row; 1 = every setting its own baseline
     shared_baseline: int = field(check=in_range(1, 16), allowed="an integer in 1..16")
+    # true: a worker takes each full-depth reference once and its later trials reuse it (``sweep.bench.reuse``;
+    # rows: reference_source cached); false: every trial takes its own, as `sweep bench` does (fresh)
+    reuse: bool
 
 
 def _fractions(values: list) -> bool:

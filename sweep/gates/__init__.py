@@ -1,4 +1,4 @@
-"""Gates: the torch classes that decide, one per row of the gate-spec table (``sweep.gatespec``)."""
+"""Gates: the torch classes that decide, one per row of the gate-spec table (``sweep.config.gatespec``)."""
 
 from sweep.gates._gates import (
     ConformalGate,

@@ -1,4 +1,4 @@
-"""The learned exit: CALM's trained exit classifier, fitted by `sweep fit` (``sweep.readouts``)."""
+"""The learned exit: CALM's trained exit classifier, fitted by `sweep fit` (``sweep.trace.readouts``)."""
 
 from __future__ import annotations
 

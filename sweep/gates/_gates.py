@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from sweep.gatespec import GateSpec, check_model, gate_text, setting_columns
+from sweep.config.gatespec import GateSpec, check_model, gate_text, setting_columns
 from sweep.gates._registry import GATES, register
 from sweep.gates._signals import (
     at_least,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 class Gate:
     name: ClassVar[str]
-    # copied from the gate's row of sweep.gatespec.GATE_SPECS by ``register``:
+    # copied from the gate's row of sweep.config.gatespec.GATE_SPECS by ``register``:
     spec: ClassVar[GateSpec]
     params: ClassVar[tuple[str, ...]] = ()  # GateConfig fields the gate needs (besides min_layer)
     probe: ClassVar[str] = "none"  # none | hidden | lens | pca
@@ -46,7 +46,7 @@ class Gate:
     def decisions(cls, signals, values: torch.Tensor, decay: float | None = None) -> torch.Tensor:
         """Vectorised rule over a profile trace: (K, T, L) booleans, True where the gate with
         threshold ``values[k]`` would exit after layer l+1 at decision position t.
-        ``signals`` is a ``sweep.simulate.Signals``; layer and min_layer masking is the caller's;
+        ``signals`` is a ``sweep.trace.simulate.Signals``; layer and min_layer masking is the caller's;
         ``decay`` is CALM's schedule for the gates that take one."""
         raise NotImplementedError
 
@@ -62,11 +62,11 @@ class Gate:
         """Layers after which the decision is taken (never after L: that is full depth)."""
         return range(self.min_layer, self.num_layers)
 
-    readouts = None  # ``sweep.readouts.Readouts``: the fitted readouts (gate.lens=tuned, gate=classifier)
+    readouts = None  # ``sweep.trace.readouts.Readouts``: the fitted readouts (gate.lens=tuned, gate=classifier)
     adapter = None
 
     def attach(self, readouts) -> None:
-        """The fitted readouts (``sweep.readouts.load_readouts``, checked against the model) that a
+        """The fitted readouts (``sweep.trace.readouts.load_readouts``, checked against the model) that a
         tuned lens or the classifier reads."""
         self.readouts = readouts
 
@@ -131,7 +131,7 @@ class FullGate(Gate):
 
 @register
 class SkipGate(Gate):
-    """Never exits: it names the skip-set draft of self-speculation (``sweep.speculative.SkipDraft``)."""
+    """Never exits: it names the skip-set draft of self-speculation (``sweep.decode.speculative.SkipDraft``)."""
 
     name = "skip"
 

@@ -8,7 +8,7 @@ below eps. The probe costs a norm and two (k x hidden) products: far less than t
 
 from __future__ import annotations
 
-from sweep.gatespec import check_model
+from sweep.config.gatespec import check_model
 from sweep.gates._gates import Gate
 from sweep.gates._registry import register
 from sweep.gates._signals import below, level_tensor, lm_head_basis, pca_delta

@@ -1,6 +1,6 @@
 """The gate classes, one per row of the gate-spec table.
 
-``register`` binds a class to its spec (``sweep.gatespec.GATE_SPECS``, matched by name) and
+``register`` binds a class to its spec (``sweep.config.gatespec.GATE_SPECS``, matched by name) and
 copies the spec's declarations onto it (params, probe, threshold, aggressive), so the
 engine and replay read the table's values, never a second copy.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from sweep.gatespec import GATE_SPECS
-from sweep.registry import Registry
+from sweep.config.gatespec import GATE_SPECS
+from sweep.config.registry import Registry
 
 T = TypeVar("T", bound=type)
 

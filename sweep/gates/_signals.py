@@ -1,7 +1,7 @@
 """Every gate signal, defined once.
 
 The engine's gates (``decide``), the profile trace (``sweep profile``) and the replay of a
-trace (``sweep.simulate``) all compute a signal with the function here, never with a
+trace (``sweep.trace.simulate``) all compute a signal with the function here, never with a
 formula of their own: a replayed decision is the closed-loop one whatever the model's
 dtype. Every function reads its inputs in float32 (a bf16/fp16 model's h_l and z_l are
 upcast before any arithmetic) and returns float32, one value per row.

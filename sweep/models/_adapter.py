@@ -5,7 +5,7 @@ model's own forward; the adapter only names modules and adds what a forward does
 the logit lens ``z_l = head(final_norm(h_l))`` with the model's own logit transforms, per-layer
 hidden-state capture, and the cache edits early exit needs (fill skipped layers' K/V, overwrite
 a batch row's last position, crop back). Parts are found from the model's structure
-(``sweep.models._parts``); ``sweep.families`` names fast paths and overrides only. Two K/V fills:
+(``sweep.models._parts``); ``sweep.config.families`` names fast paths and overrides only. Two K/V fills:
 
 - ``fast``: the stacked projection of ``sweep.models._kvfill`` (one matmul for all skipped layers),
   for model types with a ``FAST_KV`` row;
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
-from sweep.families import FAST_KV, FastKV
+from sweep.config.families import FAST_KV, FastKV
 from sweep.models._kvfill import LayerKV, StackedKV
 from sweep.models._layerfill import filling
 from sweep.models._parts import apply_scales, find_parts, text_config
@@ -170,7 +170,7 @@ class Adapter:
 
     @contextlib.contextmanager
     def bypassing(self, skip) -> Iterator[None]:
-        """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.skipset.SkipSet``,
+        """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.config.skipset.SkipSet``,
         1-indexed layers) bypassed through the residual: each returns zeros, so the residual passes on
         unchanged and a bypassed attention writes no K/V."""
         from sweep.models._bypass import bypassing, output_shapes

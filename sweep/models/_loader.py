@@ -28,7 +28,7 @@ from sweep.errors import ConfigError, InputError
 from sweep.models import _cache
 from sweep.models._adapter import Adapter
 from sweep.models._fidelity import Fidelity, check
-from sweep.provenance import device_label, fingerprint_dir, fingerprint_file, fingerprint_state
+from sweep.store.provenance import device_label, fingerprint_dir, fingerprint_file, fingerprint_state
 
 log = logging.getLogger("sweep.models")
 

@@ -4,7 +4,7 @@
   vision-language wrapper), the one nearest the decoder's root outside any vision or audio tower;
 - the final norm: the norm module beside that list (a direct child of the module that holds it);
 - the output head: ``get_output_embeddings()``;
-- the logit transforms a config key names (``sweep.families.HEAD_SCALES``);
+- the logit transforms a config key names (``sweep.config.families.HEAD_SCALES``);
 - the embedding scale needs nothing: h_0 is taken at the first layer's input (``Adapter.capture_hidden``).
 
 What is found is checked at load (``sweep.models._fidelity``): the lens at layer L must give
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from sweep.errors import InputError
-from sweep.families import HEAD_OVERRIDES, HEAD_SCALES, HeadScale
+from sweep.config.families import HEAD_OVERRIDES, HEAD_SCALES, HeadScale
 
 _TOWERS = ("vision", "visual", "audio", "image", "encoder", "speech", "mm_projector", "multi_modal")
 

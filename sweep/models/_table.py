@@ -4,11 +4,11 @@ adapter found and what the engine therefore runs or refuses."""
 
 from __future__ import annotations
 
-from sweep.families import TINY
+from sweep.config.families import TINY
 
 
 def family_rows() -> list[dict]:
-    """One row per family of ``sweep.families.TINY``: its tiny model loaded (the fidelity check runs)."""
+    """One row per family of ``sweep.config.families.TINY``: its tiny model loaded (the fidelity check runs)."""
     from sweep.config import compose
     from sweep.models._loader import load_model
 

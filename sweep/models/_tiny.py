@@ -2,7 +2,7 @@
 
 They exercise every code path of a family in seconds without a download. Their
 weights are random, so their numbers mean nothing; their mechanics mean everything.
-What each family sets beyond the common sizes is data (``sweep.families.TINY``).
+What each family sets beyond the common sizes is data (``sweep.config.families.TINY``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import inspect
 import torch
 
 from sweep.config import ModelConfig
-from sweep.families import TINY
+from sweep.config.families import TINY
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>")
 CHAT_TEMPLATE = (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
+from sweep.config.gatespec import GATE_SPECS, PARAMS, ParamSpec
 
 # 2: layers_saved counts decode steps only (the first token saves nothing)
 # 3: trials carry trial_key, the JSON text that trial_id hashes
@@ -33,7 +33,10 @@ from sweep.gatespec import GATE_SPECS, PARAMS, ParamSpec
 #    front points with agreement >= analysis.knee_min_agreement, the unrestricted knee beside them
 # 9: trials carry skip-set self-speculation (gate=skip: skip, skip_ratio; draft_stop, acceptance_length,
 #    draft_ms_per_token, verify_ms_per_token); self-speculative rows carry the cost model's speedup_model
-SCHEMA_VERSION = 9
+# 10: trials carry reference_source (fresh: the trial took its full-depth reference; cached: a sweep worker's,
+#    sweep.reuse); every trial runs one protocol (a trial alone is a group of one), so a `sweep bench` trial's
+#    gated reference is its first timed round's gated run, as in a sweep
+SCHEMA_VERSION = 10
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ PROVENANCE: tuple[Column, ...] = (
         pl.String(),
         "",
         "how the engine fills a skipped layer's K/V (kv_policy=propagate): fast (the stacked projection of "
-        "sweep/families.py) | generic (the layer's own modules) | none (no fill is exact: propagate refused); "
+        "sweep/config/families.py) | generic (the layer's own modules) | none (no fill is exact: propagate refused); "
         "null when the model never loaded",
         nullable=True,
     ),
@@ -167,7 +170,7 @@ PROVENANCE: tuple[Column, ...] = (
 
 
 # a gate setting, as trials and simulated rows carry it: the parameter columns come from the
-# gate-spec table (sweep.gatespec), so a new gate parameter is a new column of every table here
+# gate-spec table (sweep.config.gatespec), so a new gate parameter is a new column of every table here
 def _gate_column(param: ParamSpec) -> Column:
     takers = [g for g in GATE_SPECS if param.name in g.accepts]
     names = [g.name for g in takers]

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sweep.errors import SweepError
-from sweep.paths import check_name, inside
+from sweep.config.paths import check_name, inside
 from sweep.store._cache import CACHE_FROM, read_cached
 from sweep.store._guard import partition_values, remove_stale_temps, temp_path, usable
 from sweep.store._schema import SCHEMA_VERSION, TABLES, Table
@@ -49,7 +49,7 @@ def write_table(
     checked, then left out of the file: their values are its directory names (so pandas,
     pyarrow, DuckDB and polars each read them from the path, with no type to reconcile).
     The stem and the partition values become path components: each must be a safe name
-    (``sweep.paths.check_name``), and the final path must resolve inside ``root`` (symlinks
+    (``sweep.config.paths.check_name``), and the final path must resolve inside ``root`` (symlinks
     included), else ConfigError and nothing is written. ``exclusive``: never replace an
     existing file (FileExistsError).
     """

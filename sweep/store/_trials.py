@@ -33,7 +33,7 @@ TRIALS = Table(
             "the trial's defining config as canonical JSON text (model, gate, bench without cost_model, prompts, "
             "device "
             "(cpu or cuda), dtype, seed); trial_id is the first 16 hex digits of its sha256 "
-            "(sweep.identity.id_of_key); "
+            "(sweep.config.identity.id_of_key); "
             "null in rows written under schema 2",
             nullable=True,
         ),
@@ -147,7 +147,8 @@ TRIALS = Table(
             "fraction",
             "the trial's A/A noise floor f for speedup_wall: a speedup within [1/(1+f), 1+f] cannot be told from 1.0. "
             "The smallest f such that speedup_aa's estimator on its timed rounds drawn with replacement lies within "
-            "that band with probability >= 0.95, computed exactly (sweep.noise.noise_floor: covers the A/A's offset "
+            "that band with probability >= 0.95, computed exactly (sweep.bench.noise.noise_floor: covers the A/A's "
+            "offset "
             "from 1 and its spread); null without an A/A",
         ),
         metric("noise_floor_e2e", "fraction", "noise_floor for speedup_e2e_wall (whole requests)"),
@@ -211,6 +212,15 @@ TRIALS = Table(
             "",
             "true: the reference and its self-check were taken by an earlier trial in the same worker "
             "(same model, dtype, device, prompts, gen_tokens, seed, batch_size); false: this trial took them",
+            nullable=True,
+        ),
+        Column(
+            "reference_source",
+            pl.String(),
+            "",
+            "where the trial's full-depth reference came from: fresh (taken for this trial or its group of settings: "
+            "`sweep bench`, sweep.reuse=false) or cached (a sweep worker's, sweep.reuse=true; reference_reused "
+            "says whether this trial took it)",
             nullable=True,
         ),
         Column(

@@ -8,13 +8,13 @@ import dataclasses
 import polars as pl
 import torch
 
-from sweep.batching import BatchEngine
+from sweep.decode.batching import BatchEngine
 from sweep.config import GateConfig, compose
-from sweep.engine import Engine
+from sweep.decode.engine import Engine
 from sweep.gates import GATES, make_gate
-from sweep.profile import profile_prompts
-from sweep.prompts import read_prompts, tokenize_prompts
-from sweep.simulate import exit_layers, signals_from_trace, threshold_value
+from sweep.trace.profile import profile_prompts
+from sweep.models.prompts import read_prompts, tokenize_prompts
+from sweep.trace.simulate import exit_layers, signals_from_trace, threshold_value
 
 N = 8  # greedy tokens per prompt
 

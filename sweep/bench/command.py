@@ -1,0 +1,80 @@
+"""`sweep bench`: prepare one trial (the shared workload loader), run it fresh, write its row, render it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sweep import progress
+from sweep.bench.costs import cost_model
+from sweep.bench.protocol import run_trial, verify_positions
+from sweep.bench.rows import failed_row, format_row
+from sweep.config import Config
+from sweep.gates import Gate, make_gate
+from sweep.models import LoadedModel
+from sweep.models.prompts import Prompt
+from sweep.models.workload import load_workload
+
+log = logging.getLogger("sweep.bench.command")
+
+
+def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    """Load and check everything a trial needs; bad input fails here, before any work."""
+    with progress.phase("load", part="load"):
+        return _prepare(cfg)
+
+
+def _prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    gate = None
+
+    def check(lm: LoadedModel) -> None:
+        nonlocal gate
+        gate = make_gate(cfg.gate, lm.num_layers, lm.adapter.config.hidden_size)  # the one check against the model
+        speculative, exits = cfg.bench.mode == "self_speculative", bool(gate.probe_layers())
+        lm.require(
+            lens=exits or speculative,
+            kv_policy=cfg.bench.kv_policy if exits else None,
+            crop=speculative,
+            batch_size=cfg.bench.batch_size,
+        )
+
+    lm, prompts = load_workload(cfg, ("bench.gen_tokens", cfg.bench.gen_tokens), check=check)
+    attach_readouts(gate, cfg.gate, lm, prompts)
+    return lm, gate, prompts
+
+
+def attach_readouts(gate: Gate, gate_cfg, lm: LoadedModel, prompts: list[Prompt], key: str = "gate.readouts") -> None:
+    """The fitted readouts a tuned lens or the classifier reads: loaded for this model (refused when
+    fitted to another) and checked disjoint from the prompts it is evaluated on; nothing otherwise."""
+    if gate_cfg.readouts is None:
+        return
+    from sweep.trace.readouts import readouts_for
+
+    gate.attach(readouts_for(gate_cfg.readouts, lm, prompts, key))
+
+
+def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
+    """`sweep bench`: one trial, one Parquet row; returns (path, row, summary)."""
+    from sweep.store.run_info import new_run_id, provenance
+    from sweep.store import write_table
+
+    lm, gate, prompts = prepare(cfg)
+    log.info("bench %s on %s: %d prompts x %d tokens", gate.describe(), lm.name, len(prompts), cfg.bench.gen_tokens)
+    try:
+        row = run_trial(cfg, lm, gate, prompts)
+    except (RuntimeError, ValueError) as exc:  # CUDA out-of-memory is a RuntimeError
+        log.error("trial failed: %s", exc)
+        row = failed_row(cfg, len(prompts), exc, gate)
+    run_id = cfg.run_id or new_run_id()
+    prov = provenance(cfg, lm, run_id)
+    row.update(sweep_name=None, worker_pid=None, worker_model_loads=None, trial_seconds=None)  # sweep-only columns
+    with progress.timed("writing"):
+        path = write_table(
+            "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
+        )
+    costs = (
+        cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[cfg.bench.kv_policy], **verify_positions([cfg]))
+        if cfg.bench.cost_model and row["status"] != "failed"
+        else None
+    )
+    return str(path), {**prov, **row}, format_row({**prov, **row}, costs)

@@ -1,0 +1,475 @@
+"""The cost model: what one layer, the exit probe, the K/V fill and the rest of a decode
+step cost on this model and device, measured, and what a gate's exits should save.
+
+Everything is measured on decode steps of the real model with a real KV cache (median
+of interleaved repeats, synchronised on GPU). Costs are kept in ms and expressed in
+layer-equivalents (ms / layer_ms), the unit the post-mortem's probe costs use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from sweep import progress
+from sweep.config import GateConfig
+from sweep.decode.engine import Engine, StepState
+from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
+from sweep.models import LoadedModel
+from sweep.decode.timing import Timer
+
+
+@dataclass
+class DecodeSteps:
+    """Gated decode steps as the cost model charges them: the layers each ran (its exit layer;
+    L when it did not exit), its probes, and the extra heads and K/V fill layers only a batch
+    pays (a batch's step runs to its deepest row; see ``BatchGeneration``)."""
+
+    layers: list[int]
+    probes: list[int]
+    extra_heads: list[int] = field(default_factory=list)
+    extra_fills: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of_batches(cls, gens: list) -> DecodeSteps:
+        def joined(name: str) -> list[int]:
+            return [v for gen in gens for v in getattr(gen, name)]
+
+        return cls(joined("step_layers"), joined("probes"), joined("extra_heads"), joined("extra_fill_layers"))
+
+
+@dataclass
+class CostModel:
+    layer_ms: float  # one decoder layer of a decode step
+    head_ms: float  # final norm + lm_head on one position (the logit lens)
+    # the probes alone, measured on demand (``cost_model(..., probes_alone=True)``; None until then): what a
+    # gate whose probe was not measured in situ is charged (a screen's replay); a bench measures its gate in situ
+    lens_probe_ms: float | None  # a margin/conformal probe alone: lens + top-2 + decision
+    hidden_probe_ms: float | None  # a saturation probe alone: two norms of h + decision
+    # K/V fill of one skipped layer (kv_policy=propagate), by the path the engine takes; None until a
+    # kv_policy=propagate trial needs it (``cost_model(..., kv_policy=...)``), and for a model without a fill
+    kv_ms: float | None
+    overhead_ms: float  # rest of a full-depth step: embedding, mask, RoPE, framework
+    step_ms: float  # a full-depth decode step, measured
+    num_layers: int
+    prefill_ms: float = 0.0  # a full-depth prefill of the measured prompt (prompt_tokens long)
+    prefill_lens_ms: float = 0.0  # the logit lens and its sup-norm residual over every position of that prompt
+    prompt_tokens: int = 1
+    # measured on demand: each gate's probe in situ (``_measure``, ``_measure_probe``) under ``in_situ_key``
+    # ("margin/lens", "saturation/hidden", "pca/pca:64", "classifier/classifier:tuned"), which wins over the
+    # probe measured alone; "translate": a tuned lens's translator alone (an exit's cost)
+    extra_probe_ms: dict = field(default_factory=dict)
+    # measured on demand for self-speculation (``cost_model(..., verify_positions=N + 1)``): one layer's
+    # attention and MLP sublayers of a decode step, and a verification pass of k positions (verify_ms[k - 1])
+    attn_ms: float | None = None
+    mlp_ms: float | None = None
+    verify_ms: list = field(default_factory=list)
+
+    def layers(self, ms: float) -> float:
+        return ms / self.layer_ms
+
+    def verify(self, positions: int) -> float:
+        """ms of one full-model pass over ``positions`` positions on a cache (a verification)."""
+        if positions > len(self.verify_ms):
+            raise KeyError(f"verification of {positions} positions not measured: cost_model(..., verify_positions=...)")
+        return self.verify_ms[positions - 1]
+
+    def skip_draft_ms(self, skip) -> float:
+        """ms of a draft step of the full model with the sublayers of ``skip`` bypassed."""
+        if self.attn_ms is None or self.mlp_ms is None:
+            raise KeyError("sublayer costs not measured: cost_model(..., verify_positions=...)")
+        return max(self.step_ms - len(skip.attention) * self.attn_ms - len(skip.mlp) * self.mlp_ms, 0.0)
+
+    def prefix_draft_ms(self, exit_layer: int) -> float:
+        """ms of a draft step of layers 1..K and the logit lens."""
+        return self.overhead_ms + exit_layer * self.layer_ms + self.head_ms
+
+    def speculative_ms(self, draft_step_ms: float, drafted: Sequence[int]) -> float:
+        """Predicted decode ms of self-speculation whose rounds drafted ``drafted[r]`` tokens each: every
+        draft at ``draft_step_ms`` (``prefix_draft_ms``, ``skip_draft_ms``) and a verification of drafts + 1."""
+        return sum(k * draft_step_ms + self.verify(k + 1) for k in drafted)
+
+    def probe_ms(self, gate: Gate) -> float:
+        """ms of one probe of ``gate``: in situ when ``cost_model(..., gates=[gate])`` measured it, else alone."""
+        if in_situ_key(gate) in self.extra_probe_ms:
+            return self.extra_probe_ms[in_situ_key(gate)]
+        known = {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms, **self.extra_probe_ms}
+        if known.get(gate.probe_key) is None:
+            raise KeyError(
+                f"probe '{gate.probe_key}' not measured: cost_model(lm, prompt_ids, gates=[...]) measures it"
+            )
+        return known[gate.probe_key]
+
+    def fill_ms(self, kv_policy: str) -> float:
+        """What a skipped layer costs a step under ``kv_policy``: its K/V fill (propagate; 0 where no fill
+        was measured, which only a gate that never exits can reach), or the layer itself (full)."""
+        if kv_policy == "propagate":
+            return self.kv_ms or 0.0
+        return self.layer_ms
+
+    def token_ms(self, gate: Gate, exit_layer, probes, kv_policy: str):
+        """Predicted ms of a decode step that exited at ``exit_layer`` after ``probes`` probes.
+
+        Numbers or tensors (a whole grid of simulated exits at once). A step that did not
+        exit pays the head; one that exited pays it unless a lens probe already computed
+        the token's logits, and under kv_policy=full also the model's own final head.
+        """
+        L = self.num_layers
+        exited = exit_layer < L
+        exited = exited.to(torch.float64) if isinstance(exited, torch.Tensor) else float(exited)
+        head_after_exit = (gate.probe != "lens") + (kv_policy == "full")
+        return (
+            self.overhead_ms
+            + exit_layer * self.layer_ms
+            + probes * self.probe_ms(gate)
+            + (L - exit_layer) * self.fill_ms(kv_policy)
+            + self.head_ms * ((1.0 - exited) + exited * head_after_exit)
+            + exited * self.exit_translate_ms(gate)
+        )
+
+    def exit_translate_ms(self, gate: Gate) -> float:
+        """What an exit pays beyond the head to read its token: a tuned lens's translator, unless
+        a (tuned) lens probe already read it."""
+        if gate.probe == "lens" or gate.cfg.lens != "tuned":
+            return 0.0
+        if "translate" not in self.extra_probe_ms:
+            raise KeyError("the translator's cost is not measured: cost_model(lm, prompt_ids, gates=[...]) measures it")
+        return self.extra_probe_ms["translate"]
+
+    def decode_ms(self, gate: Gate, steps: DecodeSteps, kv_policy: str) -> float:
+        """Predicted gated ms of the given decode steps; a batch's steps add the heads and K/V
+        fills no single sequence pays (see ``DecodeSteps``)."""
+        gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(steps.layers, steps.probes))
+        return gated + sum(steps.extra_heads) * self.head_ms + sum(steps.extra_fills) * self.fill_ms(kv_policy)
+
+    def speedup(self, gate: Gate, steps: DecodeSteps, kv_policy: str) -> float:
+        """Predicted full-depth ms over gated ms, summed over the given decode steps."""
+        gated = self.decode_ms(gate, steps, kv_policy)
+        return len(steps.layers) * self.step_ms / gated if gated else float("nan")
+
+    def prefill_at(self, prompt_tokens: int) -> float:
+        """Predicted ms of a full-depth prefill of ``prompt_tokens`` tokens (linear in length
+        from the measured prompt: an approximation that ignores attention's quadratic term)."""
+        return self.prefill_ms * prompt_tokens / self.prompt_tokens
+
+    def calibration_ms(self, gate: Gate, prompt_tokens: int) -> float:
+        """Predicted ms of the gate's per-prompt calibration: one lens and residual over every
+        prompt position per lens pass it declares (conformal: its probed layers and layer L)."""
+        return gate.calibration_lenses() * self.prefill_lens_ms * prompt_tokens / self.prompt_tokens
+
+    def speedup_e2e(self, gate: Gate, steps: DecodeSteps, kv_policy: str, prompt_tokens: Sequence[int]) -> float:
+        """Predicted end-to-end speedup of whole requests: every prompt's prefill (and, on the
+        gated side, its calibration) plus the given decode steps."""
+        prefill = sum(self.prefill_at(p) for p in prompt_tokens)
+        calibration = sum(self.calibration_ms(gate, p) for p in prompt_tokens)
+        gated = prefill + calibration + self.decode_ms(gate, steps, kv_policy)
+        return (prefill + len(steps.layers) * self.step_ms) / gated if gated else float("nan")
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def format(self) -> str:
+        rows = [
+            ("decoder layer", self.layer_ms),
+            ("final norm + lm_head", self.head_ms),
+            *([("lens probe alone (margin)", self.lens_probe_ms)] if self.lens_probe_ms is not None else []),
+            *([("hidden probe alone (saturation)", self.hidden_probe_ms)] if self.hidden_probe_ms is not None else []),
+            *([("K/V fill, one layer (propagate)", self.kv_ms)] if self.kv_ms is not None else []),
+            ("step overhead", self.overhead_ms),
+            (f"full-depth step ({self.num_layers} layers)", self.step_ms),
+            (f"prefill, {self.prompt_tokens} tokens", self.prefill_ms),
+            (f"lens over {self.prompt_tokens} positions", self.prefill_lens_ms),
+        ]
+        rows += [(f"probe {key}" if "/" in key else key, ms) for key, ms in sorted(self.extra_probe_ms.items())]
+        lines = [f"{'cost model':<34}{'ms':>9}{'layers':>9}"]
+        lines += [f"{name:<34}{ms:>9.3f}{self.layers(ms):>9.2f}" for name, ms in rows]
+        return "\n".join(lines)
+
+
+def cost_model(
+    lm: LoadedModel,
+    prompt_ids: Sequence[int],
+    *,
+    gates: Sequence[Gate] = (),
+    repeats: int = 16,
+    kv_policies: Sequence[str] = ("propagate",),
+    verify_positions: int = 0,
+    probes_alone: bool | None = None,
+) -> CostModel:
+    """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
+    model (kept with it: a model the model cache evicted takes its costs along, never leaving
+    them to a later model); the probe of each of ``gates`` is measured too, in situ, once per
+    ``in_situ_key`` (and a tuned lens's translator once): in the model's own rounds when it is
+    measured with them, in rounds of its own for a gate that comes later. The K/V fill is measured
+    once a kv_policy=propagate trial whose gate can exit asks for it (``kv_policies``), by the path
+    the engine takes: none under kv_policy=full, none for gate=full; self-speculation's costs
+    (sublayers, verification passes of up to ``verify_positions`` positions) once a trial asks for
+    them. The lens and hidden probes alone (what a gate not measured in situ is charged) once
+    ``probes_alone`` asks (None: when no gates are given). A gate without a probe (full, fixed)
+    measures no probe at all."""
+    with progress.phase("cost model", part="cost model"):
+        # a loaded model has one device and dtype: its prompt length is all the key needs
+        costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
+        exits = not gates or any(len(gate.probe_layers()) for gate in gates)
+        if "propagate" in kv_policies and exits and costs.kv_ms is None and lm.adapter.kv_path is not None:
+            costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
+        if (not gates if probes_alone is None else probes_alone) and costs.lens_probe_ms is None:
+            costs.lens_probe_ms, costs.hidden_probe_ms = _probes_alone(lm, prompt_ids)
+        if verify_positions > len(costs.verify_ms):
+            _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats)
+        for gate in gates:
+            if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
+                costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
+            if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
+                costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
+        return costs
+
+
+@torch.inference_mode()
+def _probes_alone(lm: LoadedModel, prompt_ids: Sequence[int]) -> tuple[float, float]:
+    """ms of a lens probe (margin) and of a hidden probe (saturation) alone, on one position."""
+    adapter, dev = lm.adapter, lm.device
+    with progress.phase("cost model: probes alone", 2):
+        token = torch.tensor([[int(prompt_ids[-1])]], device=dev)
+        h = adapter.embed(token)[:, -1]
+        h_prev = h * 0.9
+        theta = torch.tensor(0.0)
+        lens_ms = _median_ms(lambda: bool((logit_margin(adapter.lens(h)) >= theta).all()), dev)
+        progress.step()
+        hidden_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), dev)
+        progress.step()
+    return lens_ms, hidden_ms
+
+
+def in_situ_key(gate: Gate) -> str:
+    """Under which key ``CostModel.extra_probe_ms`` keeps the in-situ cost of ``gate``'s probe: its
+    decision rule and its probe (margin and entropy read the same lens but decide differently)."""
+    return f"{gate.name}/{gate.probe_key}"
+
+
+def _probed_engine(lm: LoadedModel, gate: Gate, ids: torch.Tensor) -> Engine | None:
+    """An engine under a copy of ``gate`` (the same rule and readouts) that decides after every layer
+    but the last, calibrated on the prompt as a gated run is; None for a one-layer model (no probes)."""
+    probed = copy.copy(gate)
+    probed.min_layer = 1
+    if not probed.probe_layers():
+        return None
+    # the policy gated runs use (a model without a K/V fill runs them under full); the state never exits
+    engine = Engine(lm, probed, "propagate" if lm.adapter.kv_path is not None else "full")
+    engine.gated_prefill(ids, lm.adapter.new_cache(), n_tokens=2)  # a gate that calibrates per prompt does
+    return engine
+
+
+def _probe_fraction(probed: list[float], full: list[float], engine: Engine) -> float:
+    """One decision as a fraction of a full-depth step: the median over rounds of probed / full ms
+    of the same round, less one, per probed layer."""
+    extra = statistics.median(p / f for p, f in zip(probed, full)) - 1.0
+    return max(extra, 0.0) / len(engine.gate.probe_layers())
+
+
+def _translate_ms(lm: LoadedModel, gate: Gate) -> float:
+    """ms of the tuned lens's translator alone on one position (an exit's cost, not a probe's)."""
+    layer = min(max(gate.min_layer, 1), max(lm.num_layers - 1, 1))  # a layer with a translator
+    with torch.inference_mode():
+        h = lm.adapter.embed(torch.tensor([[1]], device=lm.device))[:, -1]
+        return _median_ms(lambda: gate.readouts.translate(layer, h), lm.device)
+
+
+class _ProbeOnly(StepState):
+    """A step state whose gate decides after every probed layer and never exits: a full-depth step
+    that pays its probes (the decision's device sync included) and nothing else."""
+
+    def record(self, layer, h, z, decided) -> bool:
+        bool(decided.all())
+        return False
+
+
+def _timed_steps(
+    engines: dict, token: torch.Tensor, cache, repeats: int, device, *, states: dict | None = None
+) -> dict[str, list[float]]:
+    """ms of one decode step of each engine from a copy of the same prefilled cache, the engines
+    interleaved in alternating order, round by round (one warm-up round first); ``states`` gives an
+    engine its ``StepState``. One step per engine and round: on SmolLM2-135M (2-core CPU, 8 runs each)
+    it took 0.6x the time of two consecutive steps, for predicted speedups with the same median and a
+    spread of 1.9% instead of 1.2%."""
+    states = states or {}
+    times: dict = {k: [] for k in engines}
+    names = list(engines)
+    for r in range(repeats + 1):
+        for name in names if r % 2 == 0 else names[::-1]:
+            engine, kv = engines[name], copy.deepcopy(cache)
+            with engine.stepping(states.get(name)) as stepper, Timer(device) as clock:
+                stepper.step(token, kv).logits.argmax(-1)  # the next token, as a decode loop takes it
+            if r >= 1:
+                times[name].append(clock.seconds * 1000)
+        progress.step()
+    return times
+
+
+@torch.inference_mode()
+def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_ms: float, repeats: int = 16) -> float:
+    """ms of one decision of ``gate`` where a gated run pays it, for a gate that comes after its model was
+    measured: full-depth steps that decide after every probed layer and never exit against plain steps in
+    the same rounds (``_probe_fraction``, a fraction of ``step_ms``). A ratio within a round holds when the
+    machine's speed drifts between rounds. Measured alone, a lens probe reads the lm_head from a warm cache
+    and skips the layer hook; inside a step it pays both, as the engine does."""
+    ids = torch.tensor([list(prompt_ids)], device=lm.device)
+    probed = _probed_engine(lm, gate, ids)
+    if probed is None:
+        return 0.0
+    cache = lm.adapter.new_cache()
+    token = lm.adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    engines = {"full": Engine(lm), "probed": probed}
+    with progress.phase(f"cost model: probe {in_situ_key(gate)}", repeats + 1):  # rounds
+        times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": _ProbeOnly()})
+    return _probe_fraction(times["probed"], times["full"], probed) * step_ms
+
+
+@torch.inference_mode()
+def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Sequence[Gate] = ()) -> CostModel:
+    """The model's costs; the probes of ``gates`` in situ in the same rounds (one plain full-depth
+    engine serves the layer slope, the step and every probe's ratio)."""
+    adapter, L, dev = lm.adapter, lm.num_layers, lm.device
+    lo = max(1, L // 4)
+    hi = max(lo + 1, (3 * L) // 4) if L > 1 else 1
+    ids = torch.tensor([list(prompt_ids)], device=lm.device)
+    probed = {}  # in_situ_key -> its probed engine
+    for gate in gates:
+        if gate.probe_key != "none" and in_situ_key(gate) not in probed:
+            probed[in_situ_key(gate)] = _probed_engine(lm, gate, ids)
+    # the probed engines next to the plain one in every round (forward and reversed), as in rounds of their own
+    engines = {"full": Engine(lm), **{("probed", key): e for key, e in probed.items() if e is not None}}
+    if L > 1:  # steps that stop after lo and after hi layers, skipped layers left without K/V
+        for layer in (lo, hi):
+            engines[layer] = _fixed_engine(lm, layer, "none")
+    prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), dev, n=3, warm=1)
+    with adapter.capture_hidden() as hs:
+        cache = adapter.new_cache()
+        token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    h_all, z_final = hs[max(1, L // 2)], adapter.lens(hs[L]).float()
+    del hs
+    prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=3, warm=1)
+    states = {("probed", key): _ProbeOnly() for key, engine in probed.items() if engine is not None}
+    rounds = "cost model: step rounds" + "".join(f", probe {key}" for _, key in sorted(states, key=str))
+    with progress.phase(rounds, repeats + 1):
+        times = _timed_steps(engines, token, cache, repeats, dev, states=states)
+    step_ms = statistics.median(times["full"])
+    extra_probe_ms = {
+        key: 0.0 if engine is None else _probe_fraction(times[("probed", key)], times["full"], engine) * step_ms
+        for key, engine in probed.items()
+    }
+    h = adapter.embed(token)[:, -1]
+    head_ms = _median_ms(lambda: adapter.lens(h), dev)
+    if L > 1:
+        # paired within rounds, as the probes are: the slope holds when the machine's speed drifts between rounds
+        layer_ms = statistics.median(b - a for a, b in zip(times[lo], times[hi])) / (hi - lo)
+    else:
+        layer_ms = step_ms - head_ms
+    # a noisy slope must not predict a full-depth step dearer than the one measured
+    layer_ms = min(max(layer_ms, 1e-6), max(step_ms - head_ms, 1e-6) / L)
+    overhead_ms = max(step_ms - L * layer_ms - head_ms, 0.0)
+    return CostModel(
+        layer_ms,
+        head_ms,
+        None,  # the probes alone: on demand (``_probes_alone``)
+        None,
+        None,
+        overhead_ms,
+        step_ms,
+        L,
+        prefill_ms=prefill_ms,
+        prefill_lens_ms=prefill_lens_ms,
+        prompt_tokens=len(prompt_ids),
+        extra_probe_ms=extra_probe_ms,
+    )
+
+
+def _fixed_engine(lm: LoadedModel, layer: int, kv_policy: str) -> Engine:
+    """An engine whose every decode step exits after ``layer`` (1-indexed) under ``kv_policy``."""
+    return Engine(lm, make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), lm.num_layers), kv_policy)
+
+
+@torch.inference_mode()
+def _measure_kv(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> float:
+    """ms of one skipped layer's K/V fill on the path the engine takes. Fast path: the stacked projection
+    of the layers from L/4 on, timed alone. Generic path: in situ, steps exiting after layer L/4 with the
+    fill (kv_policy=propagate) against the same steps without it (none), paired within rounds."""
+    adapter, L, dev = lm.adapter, lm.num_layers, lm.device
+    lo = max(1, L // 4)
+    if L <= 1 or lo >= L:
+        return 0.0
+    ids = torch.tensor([list(prompt_ids)], device=dev)
+    cache = adapter.new_cache()
+    token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    skipped = range(lo, L)
+    if adapter.kv_path == "fast":
+        h = adapter.embed(token)
+        with adapter.capture_rope() as rope:
+            adapter.forward(token, copy.deepcopy(cache))
+        copies = [copy.deepcopy(cache) for _ in range(5)]
+        return _median_ms(lambda: adapter.fill_kv(h, copies.pop(), skipped, rope), dev, n=5, warm=0) / len(skipped)
+    engines = {"fill": _fixed_engine(lm, lo, "propagate"), "none": _fixed_engine(lm, lo, "none")}
+    with progress.phase("cost model: K/V fill rounds", repeats + 1):
+        times = _timed_steps(engines, token, cache, repeats, dev)
+    return max(statistics.median(f - n for f, n in zip(times["fill"], times["none"])), 0.0) / len(skipped)
+
+
+@torch.inference_mode()
+def _measure_speculation(lm: LoadedModel, prompt_ids: Sequence[int], costs: CostModel, positions: int, repeats: int):
+    """Self-speculation's costs, interleaved in rounds from copies of one prefilled cache: a full-depth
+    decode step against the same step with every layer's attention (then every MLP) bypassed, for one
+    layer's sublayer costs; a verification pass over k = 2..``positions`` positions."""
+    from sweep.config.skipset import SkipSet
+
+    adapter, L, dev = lm.adapter, lm.num_layers, lm.device
+    ids = torch.tensor([list(prompt_ids)], device=dev)
+    cache = adapter.new_cache()
+    token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    every = range(1, L + 1)
+    bypass = {"attn": SkipSet(attention=frozenset(every)), "mlp": SkipSet(mlp=frozenset(every))}
+
+    def step(skip=None):
+        kv = copy.deepcopy(cache)
+        with contextlib.ExitStack() as stack:
+            if skip is not None:
+                stack.enter_context(adapter.bypassing(skip))
+            with Timer(dev) as clock:
+                adapter.forward(token, kv, position_ids=torch.tensor([[ids.shape[1]]], device=dev))[:, -1].argmax(-1)
+        return clock.seconds * 1000
+
+    def verify(k):
+        kv = copy.deepcopy(cache)
+        with Timer(dev) as clock:
+            adapter.forward(token.repeat(1, k), kv, logits_to_keep=0)[0].argmax(-1)
+        return clock.seconds * 1000
+
+    jobs = {"full": step, "attn": lambda: step(bypass["attn"]), "mlp": lambda: step(bypass["mlp"])}
+    jobs.update({k: (lambda k=k: verify(k)) for k in range(2, positions + 1)})
+    times: dict = {name: [] for name in jobs}
+    names = list(jobs)
+    for r in range(repeats + 1):  # one warm-up round first
+        for name in names if r % 2 == 0 else names[::-1]:
+            ms = jobs[name]()
+            if r >= 1:
+                times[name].append(ms)
+    full = times["full"]
+    costs.attn_ms = max(statistics.median(f - a for f, a in zip(full, times["attn"])), 0.0) / L
+    costs.mlp_ms = max(statistics.median(f - m for f, m in zip(full, times["mlp"])), 0.0) / L
+    costs.verify_ms = [statistics.median(full)] + [statistics.median(times[k]) for k in range(2, positions + 1)]
+
+
+def _median_ms(fn: Callable[[], object], device: torch.device, *, n: int = 30, warm: int = 3) -> float:
+    """Median ms of ``n`` synchronised calls of ``fn`` after ``warm`` untimed ones."""
+    for _ in range(warm):
+        fn()
+    samples, clock = [], Timer(device)
+    for _ in range(n):
+        with clock:
+            fn()
+        samples.append(clock.seconds * 1000)
+    return statistics.median(samples)

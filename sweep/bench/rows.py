@@ -1,0 +1,206 @@
+"""A trial's row, in one place: the trial table's columns of a measured trial (``measured_row``) and of
+one that raised (``failed_row``), the setting's own columns (``trial_fields``), and the summary `sweep
+bench` prints (``format_row``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sweep.bench.costs import CostModel, DecodeSteps
+from sweep.bench.estimators import Timings
+from sweep.bench.metrics import metrics, speculation
+from sweep.config import Config
+from sweep.config.gatespec import gate_text, setting_columns
+from sweep.config.identity import trial_columns
+from sweep.gates import Gate
+from sweep.models import LoadedModel
+
+if TYPE_CHECKING:
+    from sweep.bench.protocol import _References, _Side
+
+
+def measured_row(
+    cfg: Config,
+    lm: LoadedModel,
+    gate: Gate,
+    costs: CostModel,
+    baseline: _Side,
+    gated: _Side,
+    refs: _References,
+    timings: Timings,
+    reproduced: bool,
+    reference_id: str,
+    reused: bool,
+    seconds: tuple[float, float],
+    share: int = 1,
+    source: str = "fresh",
+) -> dict[str, Any]:
+    """A measured trial's row; ``seconds``: its (bench, setup) seconds, a group's already apportioned
+    (``sweep.bench.protocol.run_trials``), ``share`` the settings that shared the baseline, ``source``
+    where its full-depth reference came from (fresh: taken for this trial; cached: a worker's)."""
+    b = cfg.bench
+    runs = refs.prompt_runs(baseline, gated)
+    steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
+    row = metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
+    speculative = b.mode == "self_speculative"
+    row.update(speculation(runs, costs, gate) if speculative else dict.fromkeys(SPECULATION_COLUMNS))
+    deterministic = refs.deterministic and reproduced
+    status, error = ("ok", None) if deterministic else ("nondeterministic", NOT_REPRODUCED)
+    if speculative and deterministic and row["agreement"] != 1.0:  # lossless by construction: a bug if not
+        status, error = "failed", f"self-speculation's output differs from full depth (agreement {row['agreement']})"
+    row.update(
+        status=status,
+        error=error,
+        deterministic=deterministic,
+        determinism_max_logit_diff=refs.max_logit_diff,
+        reference_id=reference_id,
+        reference_reused=reused,
+        reference_source=source,
+        baseline_shared=share,
+        bench_seconds=seconds[0],
+        setup_seconds=seconds[1],
+    )
+    return {**trial_fields(cfg, len(runs), gate), **row}
+
+
+NOT_REPRODUCED = "full-depth baselines or timed repeats did not reproduce their tokens"
+
+
+SPECULATION_COLUMNS = (
+    "acceptance_rate",
+    "mean_accepted_length",
+    "acceptance_length",
+    "tokens_per_verification",
+    "draft_ms_per_token",
+    "verify_ms_per_token",
+)
+
+
+def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[str, Any]:
+    """The columns that describe the trial itself (known before it runs); layer indices as
+    the gate resolved them for the model when it is known."""
+    g, b = cfg.gate, cfg.bench
+    return {
+        **trial_columns(cfg),  # trial_id and trial_key (sweep.config.identity)
+        "source": "measured",
+        "gate": g.name,
+        "min_depth": g.min_depth,
+        **setting_columns(g, gate.resolved if gate is not None else None),
+        "kv_policy": b.kv_policy,
+        "mode": b.mode,
+        "batch_size": b.batch_size,
+        "draft_len": b.draft_len if b.mode == "self_speculative" else None,
+        "draft_stop": b.draft_stop if b.mode == "self_speculative" else None,
+        "skip_ratio": _skip_ratio(g, gate),
+        "prompt_set": cfg.prompts.name,
+        "n_prompts": n_prompts,
+        "gen_tokens": b.gen_tokens,
+        "warmup": b.warmup,
+        "repeats": b.repeats,
+        **readout_columns(gate),
+    }
+
+
+def _skip_ratio(gate_cfg, gate: Gate | None) -> float | None:
+    """|S| / 2L of a skip gate's set (null for other gates, and before the model's L is known)."""
+    if gate_cfg.name != "skip" or gate is None:
+        return None
+    from sweep.config.skipset import SkipSet
+
+    return SkipSet.parse(gate_cfg.skip).ratio(gate.num_layers)
+
+
+def readout_columns(gate: Gate | None) -> dict[str, Any]:
+    """Which fitted readouts a trial used (``sweep fit``): their content digest and fitting prompts."""
+    readouts = getattr(gate, "readouts", None)
+    if readouts is None:
+        return {"readouts_id": None, "fit_prompts": None}
+    ids = readouts.prompt_ids
+    fitted = f"{readouts.prompt_set}: {ids[0]} .. {ids[-1]} ({len(ids)} prompts)" if ids else readouts.prompt_set
+    return {"readouts_id": readouts.digest[:16], "fit_prompts": fitted}
+
+
+def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | None = None) -> dict[str, Any]:
+    """A trial that raised: a row with its status and error, metrics null."""
+    from sweep.store import PROVENANCE, TABLES
+
+    # null metrics; provenance is the caller's (a job's submission_id, the model's revision)
+    given = {c.name for c in PROVENANCE}
+    row = {c.name: None for c in TABLES["trials"].columns if c.nullable and c.name not in given}
+    row.update(trial_fields(cfg, n_prompts, gate))
+    row.update(
+        status="failed",
+        error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500],
+    )
+    return row
+
+
+def format_row(row: dict[str, Any], costs=None) -> str:
+    """The readable summary `sweep bench` prints."""
+    lines = [
+        f"trial {row['trial_id']}: model={row['model']} gate={row['gate']} {gate_text(row)} "
+        f"kv_policy={row['kv_policy']} ({row['n_prompts']} prompts x {row['gen_tokens']} tokens, {row['repeats']} "
+        f"repeats" + (f", batches of {row['batch_size']})" if (row.get("batch_size") or 1) > 1 else ")"),
+    ]
+    if row["status"] == "failed":
+        lines.append(f"status: failed ({row['error']})")
+        return "\n".join(lines)
+    lines += [
+        f"determinism: {'ok' if row['deterministic'] else 'FAILED'}"
+        + (
+            f" (max |logit diff| between baselines {row['determinism_max_logit_diff']:.3g})"
+            if row["determinism_max_logit_diff"] is not None
+            else " (tokens compared)"
+        ),
+        f"agreement {row['agreement']:.3f}  prefix {row['prefix_agreement']:.3f}  exact match "
+        f"{row['exact_match']:.2f}  "
+        f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
+        f"layers saved {100 * row['layers_saved']:.1f}%",
+        f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
+        f"speedup_wall {row['speedup_wall']:.3f}x"
+        + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else "")
+        + f"; end to end (prefill and calibration included) {row['speedup_e2e_wall']:.3f}x"
+        + (f", model {row['speedup_e2e_model']:.3f}x" if row["speedup_e2e_model"] is not None else ""),
+        f"costs in layer-equivalents: probe {row['probe_cost_layers']:.2f}, K/V fill "
+        f"{row['kv_cost_layers']:.2f}/layer, "
+        f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
+    ]
+    lines += aa_lines(row)
+    if row.get("mode") == "self_speculative":
+        lines.append(
+            f"self-speculation: draft_len {row['draft_len']}, acceptance rate {row['acceptance_rate']:.3f}, "
+            f"mean accepted {row['mean_accepted_length']:.2f}, tokens per verification "
+            f"{row['tokens_per_verification']:.2f}"
+        )
+    if costs is not None:
+        lines.append(costs.format())
+    lines.append(f"status: {row['status']}")
+    return "\n".join(lines)
+
+
+def aa_lines(row: dict[str, Any]) -> list[str]:
+    """The A/A control's spread and the trial's noise floor, and the ranked speedup the analysis and
+    the Optuna objective use (``sweep.bench.estimators.row_speedup``), with why it differs from the measured
+    one where it does."""
+    from sweep.bench.estimators import row_speedup, skips_compute
+
+    if row.get("speedup_aa") is None or row.get("noise_floor") is None or not row.get("round_aa_ms"):
+        return []
+    rounds = [sum(b) / sum(a) for b, a in zip(row["round_baseline_ms"], row["round_aa_ms"])]
+    floor, measured, ranked = row["noise_floor"], row["speedup_wall"], row_speedup(row)
+    lines = [
+        f"A/A control (full depth against full depth, in the same rounds): speedup_aa {row['speedup_aa']:.3f}x, "
+        f"rounds {min(rounds):.3f}-{max(rounds):.3f}x; noise floor ±{100 * floor:.1f}%: a speedup within "
+        f"{1 / (1 + floor):.3f}x-{1 + floor:.3f}x cannot be told from 1x"
+    ]
+    skipped = skips_compute(row.get("mode"), row.get("step_layers_saved"), row.get("exit_rate"), row.get("kv_policy"))
+    if not skipped and measured > 1.0:
+        why = "capped: it skipped no compute, so a ratio above 1x is timing noise"
+    elif ranked == 1.0 and measured != 1.0:
+        why = "inside the noise floor: indistinguishable from 1x"
+    elif not skipped:
+        why = "it skipped no compute: the slowdown is its probes' and heads' real cost"
+    else:
+        why = "outside the noise floor"
+    lines.append(f"ranked speedup (what `sweep analyze` and the Optuna objective use): {ranked:.3f}x ({why})")
+    return lines

@@ -1,0 +1,273 @@
+"""`sweep <command> [hydra overrides]`: a thin shell over the library.
+
+Errors a user can fix print as one line on stderr with exit code 2 (bad input) or 1;
+set SWEEP_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import warnings
+
+from sweep.cli.help import HELP_FLAGS, QUIET_FLAGS, USAGE, flag_error, show_help
+from sweep.errors import SweepError
+from sweep import progress
+from sweep.report.textfit import WrappingFormatter, fit_lines
+
+
+# the directories each command writes into (config keys; null ones are skipped): checked
+# right after compose, before any model loads or Ray starts (`sweep calibrate` writes nothing)
+OUTPUTS = {
+    "profile": ("results.root",),
+    "bench": ("results.root",),
+    "run": ("results.root", "sweep.storage"),
+    "analyze": ("results.root", "analysis.out"),
+    "fit": ("results.root", "fit.out"),
+}
+
+
+def compose_for(command: str, overrides: list[str]):
+    """The validated config of ``command``, its output directories checked writable (nothing created)."""
+    from sweep.config import compose
+    from sweep.config.paths import check_writable_dir
+
+    cfg = compose(overrides)
+    for key in OUTPUTS.get(command, ()):
+        section, _, leaf = key.partition(".")
+        path = getattr(getattr(cfg, section), leaf)
+        if path is not None:
+            check_writable_dir(key, path)
+    return cfg
+
+
+def _profile(overrides: list[str]) -> int:
+    from sweep.analysis import format_summary
+    from sweep.trace.profile import run_profile
+
+    cfg = compose_for("profile", overrides)
+    path, trace = run_profile(cfg)
+    print(fit_lines(format_summary(trace, cfg.eas.alpha)))
+    print(f"trace: {path}")
+    return 0
+
+
+def _bench(overrides: list[str]) -> int:
+    from sweep.bench.command import run_bench
+
+    with progress.breakdown() as times:
+        path, row, summary = run_bench(compose_for("bench", overrides))
+    print(fit_lines(summary))
+    print(f"row: {path}")
+    print(fit_lines(times.line()))
+    return 0 if row["status"] == "ok" else 1
+
+
+def _run(overrides: list[str]) -> int:
+    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.config import check_sweep_name
+
+    cfg = compose_for("run", overrides)
+    check_sweep_name(cfg)
+    ray_environment(cfg.cluster)  # before Ray is imported
+    from sweep.orchestrate import interrupt
+    from sweep.orchestrate.rows import overhead_summary
+    from sweep.report.run_report import failures, sweep_report
+    from sweep.orchestrate.tune import run_sweep
+
+    with progress.breakdown() as times:
+        outcome = run_sweep(cfg, overrides)
+    if outcome.interrupted:
+        print(sweep_report(outcome))
+        how = "stopped by SIGTERM" if interrupt.stop_signal() == signal.SIGTERM else "interrupted"
+        print(f"{how}: resume with `{interrupt.resume_command(overrides, outcome.name)}`", file=sys.stderr)
+        return 128 + interrupt.stop_signal()
+    print(sweep_report(outcome, cfg.analysis))
+    summary = overhead_summary(outcome)
+    if summary:
+        print(fit_lines(summary))
+    print(fit_lines(times.line()))
+    failed = failures(outcome)
+    if failed and failed == len(outcome.rows) + outcome.unrowed and not outcome.skipped:
+        print(
+            f"error: sweep {outcome.name}: no trial succeeded ({failed} failed; see their rows' error)", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+def _analyze(overrides: list[str]) -> int:
+    from sweep.report.build import run_analyze
+
+    path, verdicts = run_analyze(compose_for("analyze", overrides))
+    for line in verdicts:
+        print(fit_lines(line))
+    print(f"report: {path}")
+    return 0
+
+
+def _calibrate(overrides: list[str]) -> int:
+    from sweep.trace.calibrate import format_calibration, run_calibrate
+
+    cfg = compose_for("calibrate", overrides)
+    print(fit_lines(format_calibration(cfg, run_calibrate(cfg))))
+    return 0
+
+
+def _fit(overrides: list[str]) -> int:
+    from sweep.trace.readouts import run_fit
+
+    path, _, summary = run_fit(compose_for("fit", overrides))
+    print(fit_lines(fit_report(summary)))
+    print(f"readouts: {path}")
+    return 0
+
+
+def fit_report(summary: dict) -> str:
+    """`sweep fit`'s report: the fit's size and time, then one row per layer on the fitting set."""
+    lines = [
+        f"readouts of {summary['model']} fitted on {summary['prompts']} {summary['prompt_set']} prompts in "
+        f"{summary['fit_seconds']:.1f} s (translators: {summary['translator_positions']} positions; classifiers "
+        f"and this table: the {summary['decode_positions']} decode positions)",
+        "top1: agreement with the final layer's token; KL(final || lens) in nats; acc: the exit classifier's accuracy",
+        f"{'layer':>5}  {'top1 logit':>10}  {'top1 tuned':>10}  {'KL logit':>9}  {'KL tuned':>9}  "
+        f"{'acc logit':>9}  {'acc tuned':>9}",
+    ]
+    for r in summary["layers"]:
+        lines.append(
+            f"{r['layer']:>5}  {r['top1_logit']:>10.3f}  {r['top1_tuned']:>10.3f}  {r['kl_logit']:>9.3f}  "
+            f"{r['kl_tuned']:>9.3f}  {r['acc_logit']:>9.3f}  {r['acc_tuned']:>9.3f}"
+        )
+    return "\n".join(lines)
+
+
+def _config(overrides: list[str]) -> int:
+    import yaml
+
+    from sweep.config import compose_dict, validate
+
+    data = compose_dict(overrides)
+    validate(data)
+    print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    return 0
+
+
+def _families(overrides: list[str]) -> int:
+    from sweep.models._table import family_rows, markdown
+
+    if overrides:
+        raise SweepError("sweep families takes no overrides")
+    print(markdown(family_rows()))
+    return 0
+
+
+def _schema(overrides: list[str]) -> int:
+    from sweep.store import markdown
+
+    if overrides:
+        raise SweepError("sweep schema takes no overrides")
+    print(markdown())
+    return 0
+
+
+COMMANDS = {
+    "profile": _profile,
+    "bench": _bench,
+    "run": _run,
+    "analyze": _analyze,
+    "calibrate": _calibrate,
+    "fit": _fit,
+    "config": _config,
+    "schema": _schema,
+    "families": _families,
+}
+
+
+# commands that never load a model: they skip importing transformers to quiet it (about 1 s)
+NO_MODEL = ("analyze", "config", "schema")
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"transformers\..*")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not at exit: a reader that went away (`| head -1`) is caught below
+        return code
+    except BrokenPipeError:  # the reader of stdout left (`sweep schema | head -1`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(args: list[str]) -> int:
+    quiet = any(a in QUIET_FLAGS for a in args)  # anywhere on the line: no progress display, no info lines
+    args = [a for a in args if a not in QUIET_FLAGS]
+    if not args or args[0] in HELP_FLAGS or args == ["help"]:
+        print(USAGE, end="")
+        return 0
+    if args[0] == "help":
+        return show_help(args[1], args[2:])
+    command, overrides = args[0], args[1:]
+    if command.startswith("-"):
+        return flag_error(command, None)
+    if command not in COMMANDS:
+        print(f"error: unknown command '{command}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    if any(a in HELP_FLAGS for a in overrides):
+        return show_help(command, [a for a in overrides if a not in HELP_FLAGS])
+    flag = next((a for a in overrides if a.startswith("-")), None)
+    if flag is not None:
+        return flag_error(flag, command)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(WrappingFormatter("sweep: %(message)s"))  # lines within 120 columns
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, handlers=[handler])
+    if command not in NO_MODEL:
+        _quiet_libraries()
+    try:
+        with progress.session(quiet):
+            return COMMANDS[command](overrides)
+    except BrokenPipeError:
+        raise
+    except SweepError as exc:
+        if os.environ.get("SWEEP_DEBUG"):
+            raise
+        print(f"error: {(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        from sweep.orchestrate import interrupt
+
+        stopped = interrupt.stop_signal()
+        print(f"error: {'stopped by SIGTERM' if stopped == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        return 128 + stopped
+    except Exception as exc:  # a bug: one line plus where, the traceback on request
+        if os.environ.get("SWEEP_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(
+            f"error: unexpected {type(exc).__name__} at {_where(exc)}: {first} (set SWEEP_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _where(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

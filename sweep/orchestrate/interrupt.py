@@ -1,0 +1,79 @@
+"""How a sweep stops early: SIGTERM handled as SIGINT, the resume command, and the system error
+behind a failed write.
+
+``timeout``, Kubernetes and systemd stop a process with SIGTERM. Ray's driver installs a handler
+for it (a stack dump, then abort: exit code 134) and Tune handles only SIGINT, so within
+``sigterm_as_sigint`` a SIGTERM raises SIGINT in this process: Tune ends its run the way Ctrl-C
+does (or, outside Tune's loop, KeyboardInterrupt), the driver stops Ray and releases its claims,
+and `sweep run` prints one line with the resume command (exit code 143: 128 + SIGTERM).
+Ray-free: ``sweep.orchestrate.tune`` enters the context around its driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import threading
+from typing import Iterator
+
+_received: list[int] = []  # the stop signals received within sigterm_as_sigint, in order
+_active: list[bool] = []  # inside sigterm_as_sigint (in the main thread)
+
+
+def _on_sigterm(signum, frame) -> None:
+    _received.append(signum)
+    signal.raise_signal(signal.SIGINT)  # whatever handles SIGINT now: Tune's, else KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_as_sigint() -> Iterator[None]:
+    """Within this block (entered in the main thread), SIGTERM stops the process as SIGINT does;
+    the previous handler is restored after. Elsewhere (a worker thread) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    _received.clear()
+    _active.append(True)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        _active.pop()
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def keep_sigterm() -> None:
+    """Install the handler again: ``ray.init`` replaces the process's SIGTERM handler with its own."""
+    if _active and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def stop_signal() -> int:
+    """The signal that stopped the sweep: SIGTERM when one was received, else SIGINT."""
+    return signal.SIGTERM if signal.SIGTERM in _received else signal.SIGINT
+
+
+def resume_command(overrides: list[str], name: str) -> str:
+    """The `sweep run` command that resumes sweep ``name``: ``overrides`` without the keys a resume
+    sets itself (resume, sweep.name, run_id), then ``resume=true sweep.name=NAME``, each once."""
+    drop = ("resume", "sweep.name", "run_id")
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
+    return "sweep run " + shlex.join([*kept, "resume=true", f"sweep.name={name}"])
+
+
+def resume_hint(plan) -> str:
+    """``resume with `sweep run ...``` for the sweep of ``plan`` (``sweep.orchestrate.plan.Plan``)."""
+    return f"resume with `{resume_command(plan.base, plan.name)}`"
+
+
+def os_cause(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc`` (its causes and contexts, as Tune wraps errors), or None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None

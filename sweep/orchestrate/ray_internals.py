@@ -1,0 +1,73 @@
+"""Every private Ray and Ray-Optuna attribute the project reaches for, one function each.
+
+Checked against Ray ``PINNED_RAY`` (tests/test_ray_private.py fails on any other release
+and names the functions to re-check). Import after ``sweep.orchestrate.cluster_env.ray_environment``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PINNED_RAY = "2.60"
+FUNCTIONS = (
+    "single_node_mode",
+    "bootstrap_address",
+    "optuna_trial",
+    "embedded_session",
+    "reset_token_cache",
+    "set_trial_system_attr",
+)
+
+
+def single_node_mode() -> None:
+    """Ray's single-machine mode in an already imported Ray: every server on 127.0.0.1.
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets it at import; Ray copies it to this constant.)"""
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def bootstrap_address(address: str) -> str:
+    """The GCS address ``address`` stands for; raises ConnectionError when there is none. ``auto``:
+    the cluster of this machine as Ray finds it (``RAY_ADDRESS``, the address the last `ray start`
+    recorded, a running GCS), as recorded: Ray's canonical form rewrites a loopback host to the
+    machine's own address, where a cluster bound to 127.0.0.1 does not answer."""
+    import ray._private.services as services
+
+    if address == "auto":
+        return services.get_ray_address_from_environment("auto", None)
+    return services.canonicalize_bootstrap_address_or_die(address)
+
+
+def optuna_trial(search: Any, trial_id: str) -> Any:
+    """The Optuna trial an ``OptunaSearch`` runs for Tune trial ``trial_id``, or None."""
+    return search._ot_trials.get(trial_id)
+
+
+def embedded_session() -> tuple[str, dict[str, list[int]]]:
+    """The session directory of the Ray this driver started (``ray.init(address="local")``)
+    and the pids of the processes it started (GCS, raylet, dashboard, monitors), by kind."""
+    import ray._private.worker as worker
+
+    node = worker._global_node
+    if node is None or not hasattr(node, "all_processes"):
+        from sweep.errors import SweepError
+
+        raise SweepError("no embedded Ray started in this process (or this Ray release keeps its node elsewhere)")
+    pids = {name: [info.process.pid for info in infos] for name, infos in node.all_processes.items()}
+    return node.get_session_dir_path(), pids
+
+
+def reset_token_cache() -> None:
+    """Make an imported Ray re-read its auth settings and token (RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH);
+    only while no Ray is running in this process."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def set_trial_system_attr(trial: Any, key: str, value: Any) -> None:
+    """Set an Optuna trial's system attribute (Optuna-private: ``Trial._trial_id``; the same
+    call Optuna's own handling of ``constraints_func`` makes)."""
+    trial.storage.set_trial_system_attr(trial._trial_id, key, value)

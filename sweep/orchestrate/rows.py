@@ -1,0 +1,260 @@
+"""On the driver: the single writer of a sweep's trial rows, and its progress lines.
+
+Ray-free: ``sweep.orchestrate.tune.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep import progress
+from sweep.errors import SweepError
+from sweep.config.gatespec import gate_text
+from sweep.orchestrate.plan import trial_config, tune_settings
+
+log = logging.getLogger("sweep.orchestrate.rows")
+
+
+@dataclass
+class SweepOutcome:
+    name: str
+    path: str
+    root: str
+    total: int
+    skipped: int  # settings whose finished row already existed (planned around, or reported again)
+    written: int = 0  # rows this run wrote
+    rows: list[dict] = field(default_factory=list)  # the sweep's settings' rows: this run's and those done before
+    overhead_s: list[float] = field(default_factory=list)
+    interrupted: bool = False
+    unrowed: int = 0  # trials that could not even be composed, so have no row (each logged)
+    simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
+
+
+def row_path(root: str | Path, model: str, gate: str, trial_id: str) -> Path:
+    """Where the trials table keeps a trial's row (``sweep.store.table_path``)."""
+    from sweep.store import table_path
+
+    return table_path("trials", root, {"model": model, "gate": gate}, trial_id)
+
+
+def finished_row(path: Path) -> dict | None:
+    """The row in ``path`` if it counts as done (ok or nondeterministic), else None."""
+    import polars as pl
+
+    from sweep.orchestrate.plan import DONE_STATUSES
+    from sweep.store import read_file
+
+    if not path.is_file():
+        return None
+    try:
+        rows = read_file("trials", path).to_dicts()
+    except (OSError, SweepError, pl.exceptions.PolarsError):
+        return None
+    return rows[0] if len(rows) == 1 and rows[0].get("status") in DONE_STATUSES else None
+
+
+class RowWriter:
+    """The single writer of trial rows, and the progress lines.
+
+    Fed by ``sweep.orchestrate.tune.Progress``; also writes the rows Tune holds at the end that a
+    callback never saw, and failed rows for trials that errored. A finished row (ok or
+    nondeterministic) is never replaced unless ``rerun``: a trial whose row exists (from an
+    earlier run, or computed meanwhile by a concurrent sweep into the same root) is counted
+    as skipped, not written. Once a row is written its claim (``sweep.orchestrate.claims``) is released.
+
+    A row that cannot be written (a full disk, a read-only mount: any OSError of the store) is
+    never half-written (``sweep.store`` writes atomically); the first such error is kept in
+    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.orchestrate.tune``), and
+    a resume computes that trial again.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        total: int | None,
+        base: list[str],
+        run_id: str,
+        sweep_name: str,
+        device: str,
+        *,
+        rerun: bool = False,
+    ) -> None:
+        self.root, self.total, self.base, self.run_id, self.sweep_name = root, total, base, run_id, sweep_name
+        self.device = device  # the trials' device, as the driver resolved it
+        self.rerun = rerun
+        self.rows: list[dict] = []  # every trial's row this run reported (written or existing)
+        self._overheads: dict[str, float] = {}  # per Tune trial: its wall time less its rows' bench_seconds
+        self._bench: dict[str, float] = {}
+        self.written = 0
+        self.existing = 0  # reported trials whose finished row was already there
+        self._seen: set[str] = set()
+        self._started: dict[str, float] = {}
+        self.fatal: SweepError | None = None  # the first row that could not be written
+        self.unrowed = 0  # trials reported without a row (their config did not compose)
+        self._shown: progress.Phase | None = None  # the settings' count (``sweep.progress``), from the first row
+
+    @property
+    def overheads(self) -> list[float]:
+        """Per Tune trial (one setting, or a bundle sharing a baseline): the driver's wall time from
+        its start to its last row, less the rows' ``bench_seconds``."""
+        return list(self._overheads.values())
+
+    def started(self, key: str) -> None:
+        self._settings()  # the settings' count and its clock start with the first Tune trial
+        self._started[key] = time.perf_counter()
+
+    def result(self, key: str, result: dict) -> None:
+        for note in json.loads(result.get("notes") or "[]"):  # from the worker: claims taken over, unclaimed runs
+            log.warning("%s", note)
+        if "row_json" not in result:
+            if result.get("error"):
+                self.unrowed += 1
+                log.warning(
+                    "[%d/%s] a setting could not be composed, so it has no row: %s",
+                    len(self._seen),
+                    self.total,
+                    result["error"],
+                )
+            return
+        row = json.loads(result["row_json"])
+        cached = bool(result.get("cached"))
+        with progress.timed("writing"):
+            written = self.write(row, cached=cached)
+        if self.fatal is not None and not written and not cached:
+            return  # said once, in write; the sweep stops
+        if written and not cached and row.get("bench_seconds") is not None:
+            wall = time.perf_counter() - self._started.get(key, time.perf_counter())
+            self._bench[key] = self._bench.get(key, 0.0) + row["bench_seconds"]
+            self._overheads[key] = wall - self._bench[key]
+        # "[n/total] <the setting's line> (n/total, elapsed, ETA)", the settings' count in the display
+        shown = self._settings()
+        shown.advance(len(self._seen) - shown.done, text=describe(row, cached, result.get("computed_by")))
+
+    def _settings(self) -> progress.Phase:
+        if self._shown is None:
+            self._shown = progress.start("settings", self.total)
+        return self._shown
+
+    def close(self) -> None:
+        """The sweep is over: its settings' count leaves the display."""
+        if self._shown is not None:
+            self._shown.close()
+
+    def errored(self, config: dict, error: str) -> None:
+        """A Tune trial (one setting, or a bundle of them) Tune gave up on: its worker died more than
+        sweep.max_failures times. A failed row for each of its settings that has no row yet."""
+        from sweep.bench.rows import failed_row
+        from sweep.store.run_info import provenance_unloaded
+
+        for trial in tune_settings(config):
+            try:
+                cfg = trial_config(self.base, trial, self.device)
+            except SweepError as exc:
+                log.warning("a Tune trial errored and its setting could not be composed (%s): %s", exc, error)
+                continue
+            failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
+            row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
+            row["sweep_name"] = self.sweep_name
+            self.write(row)
+            log.warning("[%d/%s] a Tune trial gave up after retries: %s", len(self._seen), self.total, error)
+
+    def write(self, row: dict, *, cached: bool = False) -> bool:
+        """Write a row once per trial id in this sweep; True if written now.
+
+        ``cached``: the worker reported a finished row that is already in the store."""
+        from datetime import datetime
+
+        from sweep.orchestrate import claims
+        from sweep.store import write_table
+
+        tid = row["trial_id"]
+        if tid in self._seen:
+            return False
+        self._seen.add(tid)
+        self.rows.append(row)
+        path = row_path(self.root, row["model"], row["gate"], tid)
+        if cached or (not self.rerun and finished_row(path) is not None):
+            self.existing += 1
+            claims.release(self.root, tid, self.run_id)
+            return False
+        if isinstance(row.get("created_at"), str):
+            row["created_at"] = datetime.fromisoformat(row["created_at"])
+        # no-clobber unless rerun or replacing a failed row: a row that appeared meanwhile wins
+        exclusive = not self.rerun and not path.exists()
+        try:
+            write_table(
+                "trials",
+                {k: [v] for k, v in row.items()},
+                root=self.root,
+                provenance={},
+                stem=tid,
+                exclusive=exclusive,
+            )
+        except FileExistsError:
+            log.warning("setting %s: a row appeared meanwhile (another sweep); kept it", tid)
+            self.existing += 1
+            claims.release(self.root, tid, self.run_id)
+            return False
+        except OSError as exc:  # nothing was written (atomic): the trial stays to do, and the sweep stops
+            self._seen.discard(tid)
+            self.rows.remove(row)
+            claims.release(self.root, tid, self.run_id)
+            if self.fatal is None:
+                self.fatal = SweepError(f"cannot write the row of trial {tid} to {os_error(exc, path)}")
+                log.error("%s; stopping the sweep", self.fatal)
+            return False
+        claims.release(self.root, tid, self.run_id)
+        self.written += 1
+        return True
+
+
+def os_error(exc: OSError, path: str | Path) -> str:
+    """``<path>: <what the system said>`` (``no space left on device``), in one line."""
+    import os
+    import re
+
+    code = exc.errno
+    if code is None:  # pyarrow's OSError names its errno only in the message ("[errno 28] ...")
+        found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
+        code = int(found.group(1)) if found else None
+    what = os.strerror(code) if code else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{path}: {what[:1].lower()}{what[1:]}"
+
+
+def last_error(path: str | None) -> str:
+    """The last line of a Tune trial's error file (the exception), or a placeholder."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "unknown error"
+    except (OSError, TypeError):
+        return "the worker died"
+
+
+def describe(row: dict, cached: bool, computed_by: str | None = None) -> str:
+    """One progress line for a finished trial."""
+    head = f"{row['model']} gate={row['gate']} {gate_text(row)}"
+    if row["status"] == "failed":
+        return f"{head}: failed ({row.get('error')})"
+    if cached:
+        tail = f" (row computed by the concurrent sweep {computed_by})" if computed_by else " (row from an earlier run)"
+    else:
+        tail = (
+            f" ({row.get('trial_seconds', 0):.1f} s, pid {row.get('worker_pid')}, "
+            f"model loads {row.get('worker_model_loads')})"
+        )
+    return f"{head}: {row['status']} agreement {row['agreement']:.3f} speedup_wall {row['speedup_wall']:.3f}x" + tail
+
+
+def overhead_summary(outcome: SweepOutcome) -> str:
+    if not outcome.overhead_s:
+        return ""
+    return (
+        "orchestration overhead per Tune trial (driver-observed wall - bench time): "
+        f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} Tune trials"
+    )

@@ -1,0 +1,108 @@
+"""`search=skipset-optuna` and `search=skipset-random`: skip sets searched on the fast screen, the best
+few then measured closed-loop.
+
+An Optuna study over 2L booleans (``a1..aL``, ``m1..mL``: bypass layer l's attention / MLP) maximises
+the screen's predicted speedup (``sweep.decode.skipscreen``) of a skip-set draft at the search's draft_len and
+draft_stop, with the skip ratio |S| / 2L kept in ``search.skip_ratio`` (TPE's constraint; a random
+sampler's out-of-range sets are recorded and never chosen). Both samplers are seeded: on the same
+recorded decodes and cost model the study is the same twice. Each candidate's screen figures, and
+the trial id of its closed-loop setting (the join key with the Parquet ``trials`` table), are user
+attributes of its study trial; the cost model the screen used is a user attribute of the study.
+The best ``search.closed_loop`` distinct sets in range run closed-loop as grid settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable
+
+import optuna
+
+from sweep.decode.skipscreen import FirstDrafts, predict
+from sweep.config.skipset import SkipSet
+
+log = logging.getLogger("sweep.orchestrate.skipsearch")
+
+SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+
+
+def param_names(num_layers: int) -> list[str]:
+    """The study's parameters, in skip-set mask order: a1, m1, a2, m2, ..."""
+    return [f"{kind}{layer}" for layer in range(1, num_layers + 1) for kind in ("a", "m")]
+
+
+def search(
+    screen: Callable[[SkipSet], FirstDrafts],
+    *,
+    num_layers: int,
+    n_trials: int,
+    sampler: str,
+    seed: int,
+    ratio: tuple[float, float],
+    draft_len: int,
+    draft_stop: float | None,
+    costs,
+    storage: str | None = None,
+    study_name: str = "skipset",
+    trial_id: Callable[[str], str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> optuna.Study:
+    """Run the screen study: ``screen(S)`` gives a candidate's first drafts; returns the study."""
+    lo, hi = ratio
+    study = optuna.create_study(
+        storage=storage,
+        study_name=study_name,
+        direction="maximize",
+        sampler=SAMPLERS[sampler](seed=seed),
+        load_if_exists=storage is not None,
+    )
+    study.set_user_attr("costs", {k: v for k, v in dataclasses.asdict(costs).items()})
+    study.set_user_attr("skip_ratio", [lo, hi])
+    names = param_names(num_layers)
+    done = len(study.trials)
+    for i in range(done, n_trials):
+        trial = study.ask()
+        mask = [trial.suggest_categorical(name, [False, True]) for name in names]
+        skip = SkipSet.from_mask(mask, num_layers)
+        r = skip.ratio(num_layers)
+        violation = max(lo - r, r - hi, 0.0)
+        trial.set_constraint("skip_ratio", violation)  # TPE keeps to feasible sets (Optuna 5's constraints)
+        trial.set_user_attr("ratio_violation", violation)
+        t0 = time.perf_counter()
+        pred = predict(screen(skip), draft_len, draft_stop, costs, skip)
+        attrs = {
+            "skip": skip.text(),
+            "skip_ratio": r,
+            "acceptance_rate": pred.acceptance_rate,
+            "acceptance_length": pred.acceptance_length,
+            "predicted_speedup": pred.speedup,
+            "screen_seconds": time.perf_counter() - t0,
+        }
+        if trial_id is not None:
+            attrs["trial_id"] = trial_id(skip.text())
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, pred.speedup if pred.speedup is not None else 0.0)
+        if progress is not None:
+            progress(i + 1, n_trials)
+    return study
+
+
+def best_sets(study: optuna.Study, k: int) -> list[str]:
+    """The ``k`` distinct skip sets in the ratio range with the highest predicted speedup (ties: the higher
+    predicted acceptance length, then the earlier trial)."""
+    feasible = [
+        t
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("ratio_violation", 1.0) == 0.0
+    ]
+    feasible.sort(key=lambda t: (-(t.value or 0.0), -(t.user_attrs.get("acceptance_length") or 0.0), t.number))
+    chosen: list[str] = []
+    for t in feasible:
+        if t.user_attrs["skip"] not in chosen:
+            chosen.append(t.user_attrs["skip"])
+        if len(chosen) == k:
+            break
+    return chosen

@@ -1,0 +1,300 @@
+"""Ray Jobs: submit `sweep run` to a running cluster's job server and follow it (jobs/submit.py).
+
+What the job gets as its working directory is an allowlist (``SHIPPED``), copied into a fresh
+temporary directory: never the checkout itself, so its ``.git``, ``.env``, keys, venvs and
+results stay here whatever .gitignore or ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE`` say.
+
+The submitter records where the job came from, since the staged copy has no .git: it picks the
+submission id itself, and passes it and this checkout's commit (``-dirty`` when the shipped files
+differ from it) in the job's runtime_env (``SWEEP_SUBMISSION_ID``, ``SWEEP_GIT_SHA``: every process
+of the job, driver and workers, sees them, and every row it writes carries them) and in the job's
+metadata (with the experiment, search and sweep name), which `ray job list` and the dashboard show.
+
+Ray's job client is imported when called: call ``sweep.orchestrate.cluster_env.ray_environment`` first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shlex
+import string
+import subprocess
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sweep.errors import ConfigError, SweepError
+
+log = logging.getLogger("sweep.orchestrate.submit")
+
+# What `python -m sweep.cli.commands run ...` needs on the cluster: the package, its configs, the job
+# tooling, and the project metadata (pyproject.toml names README.md; constraints.txt pins installs).
+SHIPPED = ("sweep", "conf", "jobs", "pyproject.toml", "README.md", "constraints.txt")
+SKIPPED_DIRS = ("__pycache__",)
+SKIPPED_SUFFIXES = (".pyc", ".pyo")
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+# where the job server's address comes from, in Ray's own order (ray.dashboard.utils.get_address_for_submission_client)
+ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+
+
+def resolve_address(flag: str | None, environ: dict[str, str] | None = None) -> str:
+    """The job server's URL: ``--address``, else ``$RAY_API_SERVER_ADDRESS``, else ``$RAY_ADDRESS``,
+    else http://127.0.0.1:8265.
+
+    Job submission talks HTTP to the dashboard (`RAY_ADDRESS=http://HEAD:8265`, as `ray job submit`
+    documents it). ``RAY_ADDRESS`` is also the variable `ray.init` reads a cluster (GCS) address
+    from (``HOST:6379``, ``auto``); Ray's job client would then look the dashboard up through the GCS
+    (and retry for a while when none answers). That is refused here, with the address to pass
+    instead, as is a Ray Client address (``ray://``). ConfigError when the address is not an
+    http(s) URL."""
+    environ = os.environ if environ is None else environ
+    source, value = "--address", (flag or "").strip()
+    if not value:
+        for name in ADDRESS_ENV:
+            if environ.get(name, "").strip():
+                source, value = f"${name}", environ[name].strip()
+                break
+        else:
+            return DEFAULT_ADDRESS
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme.lower() in ("http", "https") and rest.strip("/"):
+        return value.rstrip("/")
+    host = (rest if sep else value).split("/")[0].rsplit(":", 1)[0] or "HEAD"
+    if host == "auto":
+        host = "HEAD"
+    if sep and scheme.lower() == "ray":
+        kind = "a Ray Client address (ray://)"
+    elif sep:
+        kind = f"a {scheme}:// address"
+    else:
+        kind = "a cluster (GCS) address, the kind `ray start --address` and `ray.init` take"
+    raise ConfigError(
+        f"{source}={value}: {kind}; jobs are submitted to the cluster's job server, the dashboard's HTTP URL: "
+        f"pass --address http://{host}:8265 (8265 unless the head set --dashboard-port)"
+    )
+
+
+def new_submission_id() -> str:
+    """A fresh id of the form Ray gives one itself (``raysubmit_`` and 16 letters and digits;
+    ray/dashboard/modules/job/job_manager.py generate_job_id)."""
+    alphabet = sorted(set(string.ascii_letters + string.digits) - set("IloO0"))
+    return "raysubmit_" + "".join(random.SystemRandom().choices(alphabet, k=16))
+
+
+def submitted_commit(root: Path) -> str:
+    """The commit the job's code comes from: ``root``'s checked-out commit, with ``-dirty`` when a
+    tracked file has changes or a shipped file is not in git (untracked or ignored: shipping ignores
+    .gitignore); ``$SWEEP_GIT_SHA`` where ``root`` is not a git checkout; else 'unknown'."""
+    from sweep.store.provenance import GIT_SHA_ENV, checkout_commit
+
+    commit = checkout_commit(root)
+    if commit is None:
+        return os.environ.get(GIT_SHA_ENV) or "unknown"
+    if not commit.endswith("-dirty"):
+        try:
+            others = subprocess.run(
+                ["git", "-C", str(root), "ls-files", "--others", "-z", "--", *SHIPPED],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            others = ""
+        if set(filter(None, others.split("\0"))) & set(shipped_files(root)):
+            commit += "-dirty"
+    return commit
+
+
+def shipped_files(root: Path) -> list[str]:
+    """The files of ``SHIPPED`` under ``root`` (relative, sorted): regular files only (no
+    symlinks), no hidden files or directories, no ``__pycache__`` or compiled Python."""
+    root = Path(root)
+    out = []
+    for name in SHIPPED:
+        top = root / name
+        if top.is_symlink():
+            continue
+        if top.is_file():
+            out.append(name)
+            continue
+        if not top.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = sorted(d for d in dirnames if _shipped_name(d) and d not in SKIPPED_DIRS)
+            for f in sorted(filenames):
+                path = Path(dirpath) / f
+                if _shipped_name(f) and not f.endswith(SKIPPED_SUFFIXES) and stat.S_ISREG(os.lstat(path).st_mode):
+                    out.append(path.relative_to(root).as_posix())
+    return sorted(out)
+
+
+@contextmanager
+def staged_project(root: Path) -> Iterator[tuple[Path, list[str]]]:
+    """A fresh temporary directory holding a copy of ``shipped_files(root)`` (removed on exit),
+    with that list."""
+    files = shipped_files(root)
+    with tempfile.TemporaryDirectory(prefix="sweep-job-") as tmp:
+        staged = Path(tmp) / "project"
+        for rel in files:
+            dest = staged / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(root) / rel, dest, follow_symlinks=False)
+        staged.mkdir(exist_ok=True)
+        yield staged, files
+
+
+def job_entrypoint(overrides: list[str], auth: str = "token", python: str = "python") -> str:
+    """The job's command: `sweep run OVERRIDES cluster=existing cluster.auth=AUTH` from its working directory."""
+    args = [*overrides, "cluster=existing", f"cluster.auth={auth}"]
+    return " ".join([python, "-m", "sweep.cli.commands", "run", *map(shlex.quote, args)])
+
+
+def job_runtime_env(staged: Path, git_sha: str = "unknown", submission_id: str | None = None) -> dict[str, Any]:
+    """The job's runtime_env: the staged copy as its working directory, and the commit and
+    submission id as environment variables of every process of the job (``sweep.store.provenance``)."""
+    from sweep.store.provenance import GIT_SHA_ENV, SUBMISSION_ID_ENV
+
+    env_vars = {GIT_SHA_ENV: git_sha}
+    if submission_id:
+        env_vars[SUBMISSION_ID_ENV] = submission_id
+    if os.environ.get("SWEEP_DEBUG"):
+        env_vars["SWEEP_DEBUG"] = os.environ["SWEEP_DEBUG"]
+    return {"working_dir": str(staged), "env_vars": env_vars}
+
+
+def job_metadata(cfg, overrides: list[str], git_sha: str) -> dict[str, str]:
+    """The Ray job's metadata (strings; `ray job list`, the dashboard and the job's driver see
+    them): the sweep's experiment, search, model and name (when set), the commit, where rows go."""
+    experiments = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == "experiment"]
+    metadata = {
+        "sweep_search": cfg.search.name,
+        "sweep_model": cfg.model.name or "model",
+        "git_sha": git_sha,
+        "results_root": cfg.results.root,
+        "sweep_overrides": " ".join(overrides),
+    }
+    if experiments:
+        metadata["sweep_experiment"] = experiments[-1]
+    if cfg.sweep.name:
+        metadata["sweep_name"] = cfg.sweep.name
+    return metadata
+
+
+def require_token() -> None:
+    """Token auth needs the cluster's token here (Ray's client looks in ``$RAY_AUTH_TOKEN``, the
+    file ``$RAY_AUTH_TOKEN_PATH`` names, then ``~/.ray/auth_token``): one line when none is found."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    if path:
+        if not Path(path).is_file():
+            raise ConfigError(f"RAY_AUTH_TOKEN_PATH={path}: no such file (it names the cluster's token file)")
+        return
+    if not (Path.home() / ".ray" / "auth_token").is_file():
+        raise ConfigError(
+            "--auth token: no Ray auth token here: set RAY_AUTH_TOKEN_PATH to the cluster's token file (or "
+            "RAY_AUTH_TOKEN, or put it at ~/.ray/auth_token); --auth disabled for a cluster without token auth"
+        )
+
+
+def job_client(dashboard: str):
+    """Ray's job client for exactly ``dashboard``: Ray's constructor prefers ``$RAY_API_SERVER_ADDRESS``
+    and ``$RAY_ADDRESS`` over the address it is given, so both are hidden from it meanwhile
+    (``resolve_address`` has already weighed them)."""
+    from ray.job_submission import JobSubmissionClient
+
+    hidden = {name: os.environ.pop(name) for name in ADDRESS_ENV if name in os.environ}
+    try:
+        return JobSubmissionClient(dashboard)
+    finally:
+        os.environ.update(hidden)
+
+
+def submit_job(
+    dashboard: str,
+    overrides: list[str],
+    root: Path,
+    *,
+    auth: str = "token",
+    python: str = "python",
+    submission_id: str | None = None,
+    git_sha: str | None = None,
+    metadata: dict[str, str] | None = None,
+) -> str:
+    """Submit ``job_entrypoint(overrides)`` to the cluster's job server, shipping a staged copy
+    of ``shipped_files(root)`` as its working directory, under ``submission_id`` (a fresh one by
+    default), with ``git_sha`` (``submitted_commit(root)`` by default) in its environment;
+    returns the submission id."""
+    entrypoint = job_entrypoint(overrides, auth, python)
+    submission_id = submission_id or new_submission_id()
+    git_sha = git_sha or submitted_commit(root)
+    if auth == "token":
+        require_token()
+    try:
+        client = job_client(dashboard)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--address {dashboard}: no Ray job server answers there ({_first_line(exc)})") from None
+    with staged_project(root) as (staged, _):
+        runtime_env = job_runtime_env(staged, git_sha, submission_id)
+        deadline = time.monotonic() + 180  # a loaded head can take minutes to register its job agent
+        while True:
+            try:
+                return client.submit_job(
+                    entrypoint=entrypoint,
+                    runtime_env=json.loads(json.dumps(runtime_env)),  # the client rewrites working_dir in place
+                    submission_id=submission_id,
+                    metadata=dict(metadata or {}, git_sha=git_sha),
+                )
+            except RuntimeError as exc:  # a cluster that just started has no job agent yet
+                if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                    raise SweepError(
+                        f"--address {dashboard}: the job server refused the job ({_first_line(exc)})"
+                    ) from None
+                log.info("the cluster's job agent is not up yet; retrying")
+                time.sleep(2)
+
+
+def follow_job(dashboard: str, submission_id: str, out) -> str:
+    """Stream the job's logs to ``out`` until it ends; returns its final status."""
+    import asyncio
+
+    from ray.job_submission import JobStatus
+
+    client = job_client(dashboard)
+
+    async def tail() -> None:
+        async for lines in client.tail_job_logs(submission_id):
+            out.write(lines)
+            out.flush()
+
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        raise SweepError(
+            f"stopped following; job {submission_id} keeps running (`ray job stop {submission_id}` stops it)"
+        ) from None
+    except (ConnectionError, OSError, RuntimeError) as exc:
+        raise SweepError(
+            f"lost the job server while following {submission_id} ({_first_line(exc)}); the job may still be running"
+        ) from None
+    ended = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+    while (status := client.get_job_status(submission_id)) not in ended:
+        time.sleep(1)
+    return str(status.value if hasattr(status, "value") else status)
+
+
+def _first_line(exc: BaseException) -> str:
+    return next(iter(str(exc).splitlines()), type(exc).__name__)
+
+
+def _shipped_name(name: str) -> bool:
+    return not name.startswith(".") and not name.endswith(".egg-info")

@@ -1,0 +1,510 @@
+"""Executing a sweep: the Ray side of `sweep run` (its Optuna side is ``sweep.orchestrate.study``).
+
+`sweep run` plans on the driver (``sweep.orchestrate.plan``: what to run, what is done, names), starts
+an embedded Ray bound to 127.0.0.1 (or joins a cluster), and runs bench trials through Ray
+Tune: a grid, or Optuna as the search algorithm (its study persisted in SQLite beside
+Tune's experiment). Each trial is a list of Hydra overrides; a worker composes it on the
+device the driver resolved, reuses its process's model (one load per worker), runs the
+bench and reports the row; the driver is the single writer of the rows (``sweep.orchestrate.rows``).
+Ray Jobs submission is ``sweep.orchestrate.submit``; private Ray attributes are ``sweep.orchestrate.ray_internals``.
+
+Importing this module imports Ray: call ``sweep.orchestrate.cluster_env.ray_environment`` first, since
+Ray reads its auth mode and single-node mode when it is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import ray
+from ray import tune
+from ray.tune.search import ConcurrencyLimiter
+
+from sweep import progress
+from sweep.orchestrate import ray_internals as _ray_private
+from sweep.orchestrate import claims
+from sweep.orchestrate import interrupt
+from sweep.config import ClusterConfig, Config
+from sweep.errors import ConfigError, SweepError
+from sweep.bench.estimators import row_speedup
+from sweep.config.gatespec import GATE_SPECS
+from sweep.config.identity import trial_device, trial_identity
+from sweep.orchestrate.plan import (
+    Plan,
+    baseline_groups,
+    done_settings,
+    plan_sweep,
+    row_ids,
+    screen_selection,
+    screened_before,
+    select_trials,
+    trial_config,
+    tune_settings,
+)
+from sweep.orchestrate.progress_ray import Hub, forwarding
+from sweep.orchestrate.rows import RowWriter, SweepOutcome, last_error, os_error
+from sweep.config.search import METRICS
+from sweep.orchestrate.study import optuna_search, remaining_trials
+from sweep.orchestrate.worker import run_claimed, screen_trace
+
+log = logging.getLogger("sweep.orchestrate.tune")
+
+
+# ---------------------------------------------------------------- Ray
+
+
+def start_ray(cluster: ClusterConfig) -> bool:
+    """Start an embedded Ray on 127.0.0.1 or join ``cluster.address``; True if started here."""
+    # Tune warns about every unfinished trial of an interrupted experiment; resume handles them
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # on a stop signal Tune names Ctrl-C and offers Tuner.restore (which unpickles): the resume line is ours; and
+    # its own state, which a resume never reads, failing to save (a full disk) is a traceback per step: rows say it
+    for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_AUTH_MODE") != cluster.auth:
+        raise SweepError(
+            f"cluster.auth={cluster.auth}: Ray was imported with RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE')}; "
+            "set it before Ray is imported"
+        )
+    if cluster.address is None:
+        from sweep.orchestrate.cluster_env import record_embedded_session, stop_leftover_sessions
+
+        _ray_private.single_node_mode()  # servers on 127.0.0.1
+        stop_leftover_sessions()  # what killed drivers of earlier embedded clusters left running
+        ray.init(
+            address="local",
+            num_cpus=cluster.num_cpus,
+            num_gpus=cluster.num_gpus,
+            include_dashboard=cluster.dashboard,
+            dashboard_host="127.0.0.1",
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        record_embedded_session()
+    else:
+        from sweep.orchestrate.cluster_env import is_loopback
+
+        address = _require_reachable(cluster.address)
+        if is_loopback(address):  # `auto` found a cluster on 127.0.0.1: talk to it there, as for an explicit address
+            _ray_private.single_node_mode()
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(
+                f"cluster.address={cluster.address}: cannot join a Ray cluster there ({str(exc).splitlines()[0]})"
+            ) from None
+    return True
+
+
+def _require_reachable(address: str) -> str:
+    """The cluster's address (``auto`` resolved); fails in seconds, not minutes of retries, when
+    nothing answers there."""
+    import socket
+
+    resolved = address
+    if address == "auto":
+        try:
+            resolved = _ray_private.bootstrap_address("auto")
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"cluster.address=auto: no running Ray cluster found on this machine ({str(exc).splitlines()[0]})"
+            ) from None
+    host, _, port = resolved.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"cluster.address={address}: nothing answers at {resolved}; start the cluster or fix the address "
+            "(host:port of the GCS)"
+        ) from None
+    return resolved
+
+
+def stop_ray() -> None:
+    ray.shutdown()
+
+
+def trial_resources(cfg: Config) -> dict[str, float]:
+    """CPUs and GPUs per trial, checked against the cluster before any trial starts.
+
+    A request the cluster can never satisfy would leave trials PENDING forever.
+    """
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    gpus_per_node = [n["Resources"].get("GPU", 0.0) for n in nodes]
+    cpus_per_node = [n["Resources"].get("CPU", 0.0) for n in nodes]
+    gpu = cfg.resources.gpu
+    if gpu == "auto":
+        gpu = 1.0 if max(gpus_per_node, default=0) >= 1 and cfg.device != "cpu" else 0.0
+    if gpu > max(gpus_per_node, default=0.0):
+        raise ConfigError(
+            f"resources.gpu={cfg.resources.gpu}: no node of this cluster has {gpu:g} GPU(s) "
+            f"(GPUs per node: {gpus_per_node or [0]}); use resources.gpu=0 or gpu=auto"
+        )
+    if cfg.device == "cuda" and gpu == 0:
+        raise ConfigError(
+            "device=cuda: this sweep gives trials no GPU (resources.gpu=0 and the cluster has none); "
+            "use device=cpu or auto"
+        )
+    if cfg.resources.cpu > max(cpus_per_node, default=0.0):
+        raise ConfigError(
+            f"resources.cpu={cfg.resources.cpu:g}: no node of this cluster has that many CPUs "
+            f"(CPUs per node: {cpus_per_node})"
+        )
+    return {"cpu": float(cfg.resources.cpu), "gpu": float(gpu)}
+
+
+# ---------------------------------------------------------------- the trial (runs in a worker)
+
+
+def _trainable(config: dict, base: list[str] = (), context: dict | None = None) -> None:
+    """One Tune trial in a Ray worker (``_settings_trial``), its progress events forwarded to the driver."""
+    context = context or {}
+    with forwarding(context.get("progress"), f"Tune trial {tune.get_context().get_trial_id()}"):
+        _settings_trial(config, base, context)
+
+
+def _settings_trial(config: dict, base: list[str] = (), context: dict | None = None) -> None:
+    """One Tune trial in a Ray worker: one setting (``config["trial"]``) or a bundle of settings
+    timed against one shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose
+    on the driver's device, claim each setting in the results root (``sweep.orchestrate.claims``: a concurrent
+    sweep into the same root computes it once), bench (with this process's cached model), and
+    report each setting's row. A trial that raises reports its failed rows, once: Tune retries
+    only a worker that died (``sweep.max_failures``), never a deterministic error."""
+    t0 = time.perf_counter()
+    context = context or {}
+    try:
+        cfgs = [trial_config(list(base), t, context["device"]) for t in tune_settings(config)]
+        tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
+    except Exception as exc:  # noqa: BLE001 - a value the driver's checks could not foresee: no config, no row
+        tune.report({**_metrics({"status": "failed"}), "error": _one_line(exc), "cached": False})
+        return
+    done = context.get("done", {})
+    todo = []
+    left = iter(range(len(cfgs) - 1, -1, -1))  # every setting is reported once: cached, another sweep's, or computed
+    for cfg, tid in zip(cfgs, tids):
+        if tid in done:  # a row from an earlier run: report it again, do not redo the work
+            _report(done[tid], next(left), cached=True)
+        else:
+            todo.append((tid, cfg))
+    run_claimed(todo, context, t0, lambda row, **how: _report(row, next(left), **how))
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:500]
+
+
+def _report(
+    row: dict, reports_left: int, *, cached: bool, computed_by: str | None = None, notes: tuple[str, ...] = ()
+) -> None:
+    """One setting's row to the driver (``Progress``); ``reports_left``: the bundle's settings still to
+    report; ``notes``: lines the driver prints (``sweep.orchestrate.claims``: a claim taken over, a trial run
+    unclaimed)."""
+    extra = {} if computed_by is None else {"computed_by": computed_by}
+    if notes:
+        extra["notes"] = json.dumps(list(notes))
+    metrics = {**_metrics(row), "row_json": json.dumps(row, default=str), "cached": cached, **extra}
+    tune.report({**metrics, "reports_left": reports_left})
+
+
+def _metrics(row: dict) -> dict:
+    """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed).
+    ``speedup_wall`` is the ranked speedup the analysis ranks by (``sweep.bench.estimators.row_speedup``:
+    capped at 1.0 from above where no compute was skipped, 1.0 inside the trial's A/A noise floor);
+    the study keeps the measured ratio as a user attribute (``sweep.orchestrate.study``)."""
+    ok = row.get("status") == "ok"
+    metrics = {m: (row.get(m) if ok else None) for m in METRICS}
+    if ok:
+        metrics["speedup_wall"] = row_speedup(row, "speedup_wall")
+    return {"status": row.get("status"), **metrics}
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
+    """`sweep run`: plan the trials (bad values fail before Ray starts), start or join Ray,
+    run them through Tune, write rows. SIGTERM stops it as SIGINT does (``sweep.orchestrate.interrupt``);
+    however it ends, the claims this run still holds are released once Ray is stopped."""
+    plan = plan_sweep(cfg, base_overrides)
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:
+        # inside a Ray job the working directory can be re-extracted under the driver; stand elsewhere
+        plan.storage.mkdir(parents=True, exist_ok=True)
+        os.chdir(plan.storage)
+    with interrupt.sigterm_as_sigint():
+        started = start_ray(plan.cfg.cluster)
+        interrupt.keep_sigterm()  # Ray's driver installs its own SIGTERM handler (a stack dump, then abort)
+        try:
+            return _execute(plan)
+        finally:
+            if started:
+                stop_ray()
+            claims.release_run(plan.root, plan.run_id)
+
+
+def _execute(plan: Plan) -> SweepOutcome:
+    """Resolve the trials' resources and device, pick the trials still to run, fit, reconcile."""
+    cfg = plan.cfg
+    resources = trial_resources(cfg)
+    hub = None  # the actor holding the workers' progress events, once a worker runs
+    device = trial_device(cfg.device, resources["gpu"])
+    grid_trials, simulated = plan.grid_trials, None
+    if cfg.search.kind == "skipset":
+        grid_trials = _skipset(plan, resources, device)
+    if cfg.search.kind == "screen":
+        chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
+        if chosen is None:
+            hub = Hub()
+            grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
+        else:
+            grid_trials = chosen
+    planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
+    if cfg.resume:
+        # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
+        # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
+        log.info(
+            "resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, plan.path
+        )
+    total = len(planned) if planned is not None else _samples(plan)  # what this run runs
+    size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
+    existing = done_settings(grid_trials, plan.done, device)  # shown with this run's rows at the end
+    outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, rows=existing, simulated=simulated)
+    if total == 0:
+        why = (
+            "nothing to run"
+            if planned is not None
+            else f"its study has all {cfg.search.n_trials} trials, each with its row"
+        )
+        log.info("sweep %s: %s", plan.name, why)
+        return outcome
+    writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
+    hub = hub or Hub()
+    tuner = _tuner(plan, planned, total, resources, device, writer, hub, grid=grid_trials)
+    shared = cfg.sweep.shared_baseline
+    bundles = len(baseline_groups(grid_trials, planned, shared)) if planned is not None and shared > 1 else total
+    log.info(
+        "sweep %s: %s settings in %s Tune trials on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
+        *(plan.name, total, bundles, _cluster_label(cfg.cluster), resources["cpu"], resources["gpu"], plan.path),
+    )
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
+    try:
+        interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
+    finally:
+        hub.drain()
+        writer.close()
+    if writer.fatal is not None:  # a row could not be written: the sweep stopped; a resume redoes those trials
+        raise SweepError(f"{writer.fatal}; {interrupt.resume_hint(plan)}")
+    return dataclasses.replace(
+        outcome,
+        rows=existing + writer.rows,
+        written=writer.written,
+        skipped=skipped + writer.existing,
+        overhead_s=writer.overheads,
+        interrupted=interrupted,
+        unrowed=writer.unrowed,
+    )
+
+
+def _fit(tuner, plan: Plan, writer: RowWriter):
+    """``tuner.fit()``; Tune's own state that cannot be written (a full disk under sweep.storage)
+    is one line naming the file, as a row that cannot be written is (``RowWriter.fatal``)."""
+    try:
+        return tuner.fit()
+    except Exception as exc:  # noqa: BLE001 - Tune wraps what its state writes raise in TuneError
+        cause = interrupt.os_cause(exc)
+        if cause is None:
+            raise
+        where = cause.filename or plan.path
+        raise SweepError(f"cannot write Tune's state: {os_error(cause, where)}; {interrupt.resume_hint(plan)}") from exc
+
+
+def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
+    """Write the rows Tune holds that no callback wrote (trials finished before a restore);
+    True if the sweep was interrupted (trials left unfinished)."""
+    unfinished = settings = 0
+    for result in results:
+        config = result.config or {}
+        settings += len(config.get("trials") or [None])  # a bundle's settings; one otherwise (Optuna's too)
+        if result.metrics and "row_json" in result.metrics:
+            writer.write(json.loads(result.metrics["row_json"]), cached=bool(result.metrics.get("cached")))
+        if result.error is None and not (result.metrics and "status" in result.metrics):
+            unfinished += 1
+        elif result.error is None and (result.metrics or {}).get("reports_left", 0) > 0:
+            unfinished += 1  # a bundle stopped between its settings' reports
+    return unfinished > 0 or settings < (total or 0)
+
+
+def _traced(hub, *args):
+    """``screen_trace`` in its Ray task, its progress forwarded to the driver."""
+    with forwarding(hub, "screen trace"):
+        return screen_trace(*args)
+
+
+def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
+    """Profile the model once (in a worker with the trials' resources), then replay every
+    setting on the trace (``sweep.orchestrate.plan.screen_selection``); the settings to run closed-loop."""
+    t0 = time.perf_counter()
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_traced)
+    probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
+        c.gate
+        for _, c in settings
+        if GATE_SPECS.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens") or c.gate.lens == "tuned"
+    }
+    probes = sorted(probes, key=str)
+    readouts = {g.readouts for g in probes} - {None}
+    if len(readouts) > 1:
+        raise ConfigError(
+            f"gate.readouts: a screen replays one trace, traced with one readouts file; "
+            f"this search names {len(readouts)}"
+        )
+    try:
+        ref = task.remote(hub.actor, plan.base, plan.run_id, device, probes)
+        while not ray.wait([ref], timeout=0.5)[0]:
+            hub.drain()
+        hub.drain()
+        traced = ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
+        if cause is not None:
+            raise cause from None
+        raise
+    return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
+
+
+def _skipset(plan: Plan, resources: dict, device: str):
+    """`search=skipset-*`: the screen study in a worker with the trials' resources (resumed from its
+    SQLite study when one is there), then the chosen skip sets as grid settings, composed here."""
+    from sweep.orchestrate.plan import skipset_setting
+    from sweep.orchestrate.study import optuna_storage_url
+    from sweep.orchestrate.worker import skipset_screen
+
+    plan.path.mkdir(parents=True, exist_ok=True)
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(skipset_screen)
+    try:
+        found = ray.get(
+            task.remote(plan.base, plan.run_id, device, optuna_storage_url(plan.path), plan.cfg.search.name)
+        )
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
+        if cause is not None:
+            raise cause from None
+        raise
+    log.info(
+        "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
+        plan.cfg.search.n_trials,
+        found["model"],
+        found["seconds"],
+        len(found["chosen"]),
+        ", ".join(found["chosen"]),
+    )
+    settings = [skipset_setting(plan.cfg, skip) for skip in found["chosen"]]
+    return [(setting, trial_config(plan.base, setting, device)) for setting in settings]
+
+
+def _samples(plan: Plan) -> int:
+    """The Optuna trials to run: ``search.n_trials``, or on a resume those the study still lacks
+    (a trial counts only with its row: ``sweep.orchestrate.study.remaining_trials``)."""
+    if not plan.cfg.resume:
+        return plan.cfg.search.n_trials
+    return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root))
+
+
+def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, writer: RowWriter, hub: Hub, grid=None):
+    cfg, path = plan.cfg, plan.path
+    context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
+    context["progress"] = hub.actor
+    context["done"] = {} if planned is not None else plan.done
+    trainable = tune.with_resources(tune.with_parameters(_trainable, base=plan.base, context=context), resources)
+    run_config = tune.RunConfig(
+        name=plan.name,
+        storage_path=str(plan.storage),
+        failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
+        callbacks=[Progress(writer, hub)],
+        stop=_StopWhenRowsCannotBeWritten(writer),
+        verbose=0,
+    )
+    if planned is not None:
+        size = cfg.sweep.shared_baseline
+        if size > 1:
+            bundles = baseline_groups(plan.grid_trials if grid is None else grid, planned, size)
+            param_space = {"trials": tune.grid_search(bundles)}
+        else:
+            param_space = {"trial": tune.grid_search(planned)}
+        tune_config = tune.TuneConfig(
+            max_concurrent_trials=cfg.sweep.max_concurrent, reuse_actors=True, trial_dirname_creator=_trial_dirname
+        )
+        return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
+    search_alg = optuna_search(cfg.search, path, base=plan.base, device=device, root=plan.root)
+    if cfg.sweep.max_concurrent is not None:
+        search_alg = ConcurrencyLimiter(search_alg, max_concurrent=cfg.sweep.max_concurrent)
+    # metric and mode live on the searcher only: TuneConfig(metric=, mode=) would make it single-objective
+    tune_config = tune.TuneConfig(
+        search_alg=search_alg, num_samples=num_samples, reuse_actors=True, trial_dirname_creator=_trial_dirname
+    )
+    return tune.Tuner(trainable, tune_config=tune_config, run_config=run_config)
+
+
+def _trial_dirname(trial) -> str:
+    return f"trial_{trial.trial_id}"
+
+
+def _cluster_label(cluster: ClusterConfig) -> str:
+    return "an embedded Ray on 127.0.0.1" if cluster.address is None else f"the Ray cluster at {cluster.address}"
+
+
+class _StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
+    """Stops every trial once a row could not be written (``RowWriter.fatal``: a full disk): the
+    trials still to run would only compute rows that cannot be kept."""
+
+    def __init__(self, writer: RowWriter) -> None:
+        self.writer = writer
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.writer.fatal is not None
+
+
+class Progress(tune.Callback):
+    """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
+    events (posted to ``hub``) to the display."""
+
+    def __init__(self, writer: RowWriter, hub: Hub) -> None:
+        self.writer, self.hub = writer, hub
+        self.drained = 0.0
+
+    def on_step_end(self, iteration, trials, **info):
+        if time.perf_counter() - self.drained >= 0.5:
+            self.drained = time.perf_counter()
+            self.hub.drain(wait=False)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.writer.started(trial.trial_id)
+        settings = tune_settings(trial.config) if trial.config else []
+        if len(settings) > 1:
+            progress.note(
+                f"Tune trial {trial.trial_id}: {len(settings)} settings timed against one shared baseline in the "
+                "same rounds (sweep.shared_baseline): their rows come together when its timed rounds end"
+            )
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.hub.drain()  # the worker's last phases before its row
+        self.writer.result(trial.trial_id, result)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.hub.drain()
+        progress.finished(f"Tune trial {trial.trial_id}")
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        failures = trial.run_metadata.num_failures
+        log.warning("Tune trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        progress.finished(f"Tune trial {trial.trial_id}")
+        self.writer.errored(trial.config, last_error(trial.error_file))

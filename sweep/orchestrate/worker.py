@@ -1,0 +1,205 @@
+"""What a sweep's Ray workers compute, Ray-free: a trial's row, and the screen's trace.
+
+``sweep.orchestrate.tune`` runs these in its workers and reports the results to Tune or the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from typing import Any, Callable
+
+from sweep.config import Config
+from sweep.orchestrate.plan import trial_config
+
+
+def reference_source(cfg: Config):
+    """The full-depth reference source of a worker's trial: this process's ``sweep.bench.reuse``
+    cache under ``sweep.reuse=true``; None (fresh references, each trial its own) otherwise."""
+    from sweep.bench.reuse import process_cache
+
+    return process_cache() if cfg.sweep.reuse else None
+
+
+def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report: Callable[..., None]) -> None:
+    """A Tune trial's settings still to compute (``todo``: trial id and config), each claimed in the
+    results root first (``sweep.orchestrate.claims``: a concurrent sweep into the same root computes it once),
+    then computed together (one setting, or a bundle against one shared baseline); each setting's
+    row goes to ``report(row, cached=..., computed_by=..., notes=...)`` once. Whatever the trial
+    raises is the failed row of each setting not yet reported, never an error out of the worker:
+    Tune retries only workers that died, not a deterministic error."""
+    from sweep.orchestrate import claims
+    from sweep.orchestrate.rows import finished_row, row_path
+
+    owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
+    notes: dict[str, tuple[str, ...]] = {}
+    reported: set[str] = set()
+    try:
+        with contextlib.ExitStack() as stack:
+            compute = []
+            for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
+                path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
+                ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
+                held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
+                notes[tid] = held.notes
+                if held.row is not None:  # a concurrent sweep into the same root computed it
+                    report(held.row, cached=True, computed_by=held.waited_for, notes=held.notes)
+                    reported.add(tid)
+                else:
+                    compute.append(cfg)
+            if len(compute) == 1:
+                rows = [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
+            else:
+                rows = shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+    except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
+        rows = [failed_trial_row(cfg, context["run_id"], context.get("sweep_name"), exc, t0) for _, cfg in todo]
+        rows = [row for row in rows if row["trial_id"] not in reported]
+    for row in rows:
+        report(row, cached=False, notes=notes.get(row["trial_id"], ()))
+
+
+def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> dict[str, Any]:
+    """Run one trial with this process's cached model and reusable references (``sweep.bench.reuse``);
+    its row (a failed row, with the error's first line, when it raises)."""
+    from sweep.bench.rows import failed_row
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trial
+    from sweep.store.run_info import provenance, provenance_unloaded
+
+    lm = gate = None
+    try:
+        lm, gate, prompts = prepare(cfg)
+        row = run_trial(cfg, lm, gate, prompts, reference_source(cfg))
+    except Exception as exc:  # noqa: BLE001 - a trial that raises is a failed row, whatever it raised
+        row = failed_row(cfg, cfg.prompts.n or 0, exc, gate)
+    prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
+    return _with_worker({**prov, **row}, sweep_name, time.perf_counter() - t0)
+
+
+def failed_trial_row(cfg: Config, run_id: str, sweep_name: str | None, exc: BaseException, t0: float) -> dict:
+    """The failed row of a setting whose trial raised outside the bench (claiming, provenance)."""
+    from sweep.bench.rows import failed_row
+    from sweep.store.run_info import provenance_unloaded
+
+    row = {**provenance_unloaded(cfg, run_id), **failed_row(cfg, cfg.prompts.n or 0, exc)}
+    return _with_worker(row, sweep_name, time.perf_counter() - t0)
+
+
+def _with_worker(row: dict[str, Any], sweep_name: str | None, seconds: float) -> dict[str, Any]:
+    from sweep.models import model_loads
+
+    return {
+        **row,
+        "sweep_name": sweep_name,
+        "worker_pid": os.getpid(),
+        "worker_model_loads": model_loads(),
+        "trial_seconds": seconds,
+    }
+
+
+def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: float) -> list[dict[str, Any]]:
+    """Several settings of one model, prompts and bench measured against one shared baseline
+    (``sweep.bench.protocol.run_trials``): one row per setting, in order (a failed row for a setting
+    that cannot be prepared, the others measured without it; failed rows for all when the group
+    raises). The worker side of a Tune trial that bundles grid settings; ``trial_seconds`` is the
+    row's bench_seconds plus an even share of the group's time outside the bench (preparing, provenance)."""
+    from sweep.bench.rows import failed_row
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trials
+    from sweep.store.run_info import provenance, provenance_unloaded
+
+    prepared: list = [None] * len(cfgs)
+    rows: list = [None] * len(cfgs)
+    for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
+        try:
+            prepared[i] = prepare(cfg)
+        except Exception as exc:  # noqa: BLE001
+            rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
+    ready = [i for i, p in enumerate(prepared) if p is not None]
+    if ready:
+        lm, prompts = prepared[ready[0]][0], prepared[ready[0]][2]
+        group = [cfgs[i] for i in ready]
+        try:
+            measured = run_trials(group, lm, [prepared[i][1] for i in ready], prompts, reference_source(group[0]))
+        except Exception as exc:  # noqa: BLE001 - the group's failed rows, whatever it raised
+            measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
+        for i, row in zip(ready, measured):
+            rows[i] = row
+    # each row: its bench_seconds (0 for a failed one) and an even share of the rest of the group's time
+    bench = [row.get("bench_seconds") or 0.0 for row in rows]
+    rest = (time.perf_counter() - t0 - sum(bench)) / len(cfgs)
+    out = []
+    for cfg, row, p, seconds in zip(cfgs, rows, prepared, (b + rest for b in bench)):
+        # a setting that failed to prepare has no model
+        prov = provenance(cfg, p[0], run_id) if p is not None else provenance_unloaded(cfg, run_id)
+        out.append(_with_worker({**prov, **row}, sweep_name, seconds))
+    return out
+
+
+def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
+    """The profile trace of the sweep's model and prompts at the bench's length, and the cost
+    model (with the probes of ``probe_gates``), on the device trials will use."""
+    from sweep.bench.command import attach_readouts, prepare
+    from sweep.config import GateConfig
+    from sweep.bench.costs import cost_model
+    from sweep.gates import make_gate
+    from sweep.trace.profile import traced_run
+
+    cfg = trial_config(base, [], device)
+    cfg = dataclasses.replace(cfg, gate=GateConfig())  # the model's own depth decides every layer index later
+    readouts = {g.readouts for g in probe_gates} - {None}  # one file at most (the driver checked)
+    if readouts:
+        cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, readouts=readouts.pop()))
+    lm, _, prompts = prepare(cfg)
+    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens)
+    gates = [make_gate(g, lm.num_layers) for g in probe_gates]
+    for gate, g in zip(gates, probe_gates):
+        attach_readouts(gate, g, lm, prompts)
+    return {
+        "trace": trace,
+        "provenance": prov,
+        # the probes alone too: the replay charges them to every gate not measured in situ here
+        "costs": cost_model(
+            lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy], probes_alone=True
+        ).as_dict(),
+    }
+
+
+def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
+    """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
+    self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the skip sets
+    to run closed-loop, best first."""
+    from sweep.bench.command import prepare
+    from sweep.bench.costs import cost_model
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.plan import skipset_setting
+    from sweep.decode.skipscreen import first_drafts, record
+    from sweep.orchestrate.skipsearch import best_sets, search
+
+    cfg = trial_config(base, skipset_setting(trial_config(base, [], device), "none"), device)
+    s, b = cfg.search, cfg.bench
+    lm, _, prompts = prepare(cfg)
+    t0 = time.perf_counter()
+    recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)
+    costs = cost_model(lm, prompts[0].input_ids, kv_policies=[], verify_positions=b.draft_len + 1)
+
+    def trial_id(skip: str) -> str:
+        return trial_identity(dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, skip=skip)), device).id
+
+    study = search(
+        lambda skip: first_drafts(lm, recorded, skip),
+        num_layers=lm.num_layers,
+        n_trials=s.n_trials,
+        sampler=s.sampler,
+        seed=s.seed,
+        ratio=tuple(s.skip_ratio) if s.skip_ratio is not None else (0.0, 1.0),
+        draft_len=b.draft_len,
+        draft_stop=b.draft_stop,
+        costs=costs,
+        storage=storage,
+        study_name=study_name,
+        trial_id=trial_id,
+    )
+    return {"chosen": best_sets(study, s.closed_loop), "seconds": time.perf_counter() - t0, "model": lm.name}

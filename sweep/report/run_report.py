@@ -1,0 +1,128 @@
+"""What `sweep run` prints at its end: the settings' table and Pareto front, the verdict on them, and
+where to go next (`sweep analyze` and its report); every line within 120 columns (``sweep.report.textfit``).
+
+"Setting": one point of the search (one gate and its thresholds), one row in the results. "Tune
+trial": what Ray Tune schedules, one setting or a bundle of settings timed against one shared
+baseline (``sweep.shared_baseline``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sweep.report.textfit import table, wrap
+
+TABLE_COLUMNS = (
+    "model",
+    "gate",
+    "min_layer",
+    "GATE_COLUMNS",
+    "kv_policy",
+    "mode",
+    "status",
+    "agreement",
+    "speedup_wall",
+    "speedup_model",
+    "speedup_e2e_wall",
+    "speedup_aa",
+    "noise_floor",
+    "exit_rate",
+    "step_layers_saved",
+    "trial_id",
+)
+
+
+def sweep_report(outcome, analysis=None) -> str:
+    """The settings of this sweep (measured now, or whose rows an earlier run wrote), their Pareto front
+    (speedup_wall, agreement), the verdict at the headline target with ``analysis`` (the config's
+    analysis section; None: no verdict) and the pointer to `sweep analyze` and its report."""
+    import polars as pl
+
+    from sweep.analysis import pareto_front
+    from sweep.config.gatespec import GATE_COLUMNS
+
+    lines = [
+        f"sweep {outcome.name}: {outcome.written} settings measured and written, {outcome.skipped} skipped "
+        f"(their rows exist), {failures(outcome)} failed",
+        *wrap(
+            f"rows: {outcome.root}/trials (one Parquet file per setting); Tune state and Optuna study: {outcome.path}"
+        ),
+    ]
+    if not outcome.rows:
+        return "\n".join(lines)
+    if outcome.simulated is not None:
+        lines += screen_report(outcome)
+    cols = [c for name in TABLE_COLUMNS for c in (GATE_COLUMNS if name == "GATE_COLUMNS" else [name])]
+    df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
+    df = df.sort("model", "gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
+    new = outcome.written
+    lines += [f"settings ({df.height}; {df.height - new} with rows from an earlier run or another sweep):"]
+    lines += table(df, keys=("gate",))
+    front = pareto_front(df, by=("model",)).select(
+        "model", "gate", "min_layer", *GATE_COLUMNS, "agreement", "speedup", "speedup_wall", "trial_id"
+    )
+    lines += wrap(
+        "Pareto front (speedup and agreement, both maximised; status ok; full depth, 1x at agreement 1, is a point "
+        "of it; speedup = speedup_wall capped at 1 from above where no compute was skipped, and 1 inside the "
+        "trial's A/A noise floor):"
+    )
+    lines += table(front, keys=("gate",)) if front.height else ["(no ok settings)"]
+    if analysis is not None:
+        lines += verdict_lines(outcome, analysis)
+    return "\n".join(lines)
+
+
+def failures(outcome) -> int:
+    """This sweep's failed trials: failed rows, and trials whose config did not compose (no row)."""
+    return sum(r.get("status") == "failed" for r in outcome.rows) + outcome.unrowed
+
+
+def verdict_lines(outcome, analysis) -> list[str]:
+    """The verdict `sweep analyze` gives, on this sweep's settings only, and where the full report is."""
+    from sweep.report.sections import HEADLINE_TARGET
+
+    root = Path(outcome.root)
+    report = Path(analysis.out) if analysis.out else root / "report"
+    lines = [f"verdict on this sweep's {len(outcome.rows)} settings (agreement >= {HEADLINE_TARGET}):"]
+    lines += [line for v in verdicts(root, [r["trial_id"] for r in outcome.rows], analysis) for line in wrap(f"  {v}")]
+    lines += wrap(
+        f"next: `sweep analyze results.root={root}` analyses every row under {root} (fronts, knees, targets with "
+        f"intervals, EAS) and writes the report: {report / 'report.md'}"
+    )
+    return lines
+
+
+def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
+    """Per model, `sweep analyze`'s verdict (``sweep.report.verdicts.model_verdicts``: the best at the
+    headline agreement target, full depth among the candidates, its interval bootstrapped as there) over
+    the given settings' rows."""
+    import polars as pl
+
+    from sweep.analysis import load_trials, ok_trials
+    from sweep.report.build import _targets
+    from sweep.report.sections import HEADLINE_TARGET
+    from sweep.report.verdicts import model_verdicts
+
+    trials = load_trials(root).filter(pl.col("trial_id").is_in(trial_ids)).collect()
+    ok = ok_trials(trials, analysis.speedup).collect()
+    conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
+    conf["min_prompts"] = analysis.ci_min_prompts
+    targets = _targets(ok, (HEADLINE_TARGET,), conf)
+    settings = _targets(ok, (HEADLINE_TARGET,), conf, reference=False)
+    return model_verdicts(trials, targets, settings, analysis.ci_min_prompts, noun="settings")
+
+
+def screen_report(outcome) -> list[str]:
+    """A screen's lines: how many settings were simulated and run, simulated against measured."""
+    from sweep.orchestrate.screen import comparison, gap_by_gate
+
+    sim = outcome.simulated
+    lines = wrap(
+        f"screen: {sim.height} settings simulated, {int(sim['on_front'].sum())} on the simulated front, "
+        f"{int(sim['selected'].sum())} run closed-loop (a grid of the same resolution: {sim.height} settings)"
+    )
+    comp = comparison(sim, outcome.rows)
+    if comp.height:
+        lines += ["simulated (teacher-forced) against measured (closed loop):", *table(comp, keys=("gate",))]
+        lines += ["gap per gate (simulated - measured):", *table(gap_by_gate(comp), keys=("gate",))]
+    return lines

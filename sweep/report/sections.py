@@ -1,0 +1,366 @@
+"""The report's sections: each takes the one ``ReportContext`` and returns a ``Section``, its
+Markdown lines (ending with a blank line) and the figures it wrote; ``SECTIONS`` is their order.
+
+Header, verdicts, one section per model (the A/A noise floor, targets and knees from
+``sweep.report.tables``, Pareto and layer figures), profiles
+(EAS and oracle exits), the learned readouts against the logit lens, simulated against measured
+(screen) and the batching effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import polars as pl
+
+from sweep.report import figures
+from sweep.analysis import (
+    eas_per_layer,
+    eas_table,
+    layer_curve,
+    lens_curves,
+    oracle_summary,
+)
+from sweep.report.tables import floor_lines, floor_of, knees_table, num, table_head, targets_table
+from sweep.report.verdicts import verdict, verdicts
+
+__all__ = ["SECTIONS", "ReportContext", "Section", "verdict", "verdicts"]
+
+HEADLINE_TARGET = figures.HEADLINE_TARGET
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What every section reads: the analysed tables (as written beside the data) and the settings."""
+
+    root: Path  # results.root
+    out: Path  # the report directory (figures are written there)
+    trials: pl.DataFrame  # every trial row
+    ok: pl.DataFrame  # ok trials, ranked speedup (with intervals)
+    front: pl.DataFrame  # the pareto table
+    knees: pl.DataFrame  # the knees table
+    targets: pl.DataFrame  # the targets table
+    profiles: pl.LazyFrame | None  # None without profile rows
+    alpha: float  # eas.alpha
+    min_prompts: int  # analysis.ci_min_prompts
+    settings: pl.DataFrame = field(default_factory=pl.DataFrame)  # the best setting per target, full depth aside
+    floors: pl.DataFrame = field(default_factory=pl.DataFrame)  # the A/A noise floor per model (noise_floors)
+    knee_min_agreement: float = 0.9  # analysis.knee_min_agreement
+
+    @cached_property
+    def curves(self) -> pl.DataFrame:
+        return layer_curve(self.profiles)
+
+    @cached_property
+    def lens(self) -> pl.DataFrame:
+        """The learned readouts' curves (``lens_curves``): empty unless a trace has readouts."""
+        return lens_curves(self.profiles) if self.profiles is not None else pl.DataFrame()
+
+    @cached_property
+    def eas(self) -> pl.DataFrame:
+        return eas_table(self.profiles, self.alpha)
+
+    @cached_property
+    def models(self) -> list[str]:
+        """Models with a section: those with ok trials or a profile."""
+        names = set(self.ok["model"].unique().to_list()) if self.ok.height else set()
+        if self.profiles is not None:
+            names |= set(self.curves["model"].unique().to_list())
+        return sorted(names)
+
+    @cached_property
+    def verdicts(self) -> list[str]:
+        return verdicts(self)
+
+
+@dataclass(frozen=True)
+class Section:
+    lines: list[str]
+    figures: list[str] = field(default_factory=list)
+
+
+def header(ctx: ReportContext) -> Section:
+    lines = ["# Early-exit report", ""]
+    trials, ok = ctx.trials, ctx.ok
+    if trials.height:
+        lines += [
+            (
+                f"{trials.height} trials from {trials['run_id'].n_unique()} run(s); {ok.height} ok, "
+                f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
+                f"{trials.filter(pl.col('status') == 'failed').height} failed "
+                "(fronts and targets use ok trials only)."
+            ),
+            "",
+        ]
+    if ok.height:
+        lines += [
+            (
+                f"Speedups rank by `{ok['speedup_metric'][0]}`, as the ranked `speedup`: the measured ratio, except "
+                "that a trial that skipped no compute (no decode step exited, or kv_policy=full) is capped at 1x from "
+                "above (above 1x its ratio is timing noise: shown as *capped*; below 1x it is the real cost of its "
+                "probes, heads and K/V work, and it stays), and a speedup inside the trial's A/A noise floor counts "
+                "as 1x (shown as *≈1x*: it cannot be told from full depth). The Optuna objective is the same "
+                "estimator. Full depth (1x at agreement 1.0, always available) is a point of every front and a "
+                "candidate at every target: a setting it dominates is on no front, and a target names a setting "
+                "only where one beats it. Intervals: 95% bootstrap of the same estimator, prompts and timed rounds "
+                "resampled, seeded per trial; "
+                f"† marks an interval from fewer than {ctx.min_prompts} prompts (analysis.ci_min_prompts), "
+                "too coarse to trust."
+            ),
+            "",
+        ]
+    return Section(lines)
+
+
+def verdict_section(ctx: ReportContext) -> Section:
+    return Section(["## Verdicts", ""] + [f"- {v}" for v in ctx.verdicts] + [""])
+
+
+def model_sections(ctx: ReportContext) -> Section:
+    """Per model: the best speedup at each target, the knees of its fronts, its figures."""
+    lines, made = [], []
+    for model in ctx.models:
+        shown = []
+        if ctx.ok.height and model in ctx.ok["model"].to_list():
+            floor = floor_of(ctx, model)
+            shown.append(figures.pareto_figure(ctx.ok, ctx.front, ctx.knees, model, ctx.out, floor=floor))
+        if ctx.profiles is not None and model in ctx.curves["model"].to_list():
+            shown.append(figures.layers_figure(ctx.curves.filter(pl.col("model") == model), model, ctx.out))
+        lines += [f"## {model}", "", *floor_lines(ctx, model), *targets_table(ctx, model), *knees_table(ctx, model)]
+        lines += [f"![{name}]({name})" for name in shown] + [""]
+        made += shown
+    return Section(lines, made)
+
+
+def profiles_section(ctx: ReportContext) -> Section:
+    """EAS per model and variant, both oracle exits, the EAS-per-layer figure."""
+    if ctx.profiles is None:
+        return Section([])
+    name = figures.eas_figure(eas_per_layer(ctx.profiles, ctx.alpha), ctx.eas, ctx.alpha, ctx.out)
+    lines = [
+        "## Profiles: EAS and oracle exits",
+        "",
+        f"EAS (arXiv 2603.23701), alpha={ctx.alpha:g}, S averaged over all traced positions:",
+        "",
+        *table_head("model", "variant", "EAS", "K"),
+    ]
+    lines += [
+        f"| {r['model']} | {r['variant']} | {r['eas']:.4f} | {r['topk']} |" for r in ctx.eas.iter_rows(named=True)
+    ]
+    lines += [
+        "",
+        (
+            "Oracle exits: first match (the earliest layer whose top-1 equals the final one: the bound on "
+            "what any exit rule could save) and saturation (the earliest layer from which the top-1 stays "
+            "equal up to L)."
+        ),
+        "",
+        *table_head("model", "positions", "first match: mean layer", "before L", "saturation: mean layer", "before L"),
+    ]
+    lines += [
+        f"| {r['model']} | {r['phase']} ({r['positions']}) | {r['mean_first_match']:.2f} of {r['num_layers']} | "
+        f"{100 * r['frac_first_match_before_L']:.1f}% | {r['mean_saturation']:.2f} of {r['num_layers']} | "
+        f"{100 * r['frac_saturation_before_L']:.1f}% |"
+        for r in oracle_summary(ctx.profiles).iter_rows(named=True)
+    ]
+    return Section(lines + ["", f"![{name}]({name})", ""], [name])
+
+
+LENS_ROWS = 32  # the lens table shows every layer up to this many, a stride of them beyond
+
+
+def lens_section(ctx: ReportContext) -> Section:
+    """Per model with a trace taken with ``profile.readouts``: the tuned lens against the logit lens
+    per layer (top-1 agreement and KL to the final distribution), a table and a figure per readouts."""
+    if not ctx.lens.height:
+        return Section([])
+    lines, made = [], []
+    for model in sorted(ctx.lens["model"].unique().to_list()):
+        lines += [f"## Learned readouts: tuned lens vs logit lens, {model}", ""]
+        sub = ctx.lens.filter(pl.col("model") == model)
+        for readouts_id in sorted(sub["readouts_id"].unique().to_list()):
+            curve = sub.filter(pl.col("readouts_id") == readouts_id).sort("layer")
+            name = figures.lens_figure(curve, model, readouts_id, ctx.out)
+            lines += [*_lens_table(curve, readouts_id), f"![{name}]({name})", ""]
+            made.append(name)
+    return Section(lines, made)
+
+
+def _lens_table(curve: pl.DataFrame, readouts_id: str) -> list[str]:
+    """One readouts' curve as a sentence and a Markdown table (every layer, or a stride and layer L)."""
+    L = int(curve["num_layers"][0])
+    stride = -(-L // LENS_ROWS)
+    rows = curve.filter(((pl.col("layer") - 1) % stride == 0) | (pl.col("layer") == L))
+    which = (
+        "every layer"
+        if stride == 1
+        else f"layers 1, {1 + stride}, {1 + 2 * stride}, ... and {L} (the figure has them all)"
+    )
+    lines = [
+        (
+            f"Readouts `{readouts_id}` (`sweep fit`) on {curve['prompts'][0]} evaluation prompts (not among those "
+            f"they were fitted on), at their {curve['positions'][0]} decision positions (each prompt's last prefill "
+            "position and its decode positions): the fraction whose top-1 equals the final layer's, and the mean "
+            f"KL(final || lens) in nats, for the logit lens and the tuned lens; {which}."
+        ),
+        "",
+        *table_head("layer", "logit top-1", "tuned top-1", "KL logit", "KL tuned"),
+    ]
+    lines += [
+        f"| {r['layer']} | {r['logit_top1']:.3f} | {r['tuned_top1']:.3f} | {num(r['kl_logit'], '.4g')} | "
+        f"{num(r['kl_tuned'], '.4g')} |"
+        for r in rows.iter_rows(named=True)
+    ]
+    return lines + [""]
+
+
+def screen_section(ctx: ReportContext) -> Section:
+    """Simulated against measured, when a screen left simulated rows: a table of the gap per
+    gate, and a figure pairing each simulated setting with its closed-loop trial."""
+    from sweep.orchestrate.screen import gap_by_gate
+    from sweep.store import scan
+
+    sim = scan("simulated", ctx.root).filter(pl.col("selected")).collect()
+    if not sim.height or not ctx.ok.height:
+        return Section([])
+    both = sim.join(ctx.ok.select("trial_id", "agreement", "speedup_wall"), on="trial_id", how="inner").with_columns(
+        agreement_gap=pl.col("agreement_tf") - pl.col("agreement"),
+        speedup_gap=pl.col("speedup_model") - pl.col("speedup_wall"),
+    )
+    if not both.height:
+        return Section([])
+    name = figures.screen_figure(both, ctx.out)
+    lines = [
+        "## Simulated against measured (screen)",
+        "",
+        (
+            "Teacher-forced replay on the profile trace against the closed loop (errors cascade through the "
+            "cache there): the gap is simulated minus measured."
+        ),
+        "",
+        *table_head("gate", "trials", "agreement gap (mean)", "agreement gap (max)", "speedup gap (mean)"),
+    ]
+    lines += [
+        f"| {r['gate']} | {r['trials']} | {r['agreement_gap_mean']:.3f} | {r['agreement_gap_max']:.3f} | "
+        f"{r['speedup_gap_mean']:.3f} |"
+        for r in gap_by_gate(both).iter_rows(named=True)
+    ]
+    return Section(lines + ["", f"![{name}]({name})", ""], [name])
+
+
+def batching_section(ctx: ReportContext) -> Section:
+    """How the saving decays with batch size, for settings measured at several batch sizes."""
+    from sweep.config.gatespec import GATE_COLUMNS, gate_text
+
+    ok = ctx.ok
+    if not ok.height or ok["batch_size"].n_unique() < 2:  # trials load in the current schema: the column is there
+        return Section([])
+    keys = ["model", "gate", "min_layer", *GATE_COLUMNS, "kv_policy"]
+
+    def label(r: dict) -> str:
+        kv = f"kv_policy={r['kv_policy']}" if r["kv_policy"] is not None else ""
+        return " ".join(part for part in (gate_text(r), kv) if part)
+
+    # self-speculative trials (batch 1, agreement 1 by construction) are not part of this comparison
+    early_exit = pl.col("mode").fill_null("early_exit") == "early_exit"
+    rows = ok.filter(pl.col("batch_size").is_not_null() & early_exit).with_columns(
+        setting=pl.concat_str(
+            [
+                pl.col("model"),
+                pl.lit(" "),
+                pl.col("gate"),
+                pl.lit(" "),
+                pl.struct(keys).map_elements(label, return_dtype=pl.String),
+            ]
+        )
+    )
+    groups = rows.group_by("setting").agg(pl.col("batch_size").n_unique().alias("sizes")).filter(pl.col("sizes") > 1)
+    series = {s: rows.filter(pl.col("setting") == s).sort("batch_size") for s in sorted(groups["setting"].to_list())}
+    if not series:
+        return Section([])
+    sizes = sorted(rows.filter(pl.col("setting").is_in(list(series)))["batch_size"].unique().to_list())
+    name = figures.batching_figure(series, sizes, ctx.out)
+    lines = [
+        "## The batching effect",
+        "",
+        "A batch saves compute only once every sequence has exited (per-sequence decisions, max over the batch).",
+        "",
+        *table_head("setting", "batch", "speedup_wall", "speedup_model", "decode layers saved", "agreement"),
+    ]
+    for setting, sub in series.items():
+        lines += [
+            f"| {setting} | {r['batch_size']} | {num(r['speedup_wall'])} | {num(r['speedup_model'])} | "
+            f"{num(r['step_layers_saved'])} | {num(r['agreement'])} |"
+            for r in sub.iter_rows(named=True)
+        ]
+    return Section(lines + ["", f"![{name}]({name})", ""], [name])
+
+
+def speculation_section(ctx: ReportContext) -> Section:
+    """Self-speculation per model: the best draft of each kind (layers 1..K, a skip set) with its acceptance
+    and the draft/verify split of its time per token that explains its speedup or its absence, and the best
+    skip set as a layer map."""
+    ok = ctx.ok
+    if not ok.height or "mode" not in ok.columns:
+        return Section([])
+    spec = ok.filter(pl.col("mode") == "self_speculative")
+    if not spec.height:
+        return Section([])
+    lines = [
+        "## Self-speculation",
+        "",
+        "Lossless by construction (agreement 1.0, checked on every trial): the draft (layers 1..K and the logit lens,",
+        "or the full model with the skip set's sublayers bypassed) proposes up to draft_len tokens, the full model",
+        "verifies them in one pass. acceptance length = 1 + accepted drafts per verification; draft and verify are",
+        "ms per committed token; full depth costs `baseline ms` per token.",
+        "",
+        *table_head(
+            "model",
+            "draft",
+            "acceptance",
+            "acc. length",
+            "draft ms",
+            "verify ms",
+            "baseline ms",
+            "speedup_wall",
+            "cost model",
+        ),
+    ]
+    maps = []
+    for model in sorted(spec["model"].unique().to_list()):
+        rows = spec.filter(pl.col("model") == model)
+        for kind in ("fixed", "skip"):
+            best = rows.filter(pl.col("gate") == kind).sort("speedup", descending=True, nulls_last=True).head(1)
+            if not best.height:
+                continue
+            r = best.row(0, named=True)
+            draft = (
+                f"skip {r['skip']} (ratio {num(r['skip_ratio'])})" if kind == "skip" else f"layers 1..{r['exit_layer']}"
+            )
+            lines.append(
+                f"| {model} | {draft}, {r['draft_len']} drafts | {num(r['acceptance_rate'])} | "
+                f"{num(r['acceptance_length'])} | {num(r['draft_ms_per_token'])} | {num(r['verify_ms_per_token'])} | "
+                f"{num(r['baseline_ms_per_token'])} | {num(r['speedup_wall'])}x | {num(r['speedup_model'])}x |"
+            )
+            if kind == "skip":
+                maps.append((model, r["skip"], int(r["num_layers"])))
+    lines.append("")
+    if not maps:
+        return Section(lines)
+    name = figures.skip_map_figure(maps, ctx.out)
+    return Section(lines + [f"![{name}]({name})", ""], [name])
+
+
+SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (
+    header,
+    verdict_section,
+    model_sections,
+    profiles_section,
+    lens_section,
+    screen_section,
+    speculation_section,
+    batching_section,
+)

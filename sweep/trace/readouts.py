@@ -1,0 +1,486 @@
+"""Learned readouts of h_l: tuned-lens translators and exit classifiers, fitted by `sweep fit`.
+
+A translator (tuned lens, Belrose et al. 2023, arXiv 2303.08112) is one affine map per layer, fitted
+so that the model's own lens of the translated h_l matches the final layer; at the identity it is the
+logit lens bit for bit. An exit classifier (CALM, Schuster et al. 2022, arXiv 2207.07061) is a logistic
+regression on h_l predicting whether layer l's top-1 already is the final one. Both are fitted from the
+states the engine decides on (``sweep.trace.profile.decode_states``), streamed one prompt at a time.
+
+Readouts are one content-addressed safetensors file with their provenance in its metadata:
+``load_readouts`` refuses a file changed since it was written or fitted to another model, and
+``check_disjoint`` keeps the fitting prompts out of an evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from sweep import progress
+from sweep.errors import ConfigError
+from sweep.gates import cosine_prev, saturation_delta
+
+log = logging.getLogger("sweep.trace.readouts")
+
+LENSES = ("logit", "tuned")
+FEATURES = "final_norm(h),log_delta,cos_prev"
+TENSORS = ("translator.weight", "translator.bias", *(f"classifier.{n}.{p}" for n in LENSES for p in ("weight", "bias")))
+META = ("model", "model_hash", "num_layers", "hidden", "prompt_set", "prompt_ids", "prompt_digests", "gen_tokens")
+_UNHASHED = ("created_at", "fit_seconds")  # what differs between two identical fits
+_LOG_EPS = 1e-6  # log(delta + eps): delta is 0 where a layer changes nothing
+_LBFGS_ITERS = 50
+_LENS_ELEMENTS = 1 << 25  # logits held at once while scoring (rows x vocab)
+
+
+def _rms(h: torch.Tensor) -> torch.Tensor:
+    """r(h): the root mean square over hidden (float32, clamped away from 0), shape (..., 1)."""
+    return h.float().square().mean(dim=-1, keepdim=True).sqrt().clamp_min(1e-12)
+
+
+def _unit(h: torch.Tensor) -> torch.Tensor:
+    """h / r(h) in float64: the translators' regression variables."""
+    h = h.double()
+    return h / h.square().mean(dim=-1, keepdim=True).sqrt().clamp_min(1e-12)
+
+
+def features(norm: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
+    """The classifiers' features of rows h_l, h_{l-1} (..., H): final_norm(h_l), log(delta + 1e-6) and
+    cos(h_l, h_{l-1}) (the saturation and cosine gates' own signals); float32, (..., H + 2)."""
+    log_delta = torch.log(saturation_delta(h, h_prev) + _LOG_EPS)
+    return torch.cat([norm(h).float(), log_delta[..., None], cosine_prev(h, h_prev)[..., None]], dim=-1)
+
+
+def text_digest(text: str) -> str:
+    """sha256 of a prompt's text: how the fitting set is recognised under another id."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Readouts:
+    """Fitted readouts of one model: translators D_l, b_l for layers 1..L-1 (``translator.weight``
+    (L-1, H, H), ``translator.bias`` (L-1, H)), exit classifiers per lens (``classifier.<lens>.weight``
+    (L-1, H+2), ``classifier.<lens>.bias`` (L-1,)), their provenance (``meta``, all str) and the
+    content digest. ``final_norm`` is the model's own final norm, bound by ``fit_readouts`` and
+    ``load_readouts``: the classifiers' features start with it."""
+
+    weights: dict[str, torch.Tensor]
+    meta: dict[str, str]
+    digest: str
+    path: Path | None = None
+    final_norm: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+    _identity: tuple[bool, ...] = field(init=False, repr=False)  # per layer 1..L-1: D_l = 0 and b_l = 0
+
+    def __post_init__(self) -> None:
+        d, b = self.weights["translator.weight"], self.weights["translator.bias"]
+        object.__setattr__(self, "_identity", tuple(((d == 0).flatten(1).all(1) & (b == 0).all(1)).tolist()))
+
+    model_hash = property(lambda self: self.meta["model_hash"])
+    model = property(lambda self: self.meta["model"])
+    num_layers = property(lambda self: int(self.meta["num_layers"]))
+    hidden = property(lambda self: int(self.meta["hidden"]))
+    prompt_set = property(lambda self: self.meta["prompt_set"])
+    prompt_ids = property(lambda self: list(json.loads(self.meta["prompt_ids"])))
+    prompt_digests = property(lambda self: list(json.loads(self.meta["prompt_digests"])))
+    gen_tokens = property(lambda self: int(self.meta["gen_tokens"]))
+
+    def translate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The tuned lens's input for h_l (..., H): h + r(h) (x D_l^T + b_l), x = h / r(h). ``h`` itself
+        at layer L and wherever the translator is the identity, so the tuned lens is then the logit lens."""
+        if layer < 1:
+            raise ValueError(f"translate: layer {layer}; layers are 1..{len(self._identity) + 1}")
+        if layer > len(self._identity) or self._identity[layer - 1]:
+            return h
+        d, b = self.weights["translator.weight"][layer - 1], self.weights["translator.bias"][layer - 1]
+        r = _rms(h)
+        x = h.float() / r
+        return (h.float() + r * (x.to(d.dtype) @ d.T + b).float()).to(h.dtype)
+
+    def lens(self, adapter, layer: int, h: torch.Tensor, lens: str) -> torch.Tensor:
+        """Logits of h_l: ``logit``, the model's own final norm and head; ``tuned``, layer l's translator first."""
+        if lens == "tuned":
+            return adapter.lens(self.translate(layer, h))
+        if lens != "logit":
+            raise ValueError(f"lens={lens!r}: one of {', '.join(LENSES)}")
+        return adapter.lens(h)
+
+    def classifier_prob(self, layer: int, h: torch.Tensor, h_prev: torch.Tensor, lens: str) -> torch.Tensor:
+        """p(layer l's top-1 through ``lens`` is the final layer's) per row of h_l, h_{l-1} (..., H),
+        float32 (...,); 1 at layer L, which is the final layer."""
+        if layer >= self.num_layers:
+            return torch.ones(h.shape[:-1], device=h.device)
+        if self.final_norm is None:
+            raise RuntimeError("classifier_prob: readouts not bound to a model (use fit_readouts or load_readouts)")
+        w, b = self.weights[f"classifier.{lens}.weight"][layer - 1], self.weights[f"classifier.{lens}.bias"][layer - 1]
+        return torch.sigmoid(features(self.final_norm, h, h_prev) @ w.float() + b.float())
+
+    def to(self, device, dtype) -> Readouts:
+        """A copy on ``device``: translators in ``dtype`` (the model's), classifiers in float32."""
+        moved = {
+            k: v.to(device=device, dtype=dtype if k.startswith("translator.") else torch.float32)
+            for k, v in self.weights.items()
+        }
+        return dataclasses.replace(self, weights=moved)
+
+
+def content_digest(weights: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """sha256 hex of the tensors (name, dtype, shape and bytes, in sorted name order) and of ``meta``
+    but for created_at and fit_seconds: two identical fits get one digest, hence one path."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    digest.update(json.dumps({k: v for k, v in meta.items() if k not in _UNHASHED}, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+# --- fitting ------------------------------------------------------------------------------------------------------
+
+
+def fit_readouts(
+    lm,
+    prompts: Sequence,
+    *,
+    gen_tokens: int,
+    ridge: float,
+    l2: float,
+    seed: int,
+    prompt_set: str,
+    prompt_start: int | None = None,
+    log_every: int = 1,
+) -> Readouts:
+    """Translators and exit classifiers of ``lm`` fitted on ``prompts`` and ``gen_tokens`` greedy tokens
+    each. The translators are a closed-form ridge regression (penalty ``ridge`` toward the identity)
+    on every position but each sequence's first; the classifiers an L2-penalised (``l2``) logistic
+    regression on the decode positions (where gates decide). ``meta["fit_summary"]`` holds per-layer
+    figures on the fitting set (top-1 agreement, KL(final || lens), classifier accuracy). The tensors
+    are float32 on the CPU, as saved; ``.to(lm.device, lm.dtype)`` readies them for the engine."""
+    if not prompts:
+        raise ConfigError("prompts: no prompts to fit readouts on")
+    t0 = time.perf_counter()
+    states, final, xtx, xty, samples = _stream(lm, prompts, gen_tokens, log_every)
+    weights = dict(zip(("translator.weight", "translator.bias"), _solve_translators(xtx, xty, ridge)))
+    hidden = xty.shape[-1]
+    n = lm.num_layers - 1  # the classifiers: filled in once the labels are read through the fitted translators
+    weights |= {k: torch.zeros(n, hidden + 2) if k.endswith("weight") else torch.zeros(n) for k in TENSORS[2:]}
+    draft = Readouts(weights, {"num_layers": str(lm.num_layers)}, "", final_norm=lm.adapter.norm)
+    layers = _fit_classifiers(draft.to(lm.device, lm.dtype), lm.adapter, states, final, l2, seed, weights)
+    summary = {"prompts": len(prompts), "translator_positions": samples, "decode_positions": int(final.numel())}
+    meta = _meta(lm, prompts, hidden, gen_tokens=gen_tokens, ridge=ridge, l2=l2, seed=seed, prompt_set=prompt_set)
+    meta["prompt_start"] = "unknown" if prompt_start is None else str(prompt_start)
+    meta["fit_summary"] = json.dumps({**summary, "layers": layers})
+    meta["fit_seconds"] = f"{time.perf_counter() - t0:.3f}"
+    return Readouts(weights, meta, content_digest(weights, meta), final_norm=lm.adapter.norm)
+
+
+@torch.inference_mode()
+def _stream(lm, prompts: Sequence, gen_tokens: int, log_every: int):
+    """Decode each prompt with every layer's states captured and accumulate the translators' normal
+    equations in float64: X^T X and X^T (y - x) with X = [x, 1], x = h_l / r(h_l), y = h_L / r(h_L).
+    Keeps only the decode positions' states (L+1, N, H) and the final layer's tokens there (N,)."""
+    from sweep.trace.profile import decode_states
+
+    L, hidden = lm.num_layers, lm.adapter.config.hidden_size
+    xtx = torch.zeros(L - 1, hidden + 1, hidden + 1, dtype=torch.float64, device=lm.device)
+    xty = torch.zeros(L - 1, hidden + 1, hidden, dtype=torch.float64, device=lm.device)
+    kept, finals, samples = [], [], 0
+    shown = progress.start("fit: decode", len(prompts))  # one step per prompt
+    for i, prompt in enumerate(prompts, start=1):
+        t0 = time.perf_counter()
+        decoded = decode_states(lm, prompt.input_ids, n_tokens=gen_tokens)
+        hs, P = decoded.states, len(prompt.input_ids)
+        # position 0's states (the first token's) are outliers of every layer: left out
+        x = _unit(torch.stack([h[0, 1:] for h in hs[1:L]]))
+        target = _unit(hs[L][0, 1:])
+        xa = torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)
+        xtx += xa.transpose(1, 2) @ xa
+        xty += xa.transpose(1, 2) @ (target - x)
+        samples += x.shape[1]
+        kept.append(torch.stack([h[0, P - 1 :] for h in hs]))
+        finals.append(torch.tensor(decoded.greedy, device=lm.device))
+        text = f"{prompt.id}: {P} prompt + {gen_tokens} generated tokens; decode {time.perf_counter() - t0:.2f} s"
+        shown.advance(text=text if log_every and (i % log_every == 0 or i == len(prompts)) else None)
+    shown.close()
+    return torch.cat(kept, dim=1), torch.cat(finals), xtx, xty, samples
+
+
+def _solve_translators(xtx: torch.Tensor, xty: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """D (L-1, H, H) and b (L-1, H) of min ||X [D^T; b] - (y - x)||^2 + ridge ||D||_F^2 (b not penalised),
+    solved in float64; least squares keeps a rank-deficient system (ridge 0, few samples) finite."""
+    hidden = xty.shape[-1]
+    penalty = torch.full((hidden + 1,), float(ridge), dtype=torch.float64)
+    penalty[hidden] = 0.0
+    a = xtx.cpu() + torch.diag(penalty)
+    w = torch.linalg.lstsq(a, xty.cpu(), driver="gelsd").solution  # (L-1, H+1, H)
+    return w[:, :hidden].transpose(1, 2).float().contiguous(), w[:, hidden].float().contiguous()
+
+
+def _fit_classifiers(draft: Readouts, adapter, states, final, l2: float, seed: int, weights: dict) -> list[dict]:
+    """Fit each layer's classifier per lens into ``weights`` (labels: that lens's top-1 equals the
+    final token); returns the per-layer figures on the fitting set."""
+    L, rows = states.shape[0] - 1, []
+    shown = progress.start("fit: classifiers", L - 1)  # one step per layer
+    for layer in range(1, L):
+        with torch.inference_mode():
+            labels, kl = _score(draft, adapter, states, final, layer)
+            x = features(adapter.norm, states[layer], states[layer - 1])
+        row = {"layer": layer}
+        for lens in LENSES:
+            w, b = _logistic(x, labels[lens], l2, seed)
+            weights[f"classifier.{lens}.weight"][layer - 1], weights[f"classifier.{lens}.bias"][layer - 1] = w, b
+            predicted = (x.cpu() @ w + b) >= 0
+            row |= {
+                f"top1_{lens}": round(labels[lens].float().mean().item(), 6),
+                f"kl_{lens}": round(kl[lens], 6),
+                f"acc_{lens}": round((predicted == labels[lens].cpu()).float().mean().item(), 6),
+            }
+        rows.append(row)
+        shown.advance()
+    shown.close()
+    return rows
+
+
+def _score(readouts: Readouts, adapter, states, final, layer: int) -> tuple[dict, dict]:
+    """Per lens: whether layer ``layer``'s top-1 is the final token, per decode position, and the mean
+    KL(final || lens) in nats (the final layer's distribution: the model's own head on h_L)."""
+    L, n = states.shape[0] - 1, states.shape[1]
+    chunk = max(1, _LENS_ELEMENTS // adapter.lm_head.weight.shape[0])
+    labels: dict[str, list] = {lens: [] for lens in LENSES}
+    kl = dict.fromkeys(LENSES, 0.0)
+    for s in range(0, n, chunk):
+        logp_final = F.log_softmax(adapter.lens(states[L, s : s + chunk]).float(), dim=-1)
+        for lens in LENSES:
+            z = readouts.lens(adapter, layer, states[layer, s : s + chunk], lens).float()
+            labels[lens].append(z.argmax(-1) == final[s : s + chunk])
+            kl[lens] += F.kl_div(F.log_softmax(z, -1), logp_final, reduction="sum", log_target=True).item()
+    return {k: torch.cat(v) for k, v in labels.items()}, {k: v / n for k, v in kl.items()}
+
+
+def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights and bias of a logistic regression with penalty l2 ||w||^2 (bias not penalised): full-batch
+    LBFGS in float64 on the CPU from a small seeded start; the problem is convex, the start only seeds it."""
+    with torch.inference_mode(False), torch.enable_grad():
+        x64, y64 = x.double().cpu().clone(), y.double().cpu().clone()
+        gen = torch.Generator().manual_seed(seed)
+        w = (1e-3 * torch.randn(x.shape[1], generator=gen, dtype=torch.float64)).requires_grad_()
+        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b], max_iter=_LBFGS_ITERS, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(x64 @ w + b, y64) + l2 * w.square().sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+    return w.detach().float(), b.detach().float()
+
+
+def _meta(lm, prompts: Sequence, hidden: int, **fit) -> dict[str, str]:
+    """Provenance: the model, the fitting prompts, the fit's settings and the code that fitted."""
+    from sweep.store.provenance import git_sha, library_versions
+
+    prov = lm.provenance()
+    versions = library_versions()
+    return {
+        **{k: str(prov[k]) for k in ("model", "model_source", "model_hash", "family", "num_layers", "device", "dtype")},
+        "hidden": str(hidden),
+        "prompt_set": str(fit["prompt_set"]),
+        "prompt_n": str(len(prompts)),
+        "prompt_ids": json.dumps([p.id for p in prompts]),
+        "prompt_digests": json.dumps([text_digest(p.text) for p in prompts]),
+        **{k: str(fit[k]) for k in ("gen_tokens", "seed")},
+        **{k: repr(float(fit[k])) for k in ("ridge", "l2")},
+        "features": FEATURES,
+        "git_sha": git_sha(),
+        **{k: versions[k] for k in ("sweep_version", "torch_version", "transformers_version")},
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# --- files --------------------------------------------------------------------------------------------------------
+
+
+def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out") -> Path:
+    """Write ``<out_dir>/<model>/<digest[:16]>.safetensors`` atomically (a temporary file in the same
+    directory, renamed into place); returns its path. Only the content the digest names is written,
+    and only inside ``root`` (default ``out_dir``; symbolic links resolved, else a ConfigError naming
+    ``key``)."""
+    from safetensors.torch import save_file
+
+    from sweep.config.paths import check_name, inside
+
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in readouts.weights.items()}
+    if content_digest(tensors, readouts.meta) != readouts.digest:
+        raise ValueError("save_readouts: the tensors do not match the digest (save the fitted readouts, not a copy)")
+    path = Path(out_dir).expanduser() / check_name("model", readouts.model) / f"{readouts.digest[:16]}.safetensors"
+    inside(out_dir if root is None else root, path, key=key)  # before mkdir, which would follow a planted link
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={**readouts.meta, "digest": readouts.digest})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+_LOADED: dict[tuple, Readouts] = {}  # (file identity, model): readouts a process verified and moved once
+
+
+def load_readouts(path, lm, key: str = "gate.readouts") -> Readouts:
+    """The readouts at ``path``, verified (content against its digest and name, fitted to ``lm``), on
+    lm's device with translators in lm's dtype. Any problem is a one-line ConfigError naming ``key``.
+    A sweep worker's trials share one load per file (its path, size and mtime) and model."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+        ident = (str(p.resolve()), st.st_size, st.st_mtime_ns, lm.content_hash, str(lm.device), str(lm.dtype))
+    except OSError:
+        ident = None
+    if ident is not None and ident in _LOADED:
+        return _LOADED[ident]
+    readouts = _load_readouts(path, lm, key)
+    if ident is not None:
+        _LOADED.clear()  # one file at a time: a worker that moves on to other readouts drops the last
+        _LOADED[ident] = readouts
+    return readouts
+
+
+def _load_readouts(path, lm, key: str) -> Readouts:
+    from safetensors import SafetensorError, safe_open
+
+    where = f"{key}={path}"
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"{where}: no such file (`sweep fit` writes readouts)")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:120]
+        raise ConfigError(f"{where}: not a readable safetensors file ({type(exc).__name__}: {first})") from None
+    missing = [k for k in (*META, "digest") if k not in meta] + [k for k in TENSORS if k not in weights]
+    if missing:
+        raise ConfigError(f"{where}: not a readouts file from `sweep fit` (missing {', '.join(missing)})")
+    stored = meta.pop("digest")
+    stem = p.name.removesuffix(".safetensors")
+    if content_digest(weights, meta) != stored or (re.fullmatch("[0-9a-f]{16}", stem) and stem != stored[:16]):
+        raise ConfigError(f"{where}: was modified after it was written (its content no longer hashes to its name)")
+    if meta["model_hash"] != lm.content_hash:
+        raise ConfigError(
+            f"{where}: fitted to model {meta['model']} (hash {meta['model_hash'][:20]}...), not {lm.name} "
+            f"(hash {lm.content_hash[:20]}...); fit readouts for this model with `sweep fit`"
+        )
+    problem = _shape_problem(weights, meta, lm.num_layers, lm.adapter.config.hidden_size)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+    return Readouts(weights, meta, stored, path=p, final_norm=lm.adapter.norm).to(lm.device, lm.dtype)
+
+
+def _meta_problem(meta: dict) -> str | None:
+    """Why ``meta`` is not metadata `sweep fit` writes (a digest recomputed over edited metadata still
+    passes the digest check): the types, not only the digest, are checked."""
+    try:
+        ints = {k: int(meta[k]) for k in ("num_layers", "hidden", "gen_tokens")}
+        ids, digests = json.loads(meta["prompt_ids"]), json.loads(meta["prompt_digests"])
+    except (ValueError, TypeError):
+        return "its metadata is not readouts metadata (num_layers, hidden, gen_tokens: integers; prompt_ids: JSON)"
+    if ints["num_layers"] < 2 or ints["hidden"] < 1 or ints["gen_tokens"] < 1:
+        return f"its metadata gives impossible sizes ({ints})"
+    if not (isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids)):
+        return "its metadata's prompt_ids is not a non-empty JSON list of prompt ids"
+    if not (isinstance(digests, list) and len(digests) == len(ids) and all(_is_digest(d) for d in digests)):
+        return "its metadata's prompt_digests is not a JSON list of one sha256 per prompt id"
+    return None
+
+
+def _is_digest(value) -> bool:
+    return isinstance(value, str) and re.fullmatch("[0-9a-f]{64}", value) is not None
+
+
+def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> str | None:
+    problem = _meta_problem(meta)
+    if problem:
+        return problem
+    fitted = (int(meta["num_layers"]), int(meta["hidden"]))
+    if fitted != (num_layers, hidden):
+        return f"fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {num_layers} x {hidden}"
+    n = num_layers - 1
+    expected = dict(zip(TENSORS, [(n, hidden, hidden), (n, hidden), *[(n, hidden + 2), (n,)] * len(LENSES)]))
+    bad = [f"{k} {tuple(weights[k].shape)}" for k, shape in expected.items() if tuple(weights[k].shape) != shape]
+    return f"tensors of the wrong shape: {', '.join(bad)}" if bad else None
+
+
+def readouts_for(path, lm, prompts: Sequence, key: str) -> Readouts:
+    """The readouts at ``path`` for evaluating ``lm`` on ``prompts``: loaded and verified for the
+    model (``load_readouts``, errors naming ``key``) and disjoint from its fitting set."""
+    readouts = load_readouts(path, lm, key=key)
+    check_disjoint(readouts, prompts, key="prompts")
+    return readouts
+
+
+def check_disjoint(readouts: Readouts, prompts: Sequence, key: str = "prompts") -> None:
+    """Refuse (ConfigError) evaluation ``prompts`` that overlap the readouts' fitting set, by id or by
+    text: readouts judged on the prompts they were fitted to would flatter themselves."""
+    ids, digests = set(readouts.prompt_ids), set(readouts.prompt_digests)
+    overlap = [p.id for p in prompts if p.id in ids or text_digest(p.text) in digests]
+    if overlap:
+        shown = ", ".join(overlap[:3]) + (", ..." if len(overlap) > 3 else "")
+        fitted = readouts.prompt_ids
+        span = f"{fitted[0]} .. {fitted[-1]}, " if fitted else ""
+        raise ConfigError(
+            f"{key}: {len(overlap)} of {len(prompts)} evaluation prompts ({shown}) are in the readouts' fitting set "
+            f"({readouts.prompt_set}: {span}{len(fitted)} prompts); evaluate on others (prompts.start, prompts.n)"
+        )
+
+
+# --- `sweep fit` --------------------------------------------------------------------------------------------------
+
+
+def run_fit(cfg) -> tuple[Path, Readouts, dict]:
+    """`sweep fit`: load the model, read and tokenize ``cfg.prompts``, fit, write under ``fit.out``
+    (null: <results.root>/readouts); returns the path, the readouts and the fit's summary."""
+    from sweep.config.paths import check_name, inside
+    from sweep.models.prompts import read_prompts
+    from sweep.models.workload import load_workload
+
+    read_prompts(cfg.prompts)  # a bad prompts file fails before anything else
+    check_name("model", cfg.model.name or "model")
+    out_dir = Path(cfg.fit.out) if cfg.fit.out is not None else Path(cfg.results.root) / "readouts"
+    root, key = (cfg.fit.out, "fit.out") if cfg.fit.out is not None else (cfg.results.root, "results.root")
+    inside(root, out_dir / (cfg.model.name or "model"), key=key)  # a link planted there: refused before any work
+    # translators and classifiers are fitted to the lens at layer L
+    lm, prompts = load_workload(cfg, ("fit.gen_tokens", cfg.fit.gen_tokens), check=lambda lm: lm.require(lens=True))
+    readouts = fit_readouts(
+        lm,
+        prompts,
+        gen_tokens=cfg.fit.gen_tokens,
+        ridge=cfg.fit.ridge,
+        l2=cfg.fit.l2,
+        seed=cfg.seed,
+        prompt_set=cfg.prompts.name,
+        prompt_start=cfg.prompts.start,
+    )
+    path = save_readouts(readouts, out_dir, root=root, key=key)
+    summary = {**json.loads(readouts.meta["fit_summary"]), "fit_seconds": float(readouts.meta["fit_seconds"])}
+    summary |= {"model": lm.name, "prompt_set": cfg.prompts.name}
+    log.info("fitted readouts of %s on %d prompts; wrote %s", lm.name, len(prompts), path)
+    return path, dataclasses.replace(readouts, path=path), summary
