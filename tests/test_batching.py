@@ -8,7 +8,6 @@ import torch
 
 from conftest import TINY_FAMILIES, compose, load
 from helpers.contract import each_sequence_decides_as_it_would_alone
-from sweep.bench import protocol as bench
 from sweep.decode.batching import BatchEngine, batches, left_pad
 from sweep.bench.command import prepare
 from sweep.bench.protocol import run_trial
@@ -148,19 +147,20 @@ def test_batches_are_whole_consecutive_groups():
 
 
 def test_batched_trials_keep_whole_prompts():
-    """The bench's one protocol on batches: whole prompts, timings per batch, each row's
-    reference tokens its own single-sequence tokens."""
-    cfg = compose("model=tiny-llama", "gate=full", "prompts.n=4", "bench.batch_size=2", "bench.gen_tokens=4")
+    """The bench's one protocol on batches: whole prompts, timings per batch, the self-check per
+    batch (tokens compared), every prompt in the row as given."""
+    cfg = compose(
+        "model=tiny-llama", "gate=full", "prompts.n=4", "bench.batch_size=2", "bench.gen_tokens=4", "bench.repeats=2"
+    )
     lm, gate, prompts = prepare(cfg)
     assert len({len(p.input_ids) for p in prompts}) > 1
-    units, baseline, gated = bench._sides(cfg, lm, gate, prompts)
-    refs = bench._reference_runs(baseline, gated, units)
-    timings, reproduced = bench._timed_rounds(baseline, gated, refs, 2)
-    assert refs.deterministic and reproduced and refs.max_logit_diff is None  # batches compare tokens
-    assert len(timings.base_decode) == 2 and len(timings.base_decode[0]) == 2  # [round][batch]
-    runs = refs.prompt_runs(baseline, gated)
-    assert [run.prompt for run in runs] == prompts  # as given: nothing cut
-    assert [run.baseline.tokens for run in runs] == [Engine(lm).generate(p.input_ids, 4).tokens for p in prompts]
+    events = []
+    row = run_trial(cfg, lm, gate, prompts, on_event=events.append)
+    assert row["status"] == "ok" and row["determinism_max_logit_diff"] is None  # batches compare tokens
+    assert [e.unit for e in events if e.phase == "reference"] == [0, 1]  # one self-check per batch
+    assert len(row["round_baseline_ms"]) == 2 and all(len(r) == 2 for r in row["round_baseline_ms"])  # [round][batch]
+    assert row["prompt_ids"] == [p.id for p in prompts] and row["n_prompts"] == 4  # as given: nothing cut
+    assert row["prompt_input_tokens"] == [len(p.input_ids) for p in prompts]
 
 
 def test_batched_bench_rows(tmp_path):

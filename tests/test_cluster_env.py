@@ -105,7 +105,7 @@ def test_embedded_token_is_private_and_per_process(ray_env, tmp_path):
 @pytest.fixture(scope="module")
 def embedded_driver(tmp_path_factory):
     """A `sweep run`-like driver in a child process: its embedded cluster started through
-    ray_environment and sweep.orchestrate.tune.start_ray, with a private HOME and state dir."""
+    ray_environment and sweep.orchestrate.ray_start.start_ray, with a private HOME and state dir."""
     tmp = tmp_path_factory.mktemp("driver")
     home, state = tmp / "home", tmp / "state"
     home.mkdir()

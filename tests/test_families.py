@@ -28,7 +28,7 @@ from sweep.errors import ConfigError
 from sweep.config.families import FAST_KV, TINY
 from sweep.gates import GATES
 from sweep.models._fidelity import rel_err
-from sweep.trace.profile import decode_states
+from sweep.decode.states import decode_states
 
 ATTENTION = [f for f in ALL_TINY if TINY[f].kind in ("dense", "moe")]
 RECURRENT = [f for f in ALL_TINY if TINY[f].kind in ("ssm", "hybrid")]
@@ -159,7 +159,8 @@ def test_the_profile_decodes_what_generate_decodes(fam):
 @pytest.fixture(scope="module")
 def readouts_of(tmp_path_factory):
     """Readouts fitted per family on chat 2..4 (the classifier gate's), built on first use."""
-    from sweep.trace.readouts import fit_readouts, save_readouts
+    from sweep.trace.readouts import fit_readouts
+    from sweep.trace.readouts_io import save_readouts
 
     built: dict = {}
 
@@ -169,7 +170,7 @@ def readouts_of(tmp_path_factory):
             prompts = chat_prompts(lm, 3, start=2)
             fit = fit_readouts(lm, prompts, gen_tokens=6, ridge=1.0, l2=1e-3, seed=0, prompt_set="chat", prompt_start=2)
             path = save_readouts(fit, tmp_path_factory.mktemp(f"readouts-{family}"))
-            from sweep.trace.readouts import load_readouts
+            from sweep.trace.readouts_io import load_readouts
 
             built[family] = (str(path), load_readouts(str(path), lm))
         return built[family]

@@ -14,7 +14,8 @@ from sweep.cli.commands import main
 from sweep.decode.engine import greedy_decode
 from sweep.models._tiny import build_tiny
 from sweep.analysis import eas_per_layer, eas_table, layer_curve, oracle_exits, oracle_summary
-from sweep.trace.profile import decode_states, trace_prompt
+from sweep.decode.states import decode_states
+from sweep.trace.profile import trace_prompt
 from sweep.models.prompts import read_prompts, tokenize_prompts
 from sweep.store import read
 

@@ -14,18 +14,10 @@ from safetensors.torch import save_file
 from conftest import compose, load
 from sweep.cli.commands import main
 from sweep.errors import ConfigError
-from sweep.trace.profile import decode_states
+from sweep.decode.states import decode_states
 from sweep.models.prompts import Prompt, read_prompts, tokenize_prompts
-from sweep.trace.readouts import (
-    LENSES,
-    TENSORS,
-    Readouts,
-    check_disjoint,
-    content_digest,
-    fit_readouts,
-    load_readouts,
-    save_readouts,
-)
+from sweep.trace.readouts import LENSES, TENSORS, Readouts, content_digest, fit_readouts
+from sweep.trace.readouts_io import check_disjoint, load_readouts, save_readouts
 
 GEN = 8
 

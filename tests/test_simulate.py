@@ -14,7 +14,8 @@ from sweep.config import GateConfig
 from sweep.bench.costs import CostModel
 from sweep.decode.engine import Engine
 from sweep.gates import GATES, make_gate
-from sweep.trace.profile import decode_states, profile_prompts, trace_prompt
+from sweep.decode.states import decode_states
+from sweep.trace.profile import profile_prompts, trace_prompt
 from sweep.models.prompts import read_prompts, tokenize_prompts
 from sweep.trace.simulate import Signals, probes_at, signals_from_trace, simulate, threshold_value
 

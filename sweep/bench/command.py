@@ -48,15 +48,15 @@ def attach_readouts(gate: Gate, gate_cfg, lm: LoadedModel, prompts: list[Prompt]
     fitted to another) and checked disjoint from the prompts it is evaluated on; nothing otherwise."""
     if gate_cfg.readouts is None:
         return
-    from sweep.trace.readouts import readouts_for
+    from sweep.trace.readouts_io import readouts_for
 
     gate.attach(readouts_for(gate_cfg.readouts, lm, prompts, key))
 
 
 def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
     """`sweep bench`: one trial, one Parquet row; returns (path, row, summary)."""
-    from sweep.store.run_info import new_run_id, provenance
     from sweep.store import write_table
+    from sweep.store.run_info import new_run_id, provenance
 
     lm, gate, prompts = prepare(cfg)
     log.info("bench %s on %s: %d prompts x %d tokens", gate.describe(), lm.name, len(prompts), cfg.bench.gen_tokens)

@@ -1,233 +1,25 @@
-"""The cost model: what one layer, the exit probe, the K/V fill and the rest of a decode
-step cost on this model and device, measured, and what a gate's exits should save.
-
-Everything is measured on decode steps of the real model with a real KV cache (median
-of interleaved repeats, synchronised on GPU). Costs are kept in ms and expressed in
-layer-equivalents (ms / layer_ms), the unit the post-mortem's probe costs use.
-"""
+"""The cost model of a loaded model (``cost_model``), measured: layers, heads, probes in situ, the K/V fill
+and self-speculation's sublayers and verification passes, each a median of timed runs; its arithmetic,
+what a decode step costs in layer-equivalents, is ``sweep.bench.pricing``."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import statistics
-from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from sweep import progress
+from sweep.bench.pricing import CostModel, DecodeSteps, in_situ_key
+
+__all__ = ["CostModel", "DecodeSteps", "cost_model", "in_situ_key"]
 from sweep.config import GateConfig
 from sweep.decode.engine import Engine, StepState
+from sweep.decode.timing import Timer
 from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
 from sweep.models import LoadedModel
-from sweep.decode.timing import Timer
-
-
-@dataclass
-class DecodeSteps:
-    """Gated decode steps as the cost model charges them: the layers each ran (its exit layer;
-    L when it did not exit), its probes, and the extra heads and K/V fill layers only a batch
-    pays (a batch's step runs to its deepest row; see ``BatchGeneration``)."""
-
-    layers: list[int]
-    probes: list[int]
-    extra_heads: list[int] = field(default_factory=list)
-    extra_fills: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of_batches(cls, gens: list) -> DecodeSteps:
-        def joined(name: str) -> list[int]:
-            return [v for gen in gens for v in getattr(gen, name)]
-
-        return cls(joined("step_layers"), joined("probes"), joined("extra_heads"), joined("extra_fill_layers"))
-
-
-@dataclass
-class CostModel:
-    layer_ms: float  # one decoder layer of a decode step
-    head_ms: float  # final norm + lm_head on one position (the logit lens)
-    # the probes alone, measured on demand (``cost_model(..., probes_alone=True)``; None until then): what a
-    # gate whose probe was not measured in situ is charged (a screen's replay); a bench measures its gate in situ
-    lens_probe_ms: float | None  # a margin/conformal probe alone: lens + top-2 + decision
-    hidden_probe_ms: float | None  # a saturation probe alone: two norms of h + decision
-    # K/V fill of one skipped layer (kv_policy=propagate), by the path the engine takes; None until a
-    # kv_policy=propagate trial needs it (``cost_model(..., kv_policy=...)``), and for a model without a fill
-    kv_ms: float | None
-    overhead_ms: float  # rest of a full-depth step: embedding, mask, RoPE, framework
-    step_ms: float  # a full-depth decode step, measured
-    num_layers: int
-    prefill_ms: float = 0.0  # a full-depth prefill of the measured prompt (prompt_tokens long)
-    prefill_lens_ms: float = 0.0  # the logit lens and its sup-norm residual over every position of that prompt
-    prompt_tokens: int = 1
-    # measured on demand: each gate's probe in situ (``_measure``, ``_measure_probe``) under ``in_situ_key``
-    # ("margin/lens", "saturation/hidden", "pca/pca:64", "classifier/classifier:tuned"), which wins over the
-    # probe measured alone; "translate": a tuned lens's translator alone (an exit's cost)
-    extra_probe_ms: dict = field(default_factory=dict)
-    # measured on demand for self-speculation (``cost_model(..., verify_positions=N + 1)``): one layer's
-    # attention and MLP sublayers of a decode step, and a verification pass of k positions (verify_ms[k - 1])
-    attn_ms: float | None = None
-    mlp_ms: float | None = None
-    verify_ms: list = field(default_factory=list)
-
-    def layers(self, ms: float) -> float:
-        return ms / self.layer_ms
-
-    def verify(self, positions: int) -> float:
-        """ms of one full-model pass over ``positions`` positions on a cache (a verification)."""
-        if positions > len(self.verify_ms):
-            raise KeyError(f"verification of {positions} positions not measured: cost_model(..., verify_positions=...)")
-        return self.verify_ms[positions - 1]
-
-    def skip_draft_ms(self, skip) -> float:
-        """ms of a draft step of the full model with the sublayers of ``skip`` bypassed."""
-        if self.attn_ms is None or self.mlp_ms is None:
-            raise KeyError("sublayer costs not measured: cost_model(..., verify_positions=...)")
-        return max(self.step_ms - len(skip.attention) * self.attn_ms - len(skip.mlp) * self.mlp_ms, 0.0)
-
-    def prefix_draft_ms(self, exit_layer: int) -> float:
-        """ms of a draft step of layers 1..K and the logit lens."""
-        return self.overhead_ms + exit_layer * self.layer_ms + self.head_ms
-
-    def speculative_ms(self, draft_step_ms: float, drafted: Sequence[int]) -> float:
-        """Predicted decode ms of self-speculation whose rounds drafted ``drafted[r]`` tokens each: every
-        draft at ``draft_step_ms`` (``prefix_draft_ms``, ``skip_draft_ms``) and a verification of drafts + 1."""
-        return sum(k * draft_step_ms + self.verify(k + 1) for k in drafted)
-
-    def probe_ms(self, gate: Gate) -> float:
-        """ms of one probe of ``gate``: in situ when ``cost_model(..., gates=[gate])`` measured it, else alone."""
-        if in_situ_key(gate) in self.extra_probe_ms:
-            return self.extra_probe_ms[in_situ_key(gate)]
-        known = {"none": 0.0, "hidden": self.hidden_probe_ms, "lens": self.lens_probe_ms, **self.extra_probe_ms}
-        if known.get(gate.probe_key) is None:
-            raise KeyError(
-                f"probe '{gate.probe_key}' not measured: cost_model(lm, prompt_ids, gates=[...]) measures it"
-            )
-        return known[gate.probe_key]
-
-    def fill_ms(self, kv_policy: str) -> float:
-        """What a skipped layer costs a step under ``kv_policy``: its K/V fill (propagate; 0 where no fill
-        was measured, which only a gate that never exits can reach), or the layer itself (full)."""
-        if kv_policy == "propagate":
-            return self.kv_ms or 0.0
-        return self.layer_ms
-
-    def token_ms(self, gate: Gate, exit_layer, probes, kv_policy: str):
-        """Predicted ms of a decode step that exited at ``exit_layer`` after ``probes`` probes.
-
-        Numbers or tensors (a whole grid of simulated exits at once). A step that did not
-        exit pays the head; one that exited pays it unless a lens probe already computed
-        the token's logits, and under kv_policy=full also the model's own final head.
-        """
-        L = self.num_layers
-        exited = exit_layer < L
-        exited = exited.to(torch.float64) if isinstance(exited, torch.Tensor) else float(exited)
-        head_after_exit = (gate.probe != "lens") + (kv_policy == "full")
-        return (
-            self.overhead_ms
-            + exit_layer * self.layer_ms
-            + probes * self.probe_ms(gate)
-            + (L - exit_layer) * self.fill_ms(kv_policy)
-            + self.head_ms * ((1.0 - exited) + exited * head_after_exit)
-            + exited * self.exit_translate_ms(gate)
-        )
-
-    def exit_translate_ms(self, gate: Gate) -> float:
-        """What an exit pays beyond the head to read its token: a tuned lens's translator, unless
-        a (tuned) lens probe already read it."""
-        if gate.probe == "lens" or gate.cfg.lens != "tuned":
-            return 0.0
-        if "translate" not in self.extra_probe_ms:
-            raise KeyError("the translator's cost is not measured: cost_model(lm, prompt_ids, gates=[...]) measures it")
-        return self.extra_probe_ms["translate"]
-
-    def decode_ms(self, gate: Gate, steps: DecodeSteps, kv_policy: str) -> float:
-        """Predicted gated ms of the given decode steps; a batch's steps add the heads and K/V
-        fills no single sequence pays (see ``DecodeSteps``)."""
-        gated = sum(self.token_ms(gate, e, p, kv_policy) for e, p in zip(steps.layers, steps.probes))
-        return gated + sum(steps.extra_heads) * self.head_ms + sum(steps.extra_fills) * self.fill_ms(kv_policy)
-
-    def speedup(self, gate: Gate, steps: DecodeSteps, kv_policy: str) -> float:
-        """Predicted full-depth ms over gated ms, summed over the given decode steps."""
-        gated = self.decode_ms(gate, steps, kv_policy)
-        return len(steps.layers) * self.step_ms / gated if gated else float("nan")
-
-    def prefill_at(self, prompt_tokens: int) -> float:
-        """Predicted ms of a full-depth prefill of ``prompt_tokens`` tokens (linear in length
-        from the measured prompt: an approximation that ignores attention's quadratic term)."""
-        return self.prefill_ms * prompt_tokens / self.prompt_tokens
-
-    def calibration_ms(self, gate: Gate, prompt_tokens: int) -> float:
-        """Predicted ms of the gate's per-prompt calibration: one lens and residual over every
-        prompt position per lens pass it declares (conformal: its probed layers and layer L)."""
-        return gate.calibration_lenses() * self.prefill_lens_ms * prompt_tokens / self.prompt_tokens
-
-    def speedup_e2e(self, gate: Gate, steps: DecodeSteps, kv_policy: str, prompt_tokens: Sequence[int]) -> float:
-        """Predicted end-to-end speedup of whole requests: every prompt's prefill (and, on the
-        gated side, its calibration) plus the given decode steps."""
-        prefill = sum(self.prefill_at(p) for p in prompt_tokens)
-        calibration = sum(self.calibration_ms(gate, p) for p in prompt_tokens)
-        gated = prefill + calibration + self.decode_ms(gate, steps, kv_policy)
-        return (prefill + len(steps.layers) * self.step_ms) / gated if gated else float("nan")
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-    def format(self) -> str:
-        rows = [
-            ("decoder layer", self.layer_ms),
-            ("final norm + lm_head", self.head_ms),
-            *([("lens probe alone (margin)", self.lens_probe_ms)] if self.lens_probe_ms is not None else []),
-            *([("hidden probe alone (saturation)", self.hidden_probe_ms)] if self.hidden_probe_ms is not None else []),
-            *([("K/V fill, one layer (propagate)", self.kv_ms)] if self.kv_ms is not None else []),
-            ("step overhead", self.overhead_ms),
-            (f"full-depth step ({self.num_layers} layers)", self.step_ms),
-            (f"prefill, {self.prompt_tokens} tokens", self.prefill_ms),
-            (f"lens over {self.prompt_tokens} positions", self.prefill_lens_ms),
-        ]
-        rows += [(f"probe {key}" if "/" in key else key, ms) for key, ms in sorted(self.extra_probe_ms.items())]
-        lines = [f"{'cost model':<34}{'ms':>9}{'layers':>9}"]
-        lines += [f"{name:<34}{ms:>9.3f}{self.layers(ms):>9.2f}" for name, ms in rows]
-        return "\n".join(lines)
-
-
-def cost_model(
-    lm: LoadedModel,
-    prompt_ids: Sequence[int],
-    *,
-    gates: Sequence[Gate] = (),
-    repeats: int = 16,
-    kv_policies: Sequence[str] = ("propagate",),
-    verify_positions: int = 0,
-    probes_alone: bool | None = None,
-) -> CostModel:
-    """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
-    model (kept with it: a model the model cache evicted takes its costs along, never leaving
-    them to a later model); the probe of each of ``gates`` is measured too, in situ, once per
-    ``in_situ_key`` (and a tuned lens's translator once): in the model's own rounds when it is
-    measured with them, in rounds of its own for a gate that comes later. The K/V fill is measured
-    once a kv_policy=propagate trial whose gate can exit asks for it (``kv_policies``), by the path
-    the engine takes: none under kv_policy=full, none for gate=full; self-speculation's costs
-    (sublayers, verification passes of up to ``verify_positions`` positions) once a trial asks for
-    them. The lens and hidden probes alone (what a gate not measured in situ is charged) once
-    ``probes_alone`` asks (None: when no gates are given). A gate without a probe (full, fixed)
-    measures no probe at all."""
-    with progress.phase("cost model", part="cost model"):
-        # a loaded model has one device and dtype: its prompt length is all the key needs
-        costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
-        exits = not gates or any(len(gate.probe_layers()) for gate in gates)
-        if "propagate" in kv_policies and exits and costs.kv_ms is None and lm.adapter.kv_path is not None:
-            costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
-        if (not gates if probes_alone is None else probes_alone) and costs.lens_probe_ms is None:
-            costs.lens_probe_ms, costs.hidden_probe_ms = _probes_alone(lm, prompt_ids)
-        if verify_positions > len(costs.verify_ms):
-            _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats)
-        for gate in gates:
-            if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
-                costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
-            if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
-                costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
-        return costs
 
 
 @torch.inference_mode()
@@ -244,12 +36,6 @@ def _probes_alone(lm: LoadedModel, prompt_ids: Sequence[int]) -> tuple[float, fl
         hidden_ms = _median_ms(lambda: bool((saturation_delta(h, h_prev) < 0.1).all()), dev)
         progress.step()
     return lens_ms, hidden_ms
-
-
-def in_situ_key(gate: Gate) -> str:
-    """Under which key ``CostModel.extra_probe_ms`` keeps the in-situ cost of ``gate``'s probe: its
-    decision rule and its probe (margin and entropy read the same lens but decide differently)."""
-    return f"{gate.name}/{gate.probe_key}"
 
 
 def _probed_engine(lm: LoadedModel, gate: Gate, ids: torch.Tensor) -> Engine | None:
@@ -473,3 +259,42 @@ def _median_ms(fn: Callable[[], object], device: torch.device, *, n: int = 30, w
             fn()
         samples.append(clock.seconds * 1000)
     return statistics.median(samples)
+
+
+def cost_model(
+    lm: LoadedModel,
+    prompt_ids: Sequence[int],
+    *,
+    gates: Sequence[Gate] = (),
+    repeats: int = 16,
+    kv_policies: Sequence[str] = ("propagate",),
+    verify_positions: int = 0,
+    probes_alone: bool | None = None,
+) -> CostModel:
+    """The cost model of ``lm`` on its device at this prompt's length, measured once per loaded
+    model (kept with it: a model the model cache evicted takes its costs along, never leaving
+    them to a later model); the probe of each of ``gates`` is measured too, in situ, once per
+    ``in_situ_key`` (and a tuned lens's translator once): in the model's own rounds when it is
+    measured with them, in rounds of its own for a gate that comes later. The K/V fill is measured
+    once a kv_policy=propagate trial whose gate can exit asks for it (``kv_policies``), by the path
+    the engine takes: none under kv_policy=full, none for gate=full; self-speculation's costs
+    (sublayers, verification passes of up to ``verify_positions`` positions) once a trial asks for
+    them. The lens and hidden probes alone (what a gate not measured in situ is charged) once
+    ``probes_alone`` asks (None: when no gates are given). A gate without a probe (full, fixed)
+    measures no probe at all."""
+    with progress.phase("cost model", part="cost model"):
+        # a loaded model has one device and dtype: its prompt length is all the key needs
+        costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
+        exits = not gates or any(len(gate.probe_layers()) for gate in gates)
+        if "propagate" in kv_policies and exits and costs.kv_ms is None and lm.adapter.kv_path is not None:
+            costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
+        if (not gates if probes_alone is None else probes_alone) and costs.lens_probe_ms is None:
+            costs.lens_probe_ms, costs.hidden_probe_ms = _probes_alone(lm, prompt_ids)
+        if verify_positions > len(costs.verify_ms):
+            _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats)
+        for gate in gates:
+            if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
+                costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
+            if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
+                costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
+        return costs

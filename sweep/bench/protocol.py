@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from sweep import progress
 from sweep.config import Config
-from sweep.bench.costs import CostModel, cost_model
+from sweep.bench.costs import CostModel, DecodeSteps, cost_model
 from sweep.decode.engine import Decoded, Engine
 from sweep.bench.estimators import Timings
 from sweep.gates import Gate
@@ -304,14 +304,26 @@ def run_trials(
     if not all(reproduced):
         source.drop(run.key)  # the worker no longer reproduces it: the next trial re-runs the self-check
     wall, n = time.perf_counter() - t_start, len(cfgs)
-    where = "fresh" if references is None else "cached"
     shares = timed_shares(timings)
-    return [
-        measured_row(
-            cfg, lm, gate, costs, run.baseline, side, ref, t, ok, reference_id, reused, (wall * w, setup * w), n, where
+    rows = []
+    for cfg, gate, side, ref, t, ok, w in zip(cfgs, gates, run.gated, refs, timings, reproduced, shares):
+        rows.append(
+            measured_row(
+                cfg,
+                lm,
+                gate,
+                costs,
+                ref.prompt_runs(run.baseline, side),
+                t,
+                steps=DecodeSteps.of_batches(ref.gated) if side.batched else None,
+                deterministic=ref.deterministic and ok,
+                max_logit_diff=ref.max_logit_diff,
+                reference=(reference_id, reused, "fresh" if references is None else "cached"),
+                seconds=(wall * w, setup * w),
+                share=n,
+            )
         )
-        for cfg, gate, side, ref, t, ok, w in zip(cfgs, gates, run.gated, refs, timings, reproduced, shares)
-    ]
+    return rows
 
 
 def run_trial(

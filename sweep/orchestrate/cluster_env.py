@@ -47,7 +47,7 @@ def ray_environment(cluster: ClusterConfig) -> None:
     That mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one Ray uses on macOS and
     Windows) makes every Ray server bind to 127.0.0.1 and clients connect over 127.0.0.1;
     otherwise Ray's gRPC servers listen on all interfaces and clients rewrite 127.0.0.1 to
-    the machine's address. Ray reads both variables at import (``sweep.orchestrate.tune.start_ray``
+    the machine's address. Ray reads both variables at import (``sweep.orchestrate.ray_start.start_ray``
     also sets the flag in an already imported Ray). An embedded cluster with token auth
     gets its own token (``embedded_token``), never ``~/.ray/auth_token``; ``disabled``
     logs a warning naming the risk. Call before anything imports ``ray``.

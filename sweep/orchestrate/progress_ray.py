@@ -1,6 +1,6 @@
 """The progress of a sweep's Ray workers on the driver's display: workers post their
 ``sweep.progress`` events to a small actor (fire and forget); the driver drains it from the Tune loop
-(``sweep.orchestrate.tune.Progress``) and while it waits on the screen's trace, and replays them into its own
+(``sweep.orchestrate.callbacks.Progress``) and while it waits on the screen's trace, and replays them into its own
 display and listeners, labelled with their source ("Tune trial <id>", "screen trace").
 
 Progress never stops a sweep: an actor that cannot be reached turns the forwarding off, with one warning.

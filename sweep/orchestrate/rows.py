@@ -1,6 +1,6 @@
 """On the driver: the single writer of a sweep's trial rows, and its progress lines.
 
-Ray-free: ``sweep.orchestrate.tune.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
+Ray-free: ``sweep.orchestrate.callbacks.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def finished_row(path: Path) -> dict | None:
 class RowWriter:
     """The single writer of trial rows, and the progress lines.
 
-    Fed by ``sweep.orchestrate.tune.Progress``; also writes the rows Tune holds at the end that a
+    Fed by ``sweep.orchestrate.callbacks.Progress``; also writes the rows Tune holds at the end that a
     callback never saw, and failed rows for trials that errored. A finished row (ok or
     nondeterministic) is never replaced unless ``rerun``: a trial whose row exists (from an
     earlier run, or computed meanwhile by a concurrent sweep into the same root) is counted

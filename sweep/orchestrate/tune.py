@@ -24,15 +24,14 @@ import ray
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 
-from sweep import progress
-from sweep.orchestrate import ray_internals as _ray_private
-from sweep.orchestrate import claims
-from sweep.orchestrate import interrupt
-from sweep.config import ClusterConfig, Config
-from sweep.errors import ConfigError, SweepError
 from sweep.bench.estimators import row_speedup
+from sweep.config import ClusterConfig, Config
 from sweep.config.gatespec import GATE_SPECS
 from sweep.config.identity import trial_device, trial_identity
+from sweep.config.search import METRICS
+from sweep.errors import ConfigError, SweepError
+from sweep.orchestrate import claims, interrupt
+from sweep.orchestrate.callbacks import Progress, StopWhenRowsCannotBeWritten
 from sweep.orchestrate.plan import (
     Plan,
     baseline_groups,
@@ -46,8 +45,8 @@ from sweep.orchestrate.plan import (
     tune_settings,
 )
 from sweep.orchestrate.progress_ray import Hub, forwarding
-from sweep.orchestrate.rows import RowWriter, SweepOutcome, last_error, os_error
-from sweep.config.search import METRICS
+from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
+from sweep.orchestrate.rows import RowWriter, SweepOutcome, os_error
 from sweep.orchestrate.study import optuna_search, remaining_trials
 from sweep.orchestrate.worker import run_claimed, screen_trace
 
@@ -55,108 +54,6 @@ log = logging.getLogger("sweep.orchestrate.tune")
 
 
 # ---------------------------------------------------------------- Ray
-
-
-def start_ray(cluster: ClusterConfig) -> bool:
-    """Start an embedded Ray on 127.0.0.1 or join ``cluster.address``; True if started here."""
-    # Tune warns about every unfinished trial of an interrupted experiment; resume handles them
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    # on a stop signal Tune names Ctrl-C and offers Tuner.restore (which unpickles): the resume line is ours; and
-    # its own state, which a resume never reads, failing to save (a full disk) is a traceback per step: rows say it
-    for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    if ray.is_initialized():
-        return False
-    if os.environ.get("RAY_AUTH_MODE") != cluster.auth:
-        raise SweepError(
-            f"cluster.auth={cluster.auth}: Ray was imported with RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE')}; "
-            "set it before Ray is imported"
-        )
-    if cluster.address is None:
-        from sweep.orchestrate.cluster_env import record_embedded_session, stop_leftover_sessions
-
-        _ray_private.single_node_mode()  # servers on 127.0.0.1
-        stop_leftover_sessions()  # what killed drivers of earlier embedded clusters left running
-        ray.init(
-            address="local",
-            num_cpus=cluster.num_cpus,
-            num_gpus=cluster.num_gpus,
-            include_dashboard=cluster.dashboard,
-            dashboard_host="127.0.0.1",
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
-        record_embedded_session()
-    else:
-        from sweep.orchestrate.cluster_env import is_loopback
-
-        address = _require_reachable(cluster.address)
-        if is_loopback(address):  # `auto` found a cluster on 127.0.0.1: talk to it there, as for an explicit address
-            _ray_private.single_node_mode()
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(
-                f"cluster.address={cluster.address}: cannot join a Ray cluster there ({str(exc).splitlines()[0]})"
-            ) from None
-    return True
-
-
-def _require_reachable(address: str) -> str:
-    """The cluster's address (``auto`` resolved); fails in seconds, not minutes of retries, when
-    nothing answers there."""
-    import socket
-
-    resolved = address
-    if address == "auto":
-        try:
-            resolved = _ray_private.bootstrap_address("auto")
-        except ConnectionError as exc:
-            raise ConfigError(
-                f"cluster.address=auto: no running Ray cluster found on this machine ({str(exc).splitlines()[0]})"
-            ) from None
-    host, _, port = resolved.split("://")[-1].rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except (OSError, ValueError):
-        raise ConfigError(
-            f"cluster.address={address}: nothing answers at {resolved}; start the cluster or fix the address "
-            "(host:port of the GCS)"
-        ) from None
-    return resolved
-
-
-def stop_ray() -> None:
-    ray.shutdown()
-
-
-def trial_resources(cfg: Config) -> dict[str, float]:
-    """CPUs and GPUs per trial, checked against the cluster before any trial starts.
-
-    A request the cluster can never satisfy would leave trials PENDING forever.
-    """
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    gpus_per_node = [n["Resources"].get("GPU", 0.0) for n in nodes]
-    cpus_per_node = [n["Resources"].get("CPU", 0.0) for n in nodes]
-    gpu = cfg.resources.gpu
-    if gpu == "auto":
-        gpu = 1.0 if max(gpus_per_node, default=0) >= 1 and cfg.device != "cpu" else 0.0
-    if gpu > max(gpus_per_node, default=0.0):
-        raise ConfigError(
-            f"resources.gpu={cfg.resources.gpu}: no node of this cluster has {gpu:g} GPU(s) "
-            f"(GPUs per node: {gpus_per_node or [0]}); use resources.gpu=0 or gpu=auto"
-        )
-    if cfg.device == "cuda" and gpu == 0:
-        raise ConfigError(
-            "device=cuda: this sweep gives trials no GPU (resources.gpu=0 and the cluster has none); "
-            "use device=cpu or auto"
-        )
-    if cfg.resources.cpu > max(cpus_per_node, default=0.0):
-        raise ConfigError(
-            f"resources.cpu={cfg.resources.cpu:g}: no node of this cluster has that many CPUs "
-            f"(CPUs per node: {cpus_per_node})"
-        )
-    return {"cpu": float(cfg.resources.cpu), "gpu": float(gpu)}
 
 
 # ---------------------------------------------------------------- the trial (runs in a worker)
@@ -425,7 +322,7 @@ def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, 
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
         callbacks=[Progress(writer, hub)],
-        stop=_StopWhenRowsCannotBeWritten(writer),
+        stop=StopWhenRowsCannotBeWritten(writer),
         verbose=0,
     )
     if planned is not None:
@@ -455,56 +352,3 @@ def _trial_dirname(trial) -> str:
 
 def _cluster_label(cluster: ClusterConfig) -> str:
     return "an embedded Ray on 127.0.0.1" if cluster.address is None else f"the Ray cluster at {cluster.address}"
-
-
-class _StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
-    """Stops every trial once a row could not be written (``RowWriter.fatal``: a full disk): the
-    trials still to run would only compute rows that cannot be kept."""
-
-    def __init__(self, writer: RowWriter) -> None:
-        self.writer = writer
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        return False
-
-    def stop_all(self) -> bool:
-        return self.writer.fatal is not None
-
-
-class Progress(tune.Callback):
-    """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
-    events (posted to ``hub``) to the display."""
-
-    def __init__(self, writer: RowWriter, hub: Hub) -> None:
-        self.writer, self.hub = writer, hub
-        self.drained = 0.0
-
-    def on_step_end(self, iteration, trials, **info):
-        if time.perf_counter() - self.drained >= 0.5:
-            self.drained = time.perf_counter()
-            self.hub.drain(wait=False)
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        self.writer.started(trial.trial_id)
-        settings = tune_settings(trial.config) if trial.config else []
-        if len(settings) > 1:
-            progress.note(
-                f"Tune trial {trial.trial_id}: {len(settings)} settings timed against one shared baseline in the "
-                "same rounds (sweep.shared_baseline): their rows come together when its timed rounds end"
-            )
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.hub.drain()  # the worker's last phases before its row
-        self.writer.result(trial.trial_id, result)
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.hub.drain()
-        progress.finished(f"Tune trial {trial.trial_id}")
-
-    def on_trial_recover(self, iteration, trials, trial, **info):
-        failures = trial.run_metadata.num_failures
-        log.warning("Tune trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        progress.finished(f"Tune trial {trial.trial_id}")
-        self.writer.errored(trial.config, last_error(trial.error_file))

@@ -41,7 +41,9 @@ from sweep.analysis import (
     with_confidence,
 )
 from sweep.errors import InputError
-from sweep.report.sections import SECTIONS, ReportContext, Section, verdict
+from sweep.report.context import ReportContext
+from sweep.report.sections import SECTIONS, Section
+from sweep.report.verdicts import verdict, verdicts
 
 __all__ = ["ReportContext", "Section", "analyse", "render", "run_analyze", "verdict", "write_report"]
 
@@ -51,7 +53,7 @@ log = logging.getLogger("sweep.report.build")
 def run_analyze(cfg) -> tuple[Path, list[str]]:
     """Compute everything, then write it; returns (report path, one verdict line per model)."""
     ctx = analyse(cfg)
-    return write_report(ctx), ctx.verdicts
+    return write_report(ctx), verdicts(ctx)
 
 
 def analyse(cfg) -> ReportContext:
@@ -74,8 +76,8 @@ def analyse(cfg) -> ReportContext:
     if front.height:  # intervals for the rows the tables show; seeded per trial, the same as on all rows
         front = _measured_intervals(front, conf)
     knees = knees_table(front, min_agreement=a.knee_min_agreement) if front.height else pl.DataFrame()
-    targets = _targets(ok, tuple(a.targets), conf)
-    settings = _targets(ok, tuple(a.targets), conf, reference=False)  # the best setting, beating full depth or not
+    targets = targets_at(ok, tuple(a.targets), conf)
+    settings = targets_at(ok, tuple(a.targets), conf, reference=False)  # the best setting, beating full depth or not
     ok = _front_intervals(ok, front)  # (after the targets: theirs are bootstrapped for their picks)
     out = Path(a.out) if a.out else root / "report"
     if not a.out:
@@ -129,8 +131,7 @@ def write_report(ctx: ReportContext) -> Path:
     try:
         staged = _with_out(ctx, staging)
         text, made = render(staged)
-        _carry_cache(staged, ctx)  # verdicts and the like, computed once
-        ctx.verdicts  # noqa: B018 - computed before anything is written
+        _carry_cache(staged, ctx)  # the profiles' curves and the like, computed once
         _write_tables(ctx)
         ctx.out.mkdir(parents=True, exist_ok=True)
         for entry in sorted(staging.iterdir()):
@@ -172,7 +173,7 @@ def _write_tables(ctx: ReportContext) -> None:
         write_table("targets", ctx.targets, root=ctx.root, provenance={})
 
 
-_CACHED = ("curves", "eas", "lens", "models", "verdicts")  # ReportContext's cached properties
+_CACHED = ("curves", "eas", "lens", "models")  # ReportContext's cached properties
 
 
 def _with_out(ctx: ReportContext, out: Path) -> ReportContext:
@@ -211,7 +212,7 @@ def _front_intervals(ok: pl.DataFrame, front: pl.DataFrame) -> pl.DataFrame:
     return ok.join(measured.select("trial_id", *cols).unique("trial_id"), on="trial_id", how="left")
 
 
-def _targets(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict, *, reference: bool = True) -> pl.DataFrame:
+def targets_at(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict, *, reference: bool = True) -> pl.DataFrame:
     """The targets table: the best at each target, full depth among the candidates (``reference``), with
     the intervals of its picks (bootstrapped here: ``ok`` carries none)."""
     if not ok.height:

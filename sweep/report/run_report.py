@@ -99,7 +99,7 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     import polars as pl
 
     from sweep.analysis import load_trials, ok_trials
-    from sweep.report.build import _targets
+    from sweep.report.build import targets_at
     from sweep.report.sections import HEADLINE_TARGET
     from sweep.report.verdicts import model_verdicts
 
@@ -107,8 +107,8 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     ok = ok_trials(trials, analysis.speedup).collect()
     conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
     conf["min_prompts"] = analysis.ci_min_prompts
-    targets = _targets(ok, (HEADLINE_TARGET,), conf)
-    settings = _targets(ok, (HEADLINE_TARGET,), conf, reference=False)
+    targets = targets_at(ok, (HEADLINE_TARGET,), conf)
+    settings = targets_at(ok, (HEADLINE_TARGET,), conf, reference=False)
     return model_verdicts(trials, targets, settings, analysis.ci_min_prompts, noun="settings")
 
 

@@ -11,69 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
-from pathlib import Path
 
 import polars as pl
 
 from sweep.report import figures
 from sweep.analysis import (
     eas_per_layer,
-    eas_table,
-    layer_curve,
-    lens_curves,
     oracle_summary,
 )
 from sweep.report.tables import floor_lines, floor_of, knees_table, num, table_head, targets_table
+from sweep.report.context import ReportContext
 from sweep.report.verdicts import verdict, verdicts
 
 __all__ = ["SECTIONS", "ReportContext", "Section", "verdict", "verdicts"]
 
 HEADLINE_TARGET = figures.HEADLINE_TARGET
-
-
-@dataclass(frozen=True)
-class ReportContext:
-    """What every section reads: the analysed tables (as written beside the data) and the settings."""
-
-    root: Path  # results.root
-    out: Path  # the report directory (figures are written there)
-    trials: pl.DataFrame  # every trial row
-    ok: pl.DataFrame  # ok trials, ranked speedup (with intervals)
-    front: pl.DataFrame  # the pareto table
-    knees: pl.DataFrame  # the knees table
-    targets: pl.DataFrame  # the targets table
-    profiles: pl.LazyFrame | None  # None without profile rows
-    alpha: float  # eas.alpha
-    min_prompts: int  # analysis.ci_min_prompts
-    settings: pl.DataFrame = field(default_factory=pl.DataFrame)  # the best setting per target, full depth aside
-    floors: pl.DataFrame = field(default_factory=pl.DataFrame)  # the A/A noise floor per model (noise_floors)
-    knee_min_agreement: float = 0.9  # analysis.knee_min_agreement
-
-    @cached_property
-    def curves(self) -> pl.DataFrame:
-        return layer_curve(self.profiles)
-
-    @cached_property
-    def lens(self) -> pl.DataFrame:
-        """The learned readouts' curves (``lens_curves``): empty unless a trace has readouts."""
-        return lens_curves(self.profiles) if self.profiles is not None else pl.DataFrame()
-
-    @cached_property
-    def eas(self) -> pl.DataFrame:
-        return eas_table(self.profiles, self.alpha)
-
-    @cached_property
-    def models(self) -> list[str]:
-        """Models with a section: those with ok trials or a profile."""
-        names = set(self.ok["model"].unique().to_list()) if self.ok.height else set()
-        if self.profiles is not None:
-            names |= set(self.curves["model"].unique().to_list())
-        return sorted(names)
-
-    @cached_property
-    def verdicts(self) -> list[str]:
-        return verdicts(self)
 
 
 @dataclass(frozen=True)
@@ -116,7 +68,7 @@ def header(ctx: ReportContext) -> Section:
 
 
 def verdict_section(ctx: ReportContext) -> Section:
-    return Section(["## Verdicts", ""] + [f"- {v}" for v in ctx.verdicts] + [""])
+    return Section(["## Verdicts", ""] + [f"- {v}" for v in verdicts(ctx)] + [""])
 
 
 def model_sections(ctx: ReportContext) -> Section:

@@ -11,7 +11,7 @@ import polars as pl
 from sweep.analysis import FULL_DEPTH_ID, KNEE_MIN_POINTS
 
 if TYPE_CHECKING:
-    from sweep.report.sections import ReportContext
+    from sweep.report.context import ReportContext
 
 
 def floor_of(ctx: ReportContext, model: str) -> float | None:

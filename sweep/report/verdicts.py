@@ -14,7 +14,7 @@ from sweep.analysis import FULL_DEPTH_ID
 from sweep.report.figures import HEADLINE_TARGET
 
 if TYPE_CHECKING:
-    from sweep.report.sections import ReportContext
+    from sweep.report.context import ReportContext
 
 
 def verdicts(ctx: ReportContext) -> list[str]:

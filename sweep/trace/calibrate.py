@@ -206,7 +206,7 @@ def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:
             f"({sorted(same)[0]}, ...); name another set"
         )
     if gate.readouts is not None:
-        from sweep.trace.readouts import check_disjoint
+        from sweep.trace.readouts_io import check_disjoint
 
         check_disjoint(gate.readouts, drift, key="calibrate.heldout_prompts")
     return drift

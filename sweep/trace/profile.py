@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 import polars as pl
@@ -30,45 +30,11 @@ from sweep.gates import (
     prob_margin,
     saturation_delta,
 )
+from sweep.decode.states import DecodedStates, decode_states
 from sweep.models import LoadedModel
 from sweep.models.prompts import Prompt
 
 log = logging.getLogger("sweep.trace.profile")
-
-
-class Decoded(NamedTuple):
-    tokens: list[int]  # the tokens fed back (greedy, or the ones given)
-    states: list[torch.Tensor]  # [h_0..h_L], each (1, P + n - 1, hidden)
-    greedy: list[int]  # per step, the argmax of the model's own logits (the full-depth token)
-
-
-@torch.inference_mode()
-def decode_states(
-    lm: LoadedModel, prompt_ids: Sequence[int], *, generated: Sequence[int] | None = None, n_tokens: int | None = None
-) -> Decoded:
-    """Full-depth greedy decoding with every layer's residual stream captured: the prefill, then
-    one step per token through the KV cache, exactly the forwards the engine runs (kv_policy=full
-    up to its first divergence). Feeds ``generated`` when given, else decodes ``n_tokens`` greedy
-    tokens. The last token is not fed, so the states cover P + n - 1 positions.
-    """
-    adapter, L = lm.adapter, lm.num_layers
-    n = len(generated) if generated is not None else n_tokens
-    if n is None or n < 1:
-        raise ValueError(f"decode_states: {n} tokens; at least 1 (pass generated or n_tokens)")
-    cache = adapter.new_cache()
-    tokens: list[int] = []
-    greedy: list[int] = []
-    steps: list[list[torch.Tensor]] = []
-    feed = list(prompt_ids)
-    for step in range(n):
-        with adapter.capture_hidden() as hs:
-            logits = adapter.forward(torch.tensor([feed], device=lm.device), cache)[:, -1]
-        assert len(hs) == L + 1, f"captured {len(hs)} hidden states for {L} layers"
-        greedy.append(int(logits.argmax(-1)))
-        tokens.append(int(generated[step]) if generated is not None else greedy[-1])
-        steps.append(hs)  # step 0 fed the prompt, step s > 0 fed tokens[s - 1]
-        feed = [tokens[-1]]
-    return Decoded(tokens, [torch.cat([hs[layer] for hs in steps], dim=1) for layer in range(L + 1)], greedy)
 
 
 def gate_signals(
@@ -104,7 +70,7 @@ def trace_prompt(
     topk: int,
     pca_k: int = 64,
     *,
-    decoded: Decoded | None = None,
+    decoded: DecodedStates | None = None,
     readouts=None,
 ) -> dict[str, np.ndarray]:
     """Signals at every position of prompt + generated[:-1] and every layer 1..L.
@@ -281,7 +247,7 @@ def traced_run(
         raise ConfigError(f"profile.topk={cfg.profile.topk}: at most {vocab}, the vocabulary size of model={lm.name}")
     readouts = None
     if cfg.profile.readouts is not None:
-        from sweep.trace.readouts import readouts_for
+        from sweep.trace.readouts_io import readouts_for
 
         readouts = readouts_for(cfg.profile.readouts, lm, prompts, key="profile.readouts")
     trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k, readouts)

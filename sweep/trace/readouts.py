@@ -4,7 +4,7 @@ A translator (tuned lens, Belrose et al. 2023, arXiv 2303.08112) is one affine m
 so that the model's own lens of the translated h_l matches the final layer; at the identity it is the
 logit lens bit for bit. An exit classifier (CALM, Schuster et al. 2022, arXiv 2207.07061) is a logistic
 regression on h_l predicting whether layer l's top-1 already is the final one. Both are fitted from the
-states the engine decides on (``sweep.trace.profile.decode_states``), streamed one prompt at a time.
+states the engine decides on (``sweep.decode.states.decode_states``), streamed one prompt at a time.
 
 Readouts are one content-addressed safetensors file with their provenance in its metadata:
 ``load_readouts`` refuses a file changed since it was written or fitted to another model, and
@@ -17,10 +17,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -191,7 +188,7 @@ def _stream(lm, prompts: Sequence, gen_tokens: int, log_every: int):
     """Decode each prompt with every layer's states captured and accumulate the translators' normal
     equations in float64: X^T X and X^T (y - x) with X = [x, 1], x = h_l / r(h_l), y = h_L / r(h_L).
     Keeps only the decode positions' states (L+1, N, H) and the final layer's tokens there (N,)."""
-    from sweep.trace.profile import decode_states
+    from sweep.decode.states import decode_states
 
     L, hidden = lm.num_layers, lm.adapter.config.hidden_size
     xtx = torch.zeros(L - 1, hidden + 1, hidden + 1, dtype=torch.float64, device=lm.device)
@@ -314,173 +311,7 @@ def _meta(lm, prompts: Sequence, hidden: int, **fit) -> dict[str, str]:
 # --- files --------------------------------------------------------------------------------------------------------
 
 
-def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out") -> Path:
-    """Write ``<out_dir>/<model>/<digest[:16]>.safetensors`` atomically (a temporary file in the same
-    directory, renamed into place); returns its path. Only the content the digest names is written,
-    and only inside ``root`` (default ``out_dir``; symbolic links resolved, else a ConfigError naming
-    ``key``)."""
-    from safetensors.torch import save_file
-
-    from sweep.config.paths import check_name, inside
-
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in readouts.weights.items()}
-    if content_digest(tensors, readouts.meta) != readouts.digest:
-        raise ValueError("save_readouts: the tensors do not match the digest (save the fitted readouts, not a copy)")
-    path = Path(out_dir).expanduser() / check_name("model", readouts.model) / f"{readouts.digest[:16]}.safetensors"
-    inside(out_dir if root is None else root, path, key=key)  # before mkdir, which would follow a planted link
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata={**readouts.meta, "digest": readouts.digest})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
 _LOADED: dict[tuple, Readouts] = {}  # (file identity, model): readouts a process verified and moved once
 
 
-def load_readouts(path, lm, key: str = "gate.readouts") -> Readouts:
-    """The readouts at ``path``, verified (content against its digest and name, fitted to ``lm``), on
-    lm's device with translators in lm's dtype. Any problem is a one-line ConfigError naming ``key``.
-    A sweep worker's trials share one load per file (its path, size and mtime) and model."""
-    p = Path(path).expanduser()
-    try:
-        st = p.stat()
-        ident = (str(p.resolve()), st.st_size, st.st_mtime_ns, lm.content_hash, str(lm.device), str(lm.dtype))
-    except OSError:
-        ident = None
-    if ident is not None and ident in _LOADED:
-        return _LOADED[ident]
-    readouts = _load_readouts(path, lm, key)
-    if ident is not None:
-        _LOADED.clear()  # one file at a time: a worker that moves on to other readouts drops the last
-        _LOADED[ident] = readouts
-    return readouts
-
-
-def _load_readouts(path, lm, key: str) -> Readouts:
-    from safetensors import SafetensorError, safe_open
-
-    where = f"{key}={path}"
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"{where}: no such file (`sweep fit` writes readouts)")
-    try:
-        with safe_open(str(p), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            weights = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:120]
-        raise ConfigError(f"{where}: not a readable safetensors file ({type(exc).__name__}: {first})") from None
-    missing = [k for k in (*META, "digest") if k not in meta] + [k for k in TENSORS if k not in weights]
-    if missing:
-        raise ConfigError(f"{where}: not a readouts file from `sweep fit` (missing {', '.join(missing)})")
-    stored = meta.pop("digest")
-    stem = p.name.removesuffix(".safetensors")
-    if content_digest(weights, meta) != stored or (re.fullmatch("[0-9a-f]{16}", stem) and stem != stored[:16]):
-        raise ConfigError(f"{where}: was modified after it was written (its content no longer hashes to its name)")
-    if meta["model_hash"] != lm.content_hash:
-        raise ConfigError(
-            f"{where}: fitted to model {meta['model']} (hash {meta['model_hash'][:20]}...), not {lm.name} "
-            f"(hash {lm.content_hash[:20]}...); fit readouts for this model with `sweep fit`"
-        )
-    problem = _shape_problem(weights, meta, lm.num_layers, lm.adapter.config.hidden_size)
-    if problem:
-        raise ConfigError(f"{where}: {problem}")
-    return Readouts(weights, meta, stored, path=p, final_norm=lm.adapter.norm).to(lm.device, lm.dtype)
-
-
-def _meta_problem(meta: dict) -> str | None:
-    """Why ``meta`` is not metadata `sweep fit` writes (a digest recomputed over edited metadata still
-    passes the digest check): the types, not only the digest, are checked."""
-    try:
-        ints = {k: int(meta[k]) for k in ("num_layers", "hidden", "gen_tokens")}
-        ids, digests = json.loads(meta["prompt_ids"]), json.loads(meta["prompt_digests"])
-    except (ValueError, TypeError):
-        return "its metadata is not readouts metadata (num_layers, hidden, gen_tokens: integers; prompt_ids: JSON)"
-    if ints["num_layers"] < 2 or ints["hidden"] < 1 or ints["gen_tokens"] < 1:
-        return f"its metadata gives impossible sizes ({ints})"
-    if not (isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids)):
-        return "its metadata's prompt_ids is not a non-empty JSON list of prompt ids"
-    if not (isinstance(digests, list) and len(digests) == len(ids) and all(_is_digest(d) for d in digests)):
-        return "its metadata's prompt_digests is not a JSON list of one sha256 per prompt id"
-    return None
-
-
-def _is_digest(value) -> bool:
-    return isinstance(value, str) and re.fullmatch("[0-9a-f]{64}", value) is not None
-
-
-def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> str | None:
-    problem = _meta_problem(meta)
-    if problem:
-        return problem
-    fitted = (int(meta["num_layers"]), int(meta["hidden"]))
-    if fitted != (num_layers, hidden):
-        return f"fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {num_layers} x {hidden}"
-    n = num_layers - 1
-    expected = dict(zip(TENSORS, [(n, hidden, hidden), (n, hidden), *[(n, hidden + 2), (n,)] * len(LENSES)]))
-    bad = [f"{k} {tuple(weights[k].shape)}" for k, shape in expected.items() if tuple(weights[k].shape) != shape]
-    return f"tensors of the wrong shape: {', '.join(bad)}" if bad else None
-
-
-def readouts_for(path, lm, prompts: Sequence, key: str) -> Readouts:
-    """The readouts at ``path`` for evaluating ``lm`` on ``prompts``: loaded and verified for the
-    model (``load_readouts``, errors naming ``key``) and disjoint from its fitting set."""
-    readouts = load_readouts(path, lm, key=key)
-    check_disjoint(readouts, prompts, key="prompts")
-    return readouts
-
-
-def check_disjoint(readouts: Readouts, prompts: Sequence, key: str = "prompts") -> None:
-    """Refuse (ConfigError) evaluation ``prompts`` that overlap the readouts' fitting set, by id or by
-    text: readouts judged on the prompts they were fitted to would flatter themselves."""
-    ids, digests = set(readouts.prompt_ids), set(readouts.prompt_digests)
-    overlap = [p.id for p in prompts if p.id in ids or text_digest(p.text) in digests]
-    if overlap:
-        shown = ", ".join(overlap[:3]) + (", ..." if len(overlap) > 3 else "")
-        fitted = readouts.prompt_ids
-        span = f"{fitted[0]} .. {fitted[-1]}, " if fitted else ""
-        raise ConfigError(
-            f"{key}: {len(overlap)} of {len(prompts)} evaluation prompts ({shown}) are in the readouts' fitting set "
-            f"({readouts.prompt_set}: {span}{len(fitted)} prompts); evaluate on others (prompts.start, prompts.n)"
-        )
-
-
 # --- `sweep fit` --------------------------------------------------------------------------------------------------
-
-
-def run_fit(cfg) -> tuple[Path, Readouts, dict]:
-    """`sweep fit`: load the model, read and tokenize ``cfg.prompts``, fit, write under ``fit.out``
-    (null: <results.root>/readouts); returns the path, the readouts and the fit's summary."""
-    from sweep.config.paths import check_name, inside
-    from sweep.models.prompts import read_prompts
-    from sweep.models.workload import load_workload
-
-    read_prompts(cfg.prompts)  # a bad prompts file fails before anything else
-    check_name("model", cfg.model.name or "model")
-    out_dir = Path(cfg.fit.out) if cfg.fit.out is not None else Path(cfg.results.root) / "readouts"
-    root, key = (cfg.fit.out, "fit.out") if cfg.fit.out is not None else (cfg.results.root, "results.root")
-    inside(root, out_dir / (cfg.model.name or "model"), key=key)  # a link planted there: refused before any work
-    # translators and classifiers are fitted to the lens at layer L
-    lm, prompts = load_workload(cfg, ("fit.gen_tokens", cfg.fit.gen_tokens), check=lambda lm: lm.require(lens=True))
-    readouts = fit_readouts(
-        lm,
-        prompts,
-        gen_tokens=cfg.fit.gen_tokens,
-        ridge=cfg.fit.ridge,
-        l2=cfg.fit.l2,
-        seed=cfg.seed,
-        prompt_set=cfg.prompts.name,
-        prompt_start=cfg.prompts.start,
-    )
-    path = save_readouts(readouts, out_dir, root=root, key=key)
-    summary = {**json.loads(readouts.meta["fit_summary"]), "fit_seconds": float(readouts.meta["fit_seconds"])}
-    summary |= {"model": lm.name, "prompt_set": cfg.prompts.name}
-    log.info("fitted readouts of %s on %d prompts; wrote %s", lm.name, len(prompts), path)
-    return path, dataclasses.replace(readouts, path=path), summary

@@ -1,0 +1,71 @@
+"""The Tune callbacks of a sweep on the driver: trial events to the row writer and the display, and the
+stopper that ends a sweep whose rows cannot be written."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ray import tune
+
+from sweep import progress
+from sweep.orchestrate.plan import (
+    tune_settings,
+)
+from sweep.orchestrate.progress_ray import Hub
+from sweep.orchestrate.rows import RowWriter, last_error
+
+log = logging.getLogger("sweep.orchestrate.callbacks")
+
+
+class StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
+    """Stops every trial once a row could not be written (``RowWriter.fatal``: a full disk): the
+    trials still to run would only compute rows that cannot be kept."""
+
+    def __init__(self, writer: RowWriter) -> None:
+        self.writer = writer
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.writer.fatal is not None
+
+
+class Progress(tune.Callback):
+    """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
+    events (posted to ``hub``) to the display."""
+
+    def __init__(self, writer: RowWriter, hub: Hub) -> None:
+        self.writer, self.hub = writer, hub
+        self.drained = 0.0
+
+    def on_step_end(self, iteration, trials, **info):
+        if time.perf_counter() - self.drained >= 0.5:
+            self.drained = time.perf_counter()
+            self.hub.drain(wait=False)
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.writer.started(trial.trial_id)
+        settings = tune_settings(trial.config) if trial.config else []
+        if len(settings) > 1:
+            progress.note(
+                f"Tune trial {trial.trial_id}: {len(settings)} settings timed against one shared baseline in the "
+                "same rounds (sweep.shared_baseline): their rows come together when its timed rounds end"
+            )
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.hub.drain()  # the worker's last phases before its row
+        self.writer.result(trial.trial_id, result)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.hub.drain()
+        progress.finished(f"Tune trial {trial.trial_id}")
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        failures = trial.run_metadata.num_failures
+        log.warning("Tune trial %s lost its worker; retrying it (failures so far: %s)", trial.trial_id, failures)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        progress.finished(f"Tune trial {trial.trial_id}")
+        self.writer.errored(trial.config, last_error(trial.error_file))

@@ -1,0 +1,114 @@
+"""Starting or joining Ray for a sweep, and the resources each trial asks of it."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+from sweep.config import ClusterConfig, Config
+from sweep.errors import ConfigError, SweepError
+from sweep.orchestrate import ray_internals as _ray_private
+
+
+def start_ray(cluster: ClusterConfig) -> bool:
+    """Start an embedded Ray on 127.0.0.1 or join ``cluster.address``; True if started here."""
+    # Tune warns about every unfinished trial of an interrupted experiment; resume handles them
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # on a stop signal Tune names Ctrl-C and offers Tuner.restore (which unpickles): the resume line is ours; and
+    # its own state, which a resume never reads, failing to save (a full disk) is a traceback per step: rows say it
+    for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_AUTH_MODE") != cluster.auth:
+        raise SweepError(
+            f"cluster.auth={cluster.auth}: Ray was imported with RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE')}; "
+            "set it before Ray is imported"
+        )
+    if cluster.address is None:
+        from sweep.orchestrate.cluster_env import record_embedded_session, stop_leftover_sessions
+
+        _ray_private.single_node_mode()  # servers on 127.0.0.1
+        stop_leftover_sessions()  # what killed drivers of earlier embedded clusters left running
+        ray.init(
+            address="local",
+            num_cpus=cluster.num_cpus,
+            num_gpus=cluster.num_gpus,
+            include_dashboard=cluster.dashboard,
+            dashboard_host="127.0.0.1",
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        record_embedded_session()
+    else:
+        from sweep.orchestrate.cluster_env import is_loopback
+
+        address = _require_reachable(cluster.address)
+        if is_loopback(address):  # `auto` found a cluster on 127.0.0.1: talk to it there, as for an explicit address
+            _ray_private.single_node_mode()
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(
+                f"cluster.address={cluster.address}: cannot join a Ray cluster there ({str(exc).splitlines()[0]})"
+            ) from None
+    return True
+
+
+def _require_reachable(address: str) -> str:
+    """The cluster's address (``auto`` resolved); fails in seconds, not minutes of retries, when
+    nothing answers there."""
+    import socket
+
+    resolved = address
+    if address == "auto":
+        try:
+            resolved = _ray_private.bootstrap_address("auto")
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"cluster.address=auto: no running Ray cluster found on this machine ({str(exc).splitlines()[0]})"
+            ) from None
+    host, _, port = resolved.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"cluster.address={address}: nothing answers at {resolved}; start the cluster or fix the address "
+            "(host:port of the GCS)"
+        ) from None
+    return resolved
+
+
+def stop_ray() -> None:
+    ray.shutdown()
+
+
+def trial_resources(cfg: Config) -> dict[str, float]:
+    """CPUs and GPUs per trial, checked against the cluster before any trial starts.
+
+    A request the cluster can never satisfy would leave trials PENDING forever.
+    """
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    gpus_per_node = [n["Resources"].get("GPU", 0.0) for n in nodes]
+    cpus_per_node = [n["Resources"].get("CPU", 0.0) for n in nodes]
+    gpu = cfg.resources.gpu
+    if gpu == "auto":
+        gpu = 1.0 if max(gpus_per_node, default=0) >= 1 and cfg.device != "cpu" else 0.0
+    if gpu > max(gpus_per_node, default=0.0):
+        raise ConfigError(
+            f"resources.gpu={cfg.resources.gpu}: no node of this cluster has {gpu:g} GPU(s) "
+            f"(GPUs per node: {gpus_per_node or [0]}); use resources.gpu=0 or gpu=auto"
+        )
+    if cfg.device == "cuda" and gpu == 0:
+        raise ConfigError(
+            "device=cuda: this sweep gives trials no GPU (resources.gpu=0 and the cluster has none); "
+            "use device=cpu or auto"
+        )
+    if cfg.resources.cpu > max(cpus_per_node, default=0.0):
+        raise ConfigError(
+            f"resources.cpu={cfg.resources.cpu:g}: no node of this cluster has that many CPUs "
+            f"(CPUs per node: {cpus_per_node})"
+        )
+    return {"cpu": float(cfg.resources.cpu), "gpu": float(gpu)}
