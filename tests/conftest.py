@@ -28,7 +28,7 @@ def load(*overrides: str):
     from sweep.models import load_model
 
     cfg = compose(*overrides)
-    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, keep=cfg.resources.models)
 
 
 @pytest.fixture(scope="module", params=TINY_FAMILIES)

@@ -323,7 +323,8 @@ def test_a_lens_that_misses_a_transform_refuses_exiting_gates_but_runs_full_dept
 
 
 def test_the_readmes_family_table_is_the_codes():
-    from sweep.models._table import family_rows, markdown
+    from sweep.models import family_rows
+    from sweep.models import family_table as markdown
 
     readme = (ROOT / "README.md").read_text()
     shown = readme.split("<!-- families:begin -->\n")[1].split("\n<!-- families:end -->")[0]

@@ -140,12 +140,11 @@ def test_unreachable_hub_fails_fast(monkeypatch, tmp_path):
 def test_the_model_cache_keeps_the_most_recent_few(monkeypatch):
     from sweep.models import _loader
 
-    monkeypatch.setenv("SWEEP_MODEL_CACHE", "2")
     monkeypatch.setattr(_loader, "_CACHE", {})
-    a = load("model=tiny-llama", "seed=21")
-    b = load("model=tiny-qwen2", "seed=21")
-    assert load("model=tiny-llama", "seed=21") is a  # a hit refreshes a
-    load("model=tiny-qwen3", "seed=21")  # evicts b, the least recently used
+    a = load("model=tiny-llama", "seed=21", "resources.models=2")
+    b = load("model=tiny-qwen2", "seed=21", "resources.models=2")
+    assert load("model=tiny-llama", "seed=21", "resources.models=2") is a  # a hit refreshes a
+    load("model=tiny-qwen3", "seed=21", "resources.models=2")  # evicts b, the least recently used
     keys = [k[0].name for k in _loader._CACHE]
     assert keys == ["tiny-llama", "tiny-qwen3"] and b is not None
 
@@ -171,16 +170,15 @@ def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
     from sweep.gates import make_gate
     from sweep.models import _loader
 
-    monkeypatch.setenv("SWEEP_MODEL_CACHE", "1")
     monkeypatch.setattr(_loader, "_CACHE", {})
     # what is cached is under test here, not what is measured: a stand-in that says whose costs they are
     monkeypatch.setattr(
         costs_module, "_measure", lambda lm, ids, repeats, gates=(): CostModel(1, 1, 1, 1, 1, 1, 1, lm.num_layers)
     )
     models = [
-        ("model=tiny-llama", "seed=31", "model.tiny.layers=3"),
-        ("model=tiny-qwen2", "seed=32", "model.tiny.layers=4"),
-        ("model=tiny-qwen3", "seed=33", "model.tiny.layers=5"),
+        ("model=tiny-llama", "seed=31", "model.tiny.layers=3", "resources.models=1"),
+        ("model=tiny-qwen2", "seed=32", "model.tiny.layers=4", "resources.models=1"),
+        ("model=tiny-qwen3", "seed=33", "model.tiny.layers=5", "resources.models=1"),
     ]
     k = 4
     before = model_loads()

@@ -155,11 +155,11 @@ def _config(overrides: list[str]) -> int:
 
 
 def _families(overrides: list[str]) -> int:
-    from sweep.models._table import family_rows, markdown
+    from sweep.models import family_rows, family_table
 
     if overrides:
         raise SweepError("sweep families takes no overrides")
-    print(markdown(family_rows()))
+    print(family_table(family_rows()))
     return 0
 
 

@@ -228,7 +228,7 @@ def show_help(command: str, overrides: list[str]) -> int:
 
 def _composed(overrides: list[str]) -> tuple[dict, dict, str]:
     """The composed config and group choices of ``overrides``, falling back to the defaults."""
-    from sweep.config._compose import compose_dict, group_choices
+    from sweep.config import compose_dict, group_choices
 
     note = ""
     for attempt in [overrides, []] if overrides else [[]]:

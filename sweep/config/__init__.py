@@ -1,6 +1,7 @@
 """Configuration: Hydra composition of conf/ into validated, typed dataclasses."""
 
-from sweep.config._compose import check_sweep_name, compose, compose_dict, config_dir, validate
+from sweep.config._compose import check_sweep_name, compose, compose_dict, config_dir, group_choices, validate
+from sweep.config._fields import build
 from sweep.config._schema import (
     AnalysisConfig,
     BenchConfig,
@@ -35,9 +36,11 @@ __all__ = [
     "SearchConfig",
     "SweepConfig",
     "TinyConfig",
+    "build",
     "check_sweep_name",
     "compose",
     "compose_dict",
     "config_dir",
+    "group_choices",
     "validate",
 ]

@@ -4,6 +4,8 @@ from sweep.models._adapter import KINDS, Adapter, StepExit
 from sweep.models._fidelity import Fidelity
 from sweep.models._loader import DTYPES, LoadedModel, load_model, model_loads, ready, resolve_device
 from sweep.models._padding import PAD_ID, Padded, left_pad
+from sweep.models._table import family_rows
+from sweep.models._table import markdown as family_table
 from sweep.models._tiny import byte_tokenizer
 
 __all__ = [
@@ -16,6 +18,8 @@ __all__ = [
     "Padded",
     "StepExit",
     "byte_tokenizer",
+    "family_rows",
+    "family_table",
     "left_pad",
     "load_model",
     "model_loads",

@@ -7,7 +7,6 @@ object, so trials that share a worker share its model (and never convert it twic
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,14 +118,17 @@ def model_loads() -> int:
     return len(_LOADS)
 
 
-def load_model(mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32", seed: int = 0) -> LoadedModel:
-    """The model ``mcfg`` describes, on ``device`` in ``dtype``, loaded at most once per process."""
+def load_model(
+    mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32", seed: int = 0, keep: int = 2
+) -> LoadedModel:
+    """The model ``mcfg`` describes, on ``device`` in ``dtype``, loaded at most once per process; the
+    process keeps the ``keep`` most recently used models loaded (``resources.models``)."""
     dev = resolve_device(device)
     key = (mcfg, str(dev), dtype, seed if mcfg.source == "tiny" else None)
     if key in _CACHE:
         _CACHE[key] = _CACHE.pop(key)  # most recently used last
         return _CACHE[key]
-    _evict(keep=max(int(os.environ.get("SWEEP_MODEL_CACHE", "2")), 1) - 1)
+    _evict(keep=keep - 1)
     t0 = time.perf_counter()
     loader = {"packaged": _load_packaged, "gguf": _load_gguf, "hf": _load_hf, "tiny": _load_tiny}[mcfg.source]
     model, tokenizer, content_hash, revision = loader(mcfg, DTYPES[dtype], seed)
@@ -207,7 +209,7 @@ def ready(
 
 def _evict(keep: int) -> None:
     """Drop the least recently used models until ``keep`` remain (a worker that serves a
-    sweep over several models holds at most $SWEEP_MODEL_CACHE of them, default 2)."""
+    sweep over several models holds at most resources.models of them, default 2)."""
     while len(_CACHE) > keep:
         oldest = next(iter(_CACHE))
         lm = _CACHE.pop(oldest)

@@ -18,7 +18,7 @@ def load_workload(
     runs on the loaded model before the prompts are tokenized (what the command requires of it)."""
     pc = prompts_cfg if prompts_cfg is not None else cfg.prompts
     items = read_prompts(pc)
-    lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, keep=cfg.resources.models)
     if check is not None:
         check(lm)
     return lm, tokenize_for(lm, items, pc, gen)

@@ -17,7 +17,7 @@ import polars as pl
 
 from sweep.analysis import FULL_DEPTH_ID
 from sweep.config import Config, GateConfig, compose
-from sweep.config._fields import build
+from sweep.config import build
 from sweep.errors import ConfigError
 from sweep.config.gatespec import GATE_COLUMNS, GATE_SPECS
 from sweep.config.search import as_override, spaces

@@ -151,7 +151,7 @@ def write_report(ctx: ReportContext) -> Path:
 
 def _remove_stale_staging(out: Path) -> None:
     """Staging directories an analyze killed mid-render left beside ``out`` (older than an hour)."""
-    from sweep.store._guard import STALE_AFTER_S
+    from sweep.store import STALE_AFTER_S
 
     if not out.parent.is_dir():
         return

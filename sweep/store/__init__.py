@@ -11,9 +11,11 @@ from sweep.store._io import (
     table_spec,
     write_table,
 )
+from sweep.store._guard import STALE_AFTER_S
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
 
 __all__ = [
+    "STALE_AFTER_S",
     "PROVENANCE",
     "SCHEMA_VERSION",
     "TABLES",
