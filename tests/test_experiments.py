@@ -62,8 +62,8 @@ def test_make_run_is_the_main_experiment():
     assert compose(*argv[2:3]) == compose(*REPLACED["main"].split())
 
 
-def test_readme_and_infra_run_experiments():
-    readme = (ROOT / "README.md").read_text()
+def test_readme_docs_and_infra_run_experiments():
+    readme = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     commands = [line for line in readme.splitlines() if line.startswith(".venv/bin/sweep ") and "experiment=" in line]
     used = {re.search(r"experiment=(\S+)", line).group(1) for line in commands}
     assert {"main", "optuna-tiny", "profile-humaneval", "screen", "calibrate-saturation"} <= used

@@ -322,12 +322,12 @@ def test_a_lens_that_misses_a_transform_refuses_exiting_gates_but_runs_full_dept
     broken.require(kv_policy="propagate")  # the K/V fill is still exact
 
 
-def test_the_readmes_family_table_is_the_codes():
+def test_the_docs_family_table_is_the_codes():
     from sweep.models import family_rows
     from sweep.models import family_table as markdown
 
-    readme = (ROOT / "README.md").read_text()
-    shown = readme.split("<!-- families:begin -->\n")[1].split("\n<!-- families:end -->")[0]
+    doc = (ROOT / "docs" / "families.md").read_text()
+    shown = doc.split("<!-- families:begin -->\n")[1].split("\n<!-- families:end -->")[0]
     assert shown == markdown(family_rows()), "regenerate it: sweep families"
 
 

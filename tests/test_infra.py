@@ -107,10 +107,10 @@ def test_dockerfile_builds_the_project_on_a_cuda_base():
         assert (ROOT / path).exists() and any(words[0] == path for words in copies)
 
 
-def test_readme_job_command_composes():
-    readme = (ROOT / "README.md").read_text()
-    line = next(line for line in readme.splitlines() if "jobs/submit.py" in line and "--address" in line)
-    tail = readme[readme.index(line) :].split("```")[0]
+def test_the_cluster_docs_job_command_composes():
+    doc = (ROOT / "docs" / "cluster.md").read_text()
+    line = next(line for line in doc.splitlines() if "jobs/submit.py" in line and "--address" in line)
+    tail = doc[doc.index(line) :].split("```")[0]
     overrides = [t for t in tail.replace("\\\n", " ").split() if "=" in t and not t.startswith("--")]
     assert overrides and any(o.startswith("results.root=/") for o in overrides)
     compose(*overrides)
