@@ -45,7 +45,7 @@ def resume_line(err: str) -> str:
 
 
 def written(out: str) -> int:
-    return int(re.search(r"(\d+) trials written", out).group(1))
+    return int(re.search(r"(\d+) settings measured and written", out).group(1))
 
 
 # ---------------------------------------------------------------- 5. SIGTERM
@@ -179,7 +179,9 @@ def test_a_trial_that_raises_is_one_failed_row_and_a_sweep_with_no_success_exits
     captured = capsys.readouterr()
     assert code == 1, captured.err[-3000:]
     assert "lost its worker" not in captured.err and "more than sweep.max_failures" not in captured.err
-    assert re.search(r"4 trials written, 0 skipped \(their rows exist\), 4 failed", captured.out), captured.out
+    assert re.search(r"4 settings measured and written, 0 skipped \(their rows exist\), 4 failed", captured.out), (
+        captured.out
+    )
     assert "error: sweep " in captured.err and "no trial succeeded (4 failed" in captured.err
     df = read("trials", root)
     assert df.height == 4 and set(df["status"]) == {"failed"}

@@ -501,7 +501,9 @@ def test_a_resume_never_counts_a_trial_done_without_its_row(optuna_copy, capsys)
         path.unlink()
     code, out, err = _resume(root, name, capsys)
     assert code == 0, err
-    assert re.search(r"2 trials written, 0 skipped", out), out  # the study's own settings, run again, once each
+    assert re.search(r"2 settings measured and written, 0 skipped", out), (
+        out
+    )  # the study's own settings, run again, once each
     df = read("trials", root)
     assert df.height == 4 and set(df["trial_id"]) == ids  # rows lost: 0
 
@@ -518,7 +520,9 @@ def test_a_study_whose_values_table_was_dropped_resumes_from_the_rows(optuna_cop
         db.execute("DROP TABLE trial_values")
     code, out, err = _resume(root, name, capsys)
     assert code == 0 and "Traceback" not in err and "unexpected" not in err, err
-    assert re.search(r"2 trials written", out), out  # the 2 trials whose rows were missing, not "all 4 done"
+    assert re.search(r"2 settings measured and written", out), (
+        out
+    )  # the 2 trials whose rows were missing, not "all 4 done"
     assert read("trials", root).height == 4 and set(read("trials", root)["trial_id"]) == ids  # rows lost: 0
 
 
