@@ -67,7 +67,7 @@ def layer_ticks(first: int, last: int) -> list[int]:
     grid = [int(round(t)) for t in MaxNLocator(nbins=8, integer=True, steps=[1, 2, 5, 10]).tick_values(first, last)]
     step = grid[1] - grid[0] if len(grid) > 1 else 1
     ticks = [first] + [t for t in grid if first < t <= last and t - first >= step / 2]
-    if last - ticks[-1] >= step / 2:
+    if last > ticks[-1] and last - ticks[-1] >= step / 2:
         ticks.append(last)
     return ticks
 
