@@ -123,7 +123,7 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
             ms=2.5 if many else 5,
             alpha=0.35 if many else 0.75,
             ls="none",
-            label=f"{gate[0]} ({sub.height} trials)",
+            label=f"{gate[0]} ({sub.height} trial{'s' if sub.height != 1 else ''})",
         )
         shown = sub.filter(pl.col("trial_id").is_in(on_front)) if "speedup_lo" in sub.columns else sub.clear()
         if shown.height:
