@@ -1,4 +1,5 @@
-"""The report's figures: each function draws one PNG into the report directory and returns its file name.
+"""The report's figures: each ``*_figure`` function writes one PNG into the report directory and returns its
+file name; the ``draw_*`` function beside it returns the matplotlib figure it saves.
 
 Pareto fronts with error bars and knees, the per-layer curves with the post-mortem's thresholds,
 the learned readouts against the logit lens, EAS per layer, simulated against measured (screen),
