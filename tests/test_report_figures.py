@@ -13,17 +13,9 @@ import polars as pl
 import pytest
 
 from sweep.analysis import eas_per_layer, eas_table, fronts, knees_table, layer_curve, ok_trials
-from sweep.report_figures import (
-    EPS_LINES,
-    THETA_LINES,
-    draw_eas,
-    draw_layers,
-    draw_lens,
-    draw_pareto,
-    draw_screen,
-    eas_ceiling,
-    layer_ticks,
-)
+from sweep.report.figures import draw_pareto, draw_screen
+from sweep.report.figures_layers import EPS_LINES, THETA_LINES, draw_eas, draw_layers, draw_lens, eas_ceiling
+from sweep.report.plotting import layer_ticks
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from sweep.report import figures
+from sweep.report import figures, figures_layers, plotting
 from sweep.analysis import (
     eas_per_layer,
     oracle_summary,
@@ -25,7 +25,7 @@ from sweep.report.verdicts import verdict, verdicts
 
 __all__ = ["SECTIONS", "ReportContext", "Section", "verdict", "verdicts"]
 
-HEADLINE_TARGET = figures.HEADLINE_TARGET
+HEADLINE_TARGET = plotting.HEADLINE_TARGET
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def model_sections(ctx: ReportContext) -> Section:
             floor = floor_of(ctx, model)
             shown.append(figures.pareto_figure(ctx.ok, ctx.front, ctx.knees, model, ctx.out, floor=floor))
         if ctx.profiles is not None and model in ctx.curves["model"].to_list():
-            shown.append(figures.layers_figure(ctx.curves.filter(pl.col("model") == model), model, ctx.out))
+            shown.append(figures_layers.layers_figure(ctx.curves.filter(pl.col("model") == model), model, ctx.out))
         lines += [f"## {model}", "", *floor_lines(ctx, model), *targets_table(ctx, model), *knees_table(ctx, model)]
         lines += [f"![{name}]({name})" for name in shown] + [""]
         made += shown
@@ -91,7 +91,7 @@ def profiles_section(ctx: ReportContext) -> Section:
     """EAS per model and variant, both oracle exits, the EAS-per-layer figure."""
     if ctx.profiles is None:
         return Section([])
-    name = figures.eas_figure(eas_per_layer(ctx.profiles, ctx.alpha), ctx.eas, ctx.alpha, ctx.out)
+    name = figures_layers.eas_figure(eas_per_layer(ctx.profiles, ctx.alpha), ctx.eas, ctx.alpha, ctx.out)
     lines = [
         "## Profiles: EAS and oracle exits",
         "",
@@ -135,7 +135,7 @@ def lens_section(ctx: ReportContext) -> Section:
         sub = ctx.lens.filter(pl.col("model") == model)
         for readouts_id in sorted(sub["readouts_id"].unique().to_list()):
             curve = sub.filter(pl.col("readouts_id") == readouts_id).sort("layer")
-            name = figures.lens_figure(curve, model, readouts_id, ctx.out)
+            name = figures_layers.lens_figure(curve, model, readouts_id, ctx.out)
             lines += [*_lens_table(curve, readouts_id), f"![{name}]({name})", ""]
             made.append(name)
     return Section(lines, made)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from sweep.analysis import FULL_DEPTH_ID
-from sweep.report.figures import HEADLINE_TARGET
+from sweep.report.plotting import HEADLINE_TARGET
 
 if TYPE_CHECKING:
     from sweep.report.context import ReportContext
