@@ -25,7 +25,7 @@ lint: setup
 	$(BIN)/ruff format --check sweep tests benchmarks jobs
 
 test: lint
-	$(BIN)/pytest -m 'not gpu'
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m 'not gpu'  # one thread per process: tiny models, two cores, Ray workers beside
 
 test-fast: setup
 	$(BIN)/pytest

@@ -33,24 +33,34 @@ def config_dir() -> Path:
     return path
 
 
-def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The composed config as a plain dict (defaults plus overrides), not yet validated."""
+def _hydra(overrides, *, hydra_config: bool = False):
+    """Hydra's composition of conf/ with ``overrides``; what it raises, one line (``ConfigError``)."""
     import yaml
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException, MissingConfigException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
-        data = OmegaConf.to_container(cfg, resolve=True)
+            return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
     except MissingConfigException as exc:
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error(exc)) from None
+
+
+def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The composed config as a plain dict (defaults plus overrides), not yet validated."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = _hydra(overrides)
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
     if isinstance(data.get("gate"), dict):
         _layer_keys(data["gate"], _given(overrides))
     return data
@@ -59,20 +69,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
 def group_choices(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, str | None]:
     """The option each config group (model, gate, prompts, search, cluster, experiment) takes
     in the composition of ``overrides``: Hydra's runtime choices, for `sweep <command> --help`."""
-    import yaml
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException, MissingConfigException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
-    except MissingConfigException as exc:
-        raise ConfigError(_missing_option(exc)) from None
-    except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(_yaml_error(exc)) from None
+    cfg = _hydra(overrides, hydra_config=True)
     return {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
 
 

@@ -170,7 +170,7 @@ class ResourcesConfig:
         check=lambda v: v == "auto" or (not isinstance(v, str) and v >= 0), allowed="auto or a number >= 0 (finite)"
     )
     # loaded models a process keeps (least recently used dropped first): a worker serving several models
-    models: int = field(2, check=in_range(1, 64), allowed="an integer in 1..64")
+    models: int = field(check=in_range(1, 64), allowed="an integer in 1..64")
 
 
 @dataclass(frozen=True, kw_only=True)

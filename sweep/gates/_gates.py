@@ -130,20 +130,11 @@ class FullGate(Gate):
 
 
 @register
-class SkipGate(Gate):
-    """Never exits: it names the skip-set draft of self-speculation (``sweep.decode.speculative.SkipDraft``)."""
+class SkipGate(FullGate):
+    """Never exits, as full depth: it names the skip-set draft of self-speculation
+    (``sweep.decode.speculative.SkipDraft``)."""
 
     name = "skip"
-
-    def probe_layers(self) -> range:
-        return range(0)
-
-    def decide(self, layer, h, h_prev, z):
-        return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-
-    @classmethod
-    def decisions(cls, signals, values, decay=None):
-        return torch.zeros((len(values), *signals.delta.shape), dtype=torch.bool)
 
 
 @register
