@@ -244,7 +244,8 @@ def test_sweep_fit_writes_the_readouts_and_prints_their_path(tmp_path, capsys):
     lm = load("model=tiny-llama")
     loaded = load_readouts(match.group(1), lm)
     assert loaded.prompt_ids == ["chat/1", "chat/2"] and loaded.meta["prompt_start"] == "1"
-    assert [line.split()[0] for line in out[3:-1]] == [str(layer) for layer in range(1, lm.num_layers)]
+    head = next(i for i, line in enumerate(out) if line.split()[:1] == ["layer"])  # the table's header
+    assert [line.split()[0] for line in out[head + 1 : -1]] == [str(layer) for layer in range(1, lm.num_layers)]
     assert main([*args, f"results.root={tmp_path}", f"fit.out={tmp_path / 'elsewhere'}"]) == 0
     assert (
         capsys.readouterr().out.strip().splitlines()[-1].startswith(f"readouts: {tmp_path / 'elsewhere'}/tiny-llama/")

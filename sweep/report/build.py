@@ -42,6 +42,7 @@ from sweep.analysis import (
 )
 from sweep.errors import InputError
 from sweep.report.context import ReportContext
+from sweep.store import atomic_write
 from sweep.report.sections import SECTIONS, Section
 from sweep.report.verdicts import verdict, verdicts
 
@@ -136,13 +137,7 @@ def write_report(ctx: ReportContext) -> Path:
         ctx.out.mkdir(parents=True, exist_ok=True)
         for entry in sorted(staging.iterdir()):
             os.replace(entry, ctx.out / entry.name)
-        path = ctx.out / "report.md"
-        tmp = path.with_name(f".report.md.{uuid.uuid4().hex[:12]}.tmp")
-        try:
-            tmp.write_text(text)
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        path = atomic_write(ctx.out / "report.md", lambda tmp: tmp.write_text(text))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.debug("report %s with %d figures", path, len(made))

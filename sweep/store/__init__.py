@@ -1,5 +1,7 @@
 """Results store: the declared Parquet schema, atomic writes, tolerant readers."""
 
+from sweep.store._atomic import atomic_write
+from sweep.store._guard import STALE_AFTER_S
 from sweep.store._io import (
     atomic_write_parquet,
     field_metadata,
@@ -11,10 +13,10 @@ from sweep.store._io import (
     table_spec,
     write_table,
 )
-from sweep.store._guard import STALE_AFTER_S
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
 
 __all__ = [
+    "atomic_write",
     "STALE_AFTER_S",
     "PROVENANCE",
     "SCHEMA_VERSION",

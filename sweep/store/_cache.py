@@ -16,16 +16,15 @@ written for another schema, is rebuilt; one that cannot be written is skipped.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import uuid
 from pathlib import Path
 from typing import Callable
 
 import polars as pl
 
+from sweep.store._atomic import atomic_write
 from sweep.store._columns import SCHEMA_VERSION, Table
 from sweep.store._guard import usable
 
@@ -79,15 +78,12 @@ def _load(path: Path, table: Table) -> pl.DataFrame | None:
 
 
 def _store(path: Path, rows: pl.DataFrame, table: Table) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        rows.write_parquet(tmp, compression="zstd", metadata={"sweep.cache": _fingerprint(table)})
-        os.replace(tmp, path)
+        meta = {"sweep.cache": _fingerprint(table)}
+        atomic_write(path, lambda tmp: rows.write_parquet(tmp, compression="zstd", metadata=meta), durable=False)
     except OSError as exc:  # a read-only or full cache directory: read without a cache
         log.info("table cache not written (%s: %s)", type(exc).__name__, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
 
 
 def read_cached(

@@ -4,9 +4,7 @@ checked disjoint from the prompts they are evaluated on."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import uuid
 from pathlib import Path
 from typing import Sequence
 
@@ -31,16 +29,11 @@ def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out
     path = Path(out_dir).expanduser() / check_name("model", readouts.model) / f"{readouts.digest[:16]}.safetensors"
     inside(out_dir if root is None else root, path, key=key)  # before mkdir, which would follow a planted link
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata={**readouts.meta, "digest": readouts.digest})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    from sweep.store import atomic_write
+
+    return atomic_write(
+        path, lambda tmp: save_file(tensors, str(tmp), metadata={**readouts.meta, "digest": readouts.digest})
+    )
 
 
 def load_readouts(path, lm, key: str = "gate.readouts") -> Readouts:
