@@ -150,3 +150,14 @@ def test_no_behaviour_switch_from_the_environment():
                 if node.value.isupper() and node.value not in DOCUMENTED_ENV:
                     found.add(f"{name}: {node.value}")
     assert found == set()
+
+
+def test_no_test_file_imports_another():
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert found == []

@@ -25,7 +25,7 @@ from sweep.errors import ConfigError
 from sweep.store import files, read, scan, write_table
 from sweep.store import _guard as guard
 from sweep.store._columns import Column, Table
-from test_store import PROV, profile_rows
+from helpers.rows import PROV, profile_rows
 
 # ---------------------------------------------------------------- fixtures
 

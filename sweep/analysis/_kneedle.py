@@ -2,7 +2,7 @@
 
 Offline detection with sensitivity S and no smoothing: the results of the ``kneed`` package's
 ``KneeLocator(x, y, curve="concave", direction="decreasing")``, in numpy alone. Importing kneed
-loads scipy.signal, about 2 s here: more than the rest of `sweep analyze` over 10,000 trials.
+loads scipy.signal, which takes longer than the rest of `sweep analyze` over 10,000 trials.
 A test checks that the two find the same knee on thousands of fronts.
 """
 

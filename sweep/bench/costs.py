@@ -80,9 +80,8 @@ def _timed_steps(
 ) -> dict[str, list[float]]:
     """ms of one decode step of each engine from a copy of the same prefilled cache, the engines
     interleaved in alternating order, round by round (one warm-up round first); ``states`` gives an
-    engine its ``StepState``. One step per engine and round: on SmolLM2-135M (2-core CPU, 8 runs each)
-    it took 0.6x the time of two consecutive steps, for predicted speedups with the same median and a
-    spread of 1.9% instead of 1.2%."""
+    engine its ``StepState``. One step per engine and round (benchmarks/RESULTS.md compares it with two
+    consecutive steps)."""
     states = states or {}
     times: dict = {k: [] for k in engines}
     names = list(engines)

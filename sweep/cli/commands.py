@@ -185,7 +185,7 @@ COMMANDS = {
 }
 
 
-# commands that never load a model: they skip importing transformers to quiet it (about 1 s)
+# commands that never load a model: they skip importing transformers to quiet it (and its import time)
 NO_MODEL = ("analyze", "config", "schema")
 
 

@@ -1,7 +1,8 @@
 """A reader's cache of one table's rows, for roots that hold thousands of one-row files.
 
-Reading a trials table of 10,000 files costs a footer check and a read per file, about 1 ms
-each here, on every `sweep analyze` and every sweep's start. From ``CACHE_FROM`` files on,
+Reading a trials table of 10,000 files costs a footer check and a read per file, on every
+`sweep analyze` and every sweep's start (benchmarks/RESULTS.md: `benchmarks/analyze_10k.py`).
+From ``CACHE_FROM`` files on,
 ``sweep.store.scan`` keeps the rows it read in one Parquet file per (root, table) under the
 user's cache directory (``$SWEEP_CACHE_DIR/tables/``, else ``~/.cache/sweep/tables/``), each row
 tagged with the identity of the file it came from: relative path, size, mtime (ns) and inode.
@@ -54,7 +55,7 @@ def _fingerprint(table: Table) -> str:
 
 def _identities(base: Path, paths: list[Path]) -> pl.DataFrame:
     """Each listed file's identity (the cache's key), without the files that vanished since listing."""
-    rows, cut = [], len(str(base)) + 1  # (string slicing: pathlib's relative_to costs 1 s on 10,000 files)
+    rows, cut = [], len(str(base)) + 1  # (string slicing: pathlib's relative_to is slow over 10,000 files)
     for path in paths:
         try:
             st = os.stat(path)

@@ -89,7 +89,8 @@ _SCHEMAS: dict[str, pl.Schema] = {}  # a footer's ARROW:schema text -> the schem
 def _schema(path: Path, arrow_schema: str | None) -> pl.Schema:
     """The schema polars reads ``path`` with. Its types come from the footer's Arrow schema (the
     ``ARROW:schema`` entry pyarrow writes), and every file one writer wrote carries the same text: it
-    is decoded once per distinct text, since decoding costs 6x reading the footer's key-value metadata."""
+    is decoded once per distinct text, since decoding costs several times reading the footer's key-value
+    metadata."""
     if arrow_schema is None:
         return pl.read_parquet_schema(path)
     schema = _SCHEMAS.get(arrow_schema)  # (one lookup: checks run on threads, and another may clear)

@@ -146,7 +146,7 @@ def atomic_write_parquet(
     table = _arrow(frame, metadata, field_metadata or {})
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path.parent)
-    # dictionary encoding pays only where values repeat: a one-row trial file writes 1.5x faster without it
+    # dictionary encoding pays only where values repeat: a one-row trial file writes faster without it
     return atomic_write(
         path,
         lambda tmp: pq.write_table(table, tmp, compression="zstd", use_dictionary=table.num_rows > _DICTIONARY_FROM),
