@@ -130,7 +130,7 @@ def test_bad_files_are_named_skipped_and_never_cached(tmp_path, cache, caplog, w
 
 def test_only_tables_of_many_small_files_are_cached(tmp_path, cache):
     from sweep.store import TABLES
-    from test_store import PROV, profile_rows
+    from helpers.rows import PROV, profile_rows
 
     assert [name for name, table in TABLES.items() if table.cached] == ["trials"]
     root = tmp_path / "results"
