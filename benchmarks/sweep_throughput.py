@@ -1,7 +1,7 @@
 """Sweep throughput: the README's main job (`make run`), timed end to end, BEFORE and AFTER reuse.
 
 Runs `sweep run experiment=main` (SmolLM2-135M, the saturation grid's 8 trials, 2 prompts x 16
-tokens, 2 repeats, one worker) alternately BEFORE (``SWEEP_REUSE=0`` and ``sweep.shared_baseline=1``:
+tokens, 2 repeats, one worker) alternately BEFORE (``sweep.reuse=false`` and ``sweep.shared_baseline=1``:
 every trial takes its own warm-up, reference runs, determinism self-check and baseline, the old
 protocol) and AFTER (one reference and self-check per worker and key, see ``sweep.bench.reuse``, and the
 config's ``sweep.shared_baseline``: up to that many settings timed against one baseline per round;
@@ -53,12 +53,12 @@ def run_sweep(
 ) -> float:
     """One `sweep run experiment=main` into ``root``; its wall seconds (process start to exit). ``code``:
     a checkout of an earlier commit to run instead of this one (its own protocol, no overrides of ours)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "SWEEP_REUSE": "1" if reuse else "0"}
-    # BEFORE: every setting its own baseline; AFTER: the config's default unless --shared-after says
-    before = ["sweep.shared_baseline=1"] if not reuse else [f"sweep.shared_baseline={shared}"] if shared else []
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # BEFORE: every setting its own baseline and reference; AFTER: the config's default unless --shared-after says
+    before = ["sweep.shared_baseline=1", "sweep.reuse=false"] if not reuse else []
+    before += [f"sweep.shared_baseline={shared}"] if reuse and shared else []
     if code is not None:  # as it was: its own defaults
         env["PYTHONPATH"] = str(code)  # the driver and its embedded Ray's workers import that checkout
-        env.pop("SWEEP_REUSE")
         before = []
     cmd = [str(SWEEP if SWEEP.exists() else "sweep"), "run", "experiment=main", f"results.root={root}", *before, *extra]
     t0 = time.perf_counter()
@@ -130,15 +130,15 @@ def shared_comparison(pairs: int, threads: int) -> None:
     )
     lm, prompts = prepared[0][0], prepared[0][2]
     cache = ReuseCache()
-    run_trial(cfgs[0], *prepared[0], reuse=cache)  # the worker's first trial: reference, warm-up, cost model
+    run_trial(cfgs[0], *prepared[0], references=cache)  # the worker's first trial: reference, warm-up, cost model
     results: dict[str, list] = {"single": [], "shared": []}
     for i in range(pairs):
         for side in ("single", "shared") if i % 2 == 0 else ("shared", "single"):
             t0 = time.perf_counter()
             if side == "single":
-                rows = [run_trial(c, *p, reuse=cache) for c, p in zip(cfgs, prepared)]
+                rows = [run_trial(c, *p, references=cache) for c, p in zip(cfgs, prepared)]
             else:
-                rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+                rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, references=cache)
             results[side].append((time.perf_counter() - t0, rows))
             print(f"pair {i} {side:<6}: {results[side][-1][0]:7.1f} s", flush=True)
     print(f"\nOMP_NUM_THREADS={threads}; 8 settings one trial each (reuse) vs one shared baseline per round")
@@ -176,12 +176,12 @@ def position_check(groups: int, threads: int) -> None:
     cfgs, prepared = main_job_settings([(0.05, 0.25), (0.1, 0.25), (0.2, 0.25), (0.3, 0.25), (0.05, 0.25)], threads)
     lm, prompts, cache = prepared[0][0], prepared[0][2], ReuseCache()
     # an untimed first group: it carries the worker's warm-up and self-check
-    first = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+    first = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, references=cache)
     near, far = [], []
     print(f"OMP_NUM_THREADS={threads}; {groups} groups: baseline, A, B, C, D, A' (A = A' = {setting(first[0])})")
     print(f"  {'group':<6}{'A speedup':>10}{'A_ speedup':>11}{'A_/A gated ms':>15}")
     for g in range(1, groups + 1):
-        rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, reuse=cache)
+        rows = run_trials(cfgs, lm, [p[1] for p in prepared], prompts, references=cache)
         a, b = rows[0], rows[-1]
         assert a["agreement"] == b["agreement"] and a["exit_rate"] == b["exit_rate"]
         near.append(a["speedup_wall"])
