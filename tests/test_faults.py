@@ -196,10 +196,15 @@ def _bench_gguf(gguf: Path, cache: Path, root: Path) -> subprocess.CompletedProc
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
 
 
+def said(res) -> str:
+    """What a command said on stderr, its lines unwrapped (log lines wrap at 120 columns)."""
+    return " ".join(res.stderr.split())
+
+
 def test_a_corrupt_conversion_cache_entry_is_verified_and_rebuilt(tmp_path):
     gguf, cache = write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "cache"
     first = _bench_gguf(gguf, cache, tmp_path / "r")
-    assert first.returncode == 0 and "dequantizing tiny.gguf" in first.stderr, first.stderr[-3000:]
+    assert first.returncode == 0 and "dequantizing tiny.gguf" in said(first), first.stderr[-3000:]
     [entry] = list((cache / "converted").iterdir())
     manifest = json.loads((entry / ".sweep-complete").read_text())["files"]
     assert manifest["model.safetensors"]["size"] == (entry / "model.safetensors").stat().st_size
@@ -208,8 +213,8 @@ def test_a_corrupt_conversion_cache_entry_is_verified_and_rebuilt(tmp_path):
     second = _bench_gguf(gguf, cache, tmp_path / "r")  # a later run: rebuilt, not broken
     assert second.returncode == 0, second.stderr[-3000:]
     assert "unexpected" not in second.stderr
-    assert f"the conversion cache entry {entry} cannot be used ({weights} has" in second.stderr
-    assert "dequantizing tiny.gguf" in second.stderr  # rebuilt, with a fresh manifest
+    assert f"the conversion cache entry {entry} cannot be used ({weights} has" in said(second)
+    assert "dequantizing tiny.gguf" in said(second)  # rebuilt, with a fresh manifest
     assert json.loads((entry / ".sweep-complete").read_text())["files"]["model.safetensors"]["size"] == (
         weights.stat().st_size
     )
@@ -217,10 +222,10 @@ def test_a_corrupt_conversion_cache_entry_is_verified_and_rebuilt(tmp_path):
         f.seek(1000)
         f.write(b"\xff" * 64)
     third = _bench_gguf(gguf, cache, tmp_path / "r")
-    assert third.returncode == 0 and "changed since it was written (sha256 differs)" in third.stderr
+    assert third.returncode == 0 and "changed since it was written (sha256 differs)" in said(third)
     (entry / ".sweep-complete").write_text("ok\n")  # an entry an earlier version wrote: never verified
     fourth = _bench_gguf(gguf, cache, tmp_path / "r")
-    assert fourth.returncode == 0 and "is not a manifest" in fourth.stderr and "dequantizing" in fourth.stderr
+    assert fourth.returncode == 0 and "is not a manifest" in said(fourth) and "dequantizing" in said(fourth)
     fifth = _bench_gguf(gguf, cache, tmp_path / "r")
-    assert fifth.returncode == 0 and "from the conversion cache" in fifth.stderr and "dequantizing" not in fifth.stderr
+    assert fifth.returncode == 0 and "from the conversion cache" in said(fifth) and "dequantizing" not in said(fifth)
     assert read("trials", tmp_path / "r")["status"].to_list() == ["ok"]  # one trial id, its row replaced each time

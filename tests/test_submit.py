@@ -188,7 +188,7 @@ def test_the_job_gets_the_commit_and_its_submission_id(monkeypatch, tmp_path, re
 
 
 def test_submitted_commit_is_dirty_when_the_shipped_files_differ(repo, tmp_path, monkeypatch):
-    from sweep.store.provenance import checkout_commit
+    from sweep.config.provenance import checkout_commit
     from sweep.orchestrate.submit import submitted_commit
 
     sha = git(repo, "rev-parse", "HEAD")
@@ -218,7 +218,7 @@ def test_a_staged_copy_takes_its_commit_from_the_environment(tmp_path):
     outer.mkdir()
     git(outer, "init", "-q")
     git(outer, "commit", "-q", "--allow-empty", "-m", "outer")
-    code = "from sweep.store.provenance import git_sha, submission_id; print(git_sha(), submission_id())"
+    code = "from sweep.config.provenance import git_sha, submission_id; print(git_sha(), submission_id())"
     with staged_project(ROOT) as (staged, _):
         inside = outer / "project"
         shutil.copytree(staged, inside)
@@ -244,7 +244,7 @@ def test_rows_carry_the_submission_id_only_inside_a_job(tmp_path, monkeypatch):
     """The in-process twin of the cluster test: the same bench row, outside and inside a job."""
     from conftest import compose
     from sweep.bench.command import run_bench
-    from sweep.store.provenance import checkout_commit, git_sha
+    from sweep.config.provenance import checkout_commit, git_sha
     from sweep.store import read
 
     base = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]

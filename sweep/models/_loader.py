@@ -18,7 +18,7 @@ from sweep.errors import ConfigError, InputError
 from sweep.models._adapter import Adapter
 from sweep.models._fidelity import Fidelity, check
 from sweep.models._sources import _load_gguf, _load_hf, _load_packaged, _load_tiny
-from sweep.store.provenance import device_label
+from sweep.config.provenance import device_label
 
 log = logging.getLogger("sweep.models")
 

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from sweep.config import ModelConfig
 from sweep.errors import InputError
 from sweep.models import _cache
-from sweep.store.provenance import fingerprint_dir, fingerprint_file, fingerprint_state
+from sweep.config.provenance import fingerprint_dir, fingerprint_file, fingerprint_state
 
 log = logging.getLogger("sweep.models._sources")
 

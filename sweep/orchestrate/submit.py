@@ -93,7 +93,7 @@ def submitted_commit(root: Path) -> str:
     """The commit the job's code comes from: ``root``'s checked-out commit, with ``-dirty`` when a
     tracked file has changes or a shipped file is not in git (untracked or ignored: shipping ignores
     .gitignore); ``$SWEEP_GIT_SHA`` where ``root`` is not a git checkout; else 'unknown'."""
-    from sweep.store.provenance import GIT_SHA_ENV, checkout_commit
+    from sweep.config.provenance import GIT_SHA_ENV, checkout_commit
 
     commit = checkout_commit(root)
     if commit is None:
@@ -160,8 +160,8 @@ def job_entrypoint(overrides: list[str], auth: str = "token", python: str = "pyt
 
 def job_runtime_env(staged: Path, git_sha: str = "unknown", submission_id: str | None = None) -> dict[str, Any]:
     """The job's runtime_env: the staged copy as its working directory, and the commit and
-    submission id as environment variables of every process of the job (``sweep.store.provenance``)."""
-    from sweep.store.provenance import GIT_SHA_ENV, SUBMISSION_ID_ENV
+    submission id as environment variables of every process of the job (``sweep.config.provenance``)."""
+    from sweep.config.provenance import GIT_SHA_ENV, SUBMISSION_ID_ENV
 
     env_vars = {GIT_SHA_ENV: git_sha}
     if submission_id:

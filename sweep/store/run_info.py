@@ -6,7 +6,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Any
 
-from sweep.store.provenance import git_sha, library_versions, submission_id
+from sweep.config.provenance import git_sha, library_versions, submission_id
 
 
 def new_run_id() -> str:

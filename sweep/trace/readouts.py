@@ -288,7 +288,7 @@ def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, seed: int) -> tuple[t
 
 def _meta(lm, prompts: Sequence, hidden: int, **fit) -> dict[str, str]:
     """Provenance: the model, the fitting prompts, the fit's settings and the code that fitted."""
-    from sweep.store.provenance import git_sha, library_versions
+    from sweep.config.provenance import git_sha, library_versions
 
     prov = lm.provenance()
     versions = library_versions()
