@@ -88,7 +88,7 @@ def compose_sweep(argv: list[str]) -> None:
     """What `sweep <command> [overrides]` composes before it does any work; ConfigError (or AssertionError)
     where the command line is not one the CLI takes."""
     from sweep.cli import COMMANDS, compose_for
-    from sweep.cli_help import HELP_FLAGS, QUIET_FLAGS
+    from sweep.cli.help import HELP_FLAGS, QUIET_FLAGS
 
     assert argv, "`sweep` with no command"
     command, words = argv[0], [w for w in argv[1:] if w not in QUIET_FLAGS and w not in HELP_FLAGS]
