@@ -67,6 +67,7 @@ def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None =
     from sweep.config import ClusterConfig
 
     ray_environment(ClusterConfig(address="http://127.0.0.1:9", auth="token", dashboard=False))
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "a-token-of-the-tests-own")  # token auth needs one (never ~/.ray's)
     import ray.job_submission
     from ray._private.runtime_env.packaging import create_package
 

@@ -15,7 +15,7 @@ _FULL_HASH_LIMIT = 256 * 2**20  # files up to this size are hashed whole
 _SAMPLE = 2**20  # larger files: size plus 1 MiB from the start, middle and end
 
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # sweep/config/provenance.py -> the checkout
 GIT_SHA_ENV = "SWEEP_GIT_SHA"  # the commit, when this copy of the project is not a git checkout
 SUBMISSION_ID_ENV = "SWEEP_SUBMISSION_ID"  # the Ray job this process runs in (jobs/submit.py sets both)
 
