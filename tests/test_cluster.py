@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.rows import wait_for_rows
 from conftest import ROOT, descendants, subprocess_env
 from sweep.store import files, read
 
@@ -23,14 +24,6 @@ SWEEP = str(Path(sys.executable).with_name("sweep"))
 
 
 env = subprocess_env
-
-
-def wait_for_rows(root: Path, n: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while len(files("trials", root)) < n:
-        assert proc.poll() is None, f"sweep ended early: {proc.communicate()[1][-2000:]}"
-        assert time.time() < deadline, "timed out waiting for rows"
-        time.sleep(0.3)
 
 
 def cmdline(pid: int) -> str:

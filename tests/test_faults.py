@@ -12,11 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers.rows import wait_for_rows
 from conftest import load, subprocess_env
 from helpers.tiny_gguf import write_tiny_gguf
 from sweep.cli.commands import main
@@ -28,14 +28,6 @@ SPACE = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(
 ONE_BY_ONE = ["sweep.shared_baseline=1", "sweep.max_concurrent=1"]
 TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=24", "bench.repeats=4", "bench.warmup=0"]
 TINY = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
-
-
-def wait_for_rows(root: Path, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while len(files("trials", root)) < n:
-        assert proc.poll() is None, f"sweep ended early: {proc.communicate()[1][-3000:]}"
-        assert time.time() < deadline, "timed out waiting for rows"
-        time.sleep(0.2)
 
 
 def resume_line(err: str) -> str:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
+from pathlib import Path
+
+from sweep.store import files
+
 from sweep.trace.profile import READOUT_COLUMNS
 
 PROV = {
@@ -56,3 +62,12 @@ def profile_rows(n: int = 4) -> dict:
         "kl_final": [0.3] * n,
         **{c: [None] * n for c in READOUT_COLUMNS},
     }
+
+
+def wait_for_rows(root: Path, n: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Wait until ``root`` holds ``n`` trial files, failing if the sweep ``proc`` ends first or time runs out."""
+    deadline = time.time() + timeout
+    while len(files("trials", root)) < n:
+        assert proc.poll() is None, f"sweep ended early: {proc.communicate()[1][-3000:]}"
+        assert time.time() < deadline, "timed out waiting for rows"
+        time.sleep(0.2)
