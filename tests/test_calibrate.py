@@ -119,7 +119,8 @@ def test_bad_calibrate_input(overrides, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_calibrate_reports_progress_on_long_loops(caplog):
+def test_calibrate_reports_progress_on_long_loops(caplog, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)  # a CI runner's CI=true turns the display off
     caplog.set_level(logging.INFO, logger="sweep")
     code = main(
         [

@@ -22,8 +22,9 @@ BENCH = ["bench", "model=tiny-llama", "gate=saturation", "gate.eps=0.3", "prompt
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "SWEEP_DEBUG")}
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
+    # CI="" overrides a CI runner's CI=true (run_cli starts from os.environ): these tests watch the display
+    env = {k: v for k, v in os.environ.items() if k != "SWEEP_DEBUG"}
+    return {**env, "CI": "", "OMP_NUM_THREADS": "1", **extra}
 
 
 def _in_pty(args: list[str], timeout: float = 300) -> tuple[int, str, str]:
