@@ -246,7 +246,7 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
     cfgs = configs(shape, device, run)
     lm = build_model(shape, device, cfgs[0].seed)
     prompts = tokenize_prompts(read_prompts(cfgs[0].prompts), cfgs[0].prompts, lm.tokenizer)
-    gates = [make_gate(c.gate, lm.num_layers, lm.model.config.hidden_size) for c in cfgs]
+    gates = [make_gate(c.gate, lm) for c in cfgs]
     t0 = time.perf_counter()
     rows = run_trials(cfgs, lm, gates, prompts)
     bench_s = time.perf_counter() - t0

@@ -136,7 +136,8 @@ def replay(trace, readouts: Path, threads: int):
     import torch
 
     torch.set_num_threads(threads)
-    from sweep.bench.command import attach_readouts
+    from sweep.bench.command import gate_readouts
+    from sweep.bench.session import Session
     from sweep.config import GateConfig, compose
     from sweep.bench.costs import cost_model
     from sweep.gates import make_gate
@@ -160,11 +161,10 @@ def replay(trace, readouts: Path, threads: int):
                         readouts=str(readouts) if lens == "tuned" or gate == "classifier" else None,
                     )
                 )
-    probes = []
+    probes, session = [], Session()
     for g in {(g.name, g.lens, g.readouts) for g in gates}:
-        made = make_gate(GateConfig(name=g[0], min_depth=0.25, theta=0.5, lens=g[1], readouts=g[2]), lm.num_layers)
-        attach_readouts(made, made.cfg, lm, prompt)
-        probes.append(made)
+        probe = GateConfig(name=g[0], min_depth=0.25, theta=0.5, lens=g[1], readouts=g[2])
+        probes.append(make_gate(probe, lm, gate_readouts(probe, lm, prompt, session)))
     costs = cost_model(lm, prompt[0].input_ids, gates=probes)
     sim = simulate(gates, signals_from_trace(trace), costs)
     family = {pair: fam for fam, pairs in FAMILIES.items() for pair in pairs}

@@ -24,11 +24,18 @@ def compose(*overrides: str):
     return _compose(list(overrides))
 
 
+_MODELS: list = []  # the tests' model cache (a sweep.models.ModelCache), shared across the session
+
+
 def load(*overrides: str):
-    from sweep.models import load_model
+    from sweep.models import ModelCache, load_model
 
     cfg = compose(*overrides)
-    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, keep=cfg.resources.models)
+    if not _MODELS:
+        _MODELS.append(ModelCache())
+    return load_model(
+        cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, keep=cfg.resources.models, cache=_MODELS[0]
+    )
 
 
 @pytest.fixture(scope="module", params=TINY_FAMILIES)

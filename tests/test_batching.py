@@ -14,7 +14,7 @@ from sweep.bench.protocol import run_trial
 from sweep.config import GateConfig
 from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
-from sweep.gates import Gate, make_gate
+from sweep.gates import FIRST, Decoding, Gate, make_gate
 from sweep.models.prompts import read_prompts, tokenize_prompts
 
 N = 8
@@ -100,21 +100,19 @@ def _teacher_forced(lm, gate_cfg, prompt, tokens):
     """Where ``gate`` exits and which token it emits at each generated position, from one plain
     forward over prompt + tokens (no cache, no hooks, no padding, no other row)."""
     a, L = lm.adapter, lm.num_layers
-    gate = make_gate(gate_cfg, L)
-    gate.bind(a)
-    gate.gen_tokens = len(tokens)
+    gate = make_gate(gate_cfg, lm)
     with a.capture_hidden() as hs:
         logits = lm.model(input_ids=torch.tensor([prompt + tokens[:-1]])).logits[0]
-    gate.calibrate(lambda _layer, h: a.lens(h), [h[:, : len(prompt)] for h in hs])
+    calibration = gate.calibrate(lambda _layer, h: a.lens(h), [h[:, : len(prompt)] for h in hs])
     exits, picks = [], []
     for t in range(len(tokens)):
         pos = len(prompt) - 1 + t
-        gate.token_index = t
+        at = Decoding(t, len(tokens), calibration)
         exit_layer, pick = L, int(logits[pos].argmax())
         for layer in gate.probe_layers():
             h, h_prev = hs[layer][:, pos], hs[layer - 1][:, pos]
             z = a.lens(h)
-            if bool(gate.decide(layer, h, h_prev, z if gate.probe == "lens" else None)[0]):
+            if bool(gate.decide(layer, h, h_prev, z if gate.probe == "lens" else None, at)[0]):
                 exit_layer, pick = layer, int(z.argmax())
                 break
         exits.append(exit_layer)
@@ -126,7 +124,7 @@ def _teacher_forced(lm, gate_cfg, prompt, tokens):
 def test_gated_rows_under_full_kv_equal_a_teacher_forced_pass(tiny, batch, gate_cfg):
     """kv_policy=full keeps the cache exact, so each row's exits and tokens are the gate's rule
     applied to one uncached full-depth pass over that row's own prompt and tokens."""
-    gen = BatchEngine(tiny, make_gate(gate_cfg, tiny.num_layers), "full").generate_batch(batch, N)
+    gen = BatchEngine(tiny, make_gate(gate_cfg, tiny), "full").generate_batch(batch, N)
     for prompt, tokens, exits in zip(batch, gen.tokens, gen.exit_layers):
         assert (exits, tokens) == _teacher_forced(tiny, gate_cfg, prompt, tokens)
     assert any(e < tiny.num_layers for row in gen.exit_layers for e in row)
@@ -134,7 +132,7 @@ def test_gated_rows_under_full_kv_equal_a_teacher_forced_pass(tiny, batch, gate_
 
 def test_conformal_rows_under_full_kv_equal_a_teacher_forced_pass(confident):
     gate_cfg, prompts = CONFORMAL[1], uneven(confident)
-    gen = BatchEngine(confident, make_gate(gate_cfg, confident.num_layers), "full").generate_batch(prompts, N)
+    gen = BatchEngine(confident, make_gate(gate_cfg, confident), "full").generate_batch(prompts, N)
     for prompt, tokens, exits in zip(prompts, gen.tokens, gen.exit_layers):
         assert (exits, tokens) == _teacher_forced(confident, gate_cfg, prompt, tokens)
     assert any(e < confident.num_layers for row in gen.exit_layers for e in row)
@@ -224,13 +222,14 @@ class Scripted(Gate):
 
     name = "scripted"
 
-    def __init__(self, plan: list[list[int]], num_layers: int, probe: str) -> None:
-        super().__init__(GateConfig(name="full", min_layer=1), num_layers)
+    def __init__(self, plan: list[list[int]], lm, probe: str) -> None:
+        super().__init__(GateConfig(name="full", min_layer=1), lm.num_layers, adapter=lm.adapter)
         self.plan = torch.tensor(plan)
         self.probe = probe
+        self.seal()
 
-    def decide(self, layer, h, h_prev, z):
-        return (self.plan[self.token_index] <= layer).to(h.device)
+    def decide(self, layer, h, h_prev, z, at=FIRST):
+        return (self.plan[at.token] <= layer).to(h.device)
 
 
 # L = 4. Token 0 is the prefill's (not a decode step); rows exit at:
@@ -257,7 +256,7 @@ def test_extra_heads_and_fills_of_a_scripted_batch(policy, probe):
     probe already computed the exited rows' logits: never a second head)."""
     tiny = load("model=tiny-llama")
     assert tiny.num_layers == 4
-    gen = BatchEngine(tiny, Scripted(PLAN, 4, probe), policy).generate_batch(chat_prompts(tiny, 3), len(PLAN))
+    gen = BatchEngine(tiny, Scripted(PLAN, tiny, probe), policy).generate_batch(chat_prompts(tiny, 3), len(PLAN))
     assert gen.exit_layers == [list(row) for row in zip(*PLAN)]
     assert gen.step_layers == STEP_LAYERS[policy]
     assert gen.extra_heads == (EXTRA_HEADS[policy, probe] if probe == "hidden" else [0] * 5)
@@ -271,7 +270,7 @@ def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
 
     tiny = load("model=tiny-llama")
     prompts = chat_prompts(tiny, 3)
-    gate = Scripted(PLAN, 4, "hidden")
+    gate = Scripted(PLAN, tiny, "hidden")
     gen = BatchEngine(tiny, gate, "propagate").generate_batch(prompts, len(PLAN))
     costs = cost_model(tiny, prompts[0], gates=[gate])
     plain = costs.speedup(gate, DecodeSteps(gen.step_layers, gen.probes), "propagate")
@@ -282,7 +281,7 @@ def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
         len(gen.step_layers) * costs.step_ms / plain + 2 * costs.head_ms + 8 * costs.fill_ms("propagate")
     )
     # a fixed gate exits every sequence at once: nothing extra
-    fixed = BatchEngine(tiny, make_gate(GateConfig(name="fixed", exit_layer=2), 4), "propagate").generate_batch(
+    fixed = BatchEngine(tiny, make_gate(GateConfig(name="fixed", exit_layer=2), tiny), "propagate").generate_batch(
         prompts, N
     )
     assert set(fixed.extra_heads) == {0} and set(fixed.extra_fill_layers) == {0}

@@ -1,5 +1,5 @@
 """The cost model measures each gate's probe where the engine pays it: inside real decode steps
-(``sweep.bench.costs._measure``, ``_measure_probe``), with the gate's own decision rule, not a stand-in
+(``sweep.bench.costs.cost_model``), with the gate's own decision rule, not a stand-in
 measured alone."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from conftest import load
 from sweep.config import GateConfig
 from sweep.bench.costs import _ProbeOnly, cost_model, in_situ_key
 from sweep.decode.engine import Engine
-from sweep.gates import Gate, make_gate
+from sweep.gates import FIRST, Gate, make_gate
 
 PROMPT = list(range(3, 20))
 
@@ -24,10 +24,11 @@ class SlowProbe(Gate):
     name = "slowprobe"
     probe = "hidden"
 
-    def __init__(self, num_layers: int) -> None:
-        super().__init__(GateConfig(name="full", min_layer=2), num_layers)
+    def __init__(self, lm) -> None:
+        super().__init__(GateConfig(name="full", min_layer=2), lm.num_layers, adapter=lm.adapter)
+        self.seal()
 
-    def decide(self, layer, h, h_prev, z):
+    def decide(self, layer, h, h_prev, z, at=FIRST):
         time.sleep(0.003)
         return torch.zeros(h.shape[0], dtype=torch.bool)
 
@@ -35,7 +36,7 @@ class SlowProbe(Gate):
 def test_probe_only_steps_decide_after_every_probed_layer_and_never_exit():
     lm = load("model=tiny-llama")
     L = lm.num_layers
-    gate = make_gate(GateConfig(name="margin", min_layer=1, theta=0.0), L)  # exits at its first probe
+    gate = make_gate(GateConfig(name="margin", min_layer=1, theta=0.0), lm)  # exits at its first probe
     engine = Engine(lm, gate, "propagate")
     with torch.inference_mode():
         cache = lm.adapter.new_cache()
@@ -54,7 +55,7 @@ def test_probe_only_steps_decide_after_every_probed_layer_and_never_exit():
 
 def test_the_probe_charged_is_the_gates_own_decision_in_a_step():
     lm = load("model=tiny-qwen2")
-    slow = SlowProbe(lm.num_layers)
+    slow = SlowProbe(lm)
     costs = cost_model(lm, PROMPT, gates=[slow])
     # the gate's own rule (3 ms a decision), not the saturation probe its probe kind measures alone (not
     # measured at all: nothing charges it)
@@ -66,12 +67,11 @@ def test_the_probe_charged_is_the_gates_own_decision_in_a_step():
 
 def test_gates_reading_one_lens_are_measured_each_with_its_own_rule():
     lm = load("model=tiny-mistral")
-    L = lm.num_layers
     gates = [
-        make_gate(GateConfig(name="margin", min_layer=2, theta=1.0), L),
-        make_gate(GateConfig(name="entropy", min_layer=2, theta=1.0), L),
-        make_gate(GateConfig(name="saturation", min_layer=2, eps=0.1), L),
-        make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=2), L),
+        make_gate(GateConfig(name="margin", min_layer=2, theta=1.0), lm),
+        make_gate(GateConfig(name="entropy", min_layer=2, theta=1.0), lm),
+        make_gate(GateConfig(name="saturation", min_layer=2, eps=0.1), lm),
+        make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=2), lm),
     ]
     costs = cost_model(lm, list(range(5, 25)), gates=gates)
     assert {"margin/lens", "entropy/lens", "saturation/hidden"} <= set(costs.extra_probe_ms)
@@ -80,27 +80,26 @@ def test_gates_reading_one_lens_are_measured_each_with_its_own_rule():
     assert "probe margin/lens" in costs.format()
 
 
-def test_a_model_measured_with_its_gates_times_their_probes_in_its_own_rounds(monkeypatch):
+def test_a_model_measured_with_its_gates_times_their_probes_in_its_own_rounds():
     """The first measurement of a model (at a prompt length) times its gates' probes in the same rounds
     as its layers, one plain engine for all; a gate that comes later gets rounds of its own. Both
-    charge the gate's own 3 ms decision."""
-    from sweep.bench import costs as costs_module
+    charge the gate's own 3 ms decision. The rounds are read from the cost model's progress phases."""
+    from sweep import progress
 
-    rounds = []
-    real = costs_module._timed_steps
+    rounds: list[str] = []
 
-    def counting(engines, *args, **kwargs):
-        rounds.append(sorted(map(str, engines)))
-        return real(engines, *args, **kwargs)
+    def timed_rounds(event: progress.Event) -> None:
+        if event.kind == "start" and event.phase.startswith(("cost model: step rounds", "cost model: probe ")):
+            rounds.append(event.phase)
 
-    monkeypatch.setattr(costs_module, "_timed_steps", counting)
     lm = load("model=tiny-qwen2")
-    slow = SlowProbe(lm.num_layers)
-    first = cost_model(lm, list(range(3, 32)), gates=[slow, SlowProbe(lm.num_layers)])  # a length not measured yet
-    assert len(rounds) == 1 and "('probed', 'slowprobe/hidden')" in rounds[0] and "full" in rounds[0]
-    assert 1.5 <= first.probe_ms(slow) <= 9.0
-    rounds.clear()
-    cost_model(lm, list(range(3, 33)))
-    later = cost_model(lm, list(range(3, 33)), gates=[slow])
-    assert len(rounds) == 2 and not any("probed" in name for name in rounds[0]) and rounds[1] == ["full", "probed"]
+    slow = SlowProbe(lm)
+    with progress.listen(timed_rounds):
+        first = cost_model(lm, list(range(3, 32)), gates=[slow, SlowProbe(lm)])  # a length not measured yet
+        assert rounds == ["cost model: step rounds, probe slowprobe/hidden"]  # one probe key, measured once
+        assert 1.5 <= first.probe_ms(slow) <= 9.0
+        rounds.clear()
+        cost_model(lm, list(range(3, 33)))
+        later = cost_model(lm, list(range(3, 33)), gates=[slow])
+    assert rounds == ["cost model: step rounds", "cost model: probe slowprobe/hidden"]
     assert 1.5 <= later.probe_ms(slow) <= 9.0

@@ -18,7 +18,7 @@ import torch
 from conftest import compose, load
 from sweep.config import GateConfig
 from sweep.decode.engine import Engine
-from sweep.gates import GATES, make_gate
+from sweep.gates import FIRST, GATES, Decoding, MarginGate, make_gate
 from sweep.models.prompts import read_prompts, tokenize_prompts
 
 N = 8
@@ -167,7 +167,7 @@ def check_against_expected(lm, prompt_ids, gen, cfg):
 @pytest.mark.parametrize("gate_name", sorted(GATE_CONFIGS))
 def test_exits_and_tokens_equal_an_independent_computation(tiny, prompts, gate_name):
     cfg = GATE_CONFIGS[gate_name]
-    gate = make_gate(cfg, tiny.num_layers)
+    gate = make_gate(cfg, tiny)
     engine = Engine(tiny, gate, "full")
     clear = 0
     for prompt in prompts:
@@ -189,20 +189,20 @@ def test_the_suite_exercises_exits(tiny, prompts):
     a model whose lens converges in the test below.
     """
     for name in ("fixed", "saturation", "margin", "softmax", "cosine", "entropy", "pca"):
-        gate = make_gate(GATE_CONFIGS[name], tiny.num_layers)
+        gate = make_gate(GATE_CONFIGS[name], tiny)
         exits = [e for p in prompts for e in Engine(tiny, gate, "propagate").generate(p.input_ids, N).exit_layers]
         assert any(e < tiny.num_layers for e in exits), f"{name} never exits on tiny-{tiny.family}"
 
 
 def test_fixed_gate_exits_exactly_there(tiny, prompts):
-    gate = make_gate(GATE_CONFIGS["fixed"], tiny.num_layers)
+    gate = make_gate(GATE_CONFIGS["fixed"], tiny)
     gen = Engine(tiny, gate, "propagate").generate(prompts[0].input_ids, N)
     assert gen.exit_layers == [2] * N and gen.probes == [1] * N
 
 
 def test_full_gate_is_the_baseline(tiny, prompts):
     base = Engine(tiny).generate(prompts[0].input_ids, N, record=True)
-    full = Engine(tiny, make_gate(GATE_CONFIGS["full"], tiny.num_layers), "propagate").generate(
+    full = Engine(tiny, make_gate(GATE_CONFIGS["full"], tiny), "propagate").generate(
         prompts[0].input_ids, N, record=True
     )
     assert full.tokens == base.tokens and full.exit_layers == [tiny.num_layers] * N
@@ -227,7 +227,7 @@ def rope_and_rotate(lm, h, position, layer_index):
 @torch.inference_mode()
 @pytest.mark.parametrize("gate_name", ["fixed", "saturation", "margin"])
 def test_propagated_entries_equal_the_projections_of_h_l(tiny, prompts, gate_name):
-    gate = make_gate(GATE_CONFIGS[gate_name], tiny.num_layers)
+    gate = make_gate(GATE_CONFIGS[gate_name], tiny)
     prompt = prompts[0]
     gen = Engine(tiny, gate, "propagate").generate(prompt.input_ids, N, record=True, keep_cache=True)
     L, P = tiny.num_layers, len(prompt.input_ids)
@@ -263,7 +263,7 @@ def test_propagated_entries_equal_the_projections_of_h_l(tiny, prompts, gate_nam
 def test_model_comes_out_as_it_went_in(tiny, prompts, gate_name):
     before = {k: v.clone() for k, v in tiny.model.state_dict().items()}
     reference = Engine(tiny).generate(prompts[0].input_ids, N, record=True)
-    gate = make_gate(GATE_CONFIGS[gate_name], tiny.num_layers)
+    gate = make_gate(GATE_CONFIGS[gate_name], tiny)
     for policy in ("propagate", "full"):
         Engine(tiny, gate, policy).generate(prompts[0].input_ids, N)
     after = Engine(tiny).generate(prompts[0].input_ids, N, record=True)
@@ -275,16 +275,15 @@ def test_model_comes_out_as_it_went_in(tiny, prompts, gate_name):
 
 def test_an_exception_inside_a_step_still_removes_the_hooks():
     lm = load("model=tiny-llama")
-    gate = make_gate(GATE_CONFIGS["margin"], lm.num_layers)
+
+    class Boom(MarginGate):
+        def decide(self, layer, h, h_prev, z, at=FIRST):  # the prefill decides; the first decode step's hook raises
+            if at.token >= 1:
+                raise RuntimeError("boom")
+            return super().decide(layer, h, h_prev, z, at)
+
+    gate = Boom(GATE_CONFIGS["margin"], lm.num_layers, adapter=lm.adapter).seal()
     engine = Engine(lm, gate, "propagate")
-    decide = gate.decide
-
-    def boom(layer, *args):  # the prefill decides; the gate hook of the first decode step raises
-        if gate.token_index >= 1:
-            raise RuntimeError("boom")
-        return decide(layer, *args)
-
-    gate.decide = boom
     with pytest.raises(RuntimeError, match="boom"):
         engine.generate([1, 2, 3, 4], N)
     assert all(not layer._forward_hooks for layer in lm.adapter.layers)
@@ -301,7 +300,7 @@ def test_conformal_exits_where_the_certificate_holds(family, init_std):
     exits = []
     for q in (0.05, 0.5, 1.0):
         gate_cfg = GateConfig(name="conformal", min_layer=1, q=q)
-        gate = make_gate(gate_cfg, lm.num_layers)
+        gate = make_gate(gate_cfg, lm)
         per_q = []
         for prompt in tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer):
             gen = Engine(lm, gate, "full").generate(prompt.input_ids, N, record=True)
@@ -315,24 +314,24 @@ def test_conformal_exits_where_the_certificate_holds(family, init_std):
 
 def test_conformal_decision_rule():
     gate = make_gate(GateConfig(name="conformal", min_layer=1, q=1.0), 4)
-    gate.tau = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]])
+    at = Decoding(1, 4, calibration=torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]]))  # tau per layer
     z = torch.tensor([[3.0, 1.0, 0.0], [2.5, 1.0, 0.0], [2.0, 0.0, 0.0]])  # margins 2.0, 1.5, 2.0
-    assert gate.decide(2, z, z, z).tolist() == [True, False, True]  # exit iff 2 * tau <= margin
+    assert gate.decide(2, z, z, z, at).tolist() == [True, False, True]  # exit iff 2 * tau <= margin
 
 
 def test_conformal_tau_is_the_prefill_quantile():
     lm = load("model=tiny-qwen2")
-    gate = make_gate(GateConfig(name="conformal", min_layer=1, q=0.5), lm.num_layers)
+    gate = make_gate(GateConfig(name="conformal", min_layer=1, q=0.5), lm)
     ids = torch.tensor([list(range(1, 40))])
     a = lm.adapter
     with torch.no_grad(), a.capture_hidden() as hs:
         lm.model(input_ids=ids)
-    gate.calibrate(lambda _layer, h: a.lens(h), hs)
+    tau = gate.calibrate(lambda _layer, h: a.lens(h), hs)
     with torch.no_grad():
         z_final = a.lens(hs[-1][0])
         for layer in range(1, lm.num_layers):
             residual = (a.lens(hs[layer][0]) - z_final).abs().amax(-1)
-            assert gate.tau[0, layer].item() == pytest.approx(torch.quantile(residual, 0.5).item(), rel=1e-6)
+            assert tau[0, layer].item() == pytest.approx(torch.quantile(residual, 0.5).item(), rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -124,7 +124,7 @@ def test_a_skipped_layers_kv_equal_what_the_layer_caches_from_h_at_the_exit(fami
     taken = lm.adapter.kv_path
     lm.adapter.kv_path = path
     try:
-        gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=1), lm.num_layers)
+        gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=1), lm)
         prompt = chat_prompts(lm, 1)[0].input_ids
         gen = Engine(lm, gate, "propagate").generate(prompt, N, record=True, keep_cache=True)
     finally:

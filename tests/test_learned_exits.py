@@ -90,8 +90,7 @@ def test_replay_equals_the_closed_loop_for_learned_exits(fitted, family, dtype, 
     runs, compared = [], 0
     for value in thresholds:
         cfg = GateConfig(name=name, min_layer=min_layer, theta=value, lens=lens, readouts=str(path))
-        gate = make_gate(cfg, L)
-        gate.attach(readouts)
+        gate = make_gate(cfg, lm, readouts)
         sim = exit_layers(type(gate), view, torch.tensor([threshold_value(gate)], dtype=torch.float64), min_layer)[0]
         exits = []
         for prompt in prompts:
@@ -136,8 +135,7 @@ def test_the_exit_token_comes_from_the_tuned_lens(fitted):
     a, differ = lm.adapter, 0
     for lens in ("logit", "tuned"):
         cfg = GateConfig(name="classifier", min_layer=2, theta=0.0, lens=lens, readouts=str(path))
-        gate = make_gate(cfg, lm.num_layers)
-        gate.attach(readouts)
+        gate = make_gate(cfg, lm, readouts)
         gen = Engine(lm, gate, "full").generate(prompts[0].input_ids, N, record=True)
         assert gen.exit_layers == [2] * N
         for i, h in enumerate(gen.exit_hidden):

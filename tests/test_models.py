@@ -61,13 +61,17 @@ def test_tiny_models_are_seeded():
     assert all(torch.equal(p, q) for p, q in zip(a.model.state_dict().values(), again.state_dict().values()))
 
 
-def test_loading_twice_does_not_load_twice():
+def test_loading_twice_in_one_session_does_not_load_twice():
+    from sweep.bench.session import Session
+
     cfg = compose("model=tiny-mistral", "seed=11")
     before = model_loads()
-    first = load_model(cfg.model, seed=cfg.seed)
-    second = load_model(cfg.model, seed=cfg.seed)
+    session = Session()
+    first = load_model(cfg.model, seed=cfg.seed, cache=session.models)
+    second = load_model(cfg.model, seed=cfg.seed, cache=session.models)
     assert first is second
     assert model_loads() == before + 1
+    assert load_model(cfg.model, seed=cfg.seed, cache=Session().models) is not first  # another session loads its own
 
 
 def test_a_model_without_a_decoder_layer_list_is_refused_in_one_line():
@@ -137,16 +141,31 @@ def test_unreachable_hub_fails_fast(monkeypatch, tmp_path):
     assert time.perf_counter() - t0 < 30
 
 
-def test_the_model_cache_keeps_the_most_recent_few(monkeypatch):
-    from sweep.models import _loader
+def _loader_of(cache):
+    """``load`` through ``cache`` (a session's ``ModelCache``), keeping ``resources.models`` of them."""
 
-    monkeypatch.setattr(_loader, "_CACHE", {})
-    a = load("model=tiny-llama", "seed=21", "resources.models=2")
-    b = load("model=tiny-qwen2", "seed=21", "resources.models=2")
-    assert load("model=tiny-llama", "seed=21", "resources.models=2") is a  # a hit refreshes a
-    load("model=tiny-qwen3", "seed=21", "resources.models=2")  # evicts b, the least recently used
-    keys = [k[0].name for k in _loader._CACHE]
-    assert keys == ["tiny-llama", "tiny-qwen3"] and b is not None
+    def get(*overrides: str):
+        cfg = compose(*overrides)
+        return load_model(cfg.model, seed=cfg.seed, keep=cfg.resources.models, cache=cache)
+
+    return get
+
+
+def test_the_model_cache_keeps_the_most_recent_few():
+    from sweep.bench.session import Session
+
+    session = Session()
+    get = _loader_of(session.models)
+    before = model_loads()
+    a = get("model=tiny-llama", "seed=21", "resources.models=2")
+    b = get("model=tiny-qwen2", "seed=21", "resources.models=2")
+    assert get("model=tiny-llama", "seed=21", "resources.models=2") is a  # a hit refreshes a
+    get("model=tiny-qwen3", "seed=21", "resources.models=2")  # evicts b, the least recently used
+    assert [k[0].name for k in session.models.models] == ["tiny-llama", "tiny-qwen3"] and b is not None
+    assert get("model=tiny-qwen2", "seed=21", "resources.models=2") is not b  # loaded again
+    assert model_loads() == before + 4
+    # without a cache (a caller that keeps nothing) every request loads
+    assert load_model(compose("model=tiny-llama", "seed=21").model, seed=21) is not a
 
 
 def independent_subspace(weight: torch.Tensor, k: int) -> torch.Tensor:
@@ -156,7 +175,7 @@ def independent_subspace(weight: torch.Tensor, k: int) -> torch.Tensor:
     return vh[:k].T @ vh[:k]
 
 
-def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
+def test_derived_caches_follow_the_model_through_evictions():
     """The lm_head's PCA basis and the cost model are kept with each loaded model. With a model
     cache of one, alternating three models frees each one on every load, and CPython hands its
     memory (and so its id()s) to later objects: each model must still get its own basis (checked
@@ -164,17 +183,13 @@ def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
     import gc
     import weakref
 
-    from sweep.bench import costs as costs_module
+    from sweep.bench.costs import cost_model
+    from sweep.bench.session import Session
     from sweep.config import GateConfig
-    from sweep.bench.costs import CostModel, cost_model
     from sweep.gates import make_gate
-    from sweep.models import _loader
 
-    monkeypatch.setattr(_loader, "_CACHE", {})
-    # what is cached is under test here, not what is measured: a stand-in that says whose costs they are
-    monkeypatch.setattr(
-        costs_module, "_measure", lambda lm, ids, repeats, gates=(): CostModel(1, 1, 1, 1, 1, 1, 1, lm.num_layers)
-    )
+    session = Session()
+    get = _loader_of(session.models)
     models = [
         ("model=tiny-llama", "seed=31", "model.tiny.layers=3", "resources.models=1"),
         ("model=tiny-qwen2", "seed=32", "model.tiny.layers=4", "resources.models=1"),
@@ -185,19 +200,18 @@ def test_derived_caches_follow_the_model_through_evictions(monkeypatch):
     previous: list[weakref.ref] = []
     for _ in range(8):
         for overrides in models:
-            lm = load(*overrides)
+            lm = get(*overrides)
             gc.collect()
             assert all(ref() is None for ref in previous), "a cached basis or cost model outlived its evicted model"
-            gate = make_gate(GateConfig(name="pca", min_layer=1, eps=0.5, k=k), lm.num_layers)
-            gate.bind(lm.adapter)
+            gate = make_gate(GateConfig(name="pca", min_layer=1, eps=0.5, k=k), lm)
             ours = gate.basis.double()
             assert torch.allclose(ours @ ours.T, torch.eye(k, dtype=torch.float64), atol=1e-5)
             assert torch.allclose(ours.T @ ours, independent_subspace(lm.adapter.lm_head.weight, k), atol=1e-4), (
                 overrides
             )
-            costs = cost_model(lm, list(range(1, 9)))
+            costs = cost_model(lm, list(range(1, 9)), repeats=2)
             assert costs.num_layers == lm.num_layers, overrides
-            assert cost_model(lm, list(range(2, 10))) is costs  # once per loaded model and prompt length
+            assert cost_model(lm, list(range(2, 10)), repeats=2) is costs  # once per loaded model and prompt length
             previous = [weakref.ref(gate.basis), weakref.ref(costs)]
             del lm, gate, ours, costs
-    assert len(_loader._CACHE) == 1 and model_loads() == before + 8 * len(models)  # every model really reloaded
+    assert len(session.models.models) == 1 and model_loads() == before + 8 * len(models)  # every model really reloaded

@@ -179,20 +179,22 @@ def test_sweep_bench_takes_its_own_reference():
 
 
 def test_worker_rows_reuse_unless_disabled():
-    from sweep.bench.reuse import process_cache
-    from sweep.orchestrate.worker import reference_source, trial_row
+    from sweep.bench.session import process_session
+    from sweep.orchestrate.worker import trial_row
 
-    process_cache().clear()
-    assert reference_source(cfg_of()) is process_cache()
+    session = process_session()  # the worker's: its trials share it
+    session.references.clear()
+    assert session.reference_source(cfg_of()) is session.references
     rows = [trial_row(cfg_of("gate=fixed", f"gate.exit_layer={k}"), "run", "s", time.perf_counter()) for k in (1, 2)]
     assert [r["reference_reused"] for r in rows] == [False, True] and rows[0]["reference_id"] == rows[1]["reference_id"]
     assert all(r["status"] == "ok" and r["reference_source"] == "cached" for r in rows)
     off = cfg_of("gate=fixed", "gate.exit_layer=3", "sweep.reuse=false")
-    assert reference_source(off) is None
+    assert session.reference_source(off) is None
     row = trial_row(off, "run", "s", time.perf_counter())
     assert row["reference_reused"] is False and row["reference_id"] != rows[0]["reference_id"]
     assert row["reference_source"] == "fresh"
-    process_cache().clear()
+    assert rows[0]["worker_model_loads"] == row["worker_model_loads"]  # one model for all three trials
+    session.references.clear()
 
 
 def test_settings_share_one_baseline_per_round(counted):
@@ -239,10 +241,10 @@ def test_a_drifting_setting_is_caught_in_a_shared_group():
 
 
 def test_worker_rows_of_a_shared_group():
-    from sweep.bench.reuse import process_cache
+    from sweep.bench.session import process_session
     from sweep.orchestrate.worker import shared_trial_rows
 
-    process_cache().clear()
+    process_session().references.clear()
     cfgs = [cfg_of("gate=fixed", f"gate.exit_layer={k}") for k in (1, 2)]
     t0 = time.perf_counter()
     rows = shared_trial_rows(cfgs, "run", "s", t0)
@@ -257,7 +259,7 @@ def test_worker_rows_of_a_shared_group():
     assert rows[0]["model_hash"] == rows[1]["model_hash"] and rows[0]["worker_pid"] == rows[1]["worker_pid"]
     bad = shared_trial_rows([cfgs[0], cfg_of("gate=fixed", "gate.exit_layer=2", "bench.gen_tokens=5")], "run", "s", 0.0)
     assert [r["status"] for r in bad] == ["failed", "failed"] and "must share" in bad[0]["error"]
-    process_cache().clear()
+    process_session().references.clear()
 
 
 def test_self_speculative_trials_reuse_too():

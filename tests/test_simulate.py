@@ -13,7 +13,7 @@ from helpers.contract import replay_equals_engine
 from sweep.config import GateConfig
 from sweep.bench.costs import CostModel
 from sweep.decode.engine import Engine
-from sweep.gates import GATES, make_gate
+from sweep.gates import GATES, Decoding, make_gate
 from sweep.decode.states import decode_states
 from sweep.trace.profile import profile_prompts, trace_prompt
 from sweep.models.prompts import read_prompts, tokenize_prompts
@@ -174,22 +174,19 @@ def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
         column, params = KNIFE_EDGE[gate_key]
         values = sorted({float(v) for v in grid(column)[:, : L - 1].flatten()})
         cfgs = [GateConfig(name=name, min_layer=1, **params(v)) for v in values]
-    gates = [make_gate(c, L) for c in cfgs]
+    gates = [make_gate(c, lm) for c in cfgs]
     replayed = type(gates[0]).decisions(
         sig, torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64), cfgs[0].decay
     )
     mismatches = 0
     for k, gate in enumerate(gates):
-        gate.bind(a)
-        gate.token_index, gate.gen_tokens = t, N
-        gate.calibrate(
-            lambda _layer, h: a.lens(h), [h[:, :P] for h in hs]
-        )  # the prefill's states, as the engine calibrates
+        # the prefill's states, as the engine calibrates
+        at = Decoding(t, N, gate.calibrate(lambda _layer, h: a.lens(h), [h[:, :P] for h in hs]))
         for row, pos in enumerate(decide_at):
             for layer in range(1, L):
                 h, h_prev = hs[layer][:, pos], hs[layer - 1][:, pos]
                 z = a.lens(h) if gate.probe == "lens" else None
-                mismatches += int(bool(gate.decide(layer, h, h_prev, z)) != bool(replayed[k, row, layer - 1]))
+                mismatches += int(bool(gate.decide(layer, h, h_prev, z, at)) != bool(replayed[k, row, layer - 1]))
     assert mismatches == 0, f"{mismatches} of {len(gates) * N * (L - 1)} decisions differ"
 
 

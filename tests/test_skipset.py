@@ -154,16 +154,24 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     import optuna
     import polars as pl
 
+    from sweep import progress
     from sweep.store import scan
 
-    out = sweep(
-        tmp_path,
-        "search=skipset-optuna",
-        "search.n_trials=12",
-        "search.closed_loop=2",
-        "search.skip_ratio=[0.1,0.5]",
-        "bench.gen_tokens=8",
-    )
+    events: list[progress.Event] = []
+    with progress.listen(events.append):
+        out = sweep(
+            tmp_path,
+            "search=skipset-optuna",
+            "search.n_trials=12",
+            "search.closed_loop=2",
+            "search.skip_ratio=[0.1,0.5]",
+            "bench.gen_tokens=8",
+        )
+    # the screen's worker shows each screened set on the driver while the driver waits on it
+    screened = [e for e in events if e.source == "skip-set screen" and e.phase == "skip-set screen"]
+    assert screened[-1].kind == "end" and screened[-1].done == screened[-1].total == 12
+    steps = [e.done for e in screened if e.kind == "step"]  # the worker forwards plain steps at most once a second
+    assert steps[0] == 1 and steps[-1] == 12 and steps == sorted(set(steps))
     rows = scan("trials", tmp_path).collect()
     assert rows.height == 2 and rows["status"].to_list() == ["ok", "ok"]
     assert (rows["agreement"] == 1.0).all() and (rows["mode"] == "self_speculative").all()

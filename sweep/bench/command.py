@@ -9,27 +9,25 @@ from sweep import progress
 from sweep.bench.costs import cost_model
 from sweep.bench.protocol import run_trial, verify_positions
 from sweep.bench.rows import failed_row, format_row
+from sweep.bench.session import Session, process_session
 from sweep.config import Config
 from sweep.gates import Gate, make_gate
 from sweep.models import LoadedModel
 from sweep.models.prompts import Prompt
-from sweep.models.workload import load_workload
 
 log = logging.getLogger("sweep.bench.command")
 
 
-def prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
-    """Load and check everything a trial needs; bad input fails here, before any work."""
+def prepare(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    """Load and check everything a trial needs, from ``session`` (default: this process's); bad input
+    fails here, before any work. The gate comes complete: its model and the readouts it reads."""
     with progress.phase("load", part="load"):
-        return _prepare(cfg)
+        return _prepare(cfg, process_session() if session is None else session)
 
 
-def _prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
-    gate = None
-
+def _prepare(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
     def check(lm: LoadedModel) -> None:
-        nonlocal gate
-        gate = make_gate(cfg.gate, lm.num_layers, lm.adapter.config.hidden_size)  # the one check against the model
+        gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing
         speculative, exits = cfg.bench.mode == "self_speculative", bool(gate.probe_layers())
         lm.require(
             lens=exits or speculative,
@@ -38,19 +36,16 @@ def _prepare(cfg: Config) -> tuple[LoadedModel, Gate, list[Prompt]]:
             batch_size=cfg.bench.batch_size,
         )
 
-    lm, prompts = load_workload(cfg, ("bench.gen_tokens", cfg.bench.gen_tokens), check=check)
-    attach_readouts(gate, cfg.gate, lm, prompts)
-    return lm, gate, prompts
+    lm, prompts = session.workload(cfg, ("bench.gen_tokens", cfg.bench.gen_tokens), check=check)
+    return lm, make_gate(cfg.gate, lm, gate_readouts(cfg.gate, lm, prompts, session)), prompts
 
 
-def attach_readouts(gate: Gate, gate_cfg, lm: LoadedModel, prompts: list[Prompt], key: str = "gate.readouts") -> None:
+def gate_readouts(gate_cfg, lm: LoadedModel, prompts: list[Prompt], session: Session, key: str = "gate.readouts"):
     """The fitted readouts a tuned lens or the classifier reads: loaded for this model (refused when
-    fitted to another) and checked disjoint from the prompts it is evaluated on; nothing otherwise."""
+    fitted to another) and checked disjoint from the prompts it is evaluated on; None otherwise."""
     if gate_cfg.readouts is None:
-        return
-    from sweep.trace.readouts_io import readouts_for
-
-    gate.attach(readouts_for(gate_cfg.readouts, lm, prompts, key))
+        return None
+    return session.readouts_for(gate_cfg.readouts, lm, prompts, key)
 
 
 def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:

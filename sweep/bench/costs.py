@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import statistics
 from typing import Callable, Sequence
 
@@ -18,7 +19,7 @@ __all__ = ["CostModel", "DecodeSteps", "cost_model", "in_situ_key"]
 from sweep.config import GateConfig
 from sweep.decode.engine import Engine, StepState
 from sweep.decode.timing import Timer
-from sweep.gates import Gate, logit_margin, make_gate, saturation_delta
+from sweep.gates import FIRST, Decoding, Gate, logit_margin, make_gate, saturation_delta
 from sweep.models import LoadedModel
 
 
@@ -38,17 +39,16 @@ def _probes_alone(lm: LoadedModel, prompt_ids: Sequence[int]) -> tuple[float, fl
     return lens_ms, hidden_ms
 
 
-def _probed_engine(lm: LoadedModel, gate: Gate, ids: torch.Tensor) -> Engine | None:
-    """An engine under a copy of ``gate`` (the same rule and readouts) that decides after every layer
-    but the last, calibrated on the prompt as a gated run is; None for a one-layer model (no probes)."""
-    probed = copy.copy(gate)
-    probed.min_layer = 1
+def _probed_engine(lm: LoadedModel, gate: Gate, ids: torch.Tensor) -> tuple[Engine, _ProbeOnly] | None:
+    """An engine under ``gate``'s rule and readouts, deciding after every layer but the last, and the step
+    state its timed steps use, calibrated on the prompt as a gated run is; None for a one-layer model."""
+    probed = gate.probing_from(1)
     if not probed.probe_layers():
         return None
     # the policy gated runs use (a model without a K/V fill runs them under full); the state never exits
     engine = Engine(lm, probed, "propagate" if lm.adapter.kv_path is not None else "full")
-    engine.gated_prefill(ids, lm.adapter.new_cache(), n_tokens=2)  # a gate that calibrates per prompt does
-    return engine
+    _, _, at, _ = engine.gated_prefill(ids, lm.adapter.new_cache(), n_tokens=2)  # a gate that calibrates does
+    return engine, _ProbeOnly(dataclasses.replace(at, token=1))
 
 
 def _probe_fraction(probed: list[float], full: list[float], engine: Engine) -> float:
@@ -69,6 +69,10 @@ def _translate_ms(lm: LoadedModel, gate: Gate) -> float:
 class _ProbeOnly(StepState):
     """A step state whose gate decides after every probed layer and never exits: a full-depth step
     that pays its probes (the decision's device sync included) and nothing else."""
+
+    def __init__(self, at: Decoding = FIRST) -> None:
+        super().__init__()
+        self.at = at
 
     def record(self, layer, h, z, decided) -> bool:
         bool(decided.all())
@@ -104,14 +108,15 @@ def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_
     machine's speed drifts between rounds. Measured alone, a lens probe reads the lm_head from a warm cache
     and skips the layer hook; inside a step it pays both, as the engine does."""
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
-    probed = _probed_engine(lm, gate, ids)
-    if probed is None:
+    made = _probed_engine(lm, gate, ids)
+    if made is None:
         return 0.0
+    probed, state = made
     cache = lm.adapter.new_cache()
     token = lm.adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
     engines = {"full": Engine(lm), "probed": probed}
     with progress.phase(f"cost model: probe {in_situ_key(gate)}", repeats + 1):  # rounds
-        times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": _ProbeOnly()})
+        times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": state})
     return _probe_fraction(times["probed"], times["full"], probed) * step_ms
 
 
@@ -123,10 +128,11 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
     lo = max(1, L // 4)
     hi = max(lo + 1, (3 * L) // 4) if L > 1 else 1
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
-    probed = {}  # in_situ_key -> its probed engine
+    made = {}  # in_situ_key -> its probed engine and step state (None: no probes)
     for gate in gates:
-        if gate.probe_key != "none" and in_situ_key(gate) not in probed:
-            probed[in_situ_key(gate)] = _probed_engine(lm, gate, ids)
+        if gate.probe_key != "none" and in_situ_key(gate) not in made:
+            made[in_situ_key(gate)] = _probed_engine(lm, gate, ids)
+    probed = {key: m[0] if m is not None else None for key, m in made.items()}
     # the probed engines next to the plain one in every round (forward and reversed), as in rounds of their own
     engines = {"full": Engine(lm), **{("probed", key): e for key, e in probed.items() if e is not None}}
     if L > 1:  # steps that stop after lo and after hi layers, skipped layers left without K/V
@@ -139,7 +145,7 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
     h_all, z_final = hs[max(1, L // 2)], adapter.lens(hs[L]).float()
     del hs
     prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=3, warm=1)
-    states = {("probed", key): _ProbeOnly() for key, engine in probed.items() if engine is not None}
+    states = {("probed", key): m[1] for key, m in made.items() if m is not None}
     rounds = "cost model: step rounds" + "".join(f", probe {key}" for _, key in sorted(states, key=str))
     with progress.phase(rounds, repeats + 1):
         times = _timed_steps(engines, token, cache, repeats, dev, states=states)
@@ -176,7 +182,7 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
 
 def _fixed_engine(lm: LoadedModel, layer: int, kv_policy: str) -> Engine:
     """An engine whose every decode step exits after ``layer`` (1-indexed) under ``kv_policy``."""
-    return Engine(lm, make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), lm.num_layers), kv_policy)
+    return Engine(lm, make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=layer), lm), kv_policy)
 
 
 @torch.inference_mode()

@@ -13,8 +13,8 @@ Only a deterministic reference is kept. The key never matches across models (con
 dtypes, devices, prompts (ids and token ids), token counts, seeds or batch sizes. The cost
 model has its own per-model cache (``sweep.bench.costs.cost_model``).
 
-``sweep bench`` (one trial per process) does not reuse; ``sweep run`` workers use
-``process_cache()`` unless ``bench.reuse=false``.
+``sweep bench`` (one trial per process) does not reuse; ``sweep run`` workers use their session's
+(``sweep.bench.session``) unless ``sweep.reuse=false``.
 """
 
 from __future__ import annotations
@@ -116,11 +116,3 @@ class ReuseCache:
         self.warmed.clear()
         for k in self.counts:
             self.counts[k] = 0
-
-
-_PROCESS = ReuseCache()
-
-
-def process_cache() -> ReuseCache:
-    """This process's cache (a Ray worker's, shared by the trials it runs)."""
-    return _PROCESS

@@ -28,7 +28,7 @@ import torch
 
 from sweep.decode.engine import Decoded, Engine, StepState
 from sweep.models import left_pad
-from sweep.gates import Gate
+from sweep.gates import Decoding, Gate
 from sweep.decode.timing import Timer
 
 
@@ -120,15 +120,15 @@ class BatchEngine(Engine):
                 logits = adapter.forward(batch.ids, cache, **inputs)[:, -1]
                 exits = torch.full((B,), L)
             else:
-                logits, hs, _ = self.gated_prefill(batch.ids, cache, n_tokens, batch.mask, batch.positions)
-                logits, exits = self._decide_rows(gate, [h[:, -1] for h in hs], logits)
+                logits, hs, at, _ = self.gated_prefill(batch.ids, cache, n_tokens, batch.mask, batch.positions)
+                logits, exits = self._decide_rows(gate, [h[:, -1] for h in hs], logits, at)
             token = logits.argmax(-1, keepdim=True)
         tokens, exit_rows = [token], [exits]
         out = BatchGeneration(tokens=[], exit_layers=[], prefill_seconds=prefill.seconds)
         with self.stepping(BatchStep(B, L)) as stepper, Timer(dev) as decode:
             for step in range(1, n_tokens):
                 if gate is not None:
-                    gate.token_index = step
+                    stepper.state.at = Decoding(step, n_tokens, at.calibration)
                 inputs = {
                     "attention_mask": None if mask is None else mask[:, : P + step],
                     "position_ids": next_pos + (step - 1),
@@ -156,14 +156,14 @@ class BatchEngine(Engine):
             early = exits[exits < ran]
             out.extra_fill_layers.append(ran - int(early.min()) if self.fast_fill and len(early) else 0)
 
-    def _decide_rows(self, gate: Gate, hidden: list[torch.Tensor], logits: torch.Tensor):
+    def _decide_rows(self, gate: Gate, hidden: list[torch.Tensor], logits: torch.Tensor, at: Decoding):
         """Per-row first exit over captured hidden states [h_0..h_L] (each (B, hidden))."""
         L = self.adapter.num_layers
         exits = torch.full((logits.shape[0],), L)
         out = logits.clone()
         for layer in gate.probe_layers():
             z = gate.readout(layer, hidden[layer]) if gate.probe == "lens" else None
-            new = gate.decide(layer, hidden[layer], hidden[layer - 1], z).cpu() & (exits == L)
+            new = gate.decide(layer, hidden[layer], hidden[layer - 1], z, at).cpu() & (exits == L)
             if new.any():
                 rows = new.nonzero().flatten()
                 exits[rows] = layer

@@ -26,12 +26,13 @@ forward and leaves the rest of the step to the caller.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Sequence
 
 import torch
 
-from sweep.gates import Gate
+from sweep.gates import FIRST, Decoding, Gate
 from sweep.models import LoadedModel, StepExit
 from sweep.decode.timing import Timer
 
@@ -81,6 +82,8 @@ class StepState:
 
     def __init__(self) -> None:
         self.reset()
+
+    at: Decoding = FIRST  # where the generation stands: the decoder sets it before each step, the hooks pass it
 
     def reset(self) -> None:
         self.exit_layer: int | None = None
@@ -143,8 +146,9 @@ class Engine:
         self.lm = lm
         self.adapter = lm.adapter
         self.gate = gate
-        if gate is not None:
-            gate.bind(lm.adapter)
+        if gate is not None and gate.adapter is not lm.adapter and (gate.adapter is not None or gate.probe_layers()):
+            whose = "without a model" if gate.adapter is None else "for another model"
+            raise ValueError(f"gate={gate.name} was built {whose}: make_gate(cfg, lm, readouts) with this engine's lm")
         self.kv_policy = kv_policy
         if gate is not None and gate.probe_layers() and kv_policy == "propagate":
             lm.require(kv_policy=kv_policy)
@@ -168,8 +172,8 @@ class Engine:
                 logits = adapter.forward(ids, cache)[:, -1]
                 first, calibration = StepResult(logits, adapter.num_layers, 0, None), 0.0
             else:
-                logits, hs, calibration = self.gated_prefill(ids, cache, n_tokens)
-                first = self._decide_prefill(hs, logits)
+                logits, hs, at, calibration = self.gated_prefill(ids, cache, n_tokens)
+                first = self._decide_prefill(hs, logits, at)
                 del hs
             token = first.logits.argmax(-1, keepdim=True)
         out_logits, exits, probes, hidden = [first.logits], [first.exit_layer], [first.probes], [first.hidden]
@@ -177,7 +181,7 @@ class Engine:
         with self.stepping() as stepper, Timer(self.lm.device) as decode:
             for index in range(1, n_tokens):
                 if gate is not None:
-                    gate.token_index = index
+                    stepper.state.at = Decoding(index, n_tokens, at.calibration)
                 out = stepper.step(token, cache)
                 token = out.logits.argmax(-1, keepdim=True)
                 tokens.append(token)
@@ -207,21 +211,22 @@ class Engine:
         position_ids: torch.Tensor | None = None,
     ):
         """Prefill under the gate: the last position's logits, every layer's hidden states
-        [h_0..h_L], and the seconds the gate's per-prompt calibration took (conformal: its tau,
-        one per batch row, from that row's real positions: ``attention_mask`` marks them in a
-        left-padded batch)."""
+        [h_0..h_L], where the generation of ``n_tokens`` stands (``Decoding`` of its first token, with
+        the gate's per-prompt calibration: conformal's tau, one per batch row, from that row's real
+        positions, which ``attention_mask`` marks in a left-padded batch) and the calibration's seconds."""
         gate, adapter = self.gate, self.adapter
-        gate.gen_tokens, gate.token_index = n_tokens, 0
         with adapter.capture_hidden() as hs:
             logits = adapter.forward(ids, cache, attention_mask=attention_mask, position_ids=position_ids)[:, -1]
         mask = None if attention_mask is None else attention_mask.bool()
-        return logits, hs, gate.calibrate(self._calibration_lens, hs, mask=mask)
+        t0 = time.perf_counter()
+        calibration = gate.calibrate(self._calibration_lens, hs, mask=mask)
+        return logits, hs, Decoding(0, n_tokens, calibration), time.perf_counter() - t0
 
     def _calibration_lens(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """The lens a gate's calibration reads layer ``layer`` with: the gate's readout, the model's head at L."""
         return self.adapter.lens(h) if layer >= self.adapter.num_layers else self.gate.readout(layer, h)
 
-    def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor) -> StepResult:
+    def _decide_prefill(self, hs: list[torch.Tensor], logits: torch.Tensor, at: Decoding) -> StepResult:
         """The gate's decision for the first token, from the prefill's last position."""
         gate, adapter = self.gate, self.adapter
         probes = 0
@@ -229,7 +234,7 @@ class Engine:
             h, h_prev = hs[layer][:, -1], hs[layer - 1][:, -1]
             z = gate.readout(layer, h) if gate.probe == "lens" else None
             probes += 1
-            if bool(gate.decide(layer, h, h_prev, z).all()):
+            if bool(gate.decide(layer, h, h_prev, z, at).all()):
                 return StepResult(z if z is not None else gate.readout(layer, h), layer, probes, hs[layer][:, -1:])
         return StepResult(logits, adapter.num_layers, probes, None)
 
@@ -268,7 +273,7 @@ class Engine:
             last, prev = h[:, -1], args[0][:, -1]
             z = gate.readout(layer, last) if lens_probe else None
             state.probes += 1
-            if state.record(layer, h, z, gate.decide(layer, last, prev, z)):
+            if state.record(layer, h, z, gate.decide(layer, last, prev, z, state.at)):
                 state.exit_layer = layer
                 if unwind:
                     raise StepExit

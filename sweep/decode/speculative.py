@@ -71,7 +71,7 @@ class PrefixDraft:
                 f"gate.exit_layer={exit_layer}: self-speculation drafts with layers 1..K, K in 1..{L - 1}"
             )
         lm.require(lens=True)  # its drafts read the logit lens
-        gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=exit_layer), L)
+        gate = make_gate(GateConfig(name="fixed", min_layer=1, exit_layer=exit_layer), lm)
         self.engine = Engine(lm, gate, "none")
 
     @contextlib.contextmanager

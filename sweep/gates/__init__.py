@@ -1,7 +1,9 @@
 """Gates: the torch classes that decide, one per row of the gate-spec table (``sweep.config.gatespec``)."""
 
 from sweep.gates._gates import (
+    FIRST,
     ConformalGate,
+    Decoding,
     FixedGate,
     FullGate,
     Gate,
@@ -29,6 +31,8 @@ from sweep.gates._signals import (
 
 
 __all__ = [
+    "FIRST",
+    "Decoding",
     "ClassifierGate",
     "ConformalGate",
     "CosineGate",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from sweep.gates._gates import Gate, decayed
+from sweep.gates._gates import FIRST, Decoding, Gate, decayed
 from sweep.gates._registry import register
 from sweep.gates._signals import at_least, at_most, cosine_prev, entropy, level_tensor, prob_margin
 
@@ -15,9 +15,9 @@ from sweep.gates._signals import at_least, at_most, cosine_prev, entropy, level_
 class _Decaying(Gate):
     """A gate whose threshold may follow CALM's decaying schedule over the generation."""
 
-    def level(self, base) -> torch.Tensor:
-        """This step's threshold (float64), decayed over the generation when gate.decay is set."""
-        return decayed(base, self.token_index, self.gen_tokens, self.cfg.decay)
+    def level(self, base, at: Decoding) -> torch.Tensor:
+        """The threshold (float64) at ``at``, decayed over the generation when gate.decay is set."""
+        return decayed(base, at.token, at.of, self.cfg.decay)
 
     @classmethod
     def levels(cls, signals, values, decay: float | None) -> torch.Tensor:
@@ -34,8 +34,8 @@ class SoftmaxGate(_Decaying):
 
     name = "softmax"
 
-    def decide(self, layer, h, h_prev, z):
-        return at_least(prob_margin(z), self.level(self.cfg.theta))
+    def decide(self, layer, h, h_prev, z, at=FIRST):
+        return at_least(prob_margin(z), self.level(self.cfg.theta, at))
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
@@ -48,8 +48,8 @@ class CosineGate(_Decaying):
 
     name = "cosine"
 
-    def decide(self, layer, h, h_prev, z):
-        return at_least(cosine_prev(h, h_prev), self.level(1.0 - level_tensor(self.cfg.eps)))
+    def decide(self, layer, h, h_prev, z, at=FIRST):
+        return at_least(cosine_prev(h, h_prev), self.level(1.0 - level_tensor(self.cfg.eps), at))
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
@@ -62,7 +62,7 @@ class EntropyGate(Gate):
 
     name = "entropy"
 
-    def decide(self, layer, h, h_prev, z):
+    def decide(self, layer, h, h_prev, z, at=FIRST):
         return at_most(entropy(z), self.cfg.theta)
 
     @classmethod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sweep.gates._gates import Gate
+from sweep.gates._gates import FIRST, Gate
 from sweep.gates._registry import register
 from sweep.gates._signals import at_least, level_tensor
 
@@ -15,9 +15,7 @@ class ClassifierGate(Gate):
 
     name = "classifier"
 
-    def decide(self, layer, h, h_prev, z):
-        if self.readouts is None:
-            raise RuntimeError("gate=classifier used before attach(readouts)")
+    def decide(self, layer, h, h_prev, z, at=FIRST):
         return at_least(self.readouts.classifier_prob(layer, h, h_prev, self.lens), self.cfg.theta)
 
     @property

@@ -6,14 +6,19 @@ z_l (B, vocab) when the gate's probe is ``lens``, else None. It returns a bool p
 ``decisions`` is the same rule vectorised over a profile trace and a grid of thresholds,
 so a trace can replay a gate without running it. Both paths compute the signal with the
 one function of ``sweep.gates._signals`` (the profile writes its trace with them too) and
-compare it with the same ``below``/``at_least``/``at_most``. ``token_index`` is the generated token
-being decided (0 for the first), set by the engine for thresholds that change over a
-generation (CALM's decaying schedule).
+compare it with the same ``below``/``at_least``/``at_most``.
+
+A gate is complete when built (``make_gate(cfg, lm, readouts)``: the model's adapter and the fitted
+readouts it reads) and immutable for a run. What changes during a generation is the decoder's, passed
+to ``decide`` as ``at`` (``Decoding``): the generated token being decided (0 for the first) of how
+many (CALM's decaying schedule), and the prompt's calibration (conformal's tau, from ``calibrate``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -33,6 +38,19 @@ if TYPE_CHECKING:
     from sweep.config import GateConfig
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """Where a generation stands when a gate decides: the generated token being decided (0 for the first,
+    decided from the prefill) of ``of``, and what the gate's ``calibrate`` returned for this prompt."""
+
+    token: int = 0
+    of: int = 1
+    calibration: Any = None
+
+
+FIRST = Decoding()
+
+
 class Gate:
     name: ClassVar[str]
     # copied from the gate's row of sweep.config.gatespec.GATE_SPECS by ``register``:
@@ -50,36 +68,53 @@ class Gate:
         ``decay`` is CALM's schedule for the gates that take one."""
         raise NotImplementedError
 
-    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> None:
-        self.token_index = 0
-        self.gen_tokens = 1
+    def __init__(
+        self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None, *, adapter=None, readouts=None
+    ) -> None:
+        """Use ``make_gate``. ``adapter``: the model's (``sweep.models.Adapter``), None for a gate that only
+        replays a trace (``decisions``); ``readouts``: the fitted readouts a tuned lens or the classifier
+        reads (``sweep.trace.readouts_io.load_readouts``, checked against the model)."""
         self.resolved = check_model(cfg, num_layers, hidden_size)  # the one check against the model
         self.min_layer = self.resolved.min_layer
         self.cfg = cfg
         self.num_layers = num_layers
+        self.adapter = adapter
+        self.readouts = readouts
+        if adapter is not None and readouts is None and self.needs_readouts:
+            raise ValueError(f"gate={self.name} lens={cfg.lens}: built without the fitted readouts it reads")
+
+    def __setattr__(self, name: str, value) -> None:
+        if self.__dict__.get("_sealed"):
+            raise AttributeError(f"gate={self.name}: a gate is immutable once built (make_gate); {name} not set")
+        object.__setattr__(self, name, value)
+
+    def seal(self) -> Gate:
+        """Make the gate immutable (``make_gate`` does, once it is complete)."""
+        object.__setattr__(self, "_sealed", True)
+        return self
+
+    def probing_from(self, layer: int) -> Gate:
+        """A new gate with this one's rule, model and readouts that decides after every layer from
+        ``layer`` on (the cost model's probed steps); this gate is left as it is."""
+        other = copy.copy(self)
+        object.__setattr__(other, "min_layer", layer)
+        return other
+
+    @property
+    def needs_readouts(self) -> bool:
+        """True when the gate reads fitted readouts (a tuned lens, the classifier)."""
+        return self.cfg.lens == "tuned" or self.name == "classifier"
 
     def probe_layers(self) -> range:
         """Layers after which the decision is taken (never after L: that is full depth)."""
         return range(self.min_layer, self.num_layers)
 
-    readouts = None  # ``sweep.trace.readouts.Readouts``: the fitted readouts (gate.lens=tuned, gate=classifier)
-    adapter = None
-
-    def attach(self, readouts) -> None:
-        """The fitted readouts (``sweep.trace.readouts.load_readouts``, checked against the model) that a
-        tuned lens or the classifier reads."""
-        self.readouts = readouts
-
-    def bind(self, adapter) -> None:
-        """Called once per engine with the model's adapter (a gate that needs model weights)."""
-        self.adapter = adapter
-
     def readout(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """Logits of h_l (``h`` (B, hidden)) as this gate reads them: the probe's lens and the exited
         token's logits. The logit lens, or with gate.lens=tuned layer l's translator first."""
+        if self.adapter is None:
+            raise RuntimeError(f"gate={self.name} built without a model reads no hidden state (make_gate(cfg, lm))")
         if self.cfg.lens == "tuned":
-            if self.readouts is None:
-                raise RuntimeError(f"gate={self.name} lens=tuned used before attach(readouts)")
             return self.readouts.lens(self.adapter, layer, h, "tuned")
         return self.adapter.lens(h)
 
@@ -88,19 +123,21 @@ class Gate:
         """Which measured probe cost applies (``CostModel.probe_ms``): a tuned lens probe adds its translator."""
         return "lens:tuned" if self.probe == "lens" and self.cfg.lens == "tuned" else self.probe
 
-    def calibrate(self, lens_fn, hidden: list[torch.Tensor], mask: torch.Tensor | None = None) -> float:
+    def calibrate(self, lens_fn, hidden: list[torch.Tensor], mask: torch.Tensor | None = None):
         """Per-prompt preparation from the prefill's hidden states [h_0..h_L] (each (B, P, hidden)), with
-        ``lens_fn(layer, h)`` the gate's readout (``readout``: layer L's is the model's own head);
-        returns seconds spent. ``mask`` (B, P), when given, marks each row's real positions (a
-        left-padded batch): padding must not count."""
-        return 0.0
+        ``lens_fn(layer, h)`` the gate's readout (``readout``: layer L's is the model's own head); what
+        it returns is ``Decoding.calibration`` for this prompt's decisions (None: nothing). ``mask``
+        (B, P), when given, marks each row's real positions (a left-padded batch): padding must not count."""
+        return None
 
     def calibration_lenses(self) -> int:
         """Logit-lens passes over every prompt position that ``calibrate`` makes (its cost in
         the cost model); 0 for gates without calibration."""
         return 0
 
-    def decide(self, layer: int, h: torch.Tensor, h_prev: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+    def decide(
+        self, layer: int, h: torch.Tensor, h_prev: torch.Tensor, z: torch.Tensor | None, at: Decoding = FIRST
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def values(self) -> dict:
@@ -121,7 +158,7 @@ class FullGate(Gate):
     def probe_layers(self) -> range:
         return range(0)
 
-    def decide(self, layer, h, h_prev, z):
+    def decide(self, layer, h, h_prev, z, at=FIRST):
         return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
 
     @classmethod
@@ -144,14 +181,14 @@ class FixedGate(Gate):
 
     name = "fixed"
 
-    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> None:
-        super().__init__(cfg, num_layers, hidden_size)
+    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None, **parts) -> None:
+        super().__init__(cfg, num_layers, hidden_size, **parts)
         self.exit_layer = self.resolved.exit_layer
 
     def probe_layers(self) -> range:
         return range(self.exit_layer, self.exit_layer + 1) if self.exit_layer < self.num_layers else range(0)
 
-    def decide(self, layer, h, h_prev, z):
+    def decide(self, layer, h, h_prev, z, at=FIRST):
         return torch.full((h.shape[0],), layer == self.exit_layer, dtype=torch.bool, device=h.device)
 
     @classmethod
@@ -167,7 +204,7 @@ class SaturationGate(Gate):
 
     name = "saturation"
 
-    def decide(self, layer, h, h_prev, z):
+    def decide(self, layer, h, h_prev, z, at=FIRST):
         return below(saturation_delta(h, h_prev), self.cfg.eps)
 
     @classmethod
@@ -181,7 +218,7 @@ class MarginGate(Gate):
 
     name = "margin"
 
-    def decide(self, layer, h, h_prev, z):
+    def decide(self, layer, h, h_prev, z, at=FIRST):
         return at_least(logit_margin(z), self.cfg.theta)
 
     @classmethod
@@ -198,14 +235,8 @@ class ConformalGate(Gate):
 
     name = "conformal"
 
-    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> None:
-        super().__init__(cfg, num_layers, hidden_size)
-        self.tau: torch.Tensor | None = None
-
     def calibrate(self, lens_fn, hidden, mask=None):
-        import time
-
-        t0 = time.perf_counter()
+        """tau per batch row and layer (B, L + 1): what ``decide`` compares the margin with."""
         z_final = lens_fn(self.num_layers, hidden[self.num_layers])  # (B, P, vocab): one tau per sequence
         tau = torch.full((z_final.shape[0], self.num_layers + 1), float("inf"))
         for layer in self.probe_layers():
@@ -213,15 +244,15 @@ class ConformalGate(Gate):
             if mask is not None:  # padded positions are NaN, which conformal_tau leaves out
                 residual = residual.masked_fill(~mask.cpu(), float("nan"))
             tau[:, layer] = conformal_tau(residual, self.cfg.q)
-        self.tau = tau
-        return time.perf_counter() - t0
+        return tau
 
     def calibration_lenses(self) -> int:
         return len(self.probe_layers()) + 1  # every probed layer, and layer L to compare with
 
-    def decide(self, layer, h, h_prev, z):
-        assert self.tau is not None, "conformal gate used before calibrate()"
-        return at_least(logit_margin(z), 2.0 * level_tensor(self.tau[:, layer]))
+    def decide(self, layer, h, h_prev, z, at=FIRST):
+        if at.calibration is None:
+            raise RuntimeError("gate=conformal decides from its prompt's calibration (Decoding.calibration)")
+        return at_least(logit_margin(z), 2.0 * level_tensor(at.calibration[:, layer]))
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
@@ -241,6 +272,13 @@ def decayed(threshold, token_index, gen_tokens: int, tau: float | None) -> torch
     return (0.9 * threshold + 0.1 * torch.exp(-tau * t / gen_tokens)).clamp(0.0, 1.0)
 
 
-def make_gate(cfg: GateConfig, num_layers: int, hidden_size: int | None = None) -> Gate:
-    """The gate ``cfg`` names, checked against a model of ``num_layers`` layers (and hidden size)."""
-    return GATES.get(cfg.name, key="gate")(cfg, num_layers, hidden_size)
+def make_gate(cfg: GateConfig, model, readouts=None) -> Gate:
+    """The gate ``cfg`` names, checked against ``model`` and complete: ``model`` is a loaded model
+    (``sweep.models.LoadedModel``: its adapter, layer count and hidden size) and ``readouts`` the fitted
+    readouts the gate reads, if any; or a layer count alone, for a gate that only replays a trace
+    (``decisions``) and reads no hidden state. Immutable once built."""
+    cls = GATES.get(cfg.name, key="gate")
+    if isinstance(model, int):
+        return cls(cfg, model, readouts=readouts).seal()
+    adapter = model.adapter
+    return cls(cfg, adapter.num_layers, adapter.config.hidden_size, adapter=adapter, readouts=readouts).seal()

@@ -9,7 +9,7 @@ below eps. The probe costs a norm and two (k x hidden) products: far less than t
 from __future__ import annotations
 
 from sweep.config.gatespec import check_model
-from sweep.gates._gates import Gate
+from sweep.gates._gates import FIRST, Gate
 from sweep.gates._registry import register
 from sweep.gates._signals import below, level_tensor, lm_head_basis, pca_delta
 
@@ -21,23 +21,21 @@ class PcaGate(Gate):
 
     name = "pca"
 
-    def __init__(self, cfg, num_layers: int, hidden_size: int | None = None) -> None:
-        super().__init__(cfg, num_layers, hidden_size)
-        self.basis = None
-        self.norm = None
+    def __init__(self, cfg, num_layers: int, hidden_size: int | None = None, **parts) -> None:
+        super().__init__(cfg, num_layers, hidden_size, **parts)
+        self.basis = self.norm = None
+        if self.adapter is not None:
+            check_model(cfg, num_layers, hidden_size=self.adapter.lm_head.weight.shape[1])
+            self.basis = lm_head_basis(self.adapter, cfg.k)  # kept with the model, computed once
+            self.norm = self.adapter.norm
 
     @property
     def probe_key(self) -> str:
         return f"pca:{self.cfg.k}"
 
-    def bind(self, adapter) -> None:
-        super().bind(adapter)
-        check_model(self.cfg, self.num_layers, hidden_size=adapter.lm_head.weight.shape[1])
-        self.basis = lm_head_basis(adapter, self.cfg.k)  # kept with the model, computed once
-        self.norm = adapter.norm
-
-    def decide(self, layer, h, h_prev, z):
-        assert self.basis is not None, "pca gate used before bind()"
+    def decide(self, layer, h, h_prev, z, at=FIRST):
+        if self.basis is None:
+            raise RuntimeError("gate=pca built without a model reads no hidden state (make_gate(cfg, lm))")
         return below(pca_delta(self.norm(h), self.norm(h_prev), self.basis), self.cfg.eps)
 
     @classmethod

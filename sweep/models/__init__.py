@@ -2,7 +2,7 @@
 
 from sweep.models._adapter import KINDS, Adapter, StepExit
 from sweep.models._fidelity import Fidelity
-from sweep.models._loader import DTYPES, LoadedModel, load_model, model_loads, ready, resolve_device
+from sweep.models._loader import DTYPES, LoadedModel, ModelCache, load_model, model_loads, ready, resolve_device
 from sweep.models._padding import PAD_ID, Padded, left_pad
 from sweep.models._table import family_rows
 from sweep.models._table import markdown as family_table
@@ -14,6 +14,7 @@ __all__ = [
     "Fidelity",
     "KINDS",
     "LoadedModel",
+    "ModelCache",
     "PAD_ID",
     "Padded",
     "StepExit",

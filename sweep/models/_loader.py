@@ -1,7 +1,8 @@
 """Load a model from its config: packaged GGUF, GGUF file, HF directory or hub id, tiny.
 
-One load per (model, dtype, device) per process: a second request returns the same
-object, so trials that share a worker share its model (and never convert it twice).
+``load_model`` loads; given a ``ModelCache`` (a session's, ``sweep.bench.session``) a second request
+for the same (model, device, dtype) returns the same object, so trials that share a worker share its
+model (and never convert it twice).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from sweep.config.provenance import device_label
 log = logging.getLogger("sweep.models")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CACHE: dict[tuple, "LoadedModel"] = {}
-_LOADS: list[tuple] = []
+_LOADS = [0]  # models this process really loaded (``model_loads``)
 
 
 @dataclass
@@ -115,20 +115,53 @@ def resolve_device(device: str) -> torch.device:
 
 def model_loads() -> int:
     """How many models this process has really loaded (cache hits do not count)."""
-    return len(_LOADS)
+    return _LOADS[0]
+
+
+class ModelCache:
+    """Loaded models kept for the next request, the most recently used last; a session's
+    (``sweep.bench.session``), which a worker's trials share."""
+
+    def __init__(self) -> None:
+        self.models: dict[tuple, LoadedModel] = {}
+
+    def get(self, key: tuple) -> LoadedModel | None:
+        lm = self.models.pop(key, None)
+        if lm is not None:
+            self.models[key] = lm  # most recently used last
+        return lm
+
+    def put(self, key: tuple, lm: LoadedModel) -> None:
+        self.models[key] = lm
+
+    def evict(self, keep: int) -> None:
+        """Drop the least recently used models until ``keep`` remain (a worker that serves a sweep over
+        several models holds at most resources.models of them, default 2)."""
+        while len(self.models) > max(keep, 0):
+            lm = self.models.pop(next(iter(self.models)))
+            if lm.device.type == "cuda":
+                del lm
+                torch.cuda.empty_cache()
 
 
 def load_model(
-    mcfg: ModelConfig, *, device: str = "auto", dtype: str = "float32", seed: int = 0, keep: int = 2
+    mcfg: ModelConfig,
+    *,
+    device: str = "auto",
+    dtype: str = "float32",
+    seed: int = 0,
+    keep: int = 2,
+    cache: ModelCache | None = None,
 ) -> LoadedModel:
-    """The model ``mcfg`` describes, on ``device`` in ``dtype``, loaded at most once per process; the
-    process keeps the ``keep`` most recently used models loaded (``resources.models``)."""
+    """The model ``mcfg`` describes, on ``device`` in ``dtype``: from ``cache`` when it holds it, else
+    loaded (and kept there, with at most the ``keep`` most recently used, ``resources.models``).
+    Without a cache every call loads."""
     dev = resolve_device(device)
     key = (mcfg, str(dev), dtype, seed if mcfg.source == "tiny" else None)
-    if key in _CACHE:
-        _CACHE[key] = _CACHE.pop(key)  # most recently used last
-        return _CACHE[key]
-    _evict(keep=keep - 1)
+    if cache is not None and (hit := cache.get(key)) is not None:
+        return hit
+    if cache is not None:
+        cache.evict(keep=keep - 1)
     t0 = time.perf_counter()
     loader = {"packaged": _load_packaged, "gguf": _load_gguf, "hf": _load_hf, "tiny": _load_tiny}[mcfg.source]
     model, tokenizer, content_hash, revision = loader(mcfg, DTYPES[dtype], seed)
@@ -144,8 +177,9 @@ def load_model(
         device=dev,
         t0=t0,
     )
-    _CACHE[key] = lm
-    _LOADS.append(key)
+    _LOADS[0] += 1
+    if cache is not None:
+        cache.put(key, lm)
     return lm
 
 
@@ -205,14 +239,3 @@ def ready(
         fidelity.batch_err,
     )
     return lm
-
-
-def _evict(keep: int) -> None:
-    """Drop the least recently used models until ``keep`` remain (a worker that serves a
-    sweep over several models holds at most resources.models of them, default 2)."""
-    while len(_CACHE) > keep:
-        oldest = next(iter(_CACHE))
-        lm = _CACHE.pop(oldest)
-        if lm.device.type == "cuda":
-            del lm
-            torch.cuda.empty_cache()

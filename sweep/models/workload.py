@@ -6,19 +6,27 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sweep.models._loader import LoadedModel, load_model
+from sweep.models._loader import LoadedModel, ModelCache, load_model
 from sweep.models.prompts import Prompt, read_prompts, tokenize_prompts
 
 
 def load_workload(
-    cfg, gen: tuple[str, int], *, check: Callable[[LoadedModel], None] | None = None, prompts_cfg=None
+    cfg,
+    gen: tuple[str, int],
+    *,
+    check: Callable[[LoadedModel], None] | None = None,
+    prompts_cfg=None,
+    models: ModelCache | None = None,
 ) -> tuple[LoadedModel, list[Prompt]]:
     """``cfg``'s model and prompts (``prompts_cfg`` in place of ``cfg.prompts`` when given), tokenized
     with room for ``gen`` (the key and value of the tokens to generate, named in an error); ``check``
-    runs on the loaded model before the prompts are tokenized (what the command requires of it)."""
+    runs on the loaded model before the prompts are tokenized (what the command requires of it). The
+    model comes from ``models`` (a session's cache) when it holds it."""
     pc = prompts_cfg if prompts_cfg is not None else cfg.prompts
     items = read_prompts(pc)
-    lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, keep=cfg.resources.models)
+    lm = load_model(
+        cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, keep=cfg.resources.models, cache=models
+    )
     if check is not None:
         check(lm)
     return lm, tokenize_for(lm, items, pc, gen)

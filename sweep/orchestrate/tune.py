@@ -48,7 +48,7 @@ from sweep.orchestrate.progress_ray import Hub, forwarding
 from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
 from sweep.orchestrate.rows import RowWriter, SweepOutcome, os_error
 from sweep.orchestrate.study import optuna_search, remaining_trials
-from sweep.orchestrate.worker import run_claimed, screen_trace
+from sweep.orchestrate.worker import run_claimed, screen_trace, skipset_screen
 
 log = logging.getLogger("sweep.orchestrate.tune")
 
@@ -152,7 +152,8 @@ def _execute(plan: Plan) -> SweepOutcome:
     device = trial_device(cfg.device, resources["gpu"])
     grid_trials, simulated = plan.grid_trials, None
     if cfg.search.kind == "skipset":
-        grid_trials = _skipset(plan, resources, device)
+        hub = Hub()
+        grid_trials = _skipset(plan, resources, device, hub)
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
@@ -242,11 +243,33 @@ def _traced(hub, *args):
         return screen_trace(*args)
 
 
+def _skipscreened(hub, *args):
+    """``skipset_screen`` in its Ray task, its progress forwarded to the driver."""
+    with forwarding(hub, "skip-set screen"):
+        return skipset_screen(*args)
+
+
+def _in_task(fn, resources: dict, hub: Hub, *args):
+    """``fn(hub.actor, *args)`` in a Ray task with the trials' resources, the driver showing its forwarded
+    progress while it waits; a sweep error raised there is raised here as it is."""
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(fn)
+    try:
+        ref = task.remote(hub.actor, *args)
+        while not ray.wait([ref], timeout=0.5)[0]:
+            hub.drain()
+        hub.drain()
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
+        if cause is not None:
+            raise cause from None
+        raise
+
+
 def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
     """Profile the model once (in a worker with the trials' resources), then replay every
     setting on the trace (``sweep.orchestrate.plan.screen_selection``); the settings to run closed-loop."""
     t0 = time.perf_counter()
-    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_traced)
     probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
         c.gate
         for _, c in settings
@@ -259,38 +282,20 @@ def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
             f"gate.readouts: a screen replays one trace, traced with one readouts file; "
             f"this search names {len(readouts)}"
         )
-    try:
-        ref = task.remote(hub.actor, plan.base, plan.run_id, device, probes)
-        while not ray.wait([ref], timeout=0.5)[0]:
-            hub.drain()
-        hub.drain()
-        traced = ray.get(ref)
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
-        if cause is not None:
-            raise cause from None
-        raise
+    traced = _in_task(_traced, resources, hub, plan.base, plan.run_id, device, probes)
     return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
 
 
-def _skipset(plan: Plan, resources: dict, device: str):
+def _skipset(plan: Plan, resources: dict, device: str, hub: Hub):
     """`search=skipset-*`: the screen study in a worker with the trials' resources (resumed from its
-    SQLite study when one is there), then the chosen skip sets as grid settings, composed here."""
+    SQLite study when one is there), its progress shown here, then the chosen skip sets as grid
+    settings, composed here."""
     from sweep.orchestrate.plan import skipset_setting
     from sweep.orchestrate.study import optuna_storage_url
-    from sweep.orchestrate.worker import skipset_screen
 
     plan.path.mkdir(parents=True, exist_ok=True)
-    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(skipset_screen)
-    try:
-        found = ray.get(
-            task.remote(plan.base, plan.run_id, device, optuna_storage_url(plan.path), plan.cfg.search.name)
-        )
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
-        if cause is not None:
-            raise cause from None
-        raise
+    storage = optuna_storage_url(plan.path)
+    found = _in_task(_skipscreened, resources, hub, plan.base, plan.run_id, device, storage, plan.cfg.search.name)
     log.info(
         "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
         plan.cfg.search.n_trials,

@@ -11,16 +11,9 @@ import os
 import time
 from typing import Any, Callable
 
+from sweep import progress
 from sweep.config import Config
 from sweep.orchestrate.plan import trial_config
-
-
-def reference_source(cfg: Config):
-    """The full-depth reference source of a worker's trial: this process's ``sweep.bench.reuse``
-    cache under ``sweep.reuse=true``; None (fresh references, each trial its own) otherwise."""
-    from sweep.bench.reuse import process_cache
-
-    return process_cache() if cfg.sweep.reuse else None
 
 
 def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report: Callable[..., None]) -> None:
@@ -61,17 +54,19 @@ def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report
 
 
 def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> dict[str, Any]:
-    """Run one trial with this process's cached model and reusable references (``sweep.bench.reuse``);
-    its row (a failed row, with the error's first line, when it raises)."""
+    """Run one trial in this process's session (``sweep.bench.session``: its models, readouts and
+    reusable references); its row (a failed row, with the error's first line, when it raises)."""
     from sweep.bench.rows import failed_row
     from sweep.bench.command import prepare
     from sweep.bench.protocol import run_trial
+    from sweep.bench.session import process_session
     from sweep.store.run_info import provenance, provenance_unloaded
 
     lm = gate = None
+    session = process_session()
     try:
-        lm, gate, prompts = prepare(cfg)
-        row = run_trial(cfg, lm, gate, prompts, reference_source(cfg))
+        lm, gate, prompts = prepare(cfg, session)
+        row = run_trial(cfg, lm, gate, prompts, session.reference_source(cfg))
     except Exception as exc:  # noqa: BLE001 - a trial that raises is a failed row, whatever it raised
         row = failed_row(cfg, cfg.prompts.n or 0, exc, gate)
     prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
@@ -108,13 +103,15 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
     from sweep.bench.rows import failed_row
     from sweep.bench.command import prepare
     from sweep.bench.protocol import run_trials
+    from sweep.bench.session import process_session
     from sweep.store.run_info import provenance, provenance_unloaded
 
+    session = process_session()
     prepared: list = [None] * len(cfgs)
     rows: list = [None] * len(cfgs)
     for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
         try:
-            prepared[i] = prepare(cfg)
+            prepared[i] = prepare(cfg, session)
         except Exception as exc:  # noqa: BLE001
             rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
     ready = [i for i, p in enumerate(prepared) if p is not None]
@@ -122,7 +119,8 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
         lm, prompts = prepared[ready[0]][0], prepared[ready[0]][2]
         group = [cfgs[i] for i in ready]
         try:
-            measured = run_trials(group, lm, [prepared[i][1] for i in ready], prompts, reference_source(group[0]))
+            gates = [prepared[i][1] for i in ready]
+            measured = run_trials(group, lm, gates, prompts, session.reference_source(group[0]))
         except Exception as exc:  # noqa: BLE001 - the group's failed rows, whatever it raised
             measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
         for i, row in zip(ready, measured):
@@ -141,9 +139,10 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
 def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
     """The profile trace of the sweep's model and prompts at the bench's length, and the cost
     model (with the probes of ``probe_gates``), on the device trials will use."""
-    from sweep.bench.command import attach_readouts, prepare
-    from sweep.config import GateConfig
+    from sweep.bench.command import gate_readouts, prepare
     from sweep.bench.costs import cost_model
+    from sweep.bench.session import process_session
+    from sweep.config import GateConfig
     from sweep.gates import make_gate
     from sweep.trace.profile import traced_run
 
@@ -152,11 +151,10 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
     readouts = {g.readouts for g in probe_gates} - {None}  # one file at most (the driver checked)
     if readouts:
         cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, readouts=readouts.pop()))
-    lm, _, prompts = prepare(cfg)
-    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens)
-    gates = [make_gate(g, lm.num_layers) for g in probe_gates]
-    for gate, g in zip(gates, probe_gates):
-        attach_readouts(gate, g, lm, prompts)
+    session = process_session()
+    lm, _, prompts = prepare(cfg, session)
+    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens, session.readouts)
+    gates = [make_gate(g, lm, gate_readouts(g, lm, prompts, session)) for g in probe_gates]
     return {
         "trace": trace,
         "provenance": prov,
@@ -173,6 +171,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     to run closed-loop, best first."""
     from sweep.bench.command import prepare
     from sweep.bench.costs import cost_model
+    from sweep.bench.session import process_session
     from sweep.config.identity import trial_identity
     from sweep.orchestrate.plan import skipset_setting
     from sweep.decode.skipscreen import first_drafts, record
@@ -180,10 +179,12 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
 
     cfg = trial_config(base, skipset_setting(trial_config(base, [], device), "none"), device)
     s, b = cfg.search, cfg.bench
-    lm, _, prompts = prepare(cfg)
+    lm, _, prompts = prepare(cfg, process_session())
     t0 = time.perf_counter()
-    recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)
+    with progress.phase("skip-set screen: full-depth decodes", part="screen"):
+        recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)
     costs = cost_model(lm, prompts[0].input_ids, kv_policies=[], verify_positions=b.draft_len + 1)
+    shown = progress.start("skip-set screen", s.n_trials, part="screen")  # one step per screened set
 
     def trial_id(skip: str) -> str:
         return trial_identity(dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, skip=skip)), device).id
@@ -201,5 +202,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         storage=storage,
         study_name=study_name,
         trial_id=trial_id,
+        progress=lambda done, _total: shown.advance(done - shown.done),  # a resumed study starts where it was
     )
+    shown.close()
     return {"chosen": best_sets(study, s.closed_loop), "seconds": time.perf_counter() - t0, "model": lm.name}

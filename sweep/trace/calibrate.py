@@ -150,8 +150,7 @@ def run_calibrate(cfg: Config) -> Calibration:
 
     def risk(value: float, group) -> tuple[float, float]:
         shown = progress.start(f"calibrate: {spec.threshold}={value:g}", len(group))  # one step per prompt
-        gate = make_gate(dataclasses.replace(cfg.gate, **{spec.threshold: value}), lm.num_layers)
-        gate.attach(prepared.readouts)
+        gate = make_gate(dataclasses.replace(cfg.gate, **{spec.threshold: value}), lm, prepared.readouts)
         engine = Engine(lm, gate, cfg.bench.kv_policy)
         losses, exits = [], []
         for p in group:

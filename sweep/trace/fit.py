@@ -13,12 +13,13 @@ from sweep.trace.readouts_io import save_readouts
 log = logging.getLogger("sweep.trace.fit")
 
 
-def run_fit(cfg) -> tuple[Path, Readouts, dict]:
-    """`sweep fit`: load the model, read and tokenize ``cfg.prompts``, fit, write under ``fit.out``
-    (null: <results.root>/readouts); returns the path, the readouts and the fit's summary."""
+def run_fit(cfg, session=None) -> tuple[Path, Readouts, dict]:
+    """`sweep fit`: load the model (from ``session``, ``sweep.bench.session``; default: this process's),
+    read and tokenize ``cfg.prompts``, fit, write under ``fit.out`` (null: <results.root>/readouts);
+    returns the path, the readouts and the fit's summary."""
+    from sweep.bench.session import process_session
     from sweep.config.paths import check_name, inside
     from sweep.models.prompts import read_prompts
-    from sweep.models.workload import load_workload
 
     read_prompts(cfg.prompts)  # a bad prompts file fails before anything else
     check_name("model", cfg.model.name or "model")
@@ -26,7 +27,8 @@ def run_fit(cfg) -> tuple[Path, Readouts, dict]:
     root, key = (cfg.fit.out, "fit.out") if cfg.fit.out is not None else (cfg.results.root, "results.root")
     inside(root, out_dir / (cfg.model.name or "model"), key=key)  # a link planted there: refused before any work
     # translators and classifiers are fitted to the lens at layer L
-    lm, prompts = load_workload(cfg, ("fit.gen_tokens", cfg.fit.gen_tokens), check=lambda lm: lm.require(lens=True))
+    session = process_session() if session is None else session
+    lm, prompts = session.workload(cfg, ("fit.gen_tokens", cfg.fit.gen_tokens), check=lambda lm: lm.require(lens=True))
     readouts = fit_readouts(
         lm,
         prompts,

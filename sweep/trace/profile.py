@@ -234,11 +234,11 @@ READOUT_COLUMNS = (
 
 
 def traced_run(
-    cfg, lm: LoadedModel, prompts: Sequence[Prompt], run_id: str, gen_tokens: int
+    cfg, lm: LoadedModel, prompts: Sequence[Prompt], run_id: str, gen_tokens: int, readouts_cache=None
 ) -> tuple[pl.DataFrame, dict]:
     """The trace table of ``prompts`` (every column but the shared provenance) and that provenance;
     with ``profile.readouts`` the tuned lens's and exit classifiers' columns too (the readouts
-    checked against the model and disjoint from the prompts)."""
+    checked against the model and disjoint from the prompts; from ``readouts_cache`` when it holds them)."""
     from sweep.errors import ConfigError
     from sweep.store.run_info import provenance
 
@@ -249,7 +249,7 @@ def traced_run(
     if cfg.profile.readouts is not None:
         from sweep.trace.readouts_io import readouts_for
 
-        readouts = readouts_for(cfg.profile.readouts, lm, prompts, key="profile.readouts")
+        readouts = readouts_for(cfg.profile.readouts, lm, prompts, key="profile.readouts", cache=readouts_cache)
     trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k, readouts)
     prov = provenance(cfg, lm, run_id)
     trace = trace.with_columns(
@@ -259,16 +259,18 @@ def traced_run(
     return trace, prov
 
 
-def run_profile(cfg) -> tuple[str, pl.DataFrame]:
-    """`sweep profile`: load, read prompts, trace each, write one Parquet table; returns (path, trace)."""
-    from sweep.models.workload import load_workload
+def run_profile(cfg, session=None) -> tuple[str, pl.DataFrame]:
+    """`sweep profile`: load, read prompts, trace each, write one Parquet table; returns (path, trace).
+    Models and readouts come from ``session`` (``sweep.bench.session``; default: this process's)."""
+    from sweep.bench.session import process_session
     from sweep.store.run_info import new_run_id
     from sweep.store import write_table
 
-    lm, prompts = load_workload(cfg, ("profile.gen_tokens", cfg.profile.gen_tokens))
+    session = process_session() if session is None else session
+    lm, prompts = session.workload(cfg, ("profile.gen_tokens", cfg.profile.gen_tokens))
     t0 = time.perf_counter()
     run_id = cfg.run_id or new_run_id()
-    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.profile.gen_tokens)
+    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.profile.gen_tokens, session.readouts)
     path = write_table("profile", trace, root=cfg.results.root, provenance=prov, stem=run_id)
     log.info(
         "profiled %d prompts in %.1f s; wrote %d rows to %s", len(prompts), time.perf_counter() - t0, trace.height, path

@@ -308,10 +308,4 @@ def _meta(lm, prompts: Sequence, hidden: int, **fit) -> dict[str, str]:
     }
 
 
-# --- files --------------------------------------------------------------------------------------------------------
-
-
-_LOADED: dict[tuple, Readouts] = {}  # (file identity, model): readouts a process verified and moved once
-
-
 # --- `sweep fit` --------------------------------------------------------------------------------------------------

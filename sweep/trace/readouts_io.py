@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from sweep.errors import ConfigError
-from sweep.trace.readouts import _LOADED, LENSES, META, TENSORS, Readouts, content_digest, text_digest
+from sweep.trace.readouts import LENSES, META, TENSORS, Readouts, content_digest, text_digest
 
 
 def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out") -> Path:
@@ -36,22 +36,35 @@ def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out
     )
 
 
-def load_readouts(path, lm, key: str = "gate.readouts") -> Readouts:
+class ReadoutsCache:
+    """The readouts a session verified and moved to its model's device, one file at a time (a worker
+    that moves on to other readouts drops the last), keyed by the file (path, size, mtime) and model."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple, Readouts] = {}
+
+    def get(self, ident: tuple) -> Readouts | None:
+        return self.kept.get(ident)
+
+    def put(self, ident: tuple, readouts: Readouts) -> None:
+        self.kept = {ident: readouts}
+
+
+def load_readouts(path, lm, key: str = "gate.readouts", cache: ReadoutsCache | None = None) -> Readouts:
     """The readouts at ``path``, verified (content against its digest and name, fitted to ``lm``), on
     lm's device with translators in lm's dtype. Any problem is a one-line ConfigError naming ``key``.
-    A sweep worker's trials share one load per file (its path, size and mtime) and model."""
+    With a ``cache`` (a session's) trials share one load per file (its path, size and mtime) and model."""
     p = Path(path).expanduser()
     try:
         st = p.stat()
         ident = (str(p.resolve()), st.st_size, st.st_mtime_ns, lm.content_hash, str(lm.device), str(lm.dtype))
     except OSError:
         ident = None
-    if ident is not None and ident in _LOADED:
-        return _LOADED[ident]
+    if cache is not None and ident is not None and (hit := cache.get(ident)) is not None:
+        return hit
     readouts = _load_readouts(path, lm, key)
-    if ident is not None:
-        _LOADED.clear()  # one file at a time: a worker that moves on to other readouts drops the last
-        _LOADED[ident] = readouts
+    if cache is not None and ident is not None:
+        cache.put(ident, readouts)
     return readouts
 
 
@@ -121,10 +134,11 @@ def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> s
     return f"tensors of the wrong shape: {', '.join(bad)}" if bad else None
 
 
-def readouts_for(path, lm, prompts: Sequence, key: str) -> Readouts:
+def readouts_for(path, lm, prompts: Sequence, key: str, cache: ReadoutsCache | None = None) -> Readouts:
     """The readouts at ``path`` for evaluating ``lm`` on ``prompts``: loaded and verified for the
-    model (``load_readouts``, errors naming ``key``) and disjoint from its fitting set."""
-    readouts = load_readouts(path, lm, key=key)
+    model (``load_readouts``, errors naming ``key``; from ``cache`` when it holds them) and disjoint
+    from its fitting set."""
+    readouts = load_readouts(path, lm, key=key, cache=cache)
     check_disjoint(readouts, prompts, key="prompts")
     return readouts
 

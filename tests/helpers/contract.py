@@ -38,8 +38,7 @@ def replay_equals_engine(lm, prompts, sig, baseline, cfg, readouts=None):
     prompt's first divergence from full-depth decoding, every step exits where the replay says and
     agrees with full depth exactly when the replay's top-1 matches. Returns (the gate, the closed
     loop's exit layers over all prompts, the steps compared)."""
-    gate = make_gate(cfg, lm.num_layers)
-    gate.attach(readouts)
+    gate = make_gate(cfg, lm, readouts)
     order = {p: i for i, p in enumerate(sig.prompt_ids)}
     min_layer = 1 if cfg.name == "fixed" else gate.min_layer
     value = torch.tensor([threshold_value(gate)], dtype=torch.float64)
@@ -66,9 +65,7 @@ def each_sequence_decides_as_it_would_alone(lm, prompts, gate_cfg, policy, reado
     L = lm.num_layers
 
     def gate():
-        made = make_gate(gate_cfg, L)
-        made.attach(readouts)  # a learned exit's fitted readouts (None for the others)
-        return made
+        return make_gate(gate_cfg, lm, readouts)  # a learned exit's fitted readouts (None for the others)
 
     together = BatchEngine(lm, gate(), policy).generate_batch(prompts, N)
     alone = [Engine(lm, gate(), policy).generate(ids, N) for ids in prompts]
