@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose, load, run_cli
+from conftest import compose, run_cli
 from sweep import progress
 
 SWEEP = str(Path(sys.executable).with_name("sweep"))
@@ -161,7 +161,6 @@ def test_gate_full_measures_no_probe():
 
     cfg = compose("model=tiny-llama", "seed=31", "gate=full", "prompts.n=1", "bench.gen_tokens=4")
     lm, gate, prompts = prepare(cfg)  # seed=31: a model of its own, its cost model not measured yet
-    assert lm is load("model=tiny-llama", "seed=31")
     events: list[progress.Event] = []
     with progress.listen(events.append):
         row = run_trial(cfg, lm, gate, prompts)
@@ -173,7 +172,9 @@ def test_gate_full_measures_no_probe():
     assert row["speedup_model"] == pytest.approx(1.0)
 
     sat = compose("model=tiny-llama", "seed=31", "gate=saturation", "gate.eps=0.2", "prompts.n=1", "bench.gen_tokens=4")
+    model = lm
     lm, gate, prompts = prepare(sat)
+    assert lm is model  # the process's session keeps it: the same model, its cost model measured once
     events.clear()
     with progress.listen(events.append):
         run_trial(sat, lm, gate, prompts)

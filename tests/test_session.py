@@ -126,3 +126,41 @@ def test_decoding_state_is_the_steps_not_the_gates():
     early, late = gate.decide(2, z, z, z, Decoding(0, 10)), gate.decide(2, z, z, z, Decoding(9, 10))
     # 0.9 * 0.5 + 0.1 * exp(-4 t / 10): 0.55 at the first token, 0.4527 at the tenth
     assert bool(late) and not bool(early)
+
+
+@pytest.mark.parametrize("command", ["profile", "bench", "fit", "calibrate"])
+def test_every_verb_refuses_bad_input_in_prepare_and_writes_nothing(command, tmp_path):
+    """The command layer (``sweep.cli.verbs``): prepare -> run -> write -> render. A prompts file that
+    cannot be read fails in prepare, before any model loads, and nothing is written under the root."""
+    from sweep.cli.verbs import VERBS
+    from sweep.errors import SweepError
+    from sweep.models import model_loads
+
+    bad = tmp_path / "prompts.jsonl"
+    bad.write_text("{not json\n")
+    root = tmp_path / "root"
+    gate = ["gate=saturation", "calibrate.grid='range(0.1, 0.3, step=0.1)'"] if command == "calibrate" else []
+    cfg = compose("model=tiny-llama", "prompts=jsonl", f"prompts.path={bad}", f"results.root={root}", *gate)
+    loads = model_loads()
+    with pytest.raises(SweepError, match="prompts"):
+        VERBS[command].execute(cfg, Session())
+    assert model_loads() == loads and not root.exists()
+
+
+def test_a_verbs_steps_run_in_order_and_render_what_was_written(tmp_path):
+    from sweep.cli.verbs import VERBS
+
+    cfg = compose(
+        "model=tiny-llama",
+        "gate=saturation",
+        "gate.eps=0.3",
+        "prompts.n=1",
+        "bench.gen_tokens=3",
+        f"results.root={tmp_path}",
+    )
+    lines, code, (path, row) = VERBS["bench"].execute(cfg, Session())
+    assert code == 0 and Path(path).is_file() and lines[-1] == f"row: {path}"
+    assert row["status"] == "ok" and row["trial_id"] in path
+    lines, code, report = VERBS["analyze"].execute(compose(f"results.root={tmp_path}"))
+    assert code == 0 and report.is_file() and lines[-1] == f"report: {report}"
+    assert any(line.startswith("tiny-llama") or "tiny-llama" in line for line in lines[:-1])  # a verdict per model

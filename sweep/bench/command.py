@@ -10,6 +10,7 @@ from sweep.bench.costs import cost_model
 from sweep.bench.protocol import run_trial, verify_positions
 from sweep.bench.rows import failed_row, format_row
 from sweep.bench.session import Session, process_session
+from sweep.report.textfit import fit_lines
 from sweep.config import Config
 from sweep.gates import Gate, make_gate
 from sweep.models import LoadedModel
@@ -48,28 +49,48 @@ def gate_readouts(gate_cfg, lm: LoadedModel, prompts: list[Prompt], session: Ses
     return session.readouts_for(gate_cfg.readouts, lm, prompts, key)
 
 
-def run_bench(cfg: Config) -> tuple[str, dict[str, Any], str]:
-    """`sweep bench`: one trial, one Parquet row; returns (path, row, summary)."""
+def measure(cfg: Config, prepared: tuple[LoadedModel, Gate, list[Prompt]]) -> dict[str, Any]:
+    """The trial, run fresh: its row (a failed row when the trial raises)."""
+    lm, gate, prompts = prepared
+    log.info("bench %s on %s: %d prompts x %d tokens", gate.describe(), lm.name, len(prompts), cfg.bench.gen_tokens)
+    try:
+        return run_trial(cfg, lm, gate, prompts)
+    except (RuntimeError, ValueError) as exc:  # CUDA out-of-memory is a RuntimeError
+        log.error("trial failed: %s", exc)
+        return failed_row(cfg, len(prompts), exc, gate)
+
+
+def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The row with its provenance, one Parquet file under results.root: (its path, the full row)."""
     from sweep.store import write_table
     from sweep.store.run_info import new_run_id, provenance
 
-    lm, gate, prompts = prepare(cfg)
-    log.info("bench %s on %s: %d prompts x %d tokens", gate.describe(), lm.name, len(prompts), cfg.bench.gen_tokens)
-    try:
-        row = run_trial(cfg, lm, gate, prompts)
-    except (RuntimeError, ValueError) as exc:  # CUDA out-of-memory is a RuntimeError
-        log.error("trial failed: %s", exc)
-        row = failed_row(cfg, len(prompts), exc, gate)
-    run_id = cfg.run_id or new_run_id()
-    prov = provenance(cfg, lm, run_id)
-    row.update(sweep_name=None, worker_pid=None, worker_model_loads=None, trial_seconds=None)  # sweep-only columns
+    prov = provenance(cfg, prepared[0], cfg.run_id or new_run_id())
+    row = {**row, "sweep_name": None, "worker_pid": None, "worker_model_loads": None, "trial_seconds": None}
     with progress.timed("writing"):
         path = write_table(
             "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
         )
+    return str(path), {**prov, **row}
+
+
+def render(cfg: Config, prepared, row: dict[str, Any], written: tuple[str, dict]) -> tuple[list[str], int]:
+    """The bench's summary (with the cost model's figures, kept with the model) and the row's path;
+    exit code 1 when the trial did not end ok."""
+    lm, gate, prompts = prepared
     costs = (
         cost_model(lm, prompts[0].input_ids, gates=[gate], kv_policies=[cfg.bench.kv_policy], **verify_positions([cfg]))
         if cfg.bench.cost_model and row["status"] != "failed"
         else None
     )
-    return str(path), {**prov, **row}, format_row({**prov, **row}, costs)
+    return [fit_lines(format_row(written[1], costs)), f"row: {written[0]}"], 0 if row["status"] == "ok" else 1
+
+
+def run_bench(cfg: Config, session: Session | None = None) -> tuple[str, dict[str, Any], str]:
+    """`sweep bench` as a library call (``sweep.cli.verbs``' four steps): one trial, one Parquet row;
+    returns (path, row, summary)."""
+    prepared = prepare(cfg, session)
+    row = measure(cfg, prepared)
+    path, full = write_row(cfg, prepared, row)
+    lines, _ = render(cfg, prepared, row, (path, full))
+    return path, full, lines[0]

@@ -43,26 +43,21 @@ def compose_for(command: str, overrides: list[str]):
     return cfg
 
 
-def _profile(overrides: list[str]) -> int:
-    from sweep.analysis import format_summary
-    from sweep.trace.profile import run_profile
+def _verb(command: str, *, breakdown: bool = False):
+    """A command of four steps (``sweep.cli.verbs``): compose, then prepare, run, write, render; with
+    ``breakdown`` the time breakdown's line last."""
 
-    cfg = compose_for("profile", overrides)
-    path, trace = run_profile(cfg)
-    print(fit_lines(format_summary(trace, cfg.eas.alpha)))
-    print(f"trace: {path}")
-    return 0
+    def handler(overrides: list[str]) -> int:
+        from sweep.cli.verbs import VERBS
 
+        cfg = compose_for(command, overrides)
+        with progress.breakdown() as times:
+            lines, code, _ = VERBS[command].execute(cfg)
+        for line in lines + ([fit_lines(times.line())] if breakdown else []):
+            print(line)
+        return code
 
-def _bench(overrides: list[str]) -> int:
-    from sweep.bench.command import run_bench
-
-    with progress.breakdown() as times:
-        path, row, summary = run_bench(compose_for("bench", overrides))
-    print(fit_lines(summary))
-    print(f"row: {path}")
-    print(fit_lines(times.line()))
-    return 0 if row["status"] == "ok" else 1
+    return handler
 
 
 def _run(overrides: list[str]) -> int:
@@ -98,51 +93,6 @@ def _run(overrides: list[str]) -> int:
     return 0
 
 
-def _analyze(overrides: list[str]) -> int:
-    from sweep.report.build import run_analyze
-
-    path, verdicts = run_analyze(compose_for("analyze", overrides))
-    for line in verdicts:
-        print(fit_lines(line))
-    print(f"report: {path}")
-    return 0
-
-
-def _calibrate(overrides: list[str]) -> int:
-    from sweep.trace.calibrate import format_calibration, run_calibrate
-
-    cfg = compose_for("calibrate", overrides)
-    print(fit_lines(format_calibration(cfg, run_calibrate(cfg))))
-    return 0
-
-
-def _fit(overrides: list[str]) -> int:
-    from sweep.trace.fit import run_fit
-
-    path, _, summary = run_fit(compose_for("fit", overrides))
-    print(fit_lines(fit_report(summary)))
-    print(f"readouts: {path}")
-    return 0
-
-
-def fit_report(summary: dict) -> str:
-    """`sweep fit`'s report: the fit's size and time, then one row per layer on the fitting set."""
-    lines = [
-        f"readouts of {summary['model']} fitted on {summary['prompts']} {summary['prompt_set']} prompts in "
-        f"{summary['fit_seconds']:.1f} s (translators: {summary['translator_positions']} positions; classifiers "
-        f"and this table: the {summary['decode_positions']} decode positions)",
-        "top1: agreement with the final layer's token; KL(final || lens) in nats; acc: the exit classifier's accuracy",
-        f"{'layer':>5}  {'top1 logit':>10}  {'top1 tuned':>10}  {'KL logit':>9}  {'KL tuned':>9}  "
-        f"{'acc logit':>9}  {'acc tuned':>9}",
-    ]
-    for r in summary["layers"]:
-        lines.append(
-            f"{r['layer']:>5}  {r['top1_logit']:>10.3f}  {r['top1_tuned']:>10.3f}  {r['kl_logit']:>9.3f}  "
-            f"{r['kl_tuned']:>9.3f}  {r['acc_logit']:>9.3f}  {r['acc_tuned']:>9.3f}"
-        )
-    return "\n".join(lines)
-
-
 def _config(overrides: list[str]) -> int:
     import yaml
 
@@ -173,12 +123,12 @@ def _schema(overrides: list[str]) -> int:
 
 
 COMMANDS = {
-    "profile": _profile,
-    "bench": _bench,
+    "profile": _verb("profile"),
+    "bench": _verb("bench", breakdown=True),
     "run": _run,
-    "analyze": _analyze,
-    "calibrate": _calibrate,
-    "fit": _fit,
+    "analyze": _verb("analyze"),
+    "calibrate": _verb("calibrate"),
+    "fit": _verb("fit"),
     "config": _config,
     "schema": _schema,
     "families": _families,

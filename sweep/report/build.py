@@ -52,13 +52,15 @@ log = logging.getLogger("sweep.report.build")
 
 
 def run_analyze(cfg) -> tuple[Path, list[str]]:
-    """Compute everything, then write it; returns (report path, one verdict line per model)."""
+    """`sweep analyze` as a library call (``sweep.cli.verbs``' four steps): compute everything, then write
+    it; returns (report path, one verdict line per model)."""
     ctx = analyse(cfg)
     return write_report(ctx), verdicts(ctx)
 
 
-def analyse(cfg) -> ReportContext:
-    """Load the rows, compute fronts, knees and targets: the report's context. Writes nothing."""
+def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None, Path]:
+    """The rows under results.root (each trial once), its profiles, and where the report goes (inside
+    the root unless analysis.out names a place); refused in one line when there is nothing to analyze."""
     from sweep.config.paths import inside
 
     root = Path(cfg.results.root)
@@ -70,6 +72,31 @@ def analyse(cfg) -> ReportContext:
         raise InputError(
             f"results.root={root}: no trials or profiles there to analyze (run `sweep run` or `sweep profile` first)"
         )
+    out = Path(cfg.analysis.out) if cfg.analysis.out else root / "report"
+    if not cfg.analysis.out:
+        inside(root, out)  # <root>/report, not a symlink to elsewhere
+    return root, trials, profiles if has_profiles else None, out
+
+
+def write(cfg, prepared, ctx: ReportContext) -> Path:
+    return write_report(ctx)
+
+
+def render(cfg, prepared, ctx: ReportContext, path: Path) -> tuple[list[str], int]:
+    """One verdict line per model, and the report's path."""
+    from sweep.report.textfit import fit_lines
+
+    return [*map(fit_lines, verdicts(ctx)), f"report: {path}"], 0
+
+
+def analyse(cfg) -> ReportContext:
+    """Load the rows, compute fronts, knees and targets: the report's context. Writes nothing."""
+    return compute(cfg, prepare(cfg))
+
+
+def compute(cfg, prepared) -> ReportContext:
+    """Fronts (full depth on each), knees, targets with intervals and noise floors: the report's context."""
+    root, trials, profiles, out = prepared
     a = cfg.analysis
     conf = {"metric": a.speedup, "n_boot": a.n_boot, "seed": a.seed, "min_prompts": a.ci_min_prompts}
     ok = ok_trials(trials, a.speedup).collect()
@@ -80,9 +107,6 @@ def analyse(cfg) -> ReportContext:
     targets = targets_at(ok, tuple(a.targets), conf)
     settings = targets_at(ok, tuple(a.targets), conf, reference=False)  # the best setting, beating full depth or not
     ok = _front_intervals(ok, front)  # (after the targets: theirs are bootstrapped for their picks)
-    out = Path(a.out) if a.out else root / "report"
-    if not a.out:
-        inside(root, out)  # <root>/report, not a symlink to elsewhere
     return ReportContext(
         root=root,
         out=out,
@@ -91,7 +115,7 @@ def analyse(cfg) -> ReportContext:
         front=front,
         knees=knees,
         targets=targets,
-        profiles=profiles if has_profiles else None,
+        profiles=profiles,
         alpha=cfg.eas.alpha,
         min_prompts=a.ci_min_prompts,
         settings=settings,
@@ -113,7 +137,7 @@ def _warn_non_finite(trials: pl.DataFrame, metric: str) -> None:
         )
 
 
-def render(ctx: ReportContext) -> tuple[str, list[str]]:
+def markdown(ctx: ReportContext) -> tuple[str, list[str]]:
     """Every section in order over one context: (the Markdown text, the figures written into ctx.out)."""
     sections = [section(ctx) for section in SECTIONS]
     return "\n".join(line for s in sections for line in s.lines), [name for s in sections for name in s.figures]
@@ -131,7 +155,7 @@ def write_report(ctx: ReportContext) -> Path:
     staging.mkdir(parents=True)
     try:
         staged = _with_out(ctx, staging)
-        text, made = render(staged)
+        text, made = markdown(staged)
         _carry_cache(staged, ctx)  # the profiles' curves and the like, computed once
         _write_tables(ctx)
         ctx.out.mkdir(parents=True, exist_ok=True)

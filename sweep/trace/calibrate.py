@@ -118,11 +118,11 @@ def split(items: list, fraction: float, seed: int) -> tuple[list, list]:
     return order[:cut], order[cut:]
 
 
-def run_calibrate(cfg: Config) -> Calibration:
-    """`sweep calibrate`: Learn-then-Test on calibration prompts, checked on held-out ones."""
-    from sweep.bench.command import prepare
-    from sweep.decode.engine import Engine
-    from sweep.gates import make_gate
+def prepare(cfg: Config, session) -> tuple:
+    """`sweep calibrate`'s ladder, model, gate (readouts loaded, disjoint from the prompts) and prompts from
+    ``session`` (``sweep.bench.session``), split into calibration, held-out and drift sets; every check
+    before any decoding: (values, lm, gate, prompts, cal, held, drift)."""
+    from sweep.bench import command
     from sweep.config.search import check_ladder
 
     c = cfg.calibrate
@@ -131,11 +131,20 @@ def run_calibrate(cfg: Config) -> Calibration:
     if ladder is None and spec.threshold is not None:
         raise ConfigError(f"calibrate.grid: required for gate={spec.name} (e.g. 'range(1, 30)')")
     values = ordered(spec.name, check_ladder(ladder or "", spec.name))
-    lm, prepared, prompts = prepare(cfg)  # readouts (tuned lens, classifier) loaded, disjoint from the prompts
+    lm, prepared, prompts = command.prepare(cfg, session)
     if len(prompts) < 2:
         raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
     cal, held = split(prompts, c.split, cfg.seed)
-    drift = _heldout_set(cfg, lm, prepared, prompts)
+    return values, lm, prepared, prompts, cal, held, _heldout_set(cfg, lm, prepared, prompts)
+
+
+def calibrate(cfg: Config, prepared: tuple) -> Calibration:
+    """Learn-then-Test on the calibration prompts, checked on the held-out ones (and the drift set)."""
+    from sweep.decode.engine import Engine
+    from sweep.gates import make_gate
+
+    values, lm, prepared, prompts, cal, held, drift = prepared
+    c, spec = cfg.calibrate, GATE_SPECS.get(cfg.gate.name, key="gate")
     n = cfg.bench.gen_tokens
     log.info("full-depth baselines: %d prompts x %d tokens", len(prompts) + len(drift), n)
     full = Engine(lm)
@@ -183,6 +192,20 @@ def run_calibrate(cfg: Config) -> Calibration:
             result.drift_risk, result.drift_exit_rate = risk(result.chosen, drift)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def render(cfg: Config, prepared, result: Calibration, _written) -> tuple[list[str], int]:
+    from sweep.report.textfit import fit_lines
+
+    return [fit_lines(format_calibration(cfg, result))], 0
+
+
+def run_calibrate(cfg: Config, session=None) -> Calibration:
+    """`sweep calibrate` as a library call (``sweep.cli.verbs``' steps, in ``session``, default this
+    process's; it writes nothing): Learn-then-Test on calibration prompts, checked on held-out ones."""
+    from sweep.bench.session import process_session
+
+    return calibrate(cfg, prepare(cfg, process_session() if session is None else session))
 
 
 def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import polars as pl
@@ -259,20 +259,48 @@ def traced_run(
     return trace, prov
 
 
-def run_profile(cfg, session=None) -> tuple[str, pl.DataFrame]:
-    """`sweep profile`: load, read prompts, trace each, write one Parquet table; returns (path, trace).
-    Models and readouts come from ``session`` (``sweep.bench.session``; default: this process's)."""
-    from sweep.bench.session import process_session
+def prepare(cfg, session) -> tuple[LoadedModel, list[Prompt], Any]:
+    """`sweep profile`'s model and prompts from ``session`` (``sweep.bench.session``), and the readouts
+    profile.readouts names, checked here (against the model, disjoint from the prompts) before any work."""
+    lm, prompts = session.workload(cfg, ("profile.gen_tokens", cfg.profile.gen_tokens))
+    if cfg.profile.readouts is not None:
+        session.readouts_for(cfg.profile.readouts, lm, prompts, "profile.readouts")
+    return lm, prompts, session.readouts
+
+
+def trace(cfg, prepared) -> tuple[pl.DataFrame, dict, float]:
+    """Trace every prompt: (the trace, its provenance, seconds)."""
     from sweep.store.run_info import new_run_id
+
+    lm, prompts, readouts = prepared
+    t0 = time.perf_counter()
+    table, prov = traced_run(cfg, lm, prompts, cfg.run_id or new_run_id(), cfg.profile.gen_tokens, readouts)
+    return table, prov, time.perf_counter() - t0
+
+
+def write(cfg, prepared, result) -> str:
+    """One Parquet table under results.root; its path."""
     from sweep.store import write_table
 
-    session = process_session() if session is None else session
-    lm, prompts = session.workload(cfg, ("profile.gen_tokens", cfg.profile.gen_tokens))
-    t0 = time.perf_counter()
-    run_id = cfg.run_id or new_run_id()
-    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.profile.gen_tokens, session.readouts)
-    path = write_table("profile", trace, root=cfg.results.root, provenance=prov, stem=run_id)
-    log.info(
-        "profiled %d prompts in %.1f s; wrote %d rows to %s", len(prompts), time.perf_counter() - t0, trace.height, path
-    )
-    return str(path), trace
+    table, prov, seconds = result
+    path = write_table("profile", table, root=cfg.results.root, provenance=prov, stem=prov["run_id"])
+    log.info("profiled %d prompts in %.1f s; wrote %d rows to %s", len(prepared[1]), seconds, table.height, path)
+    return str(path)
+
+
+def render(cfg, prepared, result, path: str) -> tuple[list[str], int]:
+    """The lens summary (per layer: top-1 agreement, KL, EAS) and the trace's path."""
+    from sweep.analysis import format_summary
+    from sweep.report.textfit import fit_lines
+
+    return [fit_lines(format_summary(result[0], cfg.eas.alpha)), f"trace: {path}"], 0
+
+
+def run_profile(cfg, session=None) -> tuple[str, pl.DataFrame]:
+    """`sweep profile` as a library call (``sweep.cli.verbs``' four steps, in ``session``, default this
+    process's): returns (path, trace)."""
+    from sweep.bench.session import process_session
+
+    prepared = prepare(cfg, process_session() if session is None else session)
+    result = trace(cfg, prepared)
+    return write(cfg, prepared, result), result[0]
