@@ -259,19 +259,23 @@ def test_sweep_fit_refuses_a_bad_value_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "readouts").exists()
 
 
-def test_a_process_loads_one_file_once_and_again_when_it_changes(saved, tmp_path):
-    """Trials of a sweep worker share one verified load; a file rewritten in place is read anew
-    (and refused when its content no longer matches its name)."""
+def test_a_session_loads_one_file_once_and_again_when_it_changes(saved, tmp_path):
+    """Trials of a sweep worker (one session) share one verified load; a file rewritten in place is read
+    anew (and refused when its content no longer matches its name)."""
     import os
     import shutil
+
+    from sweep.bench.session import Session
 
     lm, _, path = saved
     src = tmp_path / path.name
     shutil.copyfile(path, src)
-    first = load_readouts(src, lm)
-    assert load_readouts(src, lm) is first
+    cache = Session().readouts
+    first = load_readouts(src, lm, cache=cache)
+    assert load_readouts(src, lm, cache=cache) is first
+    assert load_readouts(src, lm) is not first  # without a session's cache: loaded and verified again
     other = save_readouts(fit(lm, prompts_for(lm, "prompts.n=3"), gen_tokens=4, seed=1), tmp_path / "b")
     shutil.copyfile(other, src)  # another fit's bytes under the first one's name
     os.utime(src, ns=(1, 1))
     with pytest.raises(ConfigError, match="modified after it was written"):
-        load_readouts(src, lm)
+        load_readouts(src, lm, cache=cache)
