@@ -26,7 +26,6 @@ forward and leaves the rest of the step to the caller.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Sequence
 
@@ -218,9 +217,9 @@ class Engine:
         with adapter.capture_hidden() as hs:
             logits = adapter.forward(ids, cache, attention_mask=attention_mask, position_ids=position_ids)[:, -1]
         mask = None if attention_mask is None else attention_mask.bool()
-        t0 = time.perf_counter()
-        calibration = gate.calibrate(self._calibration_lens, hs, mask=mask)
-        return logits, hs, Decoding(0, n_tokens, calibration), time.perf_counter() - t0
+        with Timer(self.lm.device) as timed:
+            calibration = gate.calibrate(self._calibration_lens, hs, mask=mask)
+        return logits, hs, Decoding(0, n_tokens, calibration), timed.seconds
 
     def _calibration_lens(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """The lens a gate's calibration reads layer ``layer`` with: the gate's readout, the model's head at L."""
