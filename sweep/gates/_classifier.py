@@ -18,6 +18,8 @@ class ClassifierGate(Gate):
     def decide(self, layer, h, h_prev, z, at=FIRST):
         return at_least(self.readouts.classifier_prob(layer, h, h_prev, self.lens), self.cfg.theta)
 
+    needs_readouts = True  # its rule is the fitted classifier, whatever lens it reads
+
     @property
     def lens(self) -> str:
         """The lens whose top-1 the classifier was fitted to predict (null in a config built in code: logit)."""

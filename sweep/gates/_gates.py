@@ -102,8 +102,8 @@ class Gate:
 
     @property
     def needs_readouts(self) -> bool:
-        """True when the gate reads fitted readouts (a tuned lens, the classifier)."""
-        return self.cfg.lens == "tuned" or self.name == "classifier"
+        """True when the gate reads fitted readouts: a tuned lens (the classifier's own rule adds its own)."""
+        return self.cfg.lens == "tuned"
 
     def probe_layers(self) -> range:
         """Layers after which the decision is taken (never after L: that is full depth)."""
