@@ -1,0 +1,58 @@
+"""benchmarks/skipset_shapes.py: the skip sets it times and its dry run on tiny shapes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import skipset_shapes  # noqa: E402
+
+SCRIPT = ROOT / "benchmarks" / "skipset_shapes.py"
+
+
+@pytest.mark.parametrize("shape", skipset_shapes.SHAPES + skipset_shapes.DRY_SHAPES, ids=lambda s: s.name)
+def test_each_timed_skip_set_has_its_ratio_half_attention_half_mlp(shape):
+    L = shape.layers
+    for ratio in skipset_shapes.RATIOS:
+        skip = skipset_shapes.spread(L, ratio)
+        assert len(skip) == round(ratio * 2 * L)  # no two picks of one sublayer
+        assert abs(skip.ratio(L) - ratio) <= 1 / (2 * L)
+        assert abs(len(skip.attention) - len(skip.mlp)) <= 1
+        assert set(skip.attention) | set(skip.mlp) <= set(range(1, L + 1))
+
+
+def test_the_dry_run_prints_every_shape_and_ratio_with_consistent_ceilings(tmp_path):
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    for shape in skipset_shapes.DRY_SHAPES:
+        block = res.stdout.split(f"## {shape.name}:")[1].split("\n## ")[0]
+        step = float(re.search(r"full step ([\d.]+) ms", block).group(1))
+        verify = {int(k): float(ms) for k, ms in re.findall(r"k=(\d) ([\d.]+) ms", block)}
+        assert sorted(verify) == [1, 2, 3, 4, 5]
+        rows = [line for line in block.splitlines() if re.match(r"\| 0\.\d\d \|", line)]
+        assert len(rows) == len(skipset_shapes.RATIOS)
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            draft = float(cells[2])
+            for n, cell in zip(skipset_shapes.DRAFT_LENS, cells[5:]):
+                ceiling, break_even = (float(x) for x in cell.rstrip().replace("x", "").split(","))
+                # recomputed from the printed step, draft and verification figures (rounded to 0.01 ms)
+                expect = (n * draft + verify[n + 1]) / step
+                assert break_even == pytest.approx(expect, abs=0.03)
+                assert ceiling == pytest.approx((n + 1) / expect, abs=0.03)
+
+
+def test_an_unknown_shape_is_one_line_and_exit_2():
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, str(SCRIPT), "--shapes", "nope"], capture_output=True, text=True, env=env)
+    assert res.returncode == 2
+    assert res.stdout.strip().splitlines() == [
+        "error: --shapes: unknown nope (allowed: smollm2-135m-shape, gemma3-270m-shape, gemma3-1b-shape)"
+    ]
