@@ -216,3 +216,42 @@ def test_a_screens_trace_and_replay_show_on_the_driver(ray_session, tmp_path):
     assert len(traced) == 1 and traced[0].done == traced[0].total == 1  # the one prompt
     replay = [e for e in events if e.phase == "replay" and e.kind == "end"]
     assert len(replay) == 1 and replay[0].source is None and replay[0].done == replay[0].total > 1
+
+
+def _live_progress_actors() -> set[int]:
+    """The processes of progress actors under this test session (an embedded Ray's workers are its
+    descendants; an actor's process is named after its class)."""
+    from conftest import descendants
+
+    def named(pid: int) -> str:
+        try:
+            return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return ""
+
+    return {pid for pid in descendants(os.getpid()) if named(pid).startswith("ray::ProgressHub")}
+
+
+def _settled(before: set[int], timeout_s: float = 20.0) -> set[int]:
+    """The progress actors a sweep left alive beyond ``before``, once a killed one has had time to exit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = _live_progress_actors() - before
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_a_sweep_stops_the_progress_actor_it_started_however_it_ends(ray_session, tmp_path):
+    """An embedded Ray outlives a sweep run in-process (a notebook's several sweeps, this test session): each
+    sweep stops its progress actor, whether it ran trials, found them all done, or screened skip sets."""
+    from conftest import sweep
+
+    before = _live_progress_actors()
+    assert sweep(tmp_path, "search=saturation-grid").written == 8
+    assert _settled(before) == set()
+    assert sweep(tmp_path, "search=saturation-grid").written == 0  # every row exists: nothing runs
+    assert _settled(before) == set()
+    skip = tmp_path / "skip"
+    assert sweep(skip, "search=skipset-random", "search.n_trials=4", "search.closed_loop=1").written == 1
+    assert _settled(before) == set()

@@ -63,6 +63,14 @@ class Hub:
         if not wait:
             self.pending = self.actor.drain.remote()
 
+    def close(self) -> None:
+        """Stop the actor: a handle that Tune's state still holds would otherwise keep its process alive
+        for as long as Ray runs (an embedded Ray shared by several sweeps, a joined cluster)."""
+        actor, self.actor, self.pending = self.actor, None, None
+        if actor is not None:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.kill(actor)
+
 
 @contextlib.contextmanager
 def forwarding(actor, source: str):

@@ -145,19 +145,26 @@ def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
 
 
 def _execute(plan: Plan) -> SweepOutcome:
-    """Resolve the trials' resources and device, pick the trials still to run, fit, reconcile."""
+    """Resolve the trials' resources and device, then run them with the actor that carries the workers'
+    progress events, which the sweep stops however it ends (Tune's state may hold its handle)."""
+    resources = trial_resources(plan.cfg)
+    device = trial_device(plan.cfg.device, resources["gpu"])
+    hub = Hub()
+    try:
+        return _run_trials(plan, resources, device, hub)
+    finally:
+        hub.close()
+
+
+def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutcome:
+    """Screen where the search screens, pick the trials still to run, fit, reconcile."""
     cfg = plan.cfg
-    resources = trial_resources(cfg)
-    hub = None  # the actor holding the workers' progress events, once a worker runs
-    device = trial_device(cfg.device, resources["gpu"])
     grid_trials, simulated = plan.grid_trials, None
     if cfg.search.kind == "skipset":
-        hub = Hub()
         grid_trials = _skipset(plan, resources, device, hub)
     if cfg.search.kind == "screen":
         chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
         if chosen is None:
-            hub = Hub()
             grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
         else:
             grid_trials = chosen
@@ -181,7 +188,6 @@ def _execute(plan: Plan) -> SweepOutcome:
         log.info("sweep %s: %s", plan.name, why)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    hub = hub or Hub()
     tuner = _tuner(plan, planned, total, resources, device, writer, hub, grid=grid_trials)
     shared = cfg.sweep.shared_baseline
     bundles = len(baseline_groups(grid_trials, planned, shared)) if planned is not None and shared > 1 else total
