@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
-from sweep.report.plotting import HEADLINE_TARGET, _fit, _fit_agreement, _legend_outside, _pyplot, _save
+from sweep.report.plotting import HEADLINE_TARGET, _fit, _fit_agreement, _legend_outside, _figure, _save
 
 MANY_POINTS = 300  # from this many trials of a gate, smaller and lighter markers keep the cloud readable
 
@@ -40,7 +40,7 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
         xs += [k["knee_all_speedup"], k["speedup"]]
         ys += [k["knee_all_agreement"], k["agreement"]]
     xlim, ylim = _fit(xs, min_span=0.1), _fit_agreement(ys)
-    fig, ax = _pyplot().subplots(figsize=(12, 6))
+    fig, ax = _figure(figsize=(12, 6))
     for gate, sub in sorted(rows.filter(pl.col("skipped_compute")).partition_by("gate", as_dict=True).items()):
         sub = sub.sort("speedup")
         many = sub.height >= MANY_POINTS
@@ -187,7 +187,7 @@ def screen_figure(both: pl.DataFrame, out: Path) -> str:
 def draw_screen(both: pl.DataFrame):
     """Each simulated setting (hollow) joined to its closed-loop trial (filled), per gate; both axes fit the
     points, the legend right of them."""
-    fig, ax = _pyplot().subplots(figsize=(11, 6))
+    fig, ax = _figure(figsize=(11, 6))
     for gate, sub in sorted(both.partition_by("gate", as_dict=True).items()):
         line = ax.plot(
             sub["speedup_wall"].to_list(), sub["agreement"].to_list(), "o", label=f"{gate[0]}: measured (closed loop)"
@@ -223,7 +223,7 @@ def draw_screen(both: pl.DataFrame):
 
 def batching_figure(series: dict[str, pl.DataFrame], sizes: list[int], out: Path) -> str:
     """Speedup, decode-step layers saved and agreement against batch size, one line per setting."""
-    fig, axes = _pyplot().subplots(1, 3, figsize=(15, 4.8))
+    fig, axes = _figure(1, 3, figsize=(15, 4.8))
     for setting, sub in series.items():
         b = sub["batch_size"].to_list()
         line = axes[0].plot(b, sub["speedup_wall"].to_list(), "o-", label=setting)[0]
@@ -249,8 +249,7 @@ def skip_map_figure(maps: list[tuple[str, str, int]], out: Path) -> str:
     bypassed sublayers filled. ``maps``: (model, canonical skip text, L)."""
     from sweep.config.skipset import SkipSet
 
-    plt = _pyplot()
-    fig, axes = plt.subplots(len(maps), 1, figsize=(10, 1.1 + 1.0 * len(maps)), squeeze=False)
+    fig, axes = _figure(len(maps), 1, figsize=(10, 1.1 + 1.0 * len(maps)), squeeze=False)
     for ax, (model, text, L) in zip(axes[:, 0], maps):
         skip = SkipSet.parse(text)
         grid = [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
-from sweep.report.plotting import _fit, _fit_agreement, _layer_axis, _pyplot, _save
+from sweep.report.plotting import _fit, _fit_agreement, _layer_axis, _figure, _save
 
 EPS_LINES = (0.05, 0.1, 0.2, 0.3)  # the post-mortem's saturation thresholds
 
@@ -26,7 +26,7 @@ def draw_layers(curve: pl.DataFrame, model: str):
     the post-mortem's thresholds dotted where they fall near the data (the others named in the legend)."""
     curve = curve.sort("layer")
     layers = curve["layer"].to_list()
-    fig, axes = _pyplot().subplots(3, 1, figsize=(9.5, 10), sharex=True)
+    fig, axes = _figure(3, 1, figsize=(9.5, 10), sharex=True)
     deltas = curve["delta_median"].to_list()
     axes[0].plot(layers, deltas, "o-", ms=3, label="median saturation delta")
     if curve["pca_delta_median"].null_count() < curve.height:
@@ -67,7 +67,7 @@ def draw_lens(curve: pl.DataFrame, model: str, readouts_id: str):
     final top-1, and KL(final || lens) on a log axis (where it is 0, at layer L, not drawn)."""
     curve = curve.sort("layer")
     layers = curve["layer"].to_list()
-    fig, axes = _pyplot().subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    fig, axes = _figure(1, 2, figsize=(12, 4.5), sharex=True)
     top1 = []
     for lens, style in (("logit", "o-"), ("tuned", "s-")):
         top1 += curve[f"{lens}_top1"].to_list()
@@ -162,7 +162,7 @@ def draw_eas(per_layer: pl.DataFrame, eas: pl.DataFrame, alpha: float):
     panel on the 0-1 scale of A_l with the ceiling (S_l = 1 at every layer, and its EAS) dashed, so a score
     reads against what 0 and the most a model of that depth could reach mean."""
     variants = {"hidden": "hidden-state cosine", "logits": "logit cosine (centred)", "topk": "top-K overlap"}
-    fig, axes = _pyplot().subplots(1, 3, figsize=(15, 5.2), sharey=True)
+    fig, axes = _figure(1, 3, figsize=(15, 5.2), sharey=True)
     score = {(r["model"], r["variant"]): r["eas"] for r in eas.iter_rows(named=True)}
     depths = sorted({int(v) for v in per_layer["num_layers"].unique().to_list()})
     for ax, (variant, label) in zip(axes, variants.items()):
