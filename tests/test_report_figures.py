@@ -8,26 +8,16 @@ from __future__ import annotations
 
 import itertools
 
-import matplotlib
 import polars as pl
 import pytest
+from matplotlib.text import Text
 
 from sweep.analysis import eas_per_layer, eas_table, fronts, knees_table, layer_curve, ok_trials
 from sweep.report.figures import draw_pareto, draw_screen
 from sweep.report.figures_layers import EPS_LINES, THETA_LINES, draw_eas, draw_layers, draw_lens, eas_ceiling
 from sweep.report.plotting import layer_ticks
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.text import Text  # noqa: E402
-
 L = 30  # SmolLM2-135M's depth
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def trials(points, intervals) -> pl.DataFrame:
