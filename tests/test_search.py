@@ -120,7 +120,12 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
             ["search.spaces=[{gate.eps: 'tag(log, interval(0, 1))'}]", "search.kind=optuna", "search.n_trials=2"],
             "a log interval needs low > 0",
         ),
-        (["search.spaces=[{gate.eps: 'choice(0.1,'}]"], "cannot parse"),
+        (["search.spaces=[{gate.eps: 'choice(0.1,'}]"], "choice(0.1,: cannot parse (no viable alternative at input"),
+        (
+            ["search.spaces=[{gate: skip, bench.mode: self_speculative, bench.draft_stop: 'choice(null, 0.5)'}]"],
+            "bench.draft_stop=choice(null, 0.5): cannot parse (choice(...) cannot hold null in Hydra's grammar; "
+            "give the null value a space of its own)",
+        ),
         (["search=optuna-constrained", "+search.objectives.agreement=max"], "supported with a single objective"),
     ],
 )

@@ -83,7 +83,7 @@ def parse_value(key: str, raw: Any, where: str) -> Param:
     try:
         value = OverridesParser.create().parse_overrides([f"{key}={text}"])[0].value()
     except HydraException as exc:
-        raise ConfigError(f"{where}={raw}: cannot parse ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"{where}={raw}: cannot parse ({_parse_reason(exc)})") from None
     if isinstance(value, ChoiceSweep):
         return Param(key, "choice", tuple(value.list), where=where)
     if isinstance(value, RangeSweep):
@@ -258,3 +258,14 @@ def check_ladder(ladder: str, gate: str) -> list:
                 f"gate={gate} needs each to be {domain.allowed}"
             )
     return values
+
+
+def _parse_reason(exc: Exception) -> str:
+    """Hydra's reason in one line: the line after its "Error parsing override" heading, and for a null in
+    choice(...), which its grammar refuses, what to write instead."""
+    lines = [line for line in str(exc).splitlines() if line and not line.startswith("See https://")]
+    if "NoneType is incompatible" in str(exc):
+        return "choice(...) cannot hold null in Hydra's grammar; give the null value a space of its own"
+    if len(lines) > 1 and lines[0].startswith("Error parsing override"):
+        return lines[1]
+    return lines[0] if lines else type(exc).__name__
