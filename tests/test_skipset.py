@@ -4,6 +4,7 @@ reproducibility, and a real skipset sweep whose study joins its rows."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -124,6 +125,40 @@ def test_draft_stop_ends_drafting_at_an_unsure_draft():
     assert always.drafted_lengths == unstopped.drafted_lengths and always.tokens == baseline
 
 
+class CountingDraft:
+    """A skip-set draft that counts its forward passes."""
+
+    def __init__(self, lm, skip: str) -> None:
+        self.inner, self.passes = SkipDraft(lm, SkipSet.parse(skip)), 0
+
+    @contextlib.contextmanager
+    def session(self):
+        with self.inner.session() as draft:
+
+            def counted(token, cache, position):
+                self.passes += 1
+                return draft(token, cache, position)
+
+            yield counted
+
+
+@pytest.mark.parametrize("stop", [None, 0.05, 0.1, 1.0])
+def test_a_round_counts_every_draft_pass_a_dropped_draft_included(stop):
+    lm = load("model=tiny-llama")
+    ids = chat_prompts(lm, 1)[0].input_ids
+    drafter = CountingDraft(lm, "a1+m2")
+    gen = SelfSpeculative(lm, drafter, 3, draft_stop=stop).generate(ids, N)
+    assert sum(gen.draft_steps) == drafter.passes and len(gen.draft_steps) == gen.rounds
+    dropped = [s - k for s, k in zip(gen.draft_steps, gen.drafted_lengths)]
+    assert set(dropped) <= {0, 1}
+    if stop is None:
+        assert sum(dropped) == 0
+    if stop == 1.0:  # every draft is below 1: each round computes one and keeps none
+        assert gen.draft_steps == [1] * (N - 1) and gen.drafted == 0
+    if stop in (0.05, 0.1):  # the tiny model's drafts straddle these (its top-1 probabilities are 0.04-0.2)
+        assert sum(dropped) > 0 and gen.drafted > 0, (gen.draft_steps, gen.drafted_lengths)
+
+
 def test_the_search_with_one_seed_gives_the_same_study_twice():
     from sweep.bench.costs import cost_model
     from sweep.orchestrate.skipsearch import best_sets, search
@@ -212,4 +247,12 @@ def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
 
     row = speculation([PromptRun(Prompt("p", "", list(ids)), gen, gen)], costs, Gate)
     assert row["speedup_model"] == pytest.approx(by_hand, rel=1e-9)
+    # draft_stop=1 drops every draft: each round still pays one draft pass and verifies one position
+    stopped = SelfSpeculative(lm, SkipDraft(lm, skip), 3, draft_stop=1.0).generate(ids, N)
+    every_round = (N - 1) * costs.step_ms / ((N - 1) * (step + costs.verify_ms[0]))
+    row = speculation([PromptRun(Prompt("p", "", list(ids)), stopped, stopped)], costs, Gate)
+    assert row["speedup_model"] == pytest.approx(every_round, rel=1e-9) and every_round < 1
+    rec = record(lm, [ids], N)
+    screened = predict(first_drafts(lm, rec, skip), 3, 1.0, costs, skip)
+    assert screened.speedup == pytest.approx(every_round, rel=1e-9) and screened.draft_steps == [1] * (N - 1)
     assert costs.verify_ms[0] > 0 and len(costs.verify_ms) >= 4 and costs.attn_ms >= 0 and costs.mlp_ms >= 0

@@ -47,8 +47,9 @@ def speculation(runs, costs: CostModel, gate: Gate) -> dict[str, Any]:
 
 def _speculation_model(runs, costs: CostModel, gate: Gate, committed: int) -> dict[str, float]:
     """speedup_model (decode) and speedup_e2e_model (with each prompt's prefill, the same on both sides)
-    of self-speculation, from its measured rounds: each round's drafts at the draft's step cost (layers
-    1..K and the lens, or the full model less the skip set's sublayers) plus a verification of drafts + 1."""
+    of self-speculation, from its measured rounds: each round's draft passes (its kept drafts, and one dropped
+    by draft_stop) at the draft's step cost (layers 1..K and the lens, or the full model less the skip set's
+    sublayers) plus a verification of the kept drafts + 1."""
     if gate.name == "skip":
         from sweep.config.skipset import SkipSet
 
@@ -56,7 +57,8 @@ def _speculation_model(runs, costs: CostModel, gate: Gate, committed: int) -> di
     else:
         step = costs.prefix_draft_ms(gate.exit_layer)
     drafted = [k for run in runs for k in run.gated.drafted_lengths]
-    spec_ms = costs.speculative_ms(step, drafted)
+    passes = [s for run in runs for s in run.gated.draft_steps]  # a draft dropped by draft_stop was computed too
+    spec_ms = costs.speculative_ms(step, drafted, passes)
     prefill = sum(costs.prefill_at(len(run.prompt.input_ids)) for run in runs)
     full_ms = committed * costs.step_ms
     return {

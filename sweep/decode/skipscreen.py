@@ -94,7 +94,8 @@ class Prediction:
     acceptance_rate: float | None  # accepted / drafted
     acceptance_length: float  # 1 + accepted drafts per verification
     rounds: int
-    drafted: list[int]  # per round
+    drafted: list[int]  # per round: drafts kept
+    draft_steps: list[int]  # per round: draft passes (one more than kept where draft_stop dropped a draft)
     accepted: list[int]  # per round
     decode_steps: int  # tokens 2..n over all prompts
     speedup: float | None  # cost model: full-depth ms of the decode steps / predicted self-speculative ms
@@ -102,9 +103,10 @@ class Prediction:
 
 def predict(first: FirstDrafts, draft_len: int, draft_stop: float | None = None, costs=None, skip=None) -> Prediction:
     """Rounds of up to ``draft_len`` drafts over every prompt's decode, accepting the consecutive first-draft
-    matches from each round's start; a draft below ``draft_stop`` ends the round's drafting (not verified).
+    matches from each round's start; a draft below ``draft_stop`` ends the round's drafting (computed, then
+    dropped: priced as a draft pass, not verified).
     With ``costs`` (a cost model measured with speculation) and the ``skip`` set, the predicted speedup."""
-    drafted, accepted, steps = [], [], 0
+    drafted, passes, accepted, steps = [], [], [], 0
     for match, conf in zip(first.match, first.confidence):
         n_steps = len(match)  # decode steps: tokens 2..n
         steps += n_steps
@@ -118,18 +120,20 @@ def predict(first: FirstDrafts, draft_len: int, draft_stop: float | None = None,
             while a < k and bool(match[i + a]):
                 a += 1
             drafted.append(k)
+            passes.append(k + (k < m))  # a draft below draft_stop was computed, then dropped
             accepted.append(a)
             i += a + 1
     total_drafted = sum(drafted)
     speedup = None
     if costs is not None:
-        spec_ms = costs.speculative_ms(costs.skip_draft_ms(skip), drafted)
+        spec_ms = costs.speculative_ms(costs.skip_draft_ms(skip), drafted, passes)
         speedup = steps * costs.step_ms / spec_ms if spec_ms else None
     return Prediction(
         acceptance_rate=sum(accepted) / total_drafted if total_drafted else None,
         acceptance_length=1.0 + statistics.fmean(accepted) if accepted else 1.0,
         rounds=len(drafted),
         drafted=drafted,
+        draft_steps=passes,
         accepted=accepted,
         decode_steps=steps,
         speedup=speedup,

@@ -48,6 +48,7 @@ class SpeculativeGeneration(Generation):
     accepted: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     drafted_lengths: list[int] = field(default_factory=list)  # per round: drafts verified (draft_stop may cut them)
+    draft_steps: list[int] = field(default_factory=list)  # per round: draft forward passes (a dropped draft's too)
     round_starts: list[int] = field(default_factory=list)  # per round: the index of the token its first draft guesses
     draft_seconds: float = 0.0  # of decode_seconds: drafting
     verify_seconds: float = 0.0  # of decode_seconds: verification passes (crops included)
@@ -124,7 +125,9 @@ class SelfSpeculative:
         with self.drafter.session() as draft, Timer(dev) as decode:
             while len(tokens) < n_tokens:
                 with drafting:
-                    drafted = self._draft(draft, token, cache, committed, min(self.draft_len, n_tokens - len(tokens)))
+                    drafted, steps = self._draft(
+                        draft, token, cache, committed, min(self.draft_len, n_tokens - len(tokens))
+                    )
                 with verifying:
                     accepted, new = self._verify(token, drafted, cache, committed)
                 out.round_starts.append(len(tokens))
@@ -136,6 +139,7 @@ class SelfSpeculative:
                 out.accepted += accepted
                 out.accepted_lengths.append(accepted)
                 out.drafted_lengths.append(len(drafted))
+                out.draft_steps.append(steps)
                 out.draft_seconds += drafting.seconds
                 out.verify_seconds += verifying.seconds
         out.decode_seconds = decode.seconds
@@ -145,16 +149,18 @@ class SelfSpeculative:
         out.probes = [0] * len(out.tokens)
         return out
 
-    def _draft(self, draft: Draft, token: torch.Tensor, cache, committed: int, m: int) -> list[torch.Tensor]:
-        """Up to ``m`` drafts after ``token``; stops before a draft whose top-1 probability is below draft_stop."""
-        drafted, current = [], token
+    def _draft(self, draft: Draft, token: torch.Tensor, cache, committed: int, m: int):
+        """Up to ``m`` drafts after ``token``, and the draft forward passes they took: drafting stops at a
+        draft whose top-1 probability is below draft_stop, which was computed (a pass) but is not kept."""
+        drafted, current, steps = [], token, 0
         for i in range(m):
             logits = draft(current, cache, committed + i)
+            steps += 1
             if self.draft_stop is not None and float(torch.softmax(logits.float(), -1).max()) < self.draft_stop:
                 break
             current = logits.argmax(-1, keepdim=True)
             drafted.append(current)
-        return drafted
+        return drafted, steps
 
     def _verify(self, token: torch.Tensor, drafted: list[torch.Tensor], cache, committed: int):
         """The full model over the last committed token and the drafts in one pass: the accepted drafts
