@@ -81,17 +81,11 @@ class CostModel:
         """ms of a draft step of layers 1..K and the logit lens."""
         return self.overhead_ms + exit_layer * self.layer_ms + self.head_ms
 
-    def speculative_ms(
-        self, draft_step_ms: float, drafted: Sequence[int], draft_steps: Sequence[int] | None = None
-    ) -> float:
+    def speculative_ms(self, draft_step_ms: float, drafted: Sequence[int], draft_steps: Sequence[int]) -> float:
         """Predicted decode ms of self-speculation whose rounds kept ``drafted[r]`` drafts after
-        ``draft_steps[r]`` draft passes (one more than kept where ``bench.draft_stop`` dropped a draft; by
-        default as many as kept): every pass at ``draft_step_ms`` (``prefix_draft_ms``, ``skip_draft_ms``) and
-        a verification of the kept drafts + 1."""
-        steps = drafted if draft_steps is None else draft_steps
-        if len(steps) != len(drafted):
-            raise ValueError(f"{len(drafted)} rounds of drafts but {len(steps)} of draft passes")
-        return sum(s * draft_step_ms + self.verify(k + 1) for k, s in zip(drafted, steps))
+        ``draft_steps[r]`` draft passes (one more than kept where ``bench.draft_stop`` dropped a draft): every
+        pass at ``draft_step_ms`` (``prefix_draft_ms``, ``skip_draft_ms``) and a verification of the kept drafts + 1."""
+        return sum(s * draft_step_ms + self.verify(k + 1) for k, s in zip(drafted, draft_steps, strict=True))
 
     def probe_ms(self, gate: Gate) -> float:
         """ms of one probe of ``gate``: in situ when ``cost_model(..., gates=[gate])`` measured it, else alone."""

@@ -263,9 +263,9 @@ def check_ladder(ladder: str, gate: str) -> list:
 def _parse_reason(exc: Exception) -> str:
     """Hydra's reason in one line: the line after its "Error parsing override" heading, and for a null in
     choice(...), which its grammar refuses, what to write instead."""
-    lines = [line for line in str(exc).splitlines() if line and not line.startswith("See https://")]
     if "NoneType is incompatible" in str(exc):
         return "choice(...) cannot hold null in Hydra's grammar; give the null value a space of its own"
+    lines = [line for line in str(exc).splitlines() if line and not line.startswith("See https://")]
     if len(lines) > 1 and lines[0].startswith("Error parsing override"):
         return lines[1]
     return lines[0] if lines else type(exc).__name__

@@ -149,7 +149,9 @@ class SelfSpeculative:
         out.probes = [0] * len(out.tokens)
         return out
 
-    def _draft(self, draft: Draft, token: torch.Tensor, cache, committed: int, m: int):
+    def _draft(
+        self, draft: Draft, token: torch.Tensor, cache, committed: int, m: int
+    ) -> tuple[list[torch.Tensor], int]:
         """Up to ``m`` drafts after ``token``, and the draft forward passes they took: drafting stops at a
         draft whose top-1 probability is below draft_stop, which was computed (a pass) but is not kept."""
         drafted, current, steps = [], token, 0
