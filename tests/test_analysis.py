@@ -549,3 +549,6 @@ def test_params_text_names_mode_and_batch_size():
     assert params_text({"exit_layer": 15, "min_layer": 15, "mode": "self_speculative", "draft_len": 4}) == (
         "exit_layer=15 min_layer=15 mode=self_speculative draft_len=4"
     )
+    spec = {"skip": "a2+m3", "mode": "self_speculative", "draft_len": 2, "draft_stop": 0.3}
+    assert params_text(spec) == "skip=a2+m3 mode=self_speculative draft_len=2 draft_stop=0.3"
+    assert params_text({**spec, "draft_stop": None}) == "skip=a2+m3 mode=self_speculative draft_len=2"

@@ -127,6 +127,26 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
             "give the null value a space of its own)",
         ),
         (["search=optuna-constrained", "+search.objectives.agreement=max"], "supported with a single objective"),
+        (
+            ["search=skipset-optuna", "search.draft_stops=[0.3,1.5]"],
+            "search.draft_stops=[0.3, 1.5]: must be a non-empty list of distinct draft_stop values (each null or a "
+            "number in [0, 1]), or null",
+        ),
+        (["search=skipset-optuna", "search.draft_stops=[null,null]"], "search.draft_stops=[None, None]: must be"),
+        (["search=skipset-optuna", "search.draft_stops=0.3"], "search.draft_stops=0.3: must be a non-empty list"),
+        (
+            ["search=saturation-grid", "+search.draft_stops=[0.3]"],
+            "search.draft_stops: searched jointly with a skip set by a skipset search only (search.kind is grid)",
+        ),
+        (
+            [
+                "search=skipset-optuna",
+                "search.draft_stops=[null,0.3]",
+                "search.spaces=[{gate: skip, bench.mode: self_speculative, bench.draft_stop: 0.5}]",
+            ],
+            "search.spaces[0].bench.draft_stop: search.draft_stops searches bench.draft_stop with the set; "
+            "leave one of them out",
+        ),
     ],
 )
 def test_bad_search_configs_are_clear_errors(overrides, message):

@@ -181,8 +181,45 @@ def test_the_search_with_one_seed_gives_the_same_study_twice():
         )
         studies.append([(t.params, t.value, t.user_attrs["skip"]) for t in study.trials])
         chosen = best_sets(study, 3)
-        assert all(0.1 <= SkipSet.parse(s).ratio(4) <= 0.6 for s in chosen) and len(set(chosen)) == len(chosen)
+        assert all(0.1 <= SkipSet.parse(c.skip).ratio(4) <= 0.6 and c.draft_stop is None for c in chosen)
+        assert len(set(chosen)) == len(chosen)
     assert studies[0] == studies[1] and studies[0] != studies[2]
+
+
+def test_draft_stops_are_searched_with_the_set_and_each_candidate_is_priced_at_its_own():
+    """search.draft_stops: each candidate draws a draft_stop; its screen figures are the screen's prediction at
+    that draft_stop (recomputed here per trial), and both values win somewhere among the candidates chosen."""
+    from sweep.bench.costs import cost_model
+    from sweep.orchestrate.skipsearch import best_sets, search
+
+    lm = load("model=tiny-llama")
+    rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
+    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
+    study = search(
+        lambda skip: first_drafts(lm, rec, skip),
+        num_layers=4,
+        n_trials=40,
+        sampler="random",
+        seed=5,
+        ratio=(0.0, 1.0),
+        draft_len=4,
+        draft_stop=0.5,  # unused: draft_stops is given
+        costs=costs,
+        draft_stops=[None, 1.0],
+    )
+    stops = {t.params["draft_stop"] for t in study.trials}
+    assert stops == {None, 1.0}
+    for t in study.trials:
+        skip, stop = SkipSet.parse(t.user_attrs["skip"]), t.params["draft_stop"]
+        assert t.user_attrs["draft_stop"] == stop
+        alone = predict(first_drafts(lm, rec, skip), 4, stop, costs, skip)
+        assert t.value == pytest.approx(alone.speedup, rel=1e-12)
+        if stop == 1.0:  # every draft is dropped: one pass and no kept draft per round
+            assert t.user_attrs["acceptance_length"] == 1.0
+    chosen = best_sets(study, 40)
+    assert {c.draft_stop for c in chosen} == {None, 1.0} and len(set(chosen)) == len(chosen)
+    best = max(study.trials, key=lambda t: t.value)
+    assert (chosen[0].skip, chosen[0].draft_stop) == (best.user_attrs["skip"], best.params["draft_stop"])
 
 
 def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_rows(tmp_path, ray_session):
@@ -200,6 +237,7 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
             "search.n_trials=12",
             "search.closed_loop=2",
             "search.skip_ratio=[0.1,0.5]",
+            "search.draft_stops=[null,0.1]",  # draft_stop searched with the set
             "bench.gen_tokens=8",
         )
     # the screen's worker shows each screened set on the driver while the driver waits on it
@@ -213,9 +251,9 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     assert rows["skip_ratio"].is_between(0.1, 0.5).all() and rows["acceptance_length"].is_not_null().all()
     study = optuna.load_study(study_name="skipset-optuna", storage=f"sqlite:///{out.path}/optuna.db")
     assert len(study.trials) == 12
-    joined = {t.user_attrs["trial_id"]: t.user_attrs["skip"] for t in study.trials}
+    joined = {t.user_attrs["trial_id"]: (t.user_attrs["skip"], t.params["draft_stop"]) for t in study.trials}
     for row in rows.iter_rows(named=True):
-        assert joined[row["trial_id"]] == row["skip"]  # each measured row is a screened candidate
+        assert joined[row["trial_id"]] == (row["skip"], row["draft_stop"])  # each row is a screened candidate
     assert rows.filter(pl.col("gate") != "skip").height == 0
     from sweep.report.build import run_analyze
 
@@ -224,6 +262,17 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     shown = [line for line in text.splitlines() if line.startswith("| tiny-llama | skip ")]
     assert "## Self-speculation" in text and len(shown) == 1  # the best skip set, by the ranked speedup
     assert any(f"skip {skip} " in shown[0] for skip in rows["skip"].to_list())
+    # each row's draft_stop shows in the sweep's table and in the report's best set where it is not null
+    from sweep.report.run_report import sweep_report
+
+    stops = rows["draft_stop"].to_list()
+    assert ("draft_stop" in sweep_report(out)) == any(s is not None for s in stops)
+    pairs = {(r["skip"], r["draft_stop"]) for r in rows.iter_rows(named=True)}
+    assert any(
+        f"skip {skip} " in shown[0]
+        and ((f"stop below {stop:g}" in shown[0]) if stop is not None else "stop" not in shown[0])
+        for skip, stop in pairs
+    ), (shown[0], pairs)
     assert (report.parent / "skip_sets.png").is_file()
 
 

@@ -253,10 +253,12 @@ def best_at_targets(
 
 def params_text(row: dict) -> str:
     """A trial's gate parameters as `key=value` text (the ones it has), then its bench mode,
-    draft_len and batch_size where they are not the default."""
+    draft_len, draft_stop and batch_size where they are not the default."""
     parts = [gate_text(row)] if gate_text(row) else []
     if row.get("mode") == "self_speculative":
         parts += ["mode=self_speculative", f"draft_len={row.get('draft_len')}"]
+        if row.get("draft_stop") is not None:
+            parts.append(f"draft_stop={row['draft_stop']:g}")
     if (row.get("batch_size") or 1) > 1:
         parts.append(f"batch_size={row['batch_size']}")
     return " ".join(parts)

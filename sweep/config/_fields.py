@@ -44,8 +44,10 @@ def _describe(tp: Any) -> str:
         return "true or false"
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or tp is dict:
         return "a mapping"
+    if tp is list:
+        return "a list"
     return str(tp)
 
 
@@ -119,7 +121,12 @@ def build(cls: type, data: dict, prefix: str = "") -> Any:
             if not optional:
                 raise ConfigError(f"{key}: must not be null; must be {_describe(tp)}")
         else:
-            value = _coerce(tp, value, key)
+            try:
+                value = _coerce(tp, value, key)
+            except ConfigError:  # a field that says what it allows says it whole, not just its type
+                if dataclasses.is_dataclass(tp) or not f.metadata.get("allowed"):
+                    raise
+                raise ConfigError(f"{key}={value!r}: must be {f.metadata['allowed']}") from None
             check = f.metadata.get("check")
             if not _finite(value) or (check is not None and not check(value)):
                 raise ConfigError(f"{key}={value}: must be {f.metadata.get('allowed') or 'valid'}")

@@ -151,6 +151,16 @@ class SearchConfig:
         allowed="[lo, hi] with 0 <= lo <= hi <= 1, or null",
     )
     closed_loop: int | None = field(None, check=in_range(1, 1000), allowed="an integer in 1..1000 or null")
+    # skipset: bench.draft_stop values searched jointly with the set, e.g. [null, 0.3, 0.6, 0.9] (null: the set alone)
+    draft_stops: list | None = field(
+        None,
+        check=lambda v: (
+            len(v) > 0
+            and len(set(v)) == len(v)
+            and all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1) for x in v)
+        ),
+        allowed="a non-empty list of distinct draft_stop values (each null or a number in [0, 1]), or null",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -181,6 +181,11 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
         )
     if search.kind == "skipset":
         _check_skipset(search)
+    elif search.draft_stops is not None:
+        raise ConfigError(
+            f"search.draft_stops: searched jointly with a skip set by a skipset search only (search.kind is "
+            f"{search.kind}); sweep bench.draft_stop in search.spaces instead"
+        )
     if search.constraints and len(search.objectives) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts
@@ -210,6 +215,10 @@ def _check_skipset(search: SearchConfig) -> None:
             raise ConfigError(f"{p.where}: a skipset search fixes every key but the skip set (found a sweep)")
         if p.key == "gate.skip":
             raise ConfigError(f"{p.where}: the skip set is what a skipset search searches; leave gate.skip out")
+        if p.key == "bench.draft_stop" and search.draft_stops is not None:
+            raise ConfigError(
+                f"{p.where}: search.draft_stops searches bench.draft_stop with the set; leave one of them out"
+            )
 
 
 def _check_gate_values(params: list[Param], gate: str | None, where: str) -> None:

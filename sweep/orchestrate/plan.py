@@ -140,7 +140,13 @@ def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
 
         return dense_settings(cfg, base, merge)
     if cfg.search.kind == "skipset":  # its settings come from the screen; their shared part must compose
-        compose(merge(base, skipset_setting(cfg, "none")))
+        if cfg.search.draft_stops is not None and cfg.bench.draft_stop is not None:
+            raise ConfigError(
+                f"bench.draft_stop={cfg.bench.draft_stop}: search.draft_stops searches it with the set; "
+                "leave one of them out"
+            )
+        for stop in cfg.search.draft_stops or [None]:
+            compose(merge(base, skipset_setting(cfg, "none", stop)))
         return None
     for params in spaces(cfg.search):
         fixed = [as_override(p.key, p.values[0]) for p in params if p.kind == "fixed"]
@@ -151,10 +157,12 @@ def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
     return None
 
 
-def skipset_setting(cfg: Config, skip: str) -> list[str]:
-    """A skipset search's closed-loop setting for the skip set ``skip``: its sub-space's fixed values."""
+def skipset_setting(cfg: Config, skip: str, draft_stop: float | None = None) -> list[str]:
+    """A skipset search's closed-loop setting for the skip set ``skip``: its sub-space's fixed values, and
+    the candidate's ``draft_stop`` where ``search.draft_stops`` searched it."""
     params = spaces(cfg.search)[0]
-    return [*(as_override(p.key, p.values[0]) for p in params), as_override("gate.skip", skip)]
+    stop = [as_override("bench.draft_stop", draft_stop)] if cfg.search.draft_stops is not None else []
+    return [*(as_override(p.key, p.values[0]) for p in params), as_override("gate.skip", skip), *stop]
 
 
 def select_trials(

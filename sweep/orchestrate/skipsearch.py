@@ -3,12 +3,14 @@ few then measured closed-loop.
 
 An Optuna study over 2L booleans (``a1..aL``, ``m1..mL``: bypass layer l's attention / MLP) maximises
 the screen's predicted speedup (``sweep.decode.skipscreen``) of a skip-set draft at the search's draft_len and
-draft_stop, with the skip ratio |S| / 2L kept in ``search.skip_ratio`` (TPE's constraint; a random
-sampler's out-of-range sets are recorded and never chosen). Both samplers are seeded: on the same
-recorded decodes and cost model the study is the same twice. Each candidate's screen figures, and
-the trial id of its closed-loop setting (the join key with the Parquet ``trials`` table), are user
-attributes of its study trial; the cost model the screen used is a user attribute of the study.
-The best ``search.closed_loop`` distinct sets in range run closed-loop as grid settings.
+draft_stop (or, with ``search.draft_stops``, at a draft_stop each candidate draws from that list: a
+categorical parameter ``draft_stop`` beside the booleans), with the skip ratio |S| / 2L kept in
+``search.skip_ratio`` (TPE's constraint; a random sampler's out-of-range sets are recorded and never chosen).
+Both samplers are seeded: on the same recorded decodes and cost model the study is the same twice. Each
+candidate's screen figures, and the trial id of its closed-loop setting (the join key with the Parquet
+``trials`` table), are user attributes of its study trial; the cost model the screen used is a user
+attribute of the study. The best ``search.closed_loop`` distinct candidates (set, draft_stop) in range run
+closed-loop as grid settings.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable
+from typing import Callable, NamedTuple, Sequence
 
 import optuna
 
@@ -26,6 +28,13 @@ from sweep.config.skipset import SkipSet
 log = logging.getLogger("sweep.orchestrate.skipsearch")
 
 SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+
+
+class Candidate(NamedTuple):
+    """A screened candidate's closed-loop setting: its skip set's canonical text and its draft_stop."""
+
+    skip: str
+    draft_stop: float | None
 
 
 def param_names(num_layers: int) -> list[str]:
@@ -44,12 +53,14 @@ def search(
     draft_len: int,
     draft_stop: float | None,
     costs,
+    draft_stops: Sequence[float | None] | None = None,
     storage: str | None = None,
     study_name: str = "skipset",
-    trial_id: Callable[[str], str] | None = None,
+    trial_id: Callable[[Candidate], str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> optuna.Study:
-    """Run the screen study: ``screen(S)`` gives a candidate's first drafts; returns the study."""
+    """Run the screen study: ``screen(S)`` gives a candidate's first drafts; returns the study. With
+    ``draft_stops``, each candidate also draws its draft_stop from that list (``draft_stop`` is then unused)."""
     lo, hi = ratio
     study = optuna.create_study(
         storage=storage,
@@ -66,14 +77,16 @@ def search(
         trial = study.ask()
         mask = [trial.suggest_categorical(name, [False, True]) for name in names]
         skip = SkipSet.from_mask(mask, num_layers)
+        stop = trial.suggest_categorical("draft_stop", list(draft_stops)) if draft_stops is not None else draft_stop
         r = skip.ratio(num_layers)
         violation = max(lo - r, r - hi, 0.0)
         trial.set_constraint("skip_ratio", violation)  # TPE keeps to feasible sets (Optuna 5's constraints)
         trial.set_user_attr("ratio_violation", violation)
         t0 = time.perf_counter()
-        pred = predict(screen(skip), draft_len, draft_stop, costs, skip)
+        pred = predict(screen(skip), draft_len, stop, costs, skip)
         attrs = {
             "skip": skip.text(),
+            "draft_stop": stop,
             "skip_ratio": r,
             "acceptance_rate": pred.acceptance_rate,
             "acceptance_length": pred.acceptance_length,
@@ -81,7 +94,7 @@ def search(
             "screen_seconds": time.perf_counter() - t0,
         }
         if trial_id is not None:
-            attrs["trial_id"] = trial_id(skip.text())
+            attrs["trial_id"] = trial_id(Candidate(skip.text(), stop))
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         study.tell(trial, pred.speedup if pred.speedup is not None else 0.0)
@@ -90,19 +103,20 @@ def search(
     return study
 
 
-def best_sets(study: optuna.Study, k: int) -> list[str]:
-    """The ``k`` distinct skip sets in the ratio range with the highest predicted speedup (ties: the higher
-    predicted acceptance length, then the earlier trial)."""
+def best_sets(study: optuna.Study, k: int) -> list[Candidate]:
+    """The ``k`` distinct candidates (skip set, draft_stop) in the ratio range with the highest predicted
+    speedup (ties: the higher predicted acceptance length, then the earlier trial)."""
     feasible = [
         t
         for t in study.trials
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("ratio_violation", 1.0) == 0.0
     ]
     feasible.sort(key=lambda t: (-(t.value or 0.0), -(t.user_attrs.get("acceptance_length") or 0.0), t.number))
-    chosen: list[str] = []
+    chosen: list[Candidate] = []
     for t in feasible:
-        if t.user_attrs["skip"] not in chosen:
-            chosen.append(t.user_attrs["skip"])
+        candidate = Candidate(t.user_attrs["skip"], t.user_attrs.get("draft_stop"))
+        if candidate not in chosen:
+            chosen.append(candidate)
         if len(chosen) == k:
             break
     return chosen

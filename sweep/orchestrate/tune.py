@@ -294,23 +294,26 @@ def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
 
 def _skipset(plan: Plan, resources: dict, device: str, hub: Hub):
     """`search=skipset-*`: the screen study in a worker with the trials' resources (resumed from its
-    SQLite study when one is there), its progress shown here, then the chosen skip sets as grid
-    settings, composed here."""
+    SQLite study when one is there), its progress shown here, then the chosen candidates (skip set,
+    draft_stop) as grid settings, composed here."""
     from sweep.orchestrate.plan import skipset_setting
+    from sweep.orchestrate.skipsearch import Candidate
     from sweep.orchestrate.study import optuna_storage_url
 
     plan.path.mkdir(parents=True, exist_ok=True)
     storage = optuna_storage_url(plan.path)
     found = _in_task(_skipscreened, resources, hub, plan.base, plan.run_id, device, storage, plan.cfg.search.name)
+    searched = plan.cfg.search.draft_stops is not None  # the rows say which draft_stop each set ran at
+    chosen = [Candidate(*c) for c in found["chosen"]]
     log.info(
         "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
         plan.cfg.search.n_trials,
         found["model"],
         found["seconds"],
-        len(found["chosen"]),
-        ", ".join(found["chosen"]),
+        len(chosen),
+        ", ".join(c.skip + (f" (draft_stop {c.draft_stop})" if searched else "") for c in chosen),
     )
-    settings = [skipset_setting(plan.cfg, skip) for skip in found["chosen"]]
+    settings = [skipset_setting(plan.cfg, c.skip, c.draft_stop) for c in chosen]
     return [(setting, trial_config(plan.base, setting, device)) for setting in settings]
 
 

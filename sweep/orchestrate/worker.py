@@ -167,8 +167,8 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
 
 def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
     """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
-    self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the skip sets
-    to run closed-loop, best first."""
+    self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the
+    candidates (skip set, draft_stop) to run closed-loop, best first."""
     from sweep.bench.command import prepare
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
@@ -186,8 +186,10 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     costs = cost_model(lm, prompts[0].input_ids, kv_policies=[], verify_positions=b.draft_len + 1)
     shown = progress.start("skip-set screen", s.n_trials, part="screen")  # one step per screened set
 
-    def trial_id(skip: str) -> str:
-        return trial_identity(dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, skip=skip)), device).id
+    def trial_id(candidate) -> str:
+        gate = dataclasses.replace(cfg.gate, skip=candidate.skip)
+        bench = dataclasses.replace(cfg.bench, draft_stop=candidate.draft_stop)
+        return trial_identity(dataclasses.replace(cfg, gate=gate, bench=bench), device).id
 
     study = search(
         lambda skip: first_drafts(lm, recorded, skip),
@@ -199,6 +201,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         draft_len=b.draft_len,
         draft_stop=b.draft_stop,
         costs=costs,
+        draft_stops=s.draft_stops,
         storage=storage,
         study_name=study_name,
         trial_id=trial_id,

@@ -19,6 +19,8 @@ TABLE_COLUMNS = (
     "GATE_COLUMNS",
     "kv_policy",
     "mode",
+    "draft_len",
+    "draft_stop",
     "status",
     "agreement",
     "speedup_wall",

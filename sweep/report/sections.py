@@ -292,8 +292,9 @@ def speculation_section(ctx: ReportContext) -> Section:
             draft = (
                 f"skip {r['skip']} (ratio {num(r['skip_ratio'])})" if kind == "skip" else f"layers 1..{r['exit_layer']}"
             )
+            stop = f", stop below {r['draft_stop']:g}" if r.get("draft_stop") is not None else ""
             lines.append(
-                f"| {model} | {draft}, {r['draft_len']} drafts | {num(r['acceptance_rate'])} | "
+                f"| {model} | {draft}, {r['draft_len']} drafts{stop} | {num(r['acceptance_rate'])} | "
                 f"{num(r['acceptance_length'])} | {num(r['draft_ms_per_token'])} | {num(r['verify_ms_per_token'])} | "
                 f"{num(r['baseline_ms_per_token'])} | {num(r['speedup_wall'])}x | {num(r['speedup_model'])}x |"
             )

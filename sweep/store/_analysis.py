@@ -181,8 +181,8 @@ KNEES = Table(
             "params",
             pl.String(),
             "",
-            "the knee trial's gate parameters (and bench mode, draft_len, batch_size when not the default), as "
-            "key=value text for display",
+            "the knee trial's gate parameters (and bench mode, draft_len, draft_stop, batch_size when not the "
+            "default), as key=value text for display",
             nullable=True,
         ),
         Column("speedup_metric", pl.String(), "", "what `speedup` ranks by: speedup_wall | speedup_e2e_wall"),
@@ -229,7 +229,8 @@ TARGETS = Table(
             "params",
             pl.String(),
             "",
-            "its gate parameters (and bench mode, draft_len, batch_size when not the default), as key=value text",
+            "its gate parameters (and bench mode, draft_len, draft_stop, batch_size when not the default), "
+            "as key=value text",
             nullable=True,
         ),
         Column("mode", pl.String(), "", "its bench mode: early_exit | self_speculative", nullable=True),
