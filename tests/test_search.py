@@ -135,6 +135,24 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
         (["search=skipset-optuna", "search.draft_stops=[null,null]"], "search.draft_stops=[None, None]: must be"),
         (["search=skipset-optuna", "search.draft_stops=0.3"], "search.draft_stops=0.3: must be a non-empty list"),
         (
+            ["search=skipset-optuna", "search.draft_lens=[2,0]"],
+            "search.draft_lens=[2, 0]: must be a non-empty list of distinct draft lengths (integers in 1..64), or null",
+        ),
+        (
+            ["search=self-spec-grid", "+search.draft_lens=[2]"],
+            "search.draft_lens: searched jointly with a skip set by a skipset search only (search.kind is grid); "
+            "sweep bench.draft_len in search.spaces instead",
+        ),
+        (
+            [
+                "search=skipset-random",
+                "search.draft_lens=[2,4]",
+                "search.spaces=[{gate: skip, bench.mode: self_speculative, bench.draft_len: 4}]",
+            ],
+            "search.spaces[0].bench.draft_len: search.draft_lens searches bench.draft_len with the set; "
+            "leave one of them out",
+        ),
+        (
             ["search=saturation-grid", "+search.draft_stops=[0.3]"],
             "search.draft_stops: searched jointly with a skip set by a skipset search only (search.kind is grid)",
         ),

@@ -186,9 +186,10 @@ def test_the_search_with_one_seed_gives_the_same_study_twice():
     assert studies[0] == studies[1] and studies[0] != studies[2]
 
 
-def test_draft_stops_are_searched_with_the_set_and_each_candidate_is_priced_at_its_own():
-    """search.draft_stops: each candidate draws a draft_stop; its screen figures are the screen's prediction at
-    that draft_stop (recomputed here per trial), and both values win somewhere among the candidates chosen."""
+def test_draft_stops_and_lens_are_searched_with_the_set_and_each_candidate_is_priced_at_its_own():
+    """search.draft_stops and search.draft_lens: each candidate draws a draft_stop and a draft_len; its screen
+    figures are the screen's prediction at those (recomputed here per trial), and every value is among the
+    candidates chosen."""
     from sweep.bench.costs import cost_model
     from sweep.orchestrate.skipsearch import best_sets, search
 
@@ -206,23 +207,36 @@ def test_draft_stops_are_searched_with_the_set_and_each_candidate_is_priced_at_i
         draft_stop=0.5,  # unused: draft_stops is given
         costs=costs,
         draft_stops=[None, 1.0],
+        draft_lens=[1, 4],
     )
-    stops = {t.params["draft_stop"] for t in study.trials}
-    assert stops == {None, 1.0}
+    assert {(t.params["draft_stop"], t.params["draft_len"]) for t in study.trials} == {
+        (None, 1),
+        (None, 4),
+        (1.0, 1),
+        (1.0, 4),
+    }
+    lengths = {}
     for t in study.trials:
-        skip, stop = SkipSet.parse(t.user_attrs["skip"]), t.params["draft_stop"]
-        assert t.user_attrs["draft_stop"] == stop
-        alone = predict(first_drafts(lm, rec, skip), 4, stop, costs, skip)
+        skip, stop, n = SkipSet.parse(t.user_attrs["skip"]), t.params["draft_stop"], t.params["draft_len"]
+        assert (t.user_attrs["draft_stop"], t.user_attrs["draft_len"]) == (stop, n)
+        alone = predict(first_drafts(lm, rec, skip), n, stop, costs, skip)
         assert t.value == pytest.approx(alone.speedup, rel=1e-12)
         if stop == 1.0:  # every draft is dropped: one pass and no kept draft per round
             assert t.user_attrs["acceptance_length"] == 1.0
+        lengths.setdefault((t.user_attrs["skip"], stop), {})[n] = t.user_attrs["acceptance_length"]
+    # a round of one draft accepts at most one: its length never exceeds 2, and never exceeds four drafts' length
+    assert all(by[1] <= 2.0 for by in lengths.values() if 1 in by)
+    assert all(by[1] <= by[4] + 1e-12 for by in lengths.values() if len(by) == 2)
     chosen = best_sets(study, 40)
-    assert {c.draft_stop for c in chosen} == {None, 1.0} and len(set(chosen)) == len(chosen)
+    assert {(c.draft_stop, c.draft_len) for c in chosen} == {(None, 1), (None, 4), (1.0, 1), (1.0, 4)}
+    assert len(set(chosen)) == len(chosen)
     best = max(study.trials, key=lambda t: t.value)
-    assert (chosen[0].skip, chosen[0].draft_stop) == (best.user_attrs["skip"], best.params["draft_stop"])
+    assert chosen[0] == (best.user_attrs["skip"], best.params["draft_stop"], best.params["draft_len"])
 
 
-def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_rows(tmp_path, ray_session):
+def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_rows(tmp_path, ray_session, caplog):
+    import logging
+
     import optuna
     import polars as pl
 
@@ -230,6 +244,7 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     from sweep.store import scan
 
     events: list[progress.Event] = []
+    caplog.set_level(logging.INFO, logger="sweep")
     with progress.listen(events.append):
         out = sweep(
             tmp_path,
@@ -237,7 +252,8 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
             "search.n_trials=12",
             "search.closed_loop=2",
             "search.skip_ratio=[0.1,0.5]",
-            "search.draft_stops=[null,0.1]",  # draft_stop searched with the set
+            "search.draft_stops=[null,0.1]",  # draft_stop and draft_len searched with the set
+            "search.draft_lens=[2,3]",
             "bench.gen_tokens=8",
         )
     # the screen's worker shows each screened set on the driver while the driver waits on it
@@ -251,9 +267,16 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     assert rows["skip_ratio"].is_between(0.1, 0.5).all() and rows["acceptance_length"].is_not_null().all()
     study = optuna.load_study(study_name="skipset-optuna", storage=f"sqlite:///{out.path}/optuna.db")
     assert len(study.trials) == 12
-    joined = {t.user_attrs["trial_id"]: (t.user_attrs["skip"], t.params["draft_stop"]) for t in study.trials}
+    joined = {
+        t.user_attrs["trial_id"]: (t.user_attrs["skip"], t.params["draft_stop"], t.params["draft_len"])
+        for t in study.trials
+    }
     for row in rows.iter_rows(named=True):
-        assert joined[row["trial_id"]] == (row["skip"], row["draft_stop"])  # each row is a screened candidate
+        assert joined[row["trial_id"]] == (row["skip"], row["draft_stop"], row["draft_len"])  # a screened candidate
+    # the driver names each chosen set with what the study drew with it, as overrides
+    for row in rows.iter_rows(named=True):
+        stop = "null" if row["draft_stop"] is None else f"{row['draft_stop']}"
+        assert f"{row['skip']} (bench.draft_stop={stop}, bench.draft_len={row['draft_len']})" in caplog.text
     assert rows.filter(pl.col("gate") != "skip").height == 0
     from sweep.report.build import run_analyze
 

@@ -161,6 +161,16 @@ class SearchConfig:
         ),
         allowed="a non-empty list of distinct draft_stop values (each null or a number in [0, 1]), or null",
     )
+    # skipset: bench.draft_len values searched jointly with the set, e.g. [1, 2, 3, 4] (null: bench.draft_len alone)
+    draft_lens: list | None = field(
+        None,
+        check=lambda v: (
+            len(v) > 0
+            and len(set(v)) == len(v)
+            and all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 64 for x in v)
+        ),
+        allowed="a non-empty list of distinct draft lengths (integers in 1..64), or null",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

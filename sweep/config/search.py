@@ -161,6 +161,10 @@ def grid(search: SearchConfig) -> list[list[str]]:
     return trials
 
 
+# bench keys a skipset search can draw with the set, each from the search key listing its values
+WITH_THE_SET = {"bench.draft_stop": "draft_stops", "bench.draft_len": "draft_lens"}
+
+
 def check_search(search: SearchConfig, gate: str | None = None) -> None:
     """Objectives and constraints name metrics; kinds have what they need; every gate
     parameter value a sub-space can produce is in its gate's domain (``gate``: the sweep's
@@ -181,11 +185,12 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
         )
     if search.kind == "skipset":
         _check_skipset(search)
-    elif search.draft_stops is not None:
-        raise ConfigError(
-            f"search.draft_stops: searched jointly with a skip set by a skipset search only (search.kind is "
-            f"{search.kind}); sweep bench.draft_stop in search.spaces instead"
-        )
+    for key, listed in WITH_THE_SET.items():
+        if search.kind != "skipset" and getattr(search, listed) is not None:
+            raise ConfigError(
+                f"search.{listed}: searched jointly with a skip set by a skipset search only (search.kind is "
+                f"{search.kind}); sweep {key} in search.spaces instead"
+            )
     if search.constraints and len(search.objectives) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts
@@ -215,9 +220,9 @@ def _check_skipset(search: SearchConfig) -> None:
             raise ConfigError(f"{p.where}: a skipset search fixes every key but the skip set (found a sweep)")
         if p.key == "gate.skip":
             raise ConfigError(f"{p.where}: the skip set is what a skipset search searches; leave gate.skip out")
-        if p.key == "bench.draft_stop" and search.draft_stops is not None:
+        if p.key in WITH_THE_SET and getattr(search, WITH_THE_SET[p.key]) is not None:
             raise ConfigError(
-                f"{p.where}: search.draft_stops searches bench.draft_stop with the set; leave one of them out"
+                f"{p.where}: search.{WITH_THE_SET[p.key]} searches {p.key} with the set; leave one of them out"
             )
 
 

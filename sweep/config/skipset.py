@@ -15,11 +15,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 KINDS = ("a", "m")  # attention, MLP
 GRAMMAR = "'+'-separated a<layers>/m<layers> items (attention/MLP of layers 'i' or 'i-j', 1-indexed), or 'none'"
 _ITEM = re.compile(r"^([am])(\d+)(?:-(\d+))?$")
+
+
+class Candidate(NamedTuple):
+    """A skip-set draft's setting as a skipset search screens it and runs it closed-loop: the skip set's
+    canonical text, and its bench.draft_stop and bench.draft_len."""
+
+    skip: str
+    draft_stop: float | None
+    draft_len: int | None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from sweep.config import Config, compose
 from sweep.errors import ConfigError
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
-from sweep.config.search import as_override, check_search, grid, spaces
+from sweep.config.skipset import Candidate
+from sweep.config.search import WITH_THE_SET, as_override, check_search, grid, spaces
 
 log = logging.getLogger("sweep.orchestrate.plan")
 
@@ -146,7 +147,8 @@ def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
                 "leave one of them out"
             )
         for stop in cfg.search.draft_stops or [None]:
-            compose(merge(base, skipset_setting(cfg, "none", stop)))
+            for n in cfg.search.draft_lens or [None]:
+                compose(merge(base, skipset_setting(cfg, Candidate("none", stop, n))))
         return None
     for params in spaces(cfg.search):
         fixed = [as_override(p.key, p.values[0]) for p in params if p.kind == "fixed"]
@@ -157,12 +159,17 @@ def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
     return None
 
 
-def skipset_setting(cfg: Config, skip: str, draft_stop: float | None = None) -> list[str]:
-    """A skipset search's closed-loop setting for the skip set ``skip``: its sub-space's fixed values, and
-    the candidate's ``draft_stop`` where ``search.draft_stops`` searched it."""
+def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
+    """A skipset search's closed-loop setting for a candidate: its sub-space's fixed values, its skip set, and
+    the bench values the study drew with the set (``WITH_THE_SET``: where ``search.draft_stops`` or
+    ``search.draft_lens`` is given)."""
     params = spaces(cfg.search)[0]
-    stop = [as_override("bench.draft_stop", draft_stop)] if cfg.search.draft_stops is not None else []
-    return [*(as_override(p.key, p.values[0]) for p in params), as_override("gate.skip", skip), *stop]
+    drawn = [
+        as_override(key, getattr(candidate, key.removeprefix("bench.")))
+        for key, listed in WITH_THE_SET.items()
+        if getattr(cfg.search, listed) is not None
+    ]
+    return [*(as_override(p.key, p.values[0]) for p in params), as_override("gate.skip", candidate.skip), *drawn]
 
 
 def select_trials(

@@ -3,14 +3,14 @@ few then measured closed-loop.
 
 An Optuna study over 2L booleans (``a1..aL``, ``m1..mL``: bypass layer l's attention / MLP) maximises
 the screen's predicted speedup (``sweep.decode.skipscreen``) of a skip-set draft at the search's draft_len and
-draft_stop (or, with ``search.draft_stops``, at a draft_stop each candidate draws from that list: a
-categorical parameter ``draft_stop`` beside the booleans), with the skip ratio |S| / 2L kept in
+draft_stop (or, with ``search.draft_stops`` / ``search.draft_lens``, at the draft_stop / draft_len each
+candidate draws from that list: categorical parameters beside the booleans), with the skip ratio |S| / 2L kept in
 ``search.skip_ratio`` (TPE's constraint; a random sampler's out-of-range sets are recorded and never chosen).
 Both samplers are seeded: on the same recorded decodes and cost model the study is the same twice. Each
 candidate's screen figures, and the trial id of its closed-loop setting (the join key with the Parquet
 ``trials`` table), are user attributes of its study trial; the cost model the screen used is a user
-attribute of the study. The best ``search.closed_loop`` distinct candidates (set, draft_stop) in range run
-closed-loop as grid settings.
+attribute of the study. The best ``search.closed_loop`` distinct candidates (set, draft_stop, draft_len) in
+range run closed-loop as grid settings.
 """
 
 from __future__ import annotations
@@ -18,23 +18,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import optuna
 
 from sweep.decode.skipscreen import FirstDrafts, predict
-from sweep.config.skipset import SkipSet
+from sweep.config.skipset import Candidate, SkipSet
 
 log = logging.getLogger("sweep.orchestrate.skipsearch")
 
 SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
-
-
-class Candidate(NamedTuple):
-    """A screened candidate's closed-loop setting: its skip set's canonical text and its draft_stop."""
-
-    skip: str
-    draft_stop: float | None
 
 
 def param_names(num_layers: int) -> list[str]:
@@ -54,13 +47,16 @@ def search(
     draft_stop: float | None,
     costs,
     draft_stops: Sequence[float | None] | None = None,
+    draft_lens: Sequence[int] | None = None,
     storage: str | None = None,
     study_name: str = "skipset",
     trial_id: Callable[[Candidate], str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> optuna.Study:
     """Run the screen study: ``screen(S)`` gives a candidate's first drafts; returns the study. With
-    ``draft_stops``, each candidate also draws its draft_stop from that list (``draft_stop`` is then unused)."""
+    ``draft_stops`` / ``draft_lens``, each candidate also draws its draft_stop / draft_len from that list
+    (``draft_stop`` / ``draft_len`` is then unused; ``costs`` must price a verification of max(draft_lens) + 1
+    positions)."""
     lo, hi = ratio
     study = optuna.create_study(
         storage=storage,
@@ -78,15 +74,17 @@ def search(
         mask = [trial.suggest_categorical(name, [False, True]) for name in names]
         skip = SkipSet.from_mask(mask, num_layers)
         stop = trial.suggest_categorical("draft_stop", list(draft_stops)) if draft_stops is not None else draft_stop
+        n = trial.suggest_categorical("draft_len", list(draft_lens)) if draft_lens is not None else draft_len
         r = skip.ratio(num_layers)
         violation = max(lo - r, r - hi, 0.0)
         trial.set_constraint("skip_ratio", violation)  # TPE keeps to feasible sets (Optuna 5's constraints)
         trial.set_user_attr("ratio_violation", violation)
         t0 = time.perf_counter()
-        pred = predict(screen(skip), draft_len, stop, costs, skip)
+        pred = predict(screen(skip), n, stop, costs, skip)
         attrs = {
             "skip": skip.text(),
             "draft_stop": stop,
+            "draft_len": n,
             "skip_ratio": r,
             "acceptance_rate": pred.acceptance_rate,
             "acceptance_length": pred.acceptance_length,
@@ -94,7 +92,7 @@ def search(
             "screen_seconds": time.perf_counter() - t0,
         }
         if trial_id is not None:
-            attrs["trial_id"] = trial_id(Candidate(skip.text(), stop))
+            attrs["trial_id"] = trial_id(Candidate(skip.text(), stop, n))
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         study.tell(trial, pred.speedup if pred.speedup is not None else 0.0)
@@ -104,7 +102,7 @@ def search(
 
 
 def best_sets(study: optuna.Study, k: int) -> list[Candidate]:
-    """The ``k`` distinct candidates (skip set, draft_stop) in the ratio range with the highest predicted
+    """The ``k`` distinct candidates (skip set, draft_stop, draft_len) in the ratio range with the highest predicted
     speedup (ties: the higher predicted acceptance length, then the earlier trial)."""
     feasible = [
         t
@@ -114,7 +112,7 @@ def best_sets(study: optuna.Study, k: int) -> list[Candidate]:
     feasible.sort(key=lambda t: (-(t.value or 0.0), -(t.user_attrs.get("acceptance_length") or 0.0), t.number))
     chosen: list[Candidate] = []
     for t in feasible:
-        candidate = Candidate(t.user_attrs["skip"], t.user_attrs.get("draft_stop"))
+        candidate = Candidate(t.user_attrs["skip"], t.user_attrs.get("draft_stop"), t.user_attrs.get("draft_len"))
         if candidate not in chosen:
             chosen.append(candidate)
         if len(chosen) == k:

@@ -295,25 +295,32 @@ def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
 def _skipset(plan: Plan, resources: dict, device: str, hub: Hub):
     """`search=skipset-*`: the screen study in a worker with the trials' resources (resumed from its
     SQLite study when one is there), its progress shown here, then the chosen candidates (skip set,
-    draft_stop) as grid settings, composed here."""
+    draft_stop, draft_len) as grid settings, composed here."""
     from sweep.orchestrate.plan import skipset_setting
-    from sweep.orchestrate.skipsearch import Candidate
+    from sweep.config.search import WITH_THE_SET, as_override
+    from sweep.config.skipset import Candidate
     from sweep.orchestrate.study import optuna_storage_url
 
     plan.path.mkdir(parents=True, exist_ok=True)
     storage = optuna_storage_url(plan.path)
     found = _in_task(_skipscreened, resources, hub, plan.base, plan.run_id, device, storage, plan.cfg.search.name)
-    searched = plan.cfg.search.draft_stops is not None  # the rows say which draft_stop each set ran at
+    s = plan.cfg.search
     chosen = [Candidate(*c) for c in found["chosen"]]
+
+    def named(c: Candidate) -> str:  # the set, and what the study drew with it
+        keys = [key for key, listed in WITH_THE_SET.items() if getattr(s, listed) is not None]
+        drawn = ", ".join(as_override(k, getattr(c, k.removeprefix("bench."))) for k in keys)
+        return c.skip + (f" ({drawn})" if keys else "")
+
     log.info(
         "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
         plan.cfg.search.n_trials,
         found["model"],
         found["seconds"],
         len(chosen),
-        ", ".join(c.skip + (f" (draft_stop {c.draft_stop})" if searched else "") for c in chosen),
+        ", ".join(map(named, chosen)),
     )
-    settings = [skipset_setting(plan.cfg, c.skip, c.draft_stop) for c in chosen]
+    settings = [skipset_setting(plan.cfg, c) for c in chosen]
     return [(setting, trial_config(plan.base, setting, device)) for setting in settings]
 
 

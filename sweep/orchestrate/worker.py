@@ -168,16 +168,19 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
 def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
     """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
     self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the
-    candidates (skip set, draft_stop) to run closed-loop, best first."""
+    candidates (skip set, draft_stop, draft_len) to run closed-loop, best first."""
     from sweep.bench.command import prepare
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
     from sweep.config.identity import trial_identity
+    from sweep.config.skipset import Candidate
     from sweep.orchestrate.plan import skipset_setting
     from sweep.decode.skipscreen import first_drafts, record
     from sweep.orchestrate.skipsearch import best_sets, search
 
-    cfg = trial_config(base, skipset_setting(trial_config(base, [], device), "none"), device)
+    probe = trial_config(base, [], device)
+    lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification
+    cfg = trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
     s, b = cfg.search, cfg.bench
     lm, _, prompts = prepare(cfg, process_session())
     t0 = time.perf_counter()
@@ -188,7 +191,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
 
     def trial_id(candidate) -> str:
         gate = dataclasses.replace(cfg.gate, skip=candidate.skip)
-        bench = dataclasses.replace(cfg.bench, draft_stop=candidate.draft_stop)
+        bench = dataclasses.replace(cfg.bench, draft_stop=candidate.draft_stop, draft_len=candidate.draft_len)
         return trial_identity(dataclasses.replace(cfg, gate=gate, bench=bench), device).id
 
     study = search(
@@ -202,6 +205,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         draft_stop=b.draft_stop,
         costs=costs,
         draft_stops=s.draft_stops,
+        draft_lens=s.draft_lens,
         storage=storage,
         study_name=study_name,
         trial_id=trial_id,
