@@ -141,11 +141,6 @@ def check_values(cfg: Config, base: list[str]) -> GridTrials | None:
 
         return dense_settings(cfg, base, merge)
     if cfg.search.kind == "skipset":  # its settings come from the screen; their shared part must compose
-        if cfg.search.draft_stops is not None and cfg.bench.draft_stop is not None:
-            raise ConfigError(
-                f"bench.draft_stop={cfg.bench.draft_stop}: search.draft_stops searches it with the set; "
-                "leave one of them out"
-            )
         for stop in cfg.search.draft_stops or [None]:
             for n in cfg.search.draft_lens or [None]:
                 compose(merge(base, skipset_setting(cfg, Candidate("none", stop, n))))
