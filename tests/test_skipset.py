@@ -161,7 +161,7 @@ def test_a_round_counts_every_draft_pass_a_dropped_draft_included(stop):
 
 def test_the_search_with_one_seed_gives_the_same_study_twice():
     from sweep.bench.costs import cost_model
-    from sweep.orchestrate.skipsearch import best_sets, search
+    from sweep.orchestrate.skipsearch import best_trials, candidate, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
@@ -180,7 +180,7 @@ def test_the_search_with_one_seed_gives_the_same_study_twice():
             costs=costs,
         )
         studies.append([(t.params, t.value, t.user_attrs["skip"]) for t in study.trials])
-        chosen = best_sets(study, 3)
+        chosen = [candidate(t) for t in best_trials(study, 3)]
         assert all(0.1 <= SkipSet.parse(c.skip).ratio(4) <= 0.6 and c.draft_stop is None for c in chosen)
         assert len(set(chosen)) == len(chosen)
     assert studies[0] == studies[1] and studies[0] != studies[2]
@@ -191,7 +191,7 @@ def test_draft_stops_and_lens_are_searched_with_the_set_and_each_candidate_is_pr
     figures are the screen's prediction at those (recomputed here per trial), and every value is among the
     candidates chosen."""
     from sweep.bench.costs import cost_model
-    from sweep.orchestrate.skipsearch import best_sets, search
+    from sweep.orchestrate.skipsearch import best_trials, candidate, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
@@ -227,7 +227,7 @@ def test_draft_stops_and_lens_are_searched_with_the_set_and_each_candidate_is_pr
     # a round of one draft accepts at most one: its length never exceeds 2, and never exceeds four drafts' length
     assert all(by[1] <= 2.0 for by in lengths.values() if 1 in by)
     assert all(by[1] <= by[4] + 1e-12 for by in lengths.values() if len(by) == 2)
-    chosen = best_sets(study, 40)
+    chosen = [candidate(t) for t in best_trials(study, 40)]
     assert {(c.draft_stop, c.draft_len) for c in chosen} == {(None, 1), (None, 4), (1.0, 1), (1.0, 4)}
     assert len(set(chosen)) == len(chosen)
     best = max(study.trials, key=lambda t: t.value)
@@ -273,10 +273,16 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     }
     for row in rows.iter_rows(named=True):
         assert joined[row["trial_id"]] == (row["skip"], row["draft_stop"], row["draft_len"])  # a screened candidate
-    # the driver names each chosen set with what the study drew with it, as overrides
+    # the driver names each chosen set with what the study drew with it, as overrides, and its screen figures
+    by_id = {t.user_attrs["trial_id"]: t for t in study.trials}
     for row in rows.iter_rows(named=True):
         stop = "null" if row["draft_stop"] is None else f"{row['draft_stop']}"
-        assert f"{row['skip']} (bench.draft_stop={stop}, bench.draft_len={row['draft_len']})" in caplog.text
+        t = by_id[row["trial_id"]]
+        figures = f"predicted {t.value:.3f}x, acceptance length {t.user_attrs['acceptance_length']:.2f}"
+        assert f"{row['skip']} (bench.draft_stop={stop}, bench.draft_len={row['draft_len']}): {figures}" in caplog.text
+    # and says so when no candidate is predicted to beat full depth
+    best = max(t.value for t in study.trials if t.user_attrs["ratio_violation"] == 0)
+    assert ("no screened candidate is predicted to beat full depth" in caplog.text) == (best < 1)
     assert rows.filter(pl.col("gate") != "skip").height == 0
     from sweep.report.build import run_analyze
 

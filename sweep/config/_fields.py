@@ -44,10 +44,8 @@ def _describe(tp: Any) -> str:
         return "true or false"
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
-    if dataclasses.is_dataclass(tp) or tp is dict:
+    if dataclasses.is_dataclass(tp):
         return "a mapping"
-    if tp is list:
-        return "a list"
     return str(tp)
 
 

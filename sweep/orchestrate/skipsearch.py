@@ -101,20 +101,24 @@ def search(
     return study
 
 
-def best_sets(study: optuna.Study, k: int) -> list[Candidate]:
-    """The ``k`` distinct candidates (skip set, draft_stop, draft_len) in the ratio range with the highest predicted
-    speedup (ties: the higher predicted acceptance length, then the earlier trial)."""
+def best_trials(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
+    """The study trials of the ``k`` distinct candidates (skip set, draft_stop, draft_len) in the ratio range
+    with the highest predicted speedup (ties: the higher predicted acceptance length, then the earlier trial)."""
     feasible = [
         t
         for t in study.trials
         if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("ratio_violation", 1.0) == 0.0
     ]
     feasible.sort(key=lambda t: (-(t.value or 0.0), -(t.user_attrs.get("acceptance_length") or 0.0), t.number))
-    chosen: list[Candidate] = []
+    chosen: dict[Candidate, optuna.trial.FrozenTrial] = {}
     for t in feasible:
-        candidate = Candidate(t.user_attrs["skip"], t.user_attrs.get("draft_stop"), t.user_attrs.get("draft_len"))
-        if candidate not in chosen:
-            chosen.append(candidate)
+        chosen.setdefault(candidate(t), t)
         if len(chosen) == k:
             break
-    return chosen
+    return list(chosen.values())
+
+
+def candidate(trial: optuna.trial.FrozenTrial) -> Candidate:
+    """A study trial's candidate (a study from before draft_stop / draft_len were recorded gives None)."""
+    u = trial.user_attrs
+    return Candidate(u["skip"], u.get("draft_stop"), u.get("draft_len"))

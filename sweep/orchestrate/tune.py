@@ -312,14 +312,23 @@ def _skipset(plan: Plan, resources: dict, device: str, hub: Hub):
         drawn = ", ".join(as_override(k, getattr(c, k.removeprefix("bench."))) for k in keys)
         return c.skip + (f" ({drawn})" if keys else "")
 
+    figures = [f"predicted {v:.3f}x, acceptance length {a or float('nan'):.2f}" for v, a in found["screened"]]
     log.info(
         "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
         plan.cfg.search.n_trials,
         found["model"],
         found["seconds"],
         len(chosen),
-        ", ".join(map(named, chosen)),
+        "; ".join(f"{named(c)}: {f}" for c, f in zip(chosen, figures, strict=True)),
     )
+    best = max((v for v, _ in found["screened"]), default=None)
+    if best is not None and best < 1:  # full depth (1x) is always an option: say the screen found nothing faster
+        log.info(
+            "skip-set screen: no screened candidate is predicted to beat full depth (best %.3fx); the closed loop "
+            "measures the best %d all the same",
+            best,
+            len(chosen),
+        )
     settings = [skipset_setting(plan.cfg, c) for c in chosen]
     return [(setting, trial_config(plan.base, setting, device)) for setting in settings]
 

@@ -176,7 +176,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     from sweep.config.skipset import Candidate
     from sweep.orchestrate.plan import skipset_setting
     from sweep.decode.skipscreen import first_drafts, record
-    from sweep.orchestrate.skipsearch import best_sets, search
+    from sweep.orchestrate.skipsearch import best_trials, candidate, search
 
     probe = trial_config(base, [], device)
     lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification
@@ -212,4 +212,11 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         progress=lambda done, _total: shown.advance(done - shown.done),  # a resumed study starts where it was
     )
     shown.close()
-    return {"chosen": best_sets(study, s.closed_loop), "seconds": time.perf_counter() - t0, "model": lm.name}
+    best = best_trials(study, s.closed_loop)
+    return {
+        "chosen": [candidate(t) for t in best],
+        # each one's screen figures: predicted speedup and acceptance length
+        "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
+        "seconds": time.perf_counter() - t0,
+        "model": lm.name,
+    }
