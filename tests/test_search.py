@@ -134,6 +134,8 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
         ),
         (["search=skipset-optuna", "search.draft_stops=[null,null]"], "search.draft_stops=[None, None]: must be"),
         (["search=skipset-optuna", "search.draft_stops=0.3"], "search.draft_stops=0.3: must be a non-empty list"),
+        (["search=skipset-optuna", "search.draft_stops=[[0.3]]"], "search.draft_stops=[[0.3]]: must be a non-empty"),
+        (["search=skipset-optuna", "search.draft_lens=[[2]]"], "search.draft_lens=[[2]]: must be a non-empty list"),
         (
             ["search=skipset-optuna", "search.draft_lens=[2,0]"],
             "search.draft_lens=[2, 0]: must be a non-empty list of distinct draft lengths (integers in 1..64), or null",
@@ -171,3 +173,19 @@ def test_bad_search_configs_are_clear_errors(overrides, message):
     with pytest.raises(ConfigError) as info:
         check_search(compose(*overrides).search)
     assert message in str(info.value)
+
+
+def test_a_whole_number_draft_stop_is_the_trial_bench_draft_stop_composes():
+    """search.draft_stops=[null,0,1]: the values the study draws give the trial ids of the closed-loop rows,
+    which compose bench.draft_stop=0 as 0.0 (an int in the list would give another id)."""
+    import dataclasses
+
+    from sweep.config.identity import trial_identity
+
+    cfg = compose("model=tiny-llama", "search=skipset-optuna", "search.draft_stops=[null,0,1]")
+    assert cfg.search.draft_stops == [None, 0.0, 1.0]
+    setting = ["gate=skip", "gate.skip=a1", "bench.mode=self_speculative"]
+    for stop in cfg.search.draft_stops[1:]:
+        row = compose("model=tiny-llama", *setting, f"bench.draft_stop={int(stop)}")
+        drawn = dataclasses.replace(row, bench=dataclasses.replace(row.bench, draft_stop=stop))
+        assert trial_identity(drawn, "cpu").id == trial_identity(row, "cpu").id

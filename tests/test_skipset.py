@@ -234,6 +234,43 @@ def test_draft_stops_and_lens_are_searched_with_the_set_and_each_candidate_is_pr
     assert chosen[0] == (best.user_attrs["skip"], best.params["draft_stop"], best.params["draft_len"])
 
 
+def test_a_resumed_study_draws_what_it_drew_or_the_search_stops_in_one_line(tmp_path):
+    """A study resumed with other draft_stops (or none where it drew them) is refused, naming the key; a study
+    screened before draft_stop and draft_len were recorded gives its trials the search's own."""
+    import optuna
+
+    from sweep.bench.costs import cost_model
+    from sweep.orchestrate.skipsearch import best_trials, candidate, search
+
+    lm = load("model=tiny-llama")
+    rec = record(lm, [p.input_ids for p in chat_prompts(lm, 1)], N)
+    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+
+    def run(n, **drawn):
+        kw = dict(num_layers=4, sampler="random", seed=1, ratio=(0.0, 1.0), draft_len=4, draft_stop=None)
+        screen = lambda skip: first_drafts(lm, rec, skip)  # noqa: E731
+        return search(screen, n_trials=n, costs=costs, storage=storage, study_name="s", **kw, **drawn)
+
+    run(3, draft_stops=[None, 1.0])
+    assert len(run(5, draft_stops=[None, 1.0]).trials) == 5  # the same list resumes
+    with pytest.raises(ConfigError, match=r"^search.draft_stops=\[null,0.5\]: the study this sweep resumes drew "):
+        run(6, draft_stops=[None, 0.5])
+    with pytest.raises(ConfigError, match=r"^search.draft_stops=null: the study this sweep resumes drew draft_stop"):
+        run(6)
+    with pytest.raises(ConfigError, match=r"^search.draft_lens=\[2\]: the study this sweep resumes did not draw "):
+        run(6, draft_stops=[None, 1.0], draft_lens=[2])
+    # a trial of an older study: no draft_stop or draft_len recorded; it ran at the search's own
+    old = optuna.create_study(direction="maximize")
+    dist = optuna.distributions.CategoricalDistribution([False, True])
+    old.add_trial(
+        optuna.trial.create_trial(
+            params={"a1": True}, distributions={"a1": dist}, value=0.5, user_attrs={"skip": "a1", "ratio_violation": 0}
+        )
+    )
+    assert [candidate(t, 0.3, 3) for t in best_trials(old, 2, 0.3, 3)] == [("a1", 0.3, 3)]
+
+
 def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_rows(tmp_path, ray_session, caplog):
     import logging
 

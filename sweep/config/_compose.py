@@ -137,6 +137,9 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
+    if cfg.search.draft_stops is not None:  # 0 and 0.0 are one draft_stop, as bench.draft_stop reads them: one trial
+        stops = [None if x is None else float(x) for x in cfg.search.draft_stops]
+        cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, draft_stops=stops))
     if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
         from sweep.config.skipset import canonical
 

@@ -156,8 +156,8 @@ class SearchConfig:
         None,
         check=lambda v: (
             len(v) > 0
-            and len(set(v)) == len(v)
             and all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1) for x in v)
+            and len(set(v)) == len(v)
         ),
         allowed="a non-empty list of distinct draft_stop values (each null or a number in [0, 1]), or null",
     )
@@ -166,8 +166,8 @@ class SearchConfig:
         None,
         check=lambda v: (
             len(v) > 0
-            and len(set(v)) == len(v)
             and all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 64 for x in v)
+            and len(set(v)) == len(v)
         ),
         allowed="a non-empty list of distinct draft lengths (integers in 1..64), or null",
     )

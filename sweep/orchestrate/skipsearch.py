@@ -24,6 +24,7 @@ import optuna
 
 from sweep.decode.skipscreen import FirstDrafts, predict
 from sweep.config.skipset import Candidate, SkipSet
+from sweep.errors import ConfigError
 
 log = logging.getLogger("sweep.orchestrate.skipsearch")
 
@@ -65,6 +66,7 @@ def search(
         sampler=SAMPLERS[sampler](seed=seed),
         load_if_exists=storage is not None,
     )
+    _check_resumed(study, {"draft_stop": draft_stops, "draft_len": draft_lens})
     study.set_user_attr("costs", {k: v for k, v in dataclasses.asdict(costs).items()})
     study.set_user_attr("skip_ratio", [lo, hi])
     names = param_names(num_layers)
@@ -101,9 +103,30 @@ def search(
     return study
 
 
-def best_trials(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
+def _check_resumed(study: optuna.Study, drawn: dict[str, Sequence | None]) -> None:
+    """A resumed study must draw with the set what this search draws: the same lists, or none."""
+
+    def text(values) -> str:
+        return "null" if values is None else "[" + ",".join("null" if v is None else f"{v:g}" for v in values) + "]"
+
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        for name, listed in drawn.items():
+            dist = t.distributions.get(name)
+            had = list(dist.choices) if dist is not None else None
+            if had != (list(listed) if listed is not None else None):
+                did = f"drew {name} from {text(had)}" if had is not None else f"did not draw {name}"
+                raise ConfigError(
+                    f"search.{name}s={text(listed)}: the study this sweep resumes {did}; resume with the same "
+                    f"search.{name}s, or start a new sweep (resume=false)"
+                )
+
+
+def best_trials(
+    study: optuna.Study, k: int, draft_stop: float | None = None, draft_len: int | None = None
+) -> list[optuna.trial.FrozenTrial]:
     """The study trials of the ``k`` distinct candidates (skip set, draft_stop, draft_len) in the ratio range
-    with the highest predicted speedup (ties: the higher predicted acceptance length, then the earlier trial)."""
+    with the highest predicted speedup (ties: the higher predicted acceptance length, then the earlier trial).
+    ``draft_stop`` / ``draft_len``: the search's own, for trials of a study screened before they were recorded."""
     feasible = [
         t
         for t in study.trials
@@ -112,13 +135,16 @@ def best_trials(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
     feasible.sort(key=lambda t: (-(t.value or 0.0), -(t.user_attrs.get("acceptance_length") or 0.0), t.number))
     chosen: dict[Candidate, optuna.trial.FrozenTrial] = {}
     for t in feasible:
-        chosen.setdefault(candidate(t), t)
+        chosen.setdefault(candidate(t, draft_stop, draft_len), t)
         if len(chosen) == k:
             break
     return list(chosen.values())
 
 
-def candidate(trial: optuna.trial.FrozenTrial) -> Candidate:
-    """A study trial's candidate (a study from before draft_stop / draft_len were recorded gives None)."""
+def candidate(
+    trial: optuna.trial.FrozenTrial, draft_stop: float | None = None, draft_len: int | None = None
+) -> Candidate:
+    """A study trial's candidate; a trial screened before draft_stop / draft_len were recorded ran at the
+    search's own, given here."""
     u = trial.user_attrs
-    return Candidate(u["skip"], u.get("draft_stop"), u.get("draft_len"))
+    return Candidate(u["skip"], u.get("draft_stop", draft_stop), u.get("draft_len", draft_len))

@@ -212,9 +212,9 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         progress=lambda done, _total: shown.advance(done - shown.done),  # a resumed study starts where it was
     )
     shown.close()
-    best = best_trials(study, s.closed_loop)
+    best = best_trials(study, s.closed_loop, b.draft_stop, b.draft_len)
     return {
-        "chosen": [candidate(t) for t in best],
+        "chosen": [candidate(t, b.draft_stop, b.draft_len) for t in best],
         # each one's screen figures: predicted speedup and acceptance length
         "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
         "seconds": time.perf_counter() - t0,
