@@ -159,12 +159,17 @@ def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
     the bench values the study drew with the set (``WITH_THE_SET``: where ``search.draft_stops`` or
     ``search.draft_lens`` is given)."""
     params = spaces(cfg.search)[0]
-    drawn = [
+    fixed = [as_override(p.key, p.values[0]) for p in params]
+    return [*fixed, as_override("gate.skip", candidate.skip), *drawn_overrides(cfg, candidate)]
+
+
+def drawn_overrides(cfg: Config, candidate: Candidate) -> list[str]:
+    """The bench overrides a skipset study drew with the candidate's set (none unless the search lists them)."""
+    return [
         as_override(key, getattr(candidate, key.removeprefix("bench.")))
         for key, listed in WITH_THE_SET.items()
         if getattr(cfg.search, listed) is not None
     ]
-    return [*(as_override(p.key, p.values[0]) for p in params), as_override("gate.skip", candidate.skip), *drawn]
 
 
 def select_trials(

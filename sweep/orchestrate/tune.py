@@ -296,21 +296,18 @@ def _skipset(plan: Plan, resources: dict, device: str, hub: Hub):
     """`search=skipset-*`: the screen study in a worker with the trials' resources (resumed from its
     SQLite study when one is there), its progress shown here, then the chosen candidates (skip set,
     draft_stop, draft_len) as grid settings, composed here."""
-    from sweep.orchestrate.plan import skipset_setting
-    from sweep.config.search import WITH_THE_SET, as_override
+    from sweep.orchestrate.plan import drawn_overrides, skipset_setting
     from sweep.config.skipset import Candidate
     from sweep.orchestrate.study import optuna_storage_url
 
     plan.path.mkdir(parents=True, exist_ok=True)
     storage = optuna_storage_url(plan.path)
     found = _in_task(_skipscreened, resources, hub, plan.base, plan.run_id, device, storage, plan.cfg.search.name)
-    s = plan.cfg.search
     chosen = [Candidate(*c) for c in found["chosen"]]
 
     def named(c: Candidate) -> str:  # the set, and what the study drew with it
-        keys = [key for key, listed in WITH_THE_SET.items() if getattr(s, listed) is not None]
-        drawn = ", ".join(as_override(k, getattr(c, k.removeprefix("bench."))) for k in keys)
-        return c.skip + (f" ({drawn})" if keys else "")
+        drawn = drawn_overrides(plan.cfg, c)
+        return c.skip + (f" ({', '.join(drawn)})" if drawn else "")
 
     figures = [f"predicted {v:.3f}x, acceptance length {a or float('nan'):.2f}" for v, a in found["screened"]]
     log.info(
