@@ -103,3 +103,28 @@ def test_a_model_measured_with_its_gates_times_their_probes_in_its_own_rounds():
         later = cost_model(lm, list(range(3, 33)), gates=[slow])
     assert rounds == ["cost model: step rounds", "cost model: probe slowprobe/hidden"]
     assert 1.5 <= later.probe_ms(slow) <= 9.0
+
+
+class HiddenInRounds(SlowProbe):
+    """A 3 ms decision that the timed rounds cannot see, as timing noise hides a cheap probe on a busy
+    machine: the copy that decides after every layer in the rounds (``probing_from``) is free."""
+
+    name = "hiddenprobe"
+
+    def probing_from(self, layer):
+        other = super().probing_from(layer)
+        object.__setattr__(other, "decide", lambda layer, h, h_prev, z, at=FIRST: torch.zeros(h.shape[0], dtype=bool))
+        return other
+
+
+def test_a_probe_the_rounds_cannot_see_is_charged_its_decision_alone_never_nothing():
+    """CI saw a saturation probe on the real model priced at 0 layers: the rounds' median said a probed step
+    was no dearer than a plain one. A step pays each decision at least once, so the decision timed alone is
+    the floor, both when the model is measured with the gate and when the gate comes later."""
+    lm = load("model=tiny-qwen2")
+    first = cost_model(lm, list(range(3, 27)), gates=[HiddenInRounds(lm)])  # a length not measured yet
+    cost_model(lm, list(range(3, 28)))
+    later = cost_model(lm, list(range(3, 28)), gates=[HiddenInRounds(lm)])
+    for costs in (first, later):
+        assert 2.5 <= costs.probe_ms(HiddenInRounds(lm)) <= 9.0  # the 3 ms sleep, not the free copy's 0
+        assert costs.layers(costs.probe_ms(HiddenInRounds(lm))) > 0

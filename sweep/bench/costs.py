@@ -58,6 +58,31 @@ def _probe_fraction(probed: list[float], full: list[float], engine: Engine) -> f
     return max(extra, 0.0) / len(engine.gate.probe_layers())
 
 
+def _decision_alone_ms(lm: LoadedModel, gate: Gate, layer: int, at: Decoding) -> float:
+    """ms of one decision of ``gate`` itself after ``layer`` on one position, alone: its readout when it
+    probes a lens, its rule, and the device sync a step pays to read the decision. A step pays at least
+    this much per probe, so it is the floor of the in-situ cost where timing noise hides a cheap probe."""
+    with torch.inference_mode():
+        h = lm.adapter.embed(torch.tensor([[1]], device=lm.device))[:, -1]
+        h_prev = h * 0.9
+
+        def decision():
+            z = gate.readout(layer, h) if gate.probe == "lens" else None
+            return bool(gate.decide(layer, h, h_prev, z, at).all())
+
+        return _median_ms(decision, lm.device)
+
+
+def _in_situ_ms(
+    lm: LoadedModel, gate: Gate, made: tuple[Engine, _ProbeOnly], probed: list[float], full: list[float], step_ms: float
+) -> float:
+    """ms of one probe of ``gate`` in a step: its share of the probed rounds (``_probe_fraction``), never
+    below its decision alone (``_decision_alone_ms``): a probe is never free because the clock missed it."""
+    engine, state = made
+    alone = _decision_alone_ms(lm, gate, engine.gate.probe_layers()[0], state.at)
+    return max(_probe_fraction(probed, full, engine) * step_ms, alone)
+
+
 def _translate_ms(lm: LoadedModel, gate: Gate) -> float:
     """ms of the tuned lens's translator alone on one position (an exit's cost, not a probe's)."""
     layer = min(max(gate.min_layer, 1), max(lm.num_layers - 1, 1))  # a layer with a translator
@@ -117,7 +142,7 @@ def _measure_probe(lm: LoadedModel, prompt_ids: Sequence[int], gate: Gate, step_
     engines = {"full": Engine(lm), "probed": probed}
     with progress.phase(f"cost model: probe {in_situ_key(gate)}", repeats + 1):  # rounds
         times = _timed_steps(engines, token, cache, repeats, lm.device, states={"probed": state})
-    return _probe_fraction(times["probed"], times["full"], probed) * step_ms
+    return _in_situ_ms(lm, gate, made, times["probed"], times["full"], step_ms)
 
 
 @torch.inference_mode()
@@ -128,10 +153,11 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
     lo = max(1, L // 4)
     hi = max(lo + 1, (3 * L) // 4) if L > 1 else 1
     ids = torch.tensor([list(prompt_ids)], device=lm.device)
-    made = {}  # in_situ_key -> its probed engine and step state (None: no probes)
+    made, first = {}, {}  # in_situ_key -> its probed engine and step state (None: no probes), its first gate
     for gate in gates:
         if gate.probe_key != "none" and in_situ_key(gate) not in made:
             made[in_situ_key(gate)] = _probed_engine(lm, gate, ids)
+            first[in_situ_key(gate)] = gate
     probed = {key: m[0] if m is not None else None for key, m in made.items()}
     # the probed engines next to the plain one in every round (forward and reversed), as in rounds of their own
     engines = {"full": Engine(lm), **{("probed", key): e for key, e in probed.items() if e is not None}}
@@ -151,8 +177,8 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
         times = _timed_steps(engines, token, cache, repeats, dev, states=states)
     step_ms = statistics.median(times["full"])
     extra_probe_ms = {
-        key: 0.0 if engine is None else _probe_fraction(times[("probed", key)], times["full"], engine) * step_ms
-        for key, engine in probed.items()
+        key: 0.0 if m is None else _in_situ_ms(lm, first[key], m, times[("probed", key)], times["full"], step_ms)
+        for key, m in made.items()
     }
     h = adapter.embed(token)[:, -1]
     head_ms = _median_ms(lambda: adapter.lens(h), dev)

@@ -179,7 +179,8 @@ TRIALS = Table(
             "cost_probe_ms",
             "ms",
             "measured cost of one probe of this gate, in situ: full-depth decode steps taking its decision after "
-            "every layer without exiting, against plain steps of the same rounds",
+            "every layer without exiting, against plain steps of the same rounds; never below its decision "
+            "timed alone on one position",
         ),
         metric("cost_kv_ms", "ms", "measured cost of the K/V fill of one skipped layer (propagate)"),
         metric("cost_overhead_ms", "ms", "rest of a full-depth decode step (embedding, mask, RoPE, framework)"),
