@@ -221,3 +221,34 @@ def test_a_corrupt_conversion_cache_entry_is_verified_and_rebuilt(tmp_path):
     fifth = _bench_gguf(gguf, cache, tmp_path / "r")
     assert fifth.returncode == 0 and "from the conversion cache" in said(fifth) and "dequantizing" not in said(fifth)
     assert read("trials", tmp_path / "r")["status"].to_list() == ["ok"]  # one trial id, its row replaced each time
+
+
+def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_it_fails(ray_session, tmp_path):
+    """Ray Tune can count one worker's death twice and stop a trial it was retrying (CI: one SIGKILL, two
+    failures of one actor, sweep.max_failures=3, a failed row). Such a trial's settings without a row run
+    again, one per Tune trial, on the real embedded Ray; only a trial past the allowance gets failed rows."""
+    from conftest import TINY_SWEEP, compose
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.plan import plan_sweep, select_trials
+    from sweep.orchestrate.progress_ray import Hub
+    from sweep.orchestrate.rows import RowWriter
+
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=saturation-grid", "sweep.max_failures=2"]
+    p = plan_sweep(compose(*args), args)
+    todo, _ = select_trials(p.grid_trials, {}, "cpu", str(tmp_path))
+    writer = RowWriter(str(p.root), len(todo), p.base, p.run_id, p.name, "cpu")
+    writer.gave_up({"trials": todo[:3]}, "the actor died", failures=2, allowed=2)  # within: nothing written
+    assert not files("trials", tmp_path) and writer.retry == todo[:3]
+    writer.gave_up({"trial": todo[3]}, "the actor died", failures=3, allowed=2)  # past it: its failed row
+    assert read("trials", tmp_path)["status"].to_list() == ["failed"]
+    hub = Hub()
+    try:
+        interrupted = ray_session.run_again(p, {"cpu": 1, "gpu": 0}, "cpu", writer, hub, False)
+    finally:
+        hub.close()
+        writer.close()
+    df = read("trials", tmp_path)
+    assert not interrupted and writer.retry == [] and df.height == 4
+    assert sorted(df["status"].to_list()) == ["failed", "ok", "ok", "ok"]
+    ran = {r["trial_id"] for r in df.filter(df["status"] == "ok").iter_rows(named=True)}
+    assert ran == {trial_identity(c, "cpu").id for t, c in p.grid_trials if t in todo[:3]}

@@ -68,4 +68,6 @@ class Progress(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         progress.finished(f"Tune trial {trial.trial_id}")
-        self.writer.errored(trial.config, last_error(trial.error_file))
+        self.writer.gave_up(
+            trial.config, last_error(trial.error_file), trial.run_metadata.num_failures, trial.max_failures
+        )

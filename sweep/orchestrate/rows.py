@@ -98,6 +98,8 @@ class RowWriter:
         self.fatal: SweepError | None = None  # the first row that could not be written
         self.unrowed = 0  # trials reported without a row (their config did not compose)
         self._shown: progress.Phase | None = None  # the settings' count (``sweep.progress``), from the first row
+        self.retry: list[list[str]] = []  # settings of Tune trials given up before sweep.max_failures (``gave_up``)
+        self.last_pass = False  # the driver's last pass over ``retry``: what it gives up on gets failed rows
 
     @property
     def overheads(self) -> list[float]:
@@ -145,6 +147,31 @@ class RowWriter:
         """The sweep is over: its settings' count leaves the display."""
         if self._shown is not None:
             self._shown.close()
+
+    def gave_up(self, config: dict, error: str, failures: int, allowed: int) -> None:
+        """A Tune trial Tune gave up on after ``failures`` worker deaths where sweep.max_failures allows
+        ``allowed`` (-1: any number): failed rows once the allowance is spent (``errored``); before that, its
+        settings without a row are kept in ``retry``, which the driver runs again. Ray Tune can count one
+        worker's death twice, once while it already requeues the trial, and then stops a trial it was
+        retrying (seen in CI: one SIGKILL, two failures of one actor, sweep.max_failures=3)."""
+        if self.last_pass or (allowed >= 0 and failures > allowed):
+            self.errored(config, error)
+            return
+        from sweep.config.identity import trial_identity
+
+        left = [t for t in tune_settings(config) if self._identity(t, trial_identity) not in self._seen]
+        self.retry.extend(left)
+        log.warning(
+            "a Tune trial lost its worker and Tune gave up on it after %d failure(s), within sweep.max_failures=%d; "
+            "its %d setting(s) without a row run again after this pass: %s",
+            *(failures, allowed, len(left), error),
+        )
+
+    def _identity(self, trial: list[str], trial_identity) -> str | None:
+        try:
+            return trial_identity(trial_config(self.base, trial, self.device), self.device).id
+        except SweepError:
+            return None
 
     def errored(self, config: dict, error: str) -> None:
         """A Tune trial (one setting, or a bundle of them) Tune gave up on: its worker died more than

@@ -198,6 +198,7 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     try:
         interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
+        interrupted = run_again(plan, resources, device, writer, hub, interrupted)
     finally:
         hub.drain()
         writer.close()
@@ -212,6 +213,23 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
         interrupted=interrupted,
         unrowed=writer.unrowed,
     )
+
+
+def run_again(plan: Plan, resources: dict, device: str, writer: RowWriter, hub: Hub, interrupted: bool) -> bool:
+    """Run again, one setting per Tune trial, the settings of Tune trials given up on before their worker had
+    died more than sweep.max_failures times (``RowWriter.gave_up``); at most sweep.max_failures passes, the last
+    of which writes failed rows for what it gives up on. True if the sweep was interrupted."""
+    passes = plan.cfg.sweep.max_failures
+    one_each = dataclasses.replace(plan.cfg, sweep=dataclasses.replace(plan.cfg.sweep, shared_baseline=1))
+    for n in range(1, passes + 1):
+        if not writer.retry or interrupted or writer.fatal is not None:
+            break
+        settings, writer.retry = writer.retry, []
+        writer.last_pass = n == passes
+        log.info("sweep %s: running %d setting(s) again whose Tune trial was given up early", plan.name, len(settings))
+        tuner = _tuner(dataclasses.replace(plan, cfg=one_each), settings, len(settings), resources, device, writer, hub)
+        interrupted = _reconcile(_fit(tuner, plan, writer), writer, len(settings))
+    return interrupted
 
 
 def _fit(tuner, plan: Plan, writer: RowWriter):
