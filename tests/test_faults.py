@@ -252,3 +252,17 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
     assert sorted(df["status"].to_list()) == ["failed", "ok", "ok", "ok"]
     ran = {r["trial_id"] for r in df.filter(df["status"] == "ok").iter_rows(named=True)}
     assert ran == {trial_identity(c, "cpu").id for t, c in p.grid_trials if t in todo[:3]}
+
+
+def test_a_bundle_given_up_within_max_failures_runs_again_only_its_settings_without_a_row(tmp_path):
+    from conftest import TINY_SWEEP, compose
+    from sweep.orchestrate.plan import plan_sweep, select_trials
+    from sweep.orchestrate.rows import RowWriter
+
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=saturation-grid", "sweep.max_failures=2"]
+    p = plan_sweep(compose(*args), args)
+    todo, _ = select_trials(p.grid_trials, {}, "cpu", str(tmp_path))
+    writer = RowWriter(str(p.root), len(todo), p.base, p.run_id, p.name, "cpu")
+    writer.errored({"trial": todo[0]}, "the worker died")  # a row for the bundle's first setting
+    writer.gave_up({"trials": todo[:3]}, "the actor died", failures=1, allowed=2)
+    assert writer.retry == todo[1:3] and read("trials", tmp_path).height == 1

@@ -16,6 +16,7 @@ from typing import Any
 from sweep import progress
 from sweep.errors import SweepError
 from sweep.config.gatespec import gate_text
+from sweep.config.identity import trial_identity
 from sweep.orchestrate.plan import trial_config, tune_settings
 
 log = logging.getLogger("sweep.orchestrate.rows")
@@ -157,9 +158,7 @@ class RowWriter:
         if self.last_pass or (allowed >= 0 and failures > allowed):
             self.errored(config, error)
             return
-        from sweep.config.identity import trial_identity
-
-        left = [t for t in tune_settings(config) if self._identity(t, trial_identity) not in self._seen]
+        left = [t for t in tune_settings(config) if self._identity(t) not in self._seen]
         self.retry.extend(left)
         log.warning(
             "a Tune trial lost its worker and Tune gave up on it after %d failure(s), within sweep.max_failures=%d; "
@@ -167,7 +166,8 @@ class RowWriter:
             *(failures, allowed, len(left), error),
         )
 
-    def _identity(self, trial: list[str], trial_identity) -> str | None:
+    def _identity(self, trial: list[str]) -> str | None:
+        """The trial id of a setting on this sweep's device; None when it does not compose."""
         try:
             return trial_identity(trial_config(self.base, trial, self.device), self.device).id
         except SweepError:
