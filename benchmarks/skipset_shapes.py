@@ -37,7 +37,7 @@ import time
 import torch
 
 from sweep.bench.costs import cost_model
-from sweep.config.skipset import SkipSet
+from sweep.gates.skipset import SkipSet
 from sweep.models import LoadedModel, byte_tokenizer, ready
 from sweep.decode.timing import Timer
 

@@ -102,7 +102,7 @@ def llama_readouts(tmp_path_factory) -> Path:
 
     from sweep.models.prompts import read_prompts, tokenize_prompts
     from sweep.trace.readouts import fit_readouts
-    from sweep.trace.readouts_io import save_readouts
+    from sweep.trace.readouts import save_readouts
 
     lm = load("model=tiny-llama")
     cfg = dataclasses.replace(compose("prompts=chat").prompts, start=0, n=3)

@@ -3,27 +3,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from conftest import TINY_FAMILIES, compose, load
-from helpers.contract import each_sequence_decides_as_it_would_alone
+from helpers.contract import base_setting, decided_settings, each_sequence_decides_as_it_would_alone, trace_of
 from sweep.decode.batching import BatchEngine, batches, left_pad
 from sweep.bench.command import prepare
 from sweep.bench.protocol import run_trial
 from sweep.config import GateConfig
 from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
-from sweep.gates import FIRST, Decoding, Gate, make_gate
+from sweep.gates import FIRST, GATES, Decoding, Gate, make_gate
 from sweep.models.prompts import read_prompts, tokenize_prompts
 
 N = 8
-GATES = [
-    GateConfig(name="fixed", exit_layer=2),
-    GateConfig(name="saturation", min_layer=2, eps=0.8),
-    GateConfig(name="margin", min_layer=1, theta=0.4),
-    GateConfig(name="softmax", min_layer=1, theta=0.03, decay=4.0),
+# what a batch decides differs by how a gate reads the layer: one exiting gate per probe kind (none, hidden,
+# lens, pca) and one that takes CALM's decay, from the registry (not those calibrated per prompt, tested on
+# models where the certificate fires below, nor those reading fitted readouts)
+EXITING = [
+    s for s in GATES if s.threshold and not s.readouts and make_gate(base_setting(s.name), 4).calibration_lenses() == 0
 ]
+NAMES = list({s.probe: s.name for s in reversed(EXITING)}.values())[::-1]
+DECAYING = next(s.name for s in EXITING if "decay" in s.accepts)
+KEYS = [*NAMES, f"{DECAYING}-decay"]
 CONFORMAL = [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.1, 0.5)]
 # Where conformal certifies on a tiny random model: its tau (the lens' prefill residual) must be
 # small against its margins. Pre-norm families with a small init add little to the (tied)
@@ -43,6 +48,14 @@ def uneven(lm) -> list[list[int]]:
     sliding window: Mistral's 64, Gemma3's 16) and a short one (padded by more than either)."""
     prompts = chat_prompts(lm)
     return [*prompts, prompts[2] + prompts[3], prompts[1][:7]]
+
+
+@pytest.fixture(scope="module")
+def settings(tiny):
+    """Each gate of KEYS with thresholds found on tiny's own trace (``helpers.contract.decided_settings``)."""
+    _, sig = trace_of(tiny)
+    found = {name: decided_settings(name, sig, tiny.num_layers)[0] for name in [*NAMES, DECAYING]}
+    return {**found, f"{DECAYING}-decay": dataclasses.replace(found[DECAYING], decay=4.0)}
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +95,9 @@ def test_full_depth_rows_equal_their_single_runs(tiny, batch):
 
 
 @pytest.mark.parametrize("policy", ["propagate", "full"])
-@pytest.mark.parametrize("gate_cfg", GATES, ids=[g.name for g in GATES])
-def testeach_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy):
-    each_sequence_decides_as_it_would_alone(tiny, batch, gate_cfg, policy)
+@pytest.mark.parametrize("key", KEYS)
+def testeach_sequence_decides_as_it_would_alone(tiny, batch, settings, key, policy):
+    each_sequence_decides_as_it_would_alone(tiny, batch, settings[key], policy)
 
 
 @pytest.mark.parametrize("policy", ["propagate", "full"])
@@ -120,10 +133,11 @@ def _teacher_forced(lm, gate_cfg, prompt, tokens):
     return exits, picks
 
 
-@pytest.mark.parametrize("gate_cfg", GATES[1:], ids=[g.name for g in GATES[1:]])
-def test_gated_rows_under_full_kv_equal_a_teacher_forced_pass(tiny, batch, gate_cfg):
+@pytest.mark.parametrize("key", [k for k in KEYS if GATES.get(k.removesuffix("-decay"), key="gate").probe != "none"])
+def test_gated_rows_under_full_kv_equal_a_teacher_forced_pass(tiny, batch, settings, key):
     """kv_policy=full keeps the cache exact, so each row's exits and tokens are the gate's rule
     applied to one uncached full-depth pass over that row's own prompt and tokens."""
+    gate_cfg = settings[key]
     gen = BatchEngine(tiny, make_gate(gate_cfg, tiny), "full").generate_batch(batch, N)
     for prompt, tokens, exits in zip(batch, gen.tokens, gen.exit_layers):
         assert (exits, tokens) == _teacher_forced(tiny, gate_cfg, prompt, tokens)

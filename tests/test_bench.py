@@ -202,7 +202,6 @@ def test_measured_cost_model_is_sane():
         costs.step_ms,
     ):
         assert value > 0
-    assert costs.lens_probe_ms >= costs.head_ms * 0.5
     assert cost_model(lm, list(range(2, 31))) is costs  # measured once per process and prompt length
     assert cost_model(lm, [1, 2, 3]) is not costs
 

@@ -13,12 +13,12 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from helpers.waiting import wait_for
 from sweep.orchestrate.cluster_env import AUTH_DISABLED_WARNING, ray_environment, state_dir, stop_leftover_sessions
 from sweep.config import compose
 
@@ -174,7 +174,11 @@ def test_a_killed_drivers_leftovers_are_stopped_by_its_recorded_session(embedded
 
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    time.sleep(3)  # what dies with the driver (GCS, raylet: they watch their parent) has gone by now
+    # what dies with the driver (GCS, raylet: they watch their parent) goes first
+    wait_for(
+        lambda: not [p for p in recorded if _alive(p) and Path(_comm(p)).name in ("gcs_server", "raylet")],
+        "the killed driver's GCS and raylet to exit",
+    )
     survivors = [pid for pid in recorded if _alive(pid)]
     assert survivors, "nothing of the killed driver's cluster survived it here"
     names = sorted(_comm(pid) for pid in survivors)

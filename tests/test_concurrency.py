@@ -10,7 +10,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import polars as pl
 import pytest
 
 from conftest import subprocess_env
+from helpers.waiting import Background, finishes, wait_for
 from sweep.orchestrate import claims
 from sweep.orchestrate.rows import RowWriter, row_path
 from sweep.store import files, read
@@ -36,75 +36,77 @@ def owner(run_id: str, pid: int | None = None, host: str | None = None) -> claim
 # ---------------------------------------------------------------- claims, in one process
 
 
-def test_a_second_claimant_waits_for_the_first_and_gets_its_row(tmp_path):
+def waiting_said(caplog) -> bool:
+    """A claimant said it waits for another sweep's claim (``claims.hold`` logs it once, as it starts waiting)."""
+    return any("waiting for its row" in r.getMessage() for r in caplog.records)
+
+
+def test_a_second_claimant_waits_for_the_first_and_gets_its_row(tmp_path, caplog):
     done: dict = {}
-    got: list = []
-    with claims.hold(tmp_path, "t1", owner("a"), lambda: done.get("row")) as first:
-        assert first.row is None  # A computes
+    with caplog.at_level("INFO", logger="sweep.orchestrate.claims"):
+        with claims.hold(tmp_path, "t1", owner("a"), lambda: done.get("row")) as first:
+            assert first.row is None  # A computes
 
-        def second():
-            with claims.hold(tmp_path, "t1", owner("b"), lambda: done.get("row")) as held:
-                got.append(held)
+            def second():
+                with claims.hold(tmp_path, "t1", owner("b"), lambda: done.get("row")) as held:
+                    return held
 
-        thread = threading.Thread(target=second)
-        thread.start()
-        time.sleep(1.5)
-        assert not got, "B must wait while A holds the claim"
-        done["row"] = {"trial_id": "t1", "status": "ok"}
-    thread.join(timeout=10)
-    assert got and got[0].row == {"trial_id": "t1", "status": "ok"}
+            b = Background(second, "B's claim")
+            wait_for(lambda: waiting_said(caplog), "B to wait for A's claim")
+            assert not b.done, "B must wait while A holds the claim"
+            done["row"] = {"trial_id": "t1", "status": "ok"}
+        assert b.result().row == {"trial_id": "t1", "status": "ok"}
 
 
-def test_a_claim_released_without_a_row_is_taken_by_the_waiter(tmp_path):
-    got: list = []
-    with claims.hold(tmp_path, "t1", owner("a"), lambda: None):
+def test_a_claim_released_without_a_row_is_taken_by_the_waiter(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="sweep.orchestrate.claims"):
+        with claims.hold(tmp_path, "t1", owner("a"), lambda: None):
 
-        def second():
-            with claims.hold(tmp_path, "t1", owner("b"), lambda: None) as held:
-                got.append(held)
+            def second():
+                with claims.hold(tmp_path, "t1", owner("b"), lambda: None) as held:
+                    return held
 
-        thread = threading.Thread(target=second)
-        thread.start()
-        time.sleep(1.0)
-        assert not got
-        claims.release(tmp_path, "t1", "a")  # A's driver wrote a failed row: B must run the trial
-        thread.join(timeout=10)
-    assert got and got[0].row is None
+            b = Background(second, "B's claim")
+            wait_for(lambda: waiting_said(caplog), "B to wait for A's claim")
+            assert not b.done
+            claims.release(tmp_path, "t1", "a")  # A's driver wrote a failed row: B must run the trial
+            assert b.result().row is None
 
 
-def test_stale_and_dead_claims_are_broken_but_live_ones_are_not(tmp_path):
+def test_stale_and_dead_claims_are_broken_but_live_ones_are_not(tmp_path, caplog):
     path = claims.claim_path(tmp_path, "t1")
     path.parent.mkdir(parents=True)
-    # another host's claim, recently touched: wait (here: time out quickly)
+    # another host's claim, recently touched: wait (here: until it goes stale, after 3 s untouched)
     path.write_text(json.dumps({**owner("x", host="elsewhere").__dict__}))
-    box: list = []
 
     def waiter():
         with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=3) as held:
-            box.append((held, json.loads(path.read_text())["run_id"]))
+            return held, json.loads(path.read_text())["run_id"]
 
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    time.sleep(1.0)
-    assert not box, "a fresh claim of another host must be waited for"
-    thread.join(timeout=15)  # then it goes stale (no heartbeat) and is broken
-    assert box and box[0][0].row is None and box[0][1] == "b"
+    with caplog.at_level("INFO", logger="sweep.orchestrate.claims"):
+        b = Background(waiter, "B's claim")
+        wait_for(lambda: waiting_said(caplog), "B to wait for the other host's claim")
+        assert not b.done, "a fresh claim of another host must be waited for"
+        held, now = b.result()  # then it goes stale (no heartbeat) and is broken
+    assert held.row is None and now == "b" and "stale" in " ".join(held.notes)
     path.unlink()
-    # a claim of a process of this host that no longer exists: broken at once
+    # a claim of a process of this host that no longer exists: broken at once, not after stale_s
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     path.write_text(json.dumps({**owner("x", pid=int(dead.stdout)).__dict__}))
-    t0 = time.time()
-    with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
-        assert held.row is None
-    assert time.time() - t0 < 5
+
+    def take():
+        with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
+            return held
+
+    assert finishes(take, "taking over a dead process's claim (stale_s=600 would be a hang)").row is None
 
 
 def test_a_heartbeat_keeps_a_long_trial_claimed(tmp_path):
     with claims.hold(tmp_path, "t1", owner("a"), lambda: None, heartbeat_s=0.2):
         path = claims.claim_path(tmp_path, "t1")
-        os.utime(path, (time.time() - 100, time.time() - 100))
-        time.sleep(0.6)
-        assert time.time() - path.stat().st_mtime < 1.0
+        old = time.time() - 100
+        os.utime(path, (old, old))
+        wait_for(lambda: path.stat().st_mtime > old + 50, "the heartbeat to touch the claim")
 
 
 def test_a_claim_of_this_run_is_taken_over_at_once(tmp_path):
@@ -275,11 +277,14 @@ def test_a_claim_that_is_not_a_claim_is_taken_over_in_seconds_and_named(tmp_path
     path = claims.claim_path(tmp_path, "t1")
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
-    t0 = time.time()
-    with caplog.at_level("WARNING", logger="sweep.orchestrate.claims"):
+
+    def take():
         with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
-            assert held.row is None and json.loads(path.read_text())["run_id"] == "b"  # ours now
-    assert time.time() - t0 < claims.GRACE_S + 3, "waited for a claim that is not one"
+            return held, json.loads(path.read_text())["run_id"]
+
+    with caplog.at_level("WARNING", logger="sweep.orchestrate.claims"):
+        held, now = finishes(take, "taking over a claim that is not one (waiting for stale_s=600 is a hang)")
+    assert held.row is None and now == "b"  # ours now
     [note] = held.notes
     assert note.startswith(f"took over the stale claim {path} (not a claim: "), note
     assert [r.getMessage() for r in caplog.records] == [note]  # logged once, named
@@ -289,21 +294,18 @@ def test_a_fresh_unreadable_claim_is_waited_for_briefly_in_case_it_is_being_writ
     path = claims.claim_path(tmp_path, "t1")
     path.parent.mkdir(parents=True)
     path.write_bytes(b"")
-    box: list = []
 
     def waiter():
         with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
-            box.append(held)
+            return held
 
-    thread = threading.Thread(target=waiter)
-    thread.start()
-    time.sleep(0.3)
+    b = Background(waiter, "B's claim")
     path.write_text(json.dumps(owner("a").__dict__))  # its writer finished: a live claim of this process
-    time.sleep(claims.GRACE_S + 1)
-    assert not box, "a claim whose writer finished within the grace period must be waited for"
+    # B has had its chance to break it: the claim is older than the grace period of a claim being written
+    wait_for(lambda: time.time() - path.stat().st_mtime > claims.GRACE_S + 1, "the claim to pass the grace period")
+    assert not b.done, "a claim whose writer finished within the grace period must be waited for"
     claims.release(tmp_path, "t1", "a")
-    thread.join(timeout=10)
-    assert box and box[0].row is None
+    assert b.result().row is None
 
 
 def test_a_claims_directory_that_is_a_file_runs_the_trial_unclaimed(tmp_path):
@@ -337,10 +339,12 @@ def test_a_stale_break_file_of_a_dead_breaker_delays_nothing_for_long(tmp_path):
     guard.write_text("")
     stamp = time.time() - claims.BREAK_S - 1
     os.utime(guard, (stamp, stamp))
-    t0 = time.time()
-    with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
-        assert held.row is None
-    assert time.time() - t0 < claims.GRACE_S + 5
+
+    def take():
+        with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:
+            return held
+
+    assert finishes(take, "passing a dead breaker's break file (stale_s=600 would be a hang)").row is None
 
 
 def test_release_run_removes_only_this_runs_claims(tmp_path):
@@ -366,15 +370,15 @@ def test_a_sweep_takes_over_planted_claims_of_its_trials_and_completes(ray_sessi
     (tmp_path / "claims").mkdir()
     for i, tid in enumerate(ids):
         (tmp_path / "claims" / f"{tid}.json").write_bytes(contents[i % len(contents)] or b"[]")
-    t0 = time.time()
     with caplog.at_level("WARNING", logger="sweep.orchestrate.rows"):
         outcome = sweep(tmp_path, space)
-    assert time.time() - t0 < 60, "waited for claims that are not claims"
     assert outcome.written == 2 and sorted(read("trials", tmp_path)["trial_id"]) == sorted(ids)
     notes = [r.getMessage() for r in caplog.records if r.name == "sweep.orchestrate.rows"]
     assert sorted(n.split(" (")[0] for n in notes if n.startswith("took over")) == sorted(
         f"took over the stale claim {tmp_path / 'claims' / tid}.json" for tid in ids
     )
+    # each taken over for what it holds, at once, never after waiting for it to go stale
+    assert all(" (not a claim: " in n for n in notes if n.startswith("took over")), notes
     assert not list((tmp_path / "claims").glob("*.json"))
 
 

@@ -97,12 +97,12 @@ def test_a_model_measured_with_its_gates_times_their_probes_in_its_own_rounds():
     with progress.listen(timed_rounds):
         first = cost_model(lm, list(range(3, 32)), gates=[slow, SlowProbe(lm)])  # a length not measured yet
         assert rounds == ["cost model: step rounds, probe slowprobe/hidden"]  # one probe key, measured once
-        assert 1.5 <= first.probe_ms(slow) <= 9.0
+        assert first.probe_ms(slow) >= 1.5  # at least its decision, which sleeps 3 ms
         rounds.clear()
         cost_model(lm, list(range(3, 33)))
         later = cost_model(lm, list(range(3, 33)), gates=[slow])
     assert rounds == ["cost model: step rounds", "cost model: probe slowprobe/hidden"]
-    assert 1.5 <= later.probe_ms(slow) <= 9.0
+    assert later.probe_ms(slow) >= 1.5
 
 
 class HiddenInRounds(SlowProbe):
@@ -126,5 +126,5 @@ def test_a_probe_the_rounds_cannot_see_is_charged_its_decision_alone_never_nothi
     cost_model(lm, list(range(3, 28)))
     later = cost_model(lm, list(range(3, 28)), gates=[HiddenInRounds(lm)])
     for costs in (first, later):
-        assert 2.5 <= costs.probe_ms(HiddenInRounds(lm)) <= 9.0  # the 3 ms sleep, not the free copy's 0
+        assert costs.probe_ms(HiddenInRounds(lm)) >= 2.5  # at least the 3 ms sleep, never the free copy's 0
         assert costs.layers(costs.probe_ms(HiddenInRounds(lm))) > 0

@@ -17,6 +17,7 @@ import torch
 from conftest import ALL_TINY, ROOT, compose, load, run_cli
 from helpers.contract import (
     N,
+    base_setting,
     chat_prompts,
     each_sequence_decides_as_it_would_alone,
     mixed_setting,
@@ -26,7 +27,7 @@ from helpers.contract import (
 from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
 from sweep.config.families import FAST_KV, TINY
-from sweep.gates import GATES
+from sweep.gates import GATES, make_gate
 from sweep.models._fidelity import rel_err
 from sweep.decode.states import decode_states
 
@@ -119,7 +120,6 @@ def test_a_skipped_layers_kv_equal_what_the_layer_caches_from_h_at_the_exit(fami
     if path == "fast" and lm.adapter.config.model_type not in FAST_KV:
         pytest.skip("no fast path for this model type")
     from sweep.config import GateConfig
-    from sweep.gates import make_gate
 
     taken = lm.adapter.kv_path
     lm.adapter.kv_path = path
@@ -160,7 +160,7 @@ def test_the_profile_decodes_what_generate_decodes(fam):
 def readouts_of(tmp_path_factory):
     """Readouts fitted per family on chat 2..4 (the classifier gate's), built on first use."""
     from sweep.trace.readouts import fit_readouts
-    from sweep.trace.readouts_io import save_readouts
+    from sweep.trace.readouts import save_readouts
 
     built: dict = {}
 
@@ -170,7 +170,7 @@ def readouts_of(tmp_path_factory):
             prompts = chat_prompts(lm, 3, start=2)
             fit = fit_readouts(lm, prompts, gen_tokens=6, ridge=1.0, l2=1e-3, seed=0, prompt_set="chat", prompt_start=2)
             path = save_readouts(fit, tmp_path_factory.mktemp(f"readouts-{family}"))
-            from sweep.trace.readouts_io import load_readouts
+            from sweep.gates.readouts import load_readouts
 
             built[family] = (str(path), load_readouts(str(path), lm))
         return built[family]
@@ -190,23 +190,23 @@ def converging(family: str, name: str):
 
 @pytest.mark.parametrize("name", sorted(GATES.names()))
 def test_every_gate_exits_replays_as_the_engine_and_batches_as_alone(fam, name, readouts_of):
-    t, readouts, path = fam, None, None
-    if name == "classifier":  # fitted on chat 2..4, judged on chat 0..1
+    spec, t, readouts, path = GATES.get(name, key="gate"), fam, None, None
+    if spec.readouts:  # fitted on chat 2..4, judged on chat 0..1
         path, readouts = readouts_of(fam.family)
         t = traced(fam.family, readouts=readouts)
     setting = mixed_setting(name, t.sig, t.lm.num_layers, path)
-    if setting is None and name == "conformal":
+    if setting is None and make_gate(base_setting(name), 4).calibration_lenses() > 0:  # a certificate
         t, setting = converging(fam.family, name)
-    assert setting is not None, f"gate={name}: no setting on its ladder decides on tiny-{fam.family}"
+    assert setting is not None, f"gate={name}: no threshold decides on tiny-{fam.family}"
     lm, L = t.lm, t.lm.num_layers
     _, exits, compared = replay_equals_engine(lm, t.prompts, t.sig, t.baseline, setting, readouts)
     assert compared >= len(t.prompts)
     early = sum(e < L for e in exits)
-    if name in ("full", "skip"):  # never exit (skip names a self-speculative draft)
+    if spec.threshold is None:  # never exits (skip names a self-speculative draft)
         assert early == 0
     else:
         assert early > 0, f"gate={name} never exits on tiny-{fam.family}"
-        if name != "fixed":
+        if spec.unit(spec.threshold) != "layer":  # a fixed exit layer exits at every step
             assert early < len(exits), f"gate={name} exits at every step: its threshold decides nothing"
     pair = [list(p.input_ids) for p in t.prompts[:2]]
     assert len(pair[0]) != len(pair[1])  # left padding is exercised
@@ -217,7 +217,7 @@ def test_every_gate_exits_replays_as_the_engine_and_batches_as_alone(fam, name, 
     policies = ["full", "propagate"] if TINY[fam.family].kind in ("dense", "moe") else ["full"]
     for policy in policies:
         together = each_sequence_decides_as_it_would_alone(lm, pair, setting, policy, readouts)
-        assert any(e < L for row in together.exit_layers for e in row) == (name not in ("full", "skip"))
+        assert any(e < L for row in together.exit_layers for e in row) == (spec.threshold is not None)
 
 
 BENCH = ["prompts.n=2", "bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0"]

@@ -1,5 +1,5 @@
-"""The gate-spec table: one torch-free place for what a gate takes, checked before any model
-loads or Ray starts, and the source of every table's gate columns."""
+"""The gate registry: one registration per gate (spec and class, torch-free to import), checked before any
+model loads or Ray starts, and the source of every table's gate columns."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from sweep.config import GateConfig, compose
 from sweep.errors import ConfigError
-from sweep.config.gatespec import GATE_COLUMNS, GATE_SPECS, PARAMS, Resolved, check_gate, check_model, gate_text
+from sweep.gates import GATE_COLUMNS, GATES, PARAMS, Resolved, check_gate, check_model, gate_text
 
 
 def _python(code: str, *args: str) -> dict:
@@ -21,21 +21,25 @@ def _python(code: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1]) | {"stderr": out.stderr}
 
 
-def test_config_imports_neither_gates_nor_torch():
+def test_config_and_the_gate_registry_import_no_torch():
     seen = _python(
         "import json, sys; import sweep.config; from sweep.config import compose; compose(['gate=softmax']);"
-        "print(json.dumps({m: m in sys.modules for m in ('torch', 'sweep.gates', 'ray', 'transformers')}))"
+        "import sweep.gates; assert len(sweep.gates.GATES) > 5;"
+        "print(json.dumps({m: m in sys.modules for m in ('torch', 'sweep.gates.signals', 'ray', 'transformers')}))"
     )
-    assert seen == {"torch": False, "sweep.gates": False, "ray": False, "transformers": False, "stderr": seen["stderr"]}
+    assert seen == {
+        "torch": False,
+        "sweep.gates.signals": False,
+        "ray": False,
+        "transformers": False,
+        "stderr": seen["stderr"],
+    }
 
 
-def test_every_gate_class_takes_its_declarations_from_its_spec():
-    from sweep.gates import GATES
-
-    assert GATES.names() == GATE_SPECS.names()
-    for cls in GATES:
-        spec = GATE_SPECS.get(cls.name, key="gate")
-        assert cls.spec is spec
+def test_every_gate_class_takes_its_declarations_from_its_registration():
+    for spec in GATES:
+        cls = spec.cls
+        assert cls is not None and cls.spec is spec and cls.name == spec.name
         assert (cls.params, cls.probe, cls.threshold, cls.aggressive) == (
             spec.params,
             spec.probe,
@@ -61,7 +65,7 @@ def test_every_table_carrying_a_gate_has_exactly_the_tables_gate_columns():
         columns = {c.name: c for c in table.columns}
         for param in PARAMS.values():
             assert param.name in columns, (table.name, param.name)
-            units = {g.name: g.unit(param.name) for g in GATE_SPECS if param.name in g.accepts}
+            units = {g.name: g.unit(param.name) for g in GATES if param.name in g.accepts}
             column = columns[param.name]
             if len(set(units.values())) > 1:  # the unit depends on the gate: each gate's, from its spec
                 assert dict(column.unit_by_gate) == units and column.unit.startswith("per gate: ")
@@ -73,7 +77,7 @@ def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
     """The store derives its gate columns from PARAMS: a parameter added there is a column."""
     import importlib
 
-    import sweep.config.gatespec as gs
+    import sweep.gates as gs
     import sweep.store._columns as columns
 
     extra = gs.ParamSpec("gamma", float, gs.Domain(lambda v: v > 0, "a number > 0"), "logits", "a test parameter")
@@ -125,13 +129,16 @@ def test_config_only_rules_fail_at_compose(overrides, message):
     assert message in str(err.value)
 
 
-# what a gate needs beyond its conf file: the classifier reads `sweep fit`'s readouts (not opened at compose)
-NEEDS = {"classifier": ["gate.readouts=readouts.safetensors"], "skip": ["bench.mode=self_speculative"]}
+def needs(name: str, readouts: str = "readouts.safetensors") -> list[str]:
+    """What a gate needs beyond its conf file, from its registration: a gate that reads `sweep fit`'s readouts
+    (not opened at compose) names a file; a skip-set draft runs in bench.mode=self_speculative."""
+    spec = GATES.get(name, key="gate")
+    return [f"gate.readouts={readouts}"] * spec.readouts + ["bench.mode=self_speculative"] * ("skip" in spec.params)
 
 
 def test_valid_settings_of_every_gate_pass():
-    for name in GATE_SPECS.names():
-        cfg = compose([f"gate={name}", *NEEDS.get(name, [])])  # every conf/gate file is a valid setting of its gate
+    for name in GATES.names():
+        cfg = compose([f"gate={name}", *needs(name)])  # every conf/gate file is a valid setting of its gate
         assert check_gate(cfg.gate).name == name
 
 
@@ -196,7 +203,7 @@ SMOLLM2_DEPTH = 30  # SmolLM2-135M's layers: the defaults keep the layers it had
 BEFORE = {"full": (1, None), "skip": (1, None), "fixed": (15, 15)}  # (min_layer, exit_layer) at L=30; others: (8, None)
 
 
-@pytest.mark.parametrize("name", GATE_SPECS.names())
+@pytest.mark.parametrize("name", GATES.names())
 def test_every_gates_default_first_layer_is_a_fraction_of_depth(name):
     import yaml
 
@@ -204,8 +211,8 @@ def test_every_gates_default_first_layer_is_a_fraction_of_depth(name):
 
     conf = yaml.safe_load((ROOT / "conf" / "gate" / f"{name}.yaml").read_text())
     if name not in ("full", "skip"):  # the full and skip gates never exit: min_layer 1, as before
-        assert conf["min_layer"] is None and 0 < conf["min_depth"] <= 1, conf
-    gate = compose([f"gate={name}", *NEEDS.get(name, [])]).gate
+        assert conf.get("min_layer") is None and 0 < conf["min_depth"] <= 1, conf
+    gate = compose([f"gate={name}", *needs(name)]).gate
     assert check_model(gate, SMOLLM2_DEPTH) == Resolved(*BEFORE.get(name, (8, None)))
     tiny = check_model(gate, 4)  # the default no longer fails on a 4-layer model ("must be in 1..4")
     assert 1 <= tiny.min_layer <= 4 and (tiny.exit_layer is None) == (name != "fixed")
@@ -269,9 +276,8 @@ def test_every_gate_with_its_defaults_benches_a_4_layer_model(tmp_path, llama_re
 
     fast = ["model=tiny-llama", f"results.root={tmp_path}", "prompts.start=3", "prompts.n=1", "bench.gen_tokens=2"]
     fast += ["bench.warmup=0", "bench.repeats=1"]
-    for name in GATE_SPECS.names():
-        needs = {"classifier": [f"gate.readouts={llama_readouts}"], "skip": NEEDS["skip"]}.get(name, [])
-        cfg = compose([*fast, f"gate={name}", *needs])
+    for name in GATES.names():
+        cfg = compose([*fast, f"gate={name}", *needs(name, llama_readouts)])
         row = run_trial(cfg, *prepare(cfg))
         assert row["status"] in ("ok", "nondeterministic"), (name, row.get("error"))
         expected = {"full": 1, "fixed": 2}.get(name, 1)  # ceil(0.5 * 4) = 2; ceil(0.25 * 4) = 1

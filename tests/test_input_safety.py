@@ -392,7 +392,7 @@ def test_pca_k_is_bounded_by_the_tiny_models_hidden_size_at_compose():
 
 
 def test_pca_k_states_the_hidden_size_as_its_bound():
-    from sweep.config.gatespec import PARAMS, check_model
+    from sweep.gates import PARAMS, check_model
 
     assert PARAMS["k"].domain.allowed == "an integer >= 1 and at most the model's hidden size"
     pca = compose("gate=pca", "gate.k=99999", "gate.min_layer=1").gate  # hidden size unknown until the model loads
@@ -433,7 +433,7 @@ def _edited(path: Path, target: Path, **meta: str) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from sweep.trace.readouts import content_digest
+    from sweep.gates.readouts import content_digest
 
     with safe_open(str(path), framework="pt") as f:
         old, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}

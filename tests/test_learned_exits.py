@@ -21,7 +21,8 @@ from sweep.gates import make_gate
 from sweep.trace.profile import profile_prompts
 from sweep.models.prompts import read_prompts, tokenize_prompts
 from sweep.trace.readouts import fit_readouts
-from sweep.trace.readouts_io import load_readouts, save_readouts
+from sweep.gates.readouts import load_readouts
+from sweep.trace.readouts import save_readouts
 from sweep.trace.simulate import exit_layers, signals_from_trace, simulate, threshold_value
 
 N = 6

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
 
 from conftest import compose, load
+from helpers.waiting import finishes
 from sweep.errors import ConfigError, InputError
 from sweep.models import Adapter, load_model, model_loads
 
@@ -135,10 +135,8 @@ def test_hf_bad_paths(tmp_path):
 def test_unreachable_hub_fails_fast(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    t0 = time.perf_counter()
     with pytest.raises(InputError, match="cannot be reached; mount the model"):
-        load("model=hf", "model.path=someorg/somemodel")
-    assert time.perf_counter() - t0 < 30
+        finishes(lambda: load("model=hf", "model.path=someorg/somemodel"), "the hub's refusal (a retry loop hangs)")
 
 
 def _loader_of(cache):

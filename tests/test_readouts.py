@@ -16,8 +16,9 @@ from sweep.cli.commands import main
 from sweep.errors import ConfigError
 from sweep.decode.states import decode_states
 from sweep.models.prompts import Prompt, read_prompts, tokenize_prompts
-from sweep.trace.readouts import LENSES, TENSORS, Readouts, content_digest, fit_readouts
-from sweep.trace.readouts_io import check_disjoint, load_readouts, save_readouts
+from sweep.gates.readouts import TENSORS, Readouts, check_disjoint, content_digest, load_readouts
+from sweep.gates import LENSES
+from sweep.trace.readouts import fit_readouts, save_readouts
 
 GEN = 8
 

@@ -8,7 +8,7 @@ from conftest import compose, load
 from helpers.contract import chat_prompts
 from sweep.bench.command import prepare
 from sweep.bench.protocol import run_trial
-from sweep.config.skipset import SkipSet
+from sweep.gates.skipset import SkipSet
 from sweep.decode.engine import Engine
 from sweep.decode.skipscreen import first_drafts, record
 from sweep.decode.speculative import SelfSpeculative, SkipDraft

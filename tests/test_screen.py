@@ -49,7 +49,7 @@ def test_screen_runs_a_quarter_of_the_grid_or_less(ray_session, tmp_path):
 
 
 def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):
-    from sweep.orchestrate.screen import comparison, gap_by_gate
+    from sweep.analysis import comparison, gap_by_gate
 
     outcome = sweep(tmp_path, "search=screen", "bench.gen_tokens=6", "search.neighbours=0")
     comp = comparison(outcome.simulated, outcome.rows)

@@ -4,12 +4,14 @@ in float32 and in bfloat16."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 import pytest
 import torch
 
 from conftest import TINY_FAMILIES, compose, load
-from helpers.contract import replay_equals_engine
+from helpers.contract import base_setting, decided_settings, replay_equals_engine
 from sweep.config import GateConfig
 from sweep.bench.costs import CostModel
 from sweep.decode.engine import Engine
@@ -26,26 +28,18 @@ DTYPES = ("float32", "bfloat16")
 # converges enough that it fires at some positions and settings and not at others (Gemma3's
 # post-norms make its layers' updates O(1), so there a larger embedding is what converges).
 CONVERGING = {"gemma3": 0.5, "llama": 0.02, "mistral": 0.02, "qwen2": 0.017, "qwen3": 0.02}
-SETTINGS = {
-    "full": [GateConfig(name="full", min_layer=1)],
-    "skip": [GateConfig(name="skip", min_layer=1, skip="a1+m2")],  # drafts for self-speculation; never exits
-    "fixed": [GateConfig(name="fixed", min_layer=1, exit_layer=e) for e in (1, 2, 3, 4)]
-    + [GateConfig(name="fixed", min_depth=0.5)],
-    "saturation": [GateConfig(name="saturation", min_layer=m, eps=e) for m in (1, 2) for e in (0.55, 0.75, 0.95)],
-    "margin": [GateConfig(name="margin", min_layer=m, theta=t) for m in (1, 3) for t in (0.25, 0.45, 1.5)],
-    "conformal": [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.05, 0.5, 1.0)],
-    "softmax": [
-        GateConfig(name="softmax", min_layer=1, theta=t, decay=d) for t in (0.02, 0.05, 0.3, 0.6) for d in (None, 4.0)
-    ],
-    "cosine": [GateConfig(name="cosine", min_layer=2, eps=e, decay=d) for e in (0.1, 0.2, 0.4) for d in (None, 2.0)],
-    "entropy": [GateConfig(name="entropy", min_layer=1, theta=t) for t in (1.8, 3.5, 4.3, 5.0)],
-    "pca": [GateConfig(name="pca", min_layer=2, eps=e, k=8) for e in (0.5, 0.7, 0.9)],
-}
+# every registered gate but those that read fitted readouts (tests/test_learned_exits.py replays the classifier
+# on a trace taken with readouts)
+NAMES = sorted(spec.name for spec in GATES if not spec.readouts)
 
 
-def test_every_gate_is_simulated():
-    # the learned exit replays a trace taken with readouts: tests/test_learned_exits.py
-    assert set(SETTINGS) | {"classifier"} == set(GATES.names())
+def settings_of(name: str, sig, num_layers: int) -> list[GateConfig]:
+    """Settings of gate ``name`` found on the trace itself (helpers.contract.decided_settings): thresholds at
+    exit fractions 0.2, 0.5 and 0.8, and, for a gate that takes CALM's decay, the same with decay=4."""
+    found = decided_settings(name, sig, num_layers, fractions=(0.2, 0.5, 0.8))
+    if "decay" in GATES.get(name, key="gate").accepts:
+        found += [dataclasses.replace(cfg, decay=4.0) for cfg in found]
+    return found
 
 
 def trace_of(lm):
@@ -89,19 +83,22 @@ def test_signals_cover_every_generated_token(tiny, traced):
     assert [r.shape[0] for r in sig.prefill_residual] == [lengths[p] for p in sig.prompt_ids]
 
 
-@pytest.mark.parametrize("gate_name", sorted(SETTINGS))
+@pytest.mark.parametrize("gate_name", NAMES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_simulation_equals_the_closed_loop_until_the_first_divergence(replays, family, dtype, gate_name):
-    lm, prompts, sig, baseline = replays(family, dtype, converging=gate_name == "conformal")
+    converging = make_gate(base_setting(gate_name), 4).calibration_lenses() > 0  # a certificate: a converging lens
+    lm, prompts, sig, baseline = replays(family, dtype, converging=converging)
     L = lm.num_layers
     compared = 0
     closed_loop = []  # per setting, every step's exit layer
-    for cfg in SETTINGS[gate_name]:
+    settings = settings_of(gate_name, sig, L)
+    assert settings, f"gate={gate_name}: no threshold decides on tiny-{family} ({dtype})"
+    for cfg in settings:
         gate, exits, steps = replay_equals_engine(lm, prompts, sig, baseline, cfg)
         compared += steps
         closed_loop.append((gate, exits))
-    assert compared >= len(SETTINGS[gate_name]) * len(prompts)
+    assert compared >= len(settings) * len(prompts)
     # the settings must make the gate decide, or the equality above proves nothing
     if gate_name in ("full", "skip"):  # never exit
         assert all(e == L for _, exits in closed_loop for e in exits)
@@ -114,25 +111,27 @@ def test_simulation_equals_the_closed_loop_until_the_first_divergence(replays, f
     assert len({tuple(exits) for _, exits in closed_loop}) > 1, f"every {gate_name} setting decides alike"
 
 
-# thresholds placed exactly on the traced signal values: (column, gate parameters for a value v)
-KNIFE_EDGE = {
-    "saturation": ("delta", lambda v: dict(eps=v)),
-    "margin": ("margin", lambda v: dict(theta=v)),
-    "softmax": ("prob_margin", lambda v: dict(theta=v)),
-    "entropy": ("entropy", lambda v: dict(theta=v)),
-    "cosine": ("cos_prev", lambda v: dict(eps=1.0 - v)),
-    "cosine-decay": (
-        "cos_prev",
-        lambda v: dict(
-            eps=1.0 - (v - 0.1 * torch.exp(torch.tensor(-4.0 * 2 / N, dtype=torch.float64)).item()) / 0.9, decay=4.0
-        ),
-    ),
-    "pca": ("pca_delta", lambda v: dict(eps=v, k=8)),
-}
+# every gate that compares a signal of the trace (its registration names the column), and those that take
+# CALM's decay again with it
+KNIFE_EDGE = [spec.name for spec in GATES if spec.signal and not spec.readouts]
+KNIFE_EDGE += [f"{name}-decay" for name in KNIFE_EDGE if "decay" in GATES.get(name, key="gate").accepts]
+
+
+def knife_edge_values(name: str, traced: torch.Tensor, decay: float | None, t: int) -> list[float]:
+    """Thresholds of gate ``name`` set exactly on the traced signal values ``traced``, from its registration
+    alone: each value v and 1 - v (a rule may compare 1 - signal), and with CALM's decay the threshold whose
+    decayed level at token t is v (or 1 - v); a quarter grid besides; each inside the parameter's domain."""
+    spec = GATES.get(name, key="gate")
+    levels = sorted({float(v) for v in traced.flatten()})
+    if decay is not None:  # decayed(theta) = 0.9 theta + 0.1 exp(-decay t / N): the theta whose level is v
+        tail = 0.1 * torch.exp(torch.tensor(-decay * t / N, dtype=torch.float64)).item()
+        levels = [(v - tail) / 0.9 for v in levels]
+    values = {*levels, *(1.0 - v for v in levels), 0.25, 0.5, 0.75, 1.0}
+    return sorted(v for v in values if spec.domain(spec.threshold).check(v))
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("gate_key", sorted(KNIFE_EDGE) + ["conformal"])
+@pytest.mark.parametrize("gate_key", sorted(KNIFE_EDGE))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
     """With thresholds set exactly to the traced signal values, the replay's decision at every
@@ -168,12 +167,10 @@ def test_replay_decides_as_the_gate_on_a_knife_edge(tiny, dtype, gate_key):
         pca_k=8,
     )
     name = gate_key.removesuffix("-decay")
-    if name == "conformal":
-        cfgs = [GateConfig(name="conformal", min_layer=1, q=q) for q in (0.0, 0.25, 0.5, 0.75, 1.0)]
-    else:
-        column, params = KNIFE_EDGE[gate_key]
-        values = sorted({float(v) for v in grid(column)[:, : L - 1].flatten()})
-        cfgs = [GateConfig(name=name, min_layer=1, **params(v)) for v in values]
+    spec, decay = GATES.get(name, key="gate"), 4.0 if gate_key.endswith("-decay") else None
+    base = dataclasses.replace(base_setting(name), decay=decay, **({"k": 8} if "k" in spec.accepts else {}))
+    values = knife_edge_values(name, grid(spec.signal)[:, : L - 1], decay, t)
+    cfgs = [dataclasses.replace(base, **{spec.threshold: v}) for v in values]
     gates = [make_gate(c, lm) for c in cfgs]
     replayed = type(gates[0]).decisions(
         sig, torch.tensor([threshold_value(g) for g in gates], dtype=torch.float64), cfgs[0].decay
@@ -204,16 +201,16 @@ def test_simulate_rows_and_predicted_speedup(traced, tiny):
         num_layers=L,
         extra_probe_ms={"pca:8": 0.3},
     )
-    cfgs = [c for group in SETTINGS.values() for c in group]
+    fixed2 = GateConfig(name="fixed", min_layer=1, exit_layer=2)
+    cfgs = [fixed2, *(c for name in NAMES for c in settings_of(name, sig, L))]
+    assert {c.name for c in cfgs} >= {"full", "fixed", "saturation", "margin"}
     table = simulate(cfgs, sig, costs)
     assert table.height == len(cfgs)
     full = table.filter(pl.col("gate") == "full").row(0, named=True)
     assert full["agreement_tf"] == 1.0 and full["exit_rate"] == 0.0 and full["speedup_model"] == pytest.approx(1.0)
     fixed = table.filter((pl.col("gate") == "fixed") & (pl.col("exit_layer") == 2)).row(0, named=True)
     assert fixed["exit_rate"] == 1.0 and fixed["mean_exit_layer"] == 2.0
-    expected = costs.step_ms / costs.token_ms(
-        make_gate(cfgs[2], L), 2, 1, "propagate"
-    )  # exit at 2 after one probe, every step
+    expected = costs.step_ms / costs.token_ms(make_gate(fixed2, L), 2, 1, "propagate")  # exit at 2, one probe
     assert fixed["speedup_model"] == pytest.approx(expected)
     assert table["agreement_tf"].is_between(0, 1).all()
 

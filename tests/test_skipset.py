@@ -17,7 +17,7 @@ from sweep.errors import ConfigError
 from sweep.config.families import TINY
 from sweep.models._fidelity import rel_err
 from sweep.decode.skipscreen import first_drafts, predict, record
-from sweep.config.skipset import SkipSet, canonical
+from sweep.gates.skipset import SkipSet, canonical
 from sweep.decode.speculative import SelfSpeculative, SkipDraft
 
 N = 12

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -120,10 +119,8 @@ def test_the_job_package_holds_only_the_allowlist(monkeypatch, tmp_path, checkou
 
 
 def test_dry_run_lists_the_files_and_contacts_nothing(checkout):
-    t0 = time.perf_counter()
     res = dry_run("--address", "http://127.0.0.1:9", root=checkout, PYTHONPATH=str(checkout), SWEEP_GIT_SHA="0123abc")
     assert res.returncode == 0, res.stderr
-    assert time.perf_counter() - t0 < 30
     lines = res.stdout.splitlines()
     files = [line for line in lines if "/" in line and " " not in line or line in SHIPPED]
     assert "sweep/cli/commands.py" in files and "conf/config.yaml" in files and "jobs/submit.py" in files

@@ -11,7 +11,7 @@ import polars as pl
 from conftest import run_cli
 from sweep.orchestrate.rows import SweepOutcome
 from sweep.report.run_report import sweep_report
-from sweep.report.textfit import WIDTH, WrappingFormatter, fit_lines, table, wrap
+from sweep.textfit import WIDTH, WrappingFormatter, fit_lines, table, wrap
 
 NULL_GATE_COLUMNS = ("exit_layer", "theta", "q", "k", "decay", "lens")
 

@@ -3,7 +3,6 @@ re-runs, resource checks, failed trials."""
 
 from __future__ import annotations
 
-import time
 
 import polars as pl
 import pytest
@@ -105,14 +104,13 @@ def test_failed_trials_are_rows(ray_session, tmp_path):
 
 
 def test_gpu_request_on_a_cpu_cluster_fails_fast(ray_session, tmp_path):
-    t0 = time.perf_counter()
+    """Refused before anything is scheduled (a trial asking for a GPU no node has would stay PENDING forever)."""
     with pytest.raises(ConfigError, match=r"resources.gpu=1.0: no node of this cluster has 1 GPU\(s\)"):
         sweep(tmp_path, "resources.gpu=1")
     with pytest.raises(ConfigError, match="resources.cpu=64: no node of this cluster has that many CPUs"):
         sweep(tmp_path, "resources.cpu=64")
     with pytest.raises(ConfigError, match="device=cuda: this sweep gives trials no GPU"):
         sweep(tmp_path, "device=cuda", "resources.gpu=0")
-    assert time.perf_counter() - t0 < 30
     assert not (tmp_path / "trials").exists()
 
 
@@ -135,22 +133,18 @@ def test_auto_gpu_is_none_for_cpu_trials(ray_session):
     assert ray_session.trial_resources(compose("device=cpu"))["gpu"] == 0.0
 
 
-def test_cli_gpu_request_fails_within_seconds_on_its_own_embedded_ray(tmp_path):
-    t0 = time.perf_counter()
+def test_cli_gpu_request_fails_on_its_own_embedded_ray(tmp_path):
     res = run_cli("run", *TINY_SWEEP, "resources.gpu=1", f"results.root={tmp_path}", timeout=120)
     assert res.returncode == 2, res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "resources.gpu=1.0: no node of this cluster has 1 GPU(s)" in errors[0]
-    assert time.perf_counter() - t0 < 90
 
 
 def test_unreachable_cluster_address_fails_fast(tmp_path):
-    t0 = time.perf_counter()
     res = run_cli(
         "run", *TINY_SWEEP, "cluster=existing", "cluster.address=127.0.0.1:9", f"results.root={tmp_path}", timeout=120
     )
     assert res.returncode == 2 and "cluster.address=127.0.0.1:9: nothing answers" in res.stderr
-    assert time.perf_counter() - t0 < 60
 
 
 def test_run_prints_progress_table_and_front(tmp_path):

@@ -27,6 +27,7 @@ from sweep.analysis._pareto import (
     params_text,
     pareto_front,
 )
+from sweep.analysis._screen import comparison, gap_by_gate
 from sweep.analysis._profiles import (
     S_VARIANTS,
     eas_per_layer,
@@ -49,12 +50,14 @@ __all__ = [
     "TARGETS",
     "best_at_targets",
     "chord_knees",
+    "comparison",
     "distinct_trials",
     "eas_per_layer",
     "eas_table",
     "format_summary",
     "front_gate",
     "fronts",
+    "gap_by_gate",
     "full_depth",
     "kneedle_knee",
     "knees_table",

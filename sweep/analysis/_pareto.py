@@ -15,7 +15,7 @@ import polars as pl
 
 from sweep.analysis._confidence import ranked
 from sweep.analysis._kneedle import kneedle
-from sweep.config.gatespec import gate_text
+from sweep.gates import gate_text
 
 TARGETS = (0.95, 0.98, 0.99, 1.0)
 KNEE_MIN_POINTS = 3  # a knee is a bend: fewer front points have none

@@ -8,9 +8,9 @@ from typing import Any
 from sweep import progress
 from sweep.bench.costs import cost_model
 from sweep.bench.protocol import run_trial, verify_positions
-from sweep.bench.rows import failed_row, format_row
+from sweep.bench.rows import complete_row, failed_row, format_row
 from sweep.bench.session import Session, process_session
-from sweep.report.textfit import fit_lines
+from sweep.textfit import fit_lines
 from sweep.config import Config
 from sweep.gates import Gate, make_gate
 from sweep.models import LoadedModel
@@ -61,17 +61,17 @@ def measure(cfg: Config, prepared: tuple[LoadedModel, Gate, list[Prompt]]) -> di
 
 
 def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The row with its provenance, one Parquet file under results.root: (its path, the full row)."""
+    """The whole row (``complete_row``: with its provenance), one Parquet file under results.root: (its path,
+    the row)."""
     from sweep.store import write_table
-    from sweep.store.run_info import new_run_id, provenance
+    from sweep.store.run_info import new_run_id
 
-    prov = provenance(cfg, prepared[0], cfg.run_id or new_run_id())
-    row = {**row, "sweep_name": None, "worker_pid": None, "worker_model_loads": None, "trial_seconds": None}
+    row = complete_row(cfg, prepared[0], row, cfg.run_id or new_run_id())
     with progress.timed("writing"):
         path = write_table(
-            "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance=prov, stem=row["trial_id"]
+            "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance={}, stem=row["trial_id"]
         )
-    return str(path), {**prov, **row}
+    return str(path), row
 
 
 def render(cfg: Config, prepared, row: dict[str, Any], written: tuple[str, dict]) -> tuple[list[str], int]:

@@ -19,7 +19,8 @@ __all__ = ["CostModel", "DecodeSteps", "cost_model", "in_situ_key"]
 from sweep.config import GateConfig
 from sweep.decode.engine import Engine, StepState
 from sweep.decode.timing import Timer
-from sweep.gates import FIRST, Decoding, Gate, logit_margin, make_gate, saturation_delta
+from sweep.gates import FIRST, Decoding, Gate, make_gate
+from sweep.gates.signals import logit_margin, saturation_delta
 from sweep.models import LoadedModel
 
 
@@ -241,7 +242,7 @@ def _measure_speculation(lm: LoadedModel, prompt_ids: Sequence[int], costs: Cost
     """Self-speculation's costs, interleaved in rounds from copies of one prefilled cache: a full-depth
     decode step against the same step with every layer's attention (then every MLP) bypassed, for one
     layer's sublayer costs; a verification pass over k = 2..``positions`` positions."""
-    from sweep.config.skipset import SkipSet
+    from sweep.gates.skipset import SkipSet
 
     adapter, L, dev = lm.adapter, lm.num_layers, lm.device
     ids = torch.tensor([list(prompt_ids)], device=dev)

@@ -51,7 +51,7 @@ def _speculation_model(runs, costs: CostModel, gate: Gate, committed: int) -> di
     by draft_stop) at the draft's step cost (layers 1..K and the lens, or the full model less the skip set's
     sublayers) plus a verification of the kept drafts + 1."""
     if gate.name == "skip":
-        from sweep.config.skipset import SkipSet
+        from sweep.gates.skipset import SkipSet
 
         step = costs.skip_draft_ms(SkipSet.parse(gate.cfg.skip))
     else:

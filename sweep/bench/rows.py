@@ -4,13 +4,14 @@ bench` prints (``format_row``)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sweep.bench.costs import CostModel, DecodeSteps
 from sweep.bench.estimators import Timings
 from sweep.bench.metrics import PromptRun, metrics, speculation
 from sweep.config import Config
-from sweep.config.gatespec import gate_text, setting_columns
+from sweep.gates import gate_text, setting_columns
 from sweep.config.identity import trial_columns
 from sweep.gates import Gate
 from sweep.models import LoadedModel
@@ -100,7 +101,7 @@ def _skip_ratio(gate_cfg, gate: Gate | None) -> float | None:
     """|S| / 2L of a skip gate's set (null for other gates, and before the model's L is known)."""
     if gate_cfg.name != "skip" or gate is None:
         return None
-    from sweep.config.skipset import SkipSet
+    from sweep.gates.skipset import SkipSet
 
     return SkipSet.parse(gate_cfg.skip).ratio(gate.num_layers)
 
@@ -128,6 +129,34 @@ def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | Non
         error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500],
     )
     return row
+
+
+def complete_row(
+    cfg: Config,
+    lm: LoadedModel | None,
+    row: dict[str, Any],
+    run_id: str,
+    *,
+    sweep_name: str | None = None,
+    seconds: float | None = None,
+) -> dict[str, Any]:
+    """A trial's whole row, as every writer stores it: its provenance (the loaded model's, or what the config
+    says when the model never loaded), the trial's own columns (``measured_row`` or ``failed_row``), and what
+    computed it. ``seconds``: the trial's time in a sweep's worker, which adds the worker's pid and model
+    loads; None for `sweep bench` and for the failed rows a sweep's driver writes itself."""
+    from sweep.models import model_loads
+    from sweep.store.run_info import provenance, provenance_unloaded
+
+    prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
+    worker = seconds is not None
+    return {
+        **prov,
+        **row,
+        "sweep_name": sweep_name,
+        "worker_pid": os.getpid() if worker else None,
+        "worker_model_loads": model_loads() if worker else None,
+        "trial_seconds": seconds,
+    }
 
 
 def format_row(row: dict[str, Any], costs=None) -> str:

@@ -1,7 +1,7 @@
 """A session: what one process keeps between the trials it runs, in one object.
 
 It owns the loaded models (``sweep.models.ModelCache``: the ``resources.models`` most recently used),
-the verified readouts (``sweep.trace.readouts_io.ReadoutsCache``: one file at a time) and the full-depth
+the verified readouts (``sweep.gates.readouts.ReadoutsCache``: one file at a time) and the full-depth
 references with their warm-up marks (``sweep.bench.reuse.ReuseCache``: a bounded LRU). Values derived
 from a model's weights (its cost model, the pca basis, sublayer shapes) live on that model's adapter
 and go when the session drops the model.
@@ -20,7 +20,7 @@ from sweep.bench.reuse import ReuseCache
 from sweep.models import LoadedModel, ModelCache
 from sweep.models.prompts import Prompt
 from sweep.models.workload import load_workload
-from sweep.trace.readouts_io import ReadoutsCache, readouts_for
+from sweep.gates.readouts import ReadoutsCache, readouts_for
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Session:
         return load_workload(cfg, gen, check=check, prompts_cfg=prompts_cfg, models=self.models)
 
     def readouts_for(self, path, lm: LoadedModel, prompts: list[Prompt], key: str):
-        """``sweep.trace.readouts_io.readouts_for`` with this session's readouts."""
+        """``sweep.gates.readouts.readouts_for`` with this session's readouts."""
         return readouts_for(path, lm, prompts, key, cache=self.readouts)
 
     def reference_source(self, cfg) -> ReuseCache | None:

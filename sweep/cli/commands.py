@@ -15,7 +15,7 @@ import warnings
 from sweep.cli.help import HELP_FLAGS, QUIET_FLAGS, USAGE, flag_error, show_help
 from sweep.errors import SweepError
 from sweep import progress
-from sweep.report.textfit import WrappingFormatter, fit_lines
+from sweep.textfit import WrappingFormatter, fit_lines
 
 
 # the directories each command writes into (config keys; null ones are skipped): checked

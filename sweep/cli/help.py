@@ -304,10 +304,10 @@ def _gate_lines() -> list[str]:
     import yaml
 
     from sweep.config import config_dir
-    from sweep.config.gatespec import GATE_SPECS, LAYER_KEYS, PARAMS
+    from sweep.gates import GATES, LAYER_KEYS, PARAMS
 
     lines = []
-    for spec in GATE_SPECS:
+    for spec in GATES:
         try:
             conf = yaml.safe_load((config_dir() / "gate" / f"{spec.name}.yaml").read_text()) or {}
         except (OSError, SweepError, yaml.YAMLError):

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config._fields import build
-from sweep.config._schema import Config
+from sweep.config._schema import Config, GateConfig
 from sweep.errors import ConfigError
-from sweep.config.gatespec import check_gate, check_k
+from sweep.gates import check_gate, check_k
 from sweep.config.paths import is_name
 from sweep.config.search import check_ladder, check_search
 
@@ -33,6 +33,26 @@ def config_dir() -> Path:
     return path
 
 
+# A gate's conf file holds only its own keys; every other GateConfig key composes to these (lens: the logit
+# lens, as a gate built in code reads a null one), and ``gate.KEY=VALUE`` may set any of them: ``check_gate``
+# then says whether the chosen gate takes it.
+GATE_KEYS = {f.name for f in dataclasses.fields(GateConfig)} - {"name"}
+GATE_BASE = {**{f.name: f.default for f in dataclasses.fields(GateConfig) if f.name != "name"}, "lens": "logit"}
+
+
+def _gate_keys_settable(overrides) -> list[str]:
+    """``gate.KEY=VALUE`` as Hydra's add-or-override (``++``) for every GateConfig key: a gate's conf file
+    holds only its own keys, so another gate's key is added, and ``check_gate`` judges it."""
+    out = []
+    for o in overrides:
+        key, eq, value = str(o).partition("=")
+        bare = key.lstrip("+")
+        if eq and not key.startswith("~") and bare.startswith("gate.") and bare[len("gate.") :] in GATE_KEYS:
+            o = f"++{bare}={value}"
+        out.append(o)
+    return out
+
+
 def _hydra(overrides, *, hydra_config: bool = False):
     """Hydra's composition of conf/ with ``overrides``; what it raises, one line (``ConfigError``)."""
     import yaml
@@ -42,7 +62,9 @@ def _hydra(overrides, *, hydra_config: bool = False):
 
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_config)
+            return compose(
+                config_name="config", overrides=_gate_keys_settable(overrides), return_hydra_config=hydra_config
+            )
     except MissingConfigException as exc:
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
@@ -62,6 +84,7 @@ def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     except OmegaConfBaseException as exc:
         raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
     if isinstance(data.get("gate"), dict):
+        data["gate"] = {**GATE_BASE, **data["gate"]}
         _layer_keys(data["gate"], _given(overrides))
     return data
 
@@ -88,7 +111,7 @@ def _given(overrides: list[str] | tuple[str, ...]) -> set[str]:
 
 
 def _layer_keys(gate: dict[str, Any], given: set[str]) -> None:
-    """Keep at most one of the gate's min_layer and min_depth (``sweep.config.gatespec.resolve_min_layer``):
+    """Keep at most one of the gate's min_layer and min_depth (``sweep.gates.resolve_min_layer``):
     what the overrides set wins over what a conf file set. The gates' conf files set min_depth
     (a fraction of depth) and leave min_layer null, so ``gate.min_layer=K`` drops that default
     min_depth, ``gate.min_depth=F`` drops a min_layer set by a conf file (an experiment's), and
@@ -141,7 +164,7 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         stops = [None if x is None else float(x) for x in cfg.search.draft_stops]
         cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, draft_stops=stops))
     if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
-        from sweep.config.skipset import canonical
+        from sweep.gates.skipset import canonical
 
         cfg = dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, skip=canonical(cfg.gate.skip)))
     return cfg
@@ -250,13 +273,13 @@ def _first_line(exc: BaseException, cause: BaseException | None = None, override
 def _comma_list(key: str, value: str, overrides=()) -> str:
     """A comma list as a value (Hydra's multirun sweep): one line pointing to `sweep run search=...`
     with this key's sub-space as the example (naming the gate when the key is a gate parameter)."""
-    from sweep.config.gatespec import GATE_SPECS, LAYER_KEYS
+    from sweep.gates import GATES, LAYER_KEYS
 
     param = key.removeprefix("gate.")
     entries = [f"{key}: 'choice({value})'"]
     if key.startswith("gate.") and param != "name":
         chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") in ("gate", "gate.name")]
-        takes = [s.name for s in GATE_SPECS if param in s.accepts]
+        takes = [s.name for s in GATES if param in s.accepts]
         gate = chosen[-1] if chosen else (takes[0] if takes and param not in LAYER_KEYS else "saturation")
         entries.insert(0, f"gate: {gate}")
     space = "{" + ", ".join(entries) + "}"

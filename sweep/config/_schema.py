@@ -4,7 +4,7 @@ Field names follow conf/ one to one. Defaults live in one place: conf/config.yam
 group files (a test keeps every field there); a field here carries its type and check, and
 no default except null for optional keys (and the gate parameters, null where a gate does
 not take them). Checks that need the loaded model (a layer index against L) live with the
-gate-spec table (``sweep.config.gatespec.check_model``).
+gate-spec table (``sweep.gates.check_model``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Literal
 
 from sweep.config._fields import at_least, field, in_range
 from sweep.config.families import TINY
-from sweep.config.gatespec import PARAMS
+from sweep.gates import PARAMS
 from sweep.config.paths import NAME_ALLOWED, is_name
 
 
@@ -66,13 +66,13 @@ def _gate_param(name: str):
 class GateConfig:
     """An exit rule and its thresholds; parameters a gate does not take stay null.
 
-    The parameters are the gate-spec table's (``sweep.config.gatespec.PARAMS``, a test keeps the two
+    The parameters are the gate-spec table's (``sweep.gates.PARAMS``, a test keeps the two
     equal); which gate takes which, and narrower domains, are checked by ``check_gate``."""
 
-    name: str = "full"  # a gate of sweep.config.gatespec.GATE_SPECS
+    name: str = "full"  # a gate of sweep.gates.GATES
     # the first layer after which the gate may exit: min_layer (a layer index) when set, else
     # ceil(min_depth * L) (a fraction of depth, the conf/gate default), else 1 (gates built in code);
-    # sweep.config.gatespec.resolve_min_layer, once the model's depth L is known
+    # sweep.gates.resolve_min_layer, once the model's depth L is known
     min_layer: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null")
     min_depth: float | None = field(None, check=in_range(0, 1, lo_open=True), allowed="a number in (0, 1] or null")
     exit_layer: int | None = _gate_param("exit_layer")
@@ -81,7 +81,7 @@ class GateConfig:
     q: float | None = _gate_param("q")
     k: int | None = _gate_param("k")
     decay: float | None = _gate_param("decay")
-    # the skip gate's bypassed sublayers (sweep.config.skipset), e.g. 'a3+m3+a5-9'
+    # the skip gate's bypassed sublayers (sweep.gates.skipset), e.g. 'a3+m3+a5-9'
     skip: str | None = _gate_param("skip")
     # which readout turns h_l into logits (the lens-probe gates and the classifier's exit token):
     # logit = the model's own final norm and head; tuned = a fitted translator first (`sweep fit`)

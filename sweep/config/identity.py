@@ -39,9 +39,9 @@ def trial_device(requested: str, gpus: float | None = None) -> str:
         return requested
     if gpus is not None:
         return "cuda" if gpus > 0 else "cpu"
-    from sweep.models import resolve_device
+    import torch  # only for a device chosen here, outside a sweep
 
-    return resolve_device("auto").type
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def trial_identity(cfg: Config, device: str) -> TrialIdentity:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sweep.errors import ConfigError
-from sweep.config.gatespec import GATE_SPECS, PARAMS, check_value
+from sweep.gates import GATES, PARAMS, check_value
 from sweep.config.paths import check_name
 
 if TYPE_CHECKING:
@@ -234,7 +234,7 @@ def _check_gate_values(params: list[Param], gate: str | None, where: str) -> Non
         raise ConfigError(f"{where}.gate: must be a gate name or choice(...) of gate names")
     names = named.values if named is not None else (() if gate is None else (gate,))
     for name in names:
-        spec = GATE_SPECS.get(name, key=f"{where}.gate")
+        spec = GATES.get(name, key=f"{where}.gate")
         for p in params:
             param = p.key.removeprefix("gate.")
             if not p.key.startswith("gate.") or param not in PARAMS:
@@ -259,7 +259,7 @@ def _check_names(params: list[Param]) -> None:
 def check_ladder(ladder: str, gate: str) -> list:
     """A calibration ladder (``calibrate.grid``) for ``gate``'s threshold: parsed, a grid, and
     every value in the gate's domain; returns its values."""
-    spec = GATE_SPECS.get(gate, key="gate")
+    spec = GATES.get(gate, key="gate")
     if spec.threshold is None:
         raise ConfigError(f"gate={gate}: has no threshold to calibrate; use a gate with one (saturation, margin, ...)")
     param = parse_value(f"gate.{spec.threshold}", ladder, "calibrate.grid")

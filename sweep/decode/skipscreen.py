@@ -24,7 +24,7 @@ import torch
 
 from sweep.decode.engine import Engine
 from sweep.models import LoadedModel
-from sweep.config.skipset import SkipSet
+from sweep.gates.skipset import SkipSet
 
 
 @dataclass

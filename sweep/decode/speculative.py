@@ -35,7 +35,7 @@ from sweep.decode.engine import Engine, Generation
 from sweep.errors import ConfigError
 from sweep.gates import make_gate
 from sweep.models import LoadedModel
-from sweep.config.skipset import SkipSet
+from sweep.gates.skipset import SkipSet
 from sweep.decode.timing import Timer
 
 Draft = Callable[[torch.Tensor, object, int], torch.Tensor]  # (token, cache, its position) -> next-token logits

@@ -8,25 +8,33 @@ below eps. The probe costs a norm and two (k x hidden) products: far less than t
 
 from __future__ import annotations
 
-from sweep.config.gatespec import check_model
-from sweep.gates._gates import FIRST, Gate
-from sweep.gates._registry import register
-from sweep.gates._signals import below, level_tensor, lm_head_basis, pca_delta
+from sweep.gates.base import FIRST, Gate
+from sweep.gates.spec import GateSpec, check_model, lazy, register
+
+torch = lazy("torch")
+sig = lazy("sweep.gates.signals")  # every signal, once (torch: imported when a gate decides)
 
 
-@register
+@register(
+    GateSpec(
+        "pca",
+        "exits when final_norm(h_l)'s projection on the lm_head's top-k directions changes < eps",
+        probe="pca",
+        signal="pca_delta",
+        params=("eps", "k"),
+        threshold="eps",
+    )
+)
 class PcaGate(Gate):
     """Exit when the projection of final_norm(h_l) on the lm_head's top-k principal
     directions changes by less than eps from the previous layer."""
-
-    name = "pca"
 
     def __init__(self, cfg, num_layers: int, hidden_size: int | None = None, **parts) -> None:
         super().__init__(cfg, num_layers, hidden_size, **parts)
         self.basis = self.norm = None
         if self.adapter is not None:
             check_model(cfg, num_layers, hidden_size=self.adapter.lm_head.weight.shape[1])
-            self.basis = lm_head_basis(self.adapter, cfg.k)  # kept with the model, computed once
+            self.basis = sig.lm_head_basis(self.adapter, cfg.k)  # kept with the model, computed once
             self.norm = self.adapter.norm
 
     @property
@@ -36,8 +44,8 @@ class PcaGate(Gate):
     def decide(self, layer, h, h_prev, z, at=FIRST):
         if self.basis is None:
             raise RuntimeError("gate=pca built without a model reads no hidden state (make_gate(cfg, lm))")
-        return below(pca_delta(self.norm(h), self.norm(h_prev), self.basis), self.cfg.eps)
+        return sig.below(sig.pca_delta(self.norm(h), self.norm(h_prev), self.basis), self.cfg.eps)
 
     @classmethod
     def decisions(cls, signals, values, decay=None):
-        return below(signals.need("pca_delta")[None], level_tensor(values)[:, None, None])
+        return sig.below(signals.need("pca_delta")[None], sig.level_tensor(values)[:, None, None])

@@ -170,7 +170,7 @@ class Adapter:
 
     @contextlib.contextmanager
     def bypassing(self, skip) -> Iterator[None]:
-        """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.config.skipset.SkipSet``,
+        """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.gates.skipset.SkipSet``,
         1-indexed layers) bypassed through the residual: each returns zeros, so the residual passes on
         unchanged and a bypassed attention writes no K/V."""
         from sweep.models._bypass import bypassing, output_shapes

@@ -22,7 +22,7 @@ from sweep.config import Config, compose
 from sweep.errors import ConfigError
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
-from sweep.config.skipset import Candidate
+from sweep.gates.skipset import Candidate
 from sweep.config.search import WITH_THE_SET, as_override, check_search, grid, spaces
 
 log = logging.getLogger("sweep.orchestrate.plan")

@@ -15,7 +15,7 @@ from typing import Any
 
 from sweep import progress
 from sweep.errors import SweepError
-from sweep.config.gatespec import gate_text
+from sweep.gates import gate_text
 from sweep.config.identity import trial_identity
 from sweep.orchestrate.plan import trial_config, tune_settings
 
@@ -176,8 +176,7 @@ class RowWriter:
     def errored(self, config: dict, error: str) -> None:
         """A Tune trial (one setting, or a bundle of them) Tune gave up on: its worker died more than
         sweep.max_failures times. A failed row for each of its settings that has no row yet."""
-        from sweep.bench.rows import failed_row
-        from sweep.store.run_info import provenance_unloaded
+        from sweep.bench.rows import complete_row, failed_row
 
         for trial in tune_settings(config):
             try:
@@ -186,9 +185,11 @@ class RowWriter:
                 log.warning("a Tune trial errored and its setting could not be composed (%s): %s", exc, error)
                 continue
             failure = RuntimeError(f"the trial's worker failed more than sweep.max_failures times; last error: {error}")
-            row = {**provenance_unloaded(cfg, self.run_id), **failed_row(cfg, cfg.prompts.n or 0, failure)}
-            row["sweep_name"] = self.sweep_name
-            self.write(row)
+            self.write(
+                complete_row(
+                    cfg, None, failed_row(cfg, cfg.prompts.n or 0, failure), self.run_id, sweep_name=self.sweep_name
+                )
+            )
             log.warning("[%d/%s] a Tune trial gave up after retries: %s", len(self._seen), self.total, error)
 
     def write(self, row: dict, *, cached: bool = False) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Any
 
 import polars as pl
 
@@ -19,7 +18,7 @@ from sweep.analysis import FULL_DEPTH_ID
 from sweep.config import Config, GateConfig, compose
 from sweep.config import build
 from sweep.errors import ConfigError
-from sweep.config.gatespec import GATE_COLUMNS, GATE_SPECS
+from sweep.gates import GATE_COLUMNS, GATES
 from sweep.config.search import as_override, spaces
 
 log = logging.getLogger("sweep.orchestrate.screen")
@@ -33,7 +32,7 @@ def dense_settings(cfg: Config, base: list[str], merge) -> list[tuple[list[str],
         gate_name = next((p.values[0] for p in params if p.key == "gate" and p.kind == "fixed"), None)
         if gate_name is None:
             raise ConfigError(f"search.spaces[{i}]: a screen sub-space names its gate (gate: saturation, ...)")
-        threshold = GATE_SPECS.get(gate_name, key=f"search.spaces[{i}].gate").threshold
+        threshold = GATES.get(gate_name, key=f"search.spaces[{i}].gate").threshold
         key = f"gate.{threshold}" if threshold else None
         swept = next((p for p in params if p.key == key), None)
         others = [p for p in params if p.key != key]
@@ -70,7 +69,7 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
     front = front.filter(pl.col("trial_id") != BASELINE)
     chosen = set(front["trial_id"].to_list())
     for knee in chord_knees(front, by=("model",), x="_x", y="_y").iter_rows(named=True):
-        gate = GATE_SPECS.get(knee["gate"], key="gate")
+        gate = GATES.get(knee["gate"], key="gate")
         if gate.threshold is None:
             continue
         line = sim.filter(
@@ -86,40 +85,3 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
         on_front=pl.col("trial_id").is_in(front["trial_id"].to_list()),
         selected=pl.col("trial_id").is_in(sorted(chosen)) & pl.col("_first"),
     ).drop("_first")
-
-
-def comparison(simulated: pl.DataFrame, measured: list[dict[str, Any]]) -> pl.DataFrame:
-    """Simulated against measured, per closed-loop trial, and the gap (simulated - measured)."""
-    if not measured:
-        return pl.DataFrame()
-    meas = pl.DataFrame(
-        [{k: r.get(k) for k in ("trial_id", "status", "agreement", "speedup_wall")} for r in measured],
-        infer_schema_length=None,
-    ).filter(pl.col("status") == "ok")
-    both = simulated.filter(pl.col("selected")).join(meas, on="trial_id", how="inner")
-    return both.select(
-        "trial_id",
-        "gate",
-        "min_layer",
-        *GATE_COLUMNS,
-        "agreement_tf",
-        "agreement",
-        (pl.col("agreement_tf") - pl.col("agreement")).alias("agreement_gap"),
-        "speedup_model",
-        "speedup_wall",
-        (pl.col("speedup_model") - pl.col("speedup_wall")).alias("speedup_gap"),
-    ).sort("gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
-
-
-def gap_by_gate(comp: pl.DataFrame) -> pl.DataFrame:
-    """Mean and max agreement gap and mean speedup gap per gate (how optimistic the replay is)."""
-    return (
-        comp.group_by("gate")
-        .agg(
-            trials=pl.len(),
-            agreement_gap_mean=pl.col("agreement_gap").mean(),
-            agreement_gap_max=pl.col("agreement_gap").max(),
-            speedup_gap_mean=pl.col("speedup_gap").mean(),
-        )
-        .sort("gate")
-    )

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import optuna
 
 from sweep.decode.skipscreen import FirstDrafts, predict
-from sweep.config.skipset import Candidate, SkipSet
+from sweep.gates.skipset import Candidate, SkipSet
 from sweep.errors import ConfigError
 
 log = logging.getLogger("sweep.orchestrate.skipsearch")

@@ -26,7 +26,7 @@ from ray.tune.search import ConcurrencyLimiter
 
 from sweep.bench.estimators import row_speedup
 from sweep.config import ClusterConfig, Config
-from sweep.config.gatespec import GATE_SPECS
+from sweep.gates import GATES
 from sweep.config.identity import trial_device, trial_identity
 from sweep.config.search import METRICS
 from sweep.errors import ConfigError, SweepError
@@ -297,7 +297,7 @@ def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
     probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
         c.gate
         for _, c in settings
-        if GATE_SPECS.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens") or c.gate.lens == "tuned"
+        if GATES.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens") or c.gate.lens == "tuned"
     }
     probes = sorted(probes, key=str)
     readouts = {g.readouts for g in probes} - {None}
@@ -315,7 +315,7 @@ def _skipset(plan: Plan, resources: dict, device: str, hub: Hub):
     SQLite study when one is there), its progress shown here, then the chosen candidates (skip set,
     draft_stop, draft_len) as grid settings, composed here."""
     from sweep.orchestrate.plan import drawn_overrides, skipset_setting
-    from sweep.config.skipset import Candidate
+    from sweep.gates.skipset import Candidate
     from sweep.orchestrate.study import optuna_storage_url
 
     plan.path.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from typing import Any, Callable
 
@@ -26,7 +25,8 @@ def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report
     from sweep.orchestrate import claims
     from sweep.orchestrate.rows import finished_row, row_path
 
-    owner = claims.Owner.here(context["run_id"], context.get("sweep_name") or "")
+    sweep_name = context.get("sweep_name")
+    owner = claims.Owner.here(context["run_id"], sweep_name or "")
     notes: dict[str, tuple[str, ...]] = {}
     reported: set[str] = set()
     try:
@@ -42,69 +42,38 @@ def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report
                     reported.add(tid)
                 else:
                     compute.append(cfg)
-            if len(compute) == 1:
-                rows = [trial_row(compute[0], context["run_id"], context.get("sweep_name"), t0)]
-            else:
-                rows = shared_trial_rows(compute, context["run_id"], context.get("sweep_name"), t0) if compute else []
+            rows = trial_rows(compute, context["run_id"], sweep_name, t0) if compute else []
     except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
-        rows = [failed_trial_row(cfg, context["run_id"], context.get("sweep_name"), exc, t0) for _, cfg in todo]
-        rows = [row for row in rows if row["trial_id"] not in reported]
+        from sweep.bench.rows import complete_row, failed_row
+
+        seconds = time.perf_counter() - t0
+        rows = [
+            complete_row(
+                cfg,
+                None,
+                failed_row(cfg, cfg.prompts.n or 0, exc),
+                context["run_id"],
+                sweep_name=sweep_name,
+                seconds=seconds,
+            )
+            for tid, cfg in todo
+            if tid not in reported
+        ]
     for row in rows:
         report(row, cached=False, notes=notes.get(row["trial_id"], ()))
 
 
-def trial_row(cfg: Config, run_id: str, sweep_name: str | None, t0: float) -> dict[str, Any]:
-    """Run one trial in this process's session (``sweep.bench.session``: its models, readouts and
-    reusable references); its row (a failed row, with the error's first line, when it raises)."""
-    from sweep.bench.rows import failed_row
-    from sweep.bench.command import prepare
-    from sweep.bench.protocol import run_trial
-    from sweep.bench.session import process_session
-    from sweep.store.run_info import provenance, provenance_unloaded
-
-    lm = gate = None
-    session = process_session()
-    try:
-        lm, gate, prompts = prepare(cfg, session)
-        row = run_trial(cfg, lm, gate, prompts, session.reference_source(cfg))
-    except Exception as exc:  # noqa: BLE001 - a trial that raises is a failed row, whatever it raised
-        row = failed_row(cfg, cfg.prompts.n or 0, exc, gate)
-    prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
-    return _with_worker({**prov, **row}, sweep_name, time.perf_counter() - t0)
-
-
-def failed_trial_row(cfg: Config, run_id: str, sweep_name: str | None, exc: BaseException, t0: float) -> dict:
-    """The failed row of a setting whose trial raised outside the bench (claiming, provenance)."""
-    from sweep.bench.rows import failed_row
-    from sweep.store.run_info import provenance_unloaded
-
-    row = {**provenance_unloaded(cfg, run_id), **failed_row(cfg, cfg.prompts.n or 0, exc)}
-    return _with_worker(row, sweep_name, time.perf_counter() - t0)
-
-
-def _with_worker(row: dict[str, Any], sweep_name: str | None, seconds: float) -> dict[str, Any]:
-    from sweep.models import model_loads
-
-    return {
-        **row,
-        "sweep_name": sweep_name,
-        "worker_pid": os.getpid(),
-        "worker_model_loads": model_loads(),
-        "trial_seconds": seconds,
-    }
-
-
-def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: float) -> list[dict[str, Any]]:
-    """Several settings of one model, prompts and bench measured against one shared baseline
-    (``sweep.bench.protocol.run_trials``): one row per setting, in order (a failed row for a setting
-    that cannot be prepared, the others measured without it; failed rows for all when the group
-    raises). The worker side of a Tune trial that bundles grid settings; ``trial_seconds`` is the
-    row's bench_seconds plus an even share of the group's time outside the bench (preparing, provenance)."""
-    from sweep.bench.rows import failed_row
+def trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: float) -> list[dict[str, Any]]:
+    """A Tune trial's settings, run in this process's session (``sweep.bench.session``: its models, readouts
+    and reusable references): one setting, or several of one model, prompts and bench against one shared
+    baseline (``sweep.bench.protocol.run_trials``). One row per setting, in order (a failed row for a setting
+    that cannot be prepared, the others measured without it; failed rows for all when the group raises, never
+    an exception); ``trial_seconds`` is the row's bench_seconds plus an even share of the group's time outside
+    the bench (preparing, provenance) since ``t0``."""
+    from sweep.bench.rows import complete_row, failed_row
     from sweep.bench.command import prepare
     from sweep.bench.protocol import run_trials
     from sweep.bench.session import process_session
-    from sweep.store.run_info import provenance, provenance_unloaded
 
     session = process_session()
     prepared: list = [None] * len(cfgs)
@@ -128,12 +97,10 @@ def shared_trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t
     # each row: its bench_seconds (0 for a failed one) and an even share of the rest of the group's time
     bench = [row.get("bench_seconds") or 0.0 for row in rows]
     rest = (time.perf_counter() - t0 - sum(bench)) / len(cfgs)
-    out = []
-    for cfg, row, p, seconds in zip(cfgs, rows, prepared, (b + rest for b in bench)):
-        # a setting that failed to prepare has no model
-        prov = provenance(cfg, p[0], run_id) if p is not None else provenance_unloaded(cfg, run_id)
-        out.append(_with_worker({**prov, **row}, sweep_name, seconds))
-    return out
+    return [
+        complete_row(cfg, p[0] if p is not None else None, row, run_id, sweep_name=sweep_name, seconds=b + rest)
+        for cfg, row, p, b in zip(cfgs, rows, prepared, bench)  # a setting that failed to prepare has no model
+    ]
 
 
 def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
@@ -173,7 +140,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
     from sweep.config.identity import trial_identity
-    from sweep.config.skipset import Candidate
+    from sweep.gates.skipset import Candidate
     from sweep.orchestrate.plan import skipset_setting
     from sweep.decode.skipscreen import first_drafts, record
     from sweep.orchestrate.skipsearch import best_trials, candidate, search

@@ -84,7 +84,7 @@ def write(cfg, prepared, ctx: ReportContext) -> Path:
 
 def render(cfg, prepared, ctx: ReportContext, path: Path) -> tuple[list[str], int]:
     """One verdict line per model, and the report's path."""
-    from sweep.report.textfit import fit_lines
+    from sweep.textfit import fit_lines
 
     return [*map(fit_lines, verdicts(ctx)), f"report: {path}"], 0
 

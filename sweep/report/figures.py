@@ -247,7 +247,7 @@ def batching_figure(series: dict[str, pl.DataFrame], sizes: list[int], out: Path
 def skip_map_figure(maps: list[tuple[str, str, int]], out: Path) -> str:
     """Each model's best skip set as a layer map: attention and MLP (rows) of layers 1..L (columns), the
     bypassed sublayers filled. ``maps``: (model, canonical skip text, L)."""
-    from sweep.config.skipset import SkipSet
+    from sweep.gates.skipset import SkipSet
 
     fig, axes = _figure(len(maps), 1, figsize=(10, 1.1 + 1.0 * len(maps)), squeeze=False)
     for ax, (model, text, L) in zip(axes[:, 0], maps):

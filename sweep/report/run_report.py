@@ -1,5 +1,5 @@
 """What `sweep run` prints at its end: the settings' table and Pareto front, the verdict on them, and
-where to go next (`sweep analyze` and its report); every line within 120 columns (``sweep.report.textfit``).
+where to go next (`sweep analyze` and its report); every line within 120 columns (``sweep.textfit``).
 
 "Setting": one point of the search (one gate and its thresholds), one row in the results. "Tune
 trial": what Ray Tune schedules, one setting or a bundle of settings timed against one shared
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sweep.report.textfit import table, wrap
+from sweep.textfit import table, wrap
 
 TABLE_COLUMNS = (
     "model",
@@ -41,7 +41,7 @@ def sweep_report(outcome, analysis=None) -> str:
     import polars as pl
 
     from sweep.analysis import pareto_front
-    from sweep.config.gatespec import GATE_COLUMNS
+    from sweep.gates import GATE_COLUMNS
 
     lines = [
         f"sweep {outcome.name}: {outcome.written} settings measured and written, {outcome.skipped} skipped "
@@ -116,7 +116,7 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
 
 def screen_report(outcome) -> list[str]:
     """A screen's lines: how many settings were simulated and run, simulated against measured."""
-    from sweep.orchestrate.screen import comparison, gap_by_gate
+    from sweep.analysis import comparison, gap_by_gate
 
     sim = outcome.simulated
     lines = wrap(

@@ -172,7 +172,7 @@ def _lens_table(curve: pl.DataFrame, readouts_id: str) -> list[str]:
 def screen_section(ctx: ReportContext) -> Section:
     """Simulated against measured, when a screen left simulated rows: a table of the gap per
     gate, and a figure pairing each simulated setting with its closed-loop trial."""
-    from sweep.orchestrate.screen import gap_by_gate
+    from sweep.analysis import gap_by_gate
     from sweep.store import scan
 
     sim = scan("simulated", ctx.root).filter(pl.col("selected")).collect()
@@ -205,7 +205,7 @@ def screen_section(ctx: ReportContext) -> Section:
 
 def batching_section(ctx: ReportContext) -> Section:
     """How the saving decays with batch size, for settings measured at several batch sizes."""
-    from sweep.config.gatespec import GATE_COLUMNS, gate_text
+    from sweep.gates import GATE_COLUMNS, gate_text
 
     ok = ctx.ok
     if not ok.height or ok["batch_size"].n_unique() < 2:  # trials load in the current schema: the column is there

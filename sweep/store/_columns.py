@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from sweep.config.gatespec import GATE_SPECS, PARAMS, ParamSpec
+from sweep.gates import GATES, PARAMS, ParamSpec
 
 # 2: layers_saved counts decode steps only (the first token saves nothing)
 # 3: trials carry trial_key, the JSON text that trial_id hashes
@@ -170,9 +170,9 @@ PROVENANCE: tuple[Column, ...] = (
 
 
 # a gate setting, as trials and simulated rows carry it: the parameter columns come from the
-# gate-spec table (sweep.config.gatespec), so a new gate parameter is a new column of every table here
+# gate-spec table (sweep.gates), so a new gate parameter is a new column of every table here
 def _gate_column(param: ParamSpec) -> Column:
-    takers = [g for g in GATE_SPECS if param.name in g.accepts]
+    takers = [g for g in GATES if param.name in g.accepts]
     names = [g.name for g in takers]
     unset = "gates that do not take it" if len(names) > 2 else "gates other than " + " and ".join(names)
     meaning = param.meaning if "null" in param.meaning else f"{param.meaning}; null for {unset}"
@@ -191,7 +191,12 @@ def _gate_column(param: ParamSpec) -> Column:
 
 GATE_FIELDS: tuple[Column, ...] = (
     (
-        Column("gate", pl.String(), "", f"gate name ({', '.join(GATE_SPECS.names())})"),
+        Column(
+            "gate",
+            pl.String(),
+            "",
+            "gate name: a registered gate (conf/gate/NAME.yaml; `sweep bench --help` lists them)",
+        ),
         Column(
             "min_layer",
             pl.Int32(),

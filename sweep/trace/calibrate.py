@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from sweep import progress
 from sweep.config import Config
 from sweep.errors import ConfigError
-from sweep.config.gatespec import GATE_SPECS
+from sweep.gates import GATES
 
 log = logging.getLogger("sweep.trace.calibrate")
 
@@ -86,7 +86,7 @@ def certifiable_risk(
 
 def ordered(gate_name: str, values: Sequence[float]) -> list[float]:
     """Thresholds from the most conservative (exits least) to the most aggressive."""
-    spec = GATE_SPECS.get(gate_name, key="gate")
+    spec = GATES.get(gate_name, key="gate")
     return sorted(set(values), key=lambda v: spec.aggressive * v)
 
 
@@ -126,7 +126,7 @@ def prepare(cfg: Config, session) -> tuple:
     from sweep.config.search import check_ladder
 
     c = cfg.calibrate
-    spec = GATE_SPECS.get(cfg.gate.name, key="gate")
+    spec = GATES.get(cfg.gate.name, key="gate")
     ladder = c.grid if c.grid is not None else spec.ladder  # the gate spec's default ladder
     if ladder is None and spec.threshold is not None:
         raise ConfigError(f"calibrate.grid: required for gate={spec.name} (e.g. 'range(1, 30)')")
@@ -144,7 +144,7 @@ def calibrate(cfg: Config, prepared: tuple) -> Calibration:
     from sweep.gates import make_gate
 
     values, lm, prepared, prompts, cal, held, drift = prepared
-    c, spec = cfg.calibrate, GATE_SPECS.get(cfg.gate.name, key="gate")
+    c, spec = cfg.calibrate, GATES.get(cfg.gate.name, key="gate")
     n = cfg.bench.gen_tokens
     log.info("full-depth baselines: %d prompts x %d tokens", len(prompts) + len(drift), n)
     full = Engine(lm)
@@ -195,7 +195,7 @@ def calibrate(cfg: Config, prepared: tuple) -> Calibration:
 
 
 def render(cfg: Config, prepared, result: Calibration, _written) -> tuple[list[str], int]:
-    from sweep.report.textfit import fit_lines
+    from sweep.textfit import fit_lines
 
     return [fit_lines(format_calibration(cfg, result))], 0
 
@@ -228,7 +228,7 @@ def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:
             f"({sorted(same)[0]}, ...); name another set"
         )
     if gate.readouts is not None:
-        from sweep.trace.readouts_io import check_disjoint
+        from sweep.gates.readouts import check_disjoint
 
         check_disjoint(gate.readouts, drift, key="calibrate.heldout_prompts")
     return drift

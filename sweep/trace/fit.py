@@ -7,8 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from sweep.trace.readouts import Readouts, fit_readouts
-from sweep.trace.readouts_io import save_readouts
+from sweep.gates.readouts import Readouts
+from sweep.trace.readouts import fit_readouts, save_readouts
 
 log = logging.getLogger("sweep.trace.fit")
 
@@ -61,7 +61,7 @@ def summary(cfg, lm, readouts: Readouts) -> dict:
 
 def render(cfg, prepared, readouts: Readouts, path: Path) -> tuple[list[str], int]:
     """The fit's report and the readouts' path."""
-    from sweep.report.textfit import fit_lines
+    from sweep.textfit import fit_lines
 
     return [fit_lines(fit_report(summary(cfg, prepared[0], readouts))), f"readouts: {path}"], 0
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from sweep import progress
-from sweep.gates import (
+from sweep.gates.signals import (
     cosine_prev,
     entropy,
     lens_residual,
@@ -247,7 +247,7 @@ def traced_run(
         raise ConfigError(f"profile.topk={cfg.profile.topk}: at most {vocab}, the vocabulary size of model={lm.name}")
     readouts = None
     if cfg.profile.readouts is not None:
-        from sweep.trace.readouts_io import readouts_for
+        from sweep.gates.readouts import readouts_for
 
         readouts = readouts_for(cfg.profile.readouts, lm, prompts, key="profile.readouts", cache=readouts_cache)
     trace = profile_prompts(lm, prompts, gen_tokens, cfg.profile.topk, cfg.profile.pca_k, readouts)
@@ -291,7 +291,7 @@ def write(cfg, prepared, result) -> str:
 def render(cfg, prepared, result, path: str) -> tuple[list[str], int]:
     """The lens summary (per layer: top-1 agreement, KL, EAS) and the trace's path."""
     from sweep.analysis import format_summary
-    from sweep.report.textfit import fit_lines
+    from sweep.textfit import fit_lines
 
     return [fit_lines(format_summary(result[0], cfg.eas.alpha)), f"trace: {path}"], 0
 

@@ -178,14 +178,14 @@ def simulate(
     L = signals.num_layers
     groups: dict[tuple, list[int]] = {}
     for i, g in enumerate(gate_cfgs):
-        cls = GATES.get(g.name, key="gate")
+        cls = GATES.get(g.name, key="gate").cls
         rest = tuple((k, v) for k, v in vars(g).items() if k != cls.threshold)
         groups.setdefault((g.name, rest), []).append(i)
     rows: list[dict | None] = [None] * len(gate_cfgs)
     decode = signals.token_index > 0
     shown = progress.start("replay", len(groups), part="replay")  # one step per group of settings
     for (name, _), members in groups.items():
-        cls = GATES.get(name, key="gate")
+        cls = GATES.get(name, key="gate").cls
         gates = [make_gate(gate_cfgs[i], L) for i in members]
         values = torch.tensor(
             [threshold_value(g) for g in gates], dtype=torch.float64

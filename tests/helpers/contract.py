@@ -11,7 +11,7 @@ import torch
 from sweep.decode.batching import BatchEngine
 from sweep.config import GateConfig, compose
 from sweep.decode.engine import Engine
-from sweep.gates import GATES, make_gate
+from sweep.gates import GATES, PARAMS, make_gate
 from sweep.trace.profile import profile_prompts
 from sweep.models.prompts import read_prompts, tokenize_prompts
 from sweep.trace.simulate import exit_layers, signals_from_trace, threshold_value
@@ -40,7 +40,8 @@ def replay_equals_engine(lm, prompts, sig, baseline, cfg, readouts=None):
     loop's exit layers over all prompts, the steps compared)."""
     gate = make_gate(cfg, lm, readouts)
     order = {p: i for i, p in enumerate(sig.prompt_ids)}
-    min_layer = 1 if cfg.name == "fixed" else gate.min_layer
+    spec = GATES.get(cfg.name, key="gate")  # a threshold that is a layer index is the one probe layer
+    min_layer = 1 if spec.threshold and spec.unit(spec.threshold) == "layer" else gate.min_layer
     value = torch.tensor([threshold_value(gate)], dtype=torch.float64)
     lensed = sig.for_lens(cfg.lens or "logit")
     sim = exit_layers(type(gate), lensed, value, min_layer, cfg.decay)[0]
@@ -77,68 +78,80 @@ def each_sequence_decides_as_it_would_alone(lm, prompts, gate_cfg, policy, reado
     return together
 
 
-# a wide ladder per gate threshold: ``mixed_setting`` picks the value that decides on a given model
-LADDERS = {
-    "saturation": ("eps", [0.005 * 1.3**i for i in range(40)]),
-    "margin": ("theta", [0.01 * 1.3**i for i in range(40)]),
-    "softmax": ("theta", [0.001 * 1.25**i for i in range(31)]),
-    "cosine": ("eps", [0.0005 * 1.35**i for i in range(30)]),
-    "entropy": ("theta", [0.05 + 0.15 * i for i in range(38)]),
-    "pca": ("eps", [0.005 * 1.3**i for i in range(36)]),
-    "conformal": ("q", [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0]),
-    "classifier": ("theta", [0.02 * i for i in range(1, 50)]),
-}
-FIXED = {  # the rest of each gate's setting (min_layer, k, decay)
-    "saturation": {"min_layer": 2},
-    "margin": {"min_layer": 1},
-    "softmax": {"min_layer": 1},  # CALM's decay is replayed on the tiny families of tests/test_simulate.py
-    "cosine": {"min_layer": 2},
-    "entropy": {"min_layer": 1},
-    "pca": {"min_layer": 2, "k": 8},
-    "conformal": {"min_layer": 1},
-    "classifier": {"min_layer": 1},
-}
+def base_setting(name: str, readouts_path: str | None = None) -> GateConfig:
+    """Gate ``name`` as its conf file sets it, first exit after layer 1 (min_depth dropped); a gate that reads
+    fitted readouts reads ``readouts_path`` through the logit lens; a skip-set draft bypasses layer 1's attention."""
+    spec = GATES.get(name, key="gate")
+    overrides = [f"gate={name}", "gate.min_layer=1"]
+    overrides += [f"gate.readouts={readouts_path or 'readouts.safetensors'}"] * spec.readouts
+    overrides += ["bench.mode=self_speculative", "gate.skip=a1"] * ("skip" in spec.params)
+    return compose(overrides).gate
 
 
-def mixed_setting(name: str, sig, num_layers: int, readouts_path: str | None = None) -> GateConfig | None:
-    """A setting of gate ``name`` that exits at some decision positions of the trace and runs to L at
-    others (the exit fraction nearest one half on its ladder, at the gate's usual min_layer, else the
-    first min_layer where one does); None when nothing does. Fixed exits after layer 2, full never."""
-    if name == "full":
-        return GateConfig(name="full", min_layer=1)
-    if name == "skip":  # it names a self-speculative draft (tests/test_skipset.py); in the engine it never exits
-        return GateConfig(name="skip", skip="a1")
-    if name == "fixed":
-        return GateConfig(name="fixed", min_layer=1, exit_layer=2)
-    param, ladder = LADDERS[name]
-    extra = {"readouts": readouts_path, "lens": "logit"} if name == "classifier" else {}
-    first = FIXED[name]["min_layer"]
-    for min_layer in [first, *(m for m in range(1, num_layers) if m != first)]:  # the usual one first
-        values = torch.tensor(sorted({*ladder, *_quantiles(name, sig, min_layer, num_layers)}), dtype=torch.float64)
-        base = GateConfig(name=name, **{**FIXED[name], "min_layer": min_layer}, **{param: ladder[0]}, **extra)
-        exits = exit_layers(GATES.get(name, key="gate"), sig, values, min_layer, base.decay)
+def candidates(name: str, sig, min_layer: int, num_layers: int) -> list[float]:
+    """Threshold values to try for gate ``name``, from its registration alone: for a layer index, every layer;
+    otherwise a wide geometric ladder and the quantiles of the model's own signal where the gate decides (and
+    their complements, for a rule that compares 1 - signal), each inside the parameter's domain for this gate."""
+    spec = GATES.get(name, key="gate")
+    param, domain = spec.threshold, spec.domain(spec.threshold)
+    if PARAMS[param].type is int:
+        return [float(v) for v in range(1, num_layers + 1) if domain.check(v)]
+    values = [1e-4 * 1.3**i for i in range(60)] + [0.02 * i for i in range(1, 50)]
+    signal = spec.signal
+    traced = {"delta": sig.delta, "margin": sig.margin}.get(signal, sig.extra.get(signal))
+    if traced is not None:
+        seen = traced[:, min_layer - 1 : num_layers - 1].double().flatten()
+        qs = torch.quantile(seen, torch.linspace(0.02, 0.98, 25, dtype=torch.float64)).tolist()
+        values += qs + [1.0 - q for q in qs]
+    return sorted({v for v in values if domain.check(v)})
+
+
+def decided_settings(
+    name: str, sig, num_layers: int, readouts_path: str | None = None, fractions=(0.5,)
+) -> list[GateConfig]:
+    """Settings of gate ``name`` that make it decide on the traced model, from the registry alone: at the first
+    min_layer where some threshold exits at some decision positions and runs to L at others, the thresholds
+    whose exit fractions are nearest each of ``fractions`` (one setting each, distinct); a gate that exits at
+    every position whatever its threshold (a fixed exit) takes its middle thresholds; a gate without a threshold
+    (it never exits) is its conf file's setting. Empty when no threshold decides."""
+    spec = GATES.get(name, key="gate")
+    base = base_setting(name, readouts_path)
+    if spec.threshold is None:
+        return [base]
+    always: list[GateConfig] = []
+    for min_layer in range(1, num_layers):
+        values = torch.tensor(candidates(name, sig, min_layer, num_layers), dtype=torch.float64)
+        setting = dataclasses.replace(base, min_layer=min_layer)
+        if "k" in spec.accepts and sig.pca_k is not None:  # the trace's projection size, which the replay reads
+            setting = dataclasses.replace(setting, k=sig.pca_k)
+        # a threshold that is a layer index is the gate's one probe layer: min_layer masks nothing
+        replay_from = 1 if spec.unit(spec.threshold) == "layer" else min_layer
+        exits = exit_layers(spec.cls, sig.for_lens(setting.lens or "logit"), values, replay_from, setting.decay)
         fraction = (exits < num_layers).double().mean(dim=1)
         mixed = (fraction > 0) & (fraction < 1)
         if bool(mixed.any()):
-            best = int(torch.where(mixed, (fraction - 0.5).abs(), torch.full_like(fraction, 9.0)).argmin())
-            return dataclasses.replace(base, **{param: float(values[best])})
-    return None
+            picked: list[int] = []
+            for want in fractions:
+                distance = torch.where(mixed, (fraction - want).abs(), torch.full_like(fraction, 9.0))
+                for i in distance.argsort().tolist():
+                    if bool(mixed[i]) and i not in picked:
+                        picked.append(i)
+                        break
+            return [dataclasses.replace(setting, **{spec.threshold: _value(spec, values[i])}) for i in picked]
+        exiting = (fraction == 1).nonzero().flatten().tolist()
+        if exiting and not always:  # every threshold that exits, from the middle one out
+            middle = len(exiting) // 2
+            order = sorted(exiting, key=lambda i: abs(exiting.index(i) - middle))[: len(fractions)]
+            always = [dataclasses.replace(setting, **{spec.threshold: _value(spec, values[i])}) for i in order]
+    return always
 
 
-def _quantiles(name: str, sig, min_layer: int, num_layers: int) -> list[float]:
-    """Candidate thresholds from the model's own signal where the gate decides (a model whose signals
-    all sit in a narrow band, as a Granite's softmax under its logit scale does, needs values inside it)."""
-    signal = GATES.get(name, key="gate").spec.signal
-    if name in ("conformal",) or signal is None:
-        return []
-    table = {"delta": sig.delta, "margin": sig.margin}
-    values = table[signal] if signal in table else sig.extra.get(signal)
-    if values is None:
-        return []
-    values = values[:, min_layer - 1 : num_layers - 1].double().flatten()
-    if name == "cosine":
-        values = 1.0 - values  # the gate compares 1 - cos with eps
-    qs = torch.quantile(values, torch.linspace(0.02, 0.98, 25, dtype=torch.float64))
-    lo = 1e-9 if name in ("saturation", "cosine", "pca") else 0.0
-    hi = 1.0 if name in ("softmax", "classifier") else float("inf")
-    return [min(max(float(q), lo), hi) for q in qs]
+def _value(spec, value: torch.Tensor):
+    return int(value) if PARAMS[spec.threshold].type is int else float(value)
+
+
+def mixed_setting(name: str, sig, num_layers: int, readouts_path: str | None = None) -> GateConfig | None:
+    """A setting of gate ``name`` that exits at some decision positions of the trace and runs to L at others
+    (the exit fraction nearest one half; ``decided_settings``); None when none does."""
+    found = decided_settings(name, sig, num_layers, readouts_path)
+    return found[0] if found else None

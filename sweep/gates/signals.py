@@ -114,3 +114,14 @@ def at_least(signal: torch.Tensor, level) -> torch.Tensor:
 def at_most(signal: torch.Tensor, level) -> torch.Tensor:
     """signal <= level, with the level rounded to float32."""
     return signal.float() <= _level32(level, signal.device)
+
+
+def decayed(threshold, token_index, gen_tokens: int, tau: float | None) -> torch.Tensor:
+    """CALM's decaying threshold (Schuster et al. 2022): clip(0.9 * threshold + 0.1 * exp(-tau * t / N), 0, 1)
+    for the t-th of N generated tokens; the threshold itself when tau is None. Numbers or
+    tensors (broadcast), computed in float64 for the engine and the replay alike."""
+    threshold = level_tensor(threshold)
+    if tau is None:
+        return threshold
+    t = level_tensor(token_index)
+    return (0.9 * threshold + 0.1 * torch.exp(-tau * t / gen_tokens)).clamp(0.0, 1.0)

@@ -5,7 +5,7 @@
 z_l (B, vocab) when the gate's probe is ``lens``, else None. It returns a bool per row.
 ``decisions`` is the same rule vectorised over a profile trace and a grid of thresholds,
 so a trace can replay a gate without running it. Both paths compute the signal with the
-one function of ``sweep.gates._signals`` (the profile writes its trace with them too) and
+one function of ``sweep.gates.signals`` (the profile writes its trace with them too) and
 compare it with the same ``below``/``at_least``/``at_most``.
 
 A gate is complete when built (``make_gate(cfg, lm, readouts)``: the model's adapter and the fitted
@@ -20,22 +20,10 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
-from sweep.config.gatespec import GateSpec, check_model, gate_text, setting_columns
-from sweep.gates._registry import GATES, register
-from sweep.gates._signals import (
-    at_least,
-    below,
-    conformal_tau,
-    lens_residual,
-    level_tensor,
-    logit_margin,
-    saturation_delta,
-)
+from sweep.gates.spec import GATES, GateSpec, check_model, gate_text, setting_columns
 
 if TYPE_CHECKING:
-    from sweep.config import GateConfig
+    import torch
 
 
 @dataclass(frozen=True)
@@ -53,7 +41,7 @@ FIRST = Decoding()
 
 class Gate:
     name: ClassVar[str]
-    # copied from the gate's row of sweep.config.gatespec.GATE_SPECS by ``register``:
+    # copied from the gate's registration (``sweep.gates.spec.register``):
     spec: ClassVar[GateSpec]
     params: ClassVar[tuple[str, ...]] = ()  # GateConfig fields the gate needs (besides min_layer)
     probe: ClassVar[str] = "none"  # none | hidden | lens | pca
@@ -69,11 +57,11 @@ class Gate:
         raise NotImplementedError
 
     def __init__(
-        self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None, *, adapter=None, readouts=None
+        self, cfg: Any, num_layers: int, hidden_size: int | None = None, *, adapter=None, readouts=None
     ) -> None:
         """Use ``make_gate``. ``adapter``: the model's (``sweep.models.Adapter``), None for a gate that only
         replays a trace (``decisions``); ``readouts``: the fitted readouts a tuned lens or the classifier
-        reads (``sweep.trace.readouts_io.load_readouts``, checked against the model)."""
+        reads (``sweep.gates.readouts.load_readouts``, checked against the model)."""
         self.resolved = check_model(cfg, num_layers, hidden_size)  # the one check against the model
         self.min_layer = self.resolved.min_layer
         self.cfg = cfg
@@ -149,135 +137,12 @@ class Gate:
         return f"gate={self.name} " + gate_text(self.values())
 
 
-@register
-class FullGate(Gate):
-    """Never exits: the full-depth baseline."""
-
-    name = "full"
-
-    def probe_layers(self) -> range:
-        return range(0)
-
-    def decide(self, layer, h, h_prev, z, at=FIRST):
-        return torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
-
-    @classmethod
-    def decisions(cls, signals, values, decay=None):
-        return torch.zeros((len(values), *signals.delta.shape), dtype=torch.bool)
-
-
-@register
-class SkipGate(FullGate):
-    """Never exits, as full depth: it names the skip-set draft of self-speculation
-    (``sweep.decode.speculative.SkipDraft``)."""
-
-    name = "skip"
-
-
-@register
-class FixedGate(Gate):
-    """Always exits after ``exit_layer`` (null: after min_layer): the speedup ceiling and the
-    cost model's yardstick."""
-
-    name = "fixed"
-
-    def __init__(self, cfg: GateConfig, num_layers: int, hidden_size: int | None = None, **parts) -> None:
-        super().__init__(cfg, num_layers, hidden_size, **parts)
-        self.exit_layer = self.resolved.exit_layer
-
-    def probe_layers(self) -> range:
-        return range(self.exit_layer, self.exit_layer + 1) if self.exit_layer < self.num_layers else range(0)
-
-    def decide(self, layer, h, h_prev, z, at=FIRST):
-        return torch.full((h.shape[0],), layer == self.exit_layer, dtype=torch.bool, device=h.device)
-
-    @classmethod
-    def decisions(cls, signals, values, decay=None):
-        layers = torch.arange(1, signals.num_layers + 1)
-        mask = layers[None, :] == values.long()[:, None]  # (K, L)
-        return mask[:, None, :].expand(len(values), *signals.delta.shape)
-
-
-@register
-class SaturationGate(Gate):
-    """Exit when the residual stream stops moving: delta < eps (free: no lm_head)."""
-
-    name = "saturation"
-
-    def decide(self, layer, h, h_prev, z, at=FIRST):
-        return below(saturation_delta(h, h_prev), self.cfg.eps)
-
-    @classmethod
-    def decisions(cls, signals, values, decay=None):
-        return below(signals.delta[None], level_tensor(values)[:, None, None])
-
-
-@register
-class MarginGate(Gate):
-    """Exit when the logit lens is decisive: gamma_l >= theta (costs norm + lm_head per probe)."""
-
-    name = "margin"
-
-    def decide(self, layer, h, h_prev, z, at=FIRST):
-        return at_least(logit_margin(z), self.cfg.theta)
-
-    @classmethod
-    def decisions(cls, signals, values, decay=None):
-        return at_least(signals.margin[None], level_tensor(values)[:, None, None])
-
-
-@register
-class ConformalGate(Gate):
-    """Exit when 2 * tau_l <= gamma_l: the lens's top-1 provably equals the final one if
-    ||z_l - z_L||_inf <= tau_l. tau_l is the q-quantile of that residual over the prompt's
-    prefill positions, so q = 1.0 makes it lossless on those positions ("miss, not lie").
-    """
-
-    name = "conformal"
-
-    def calibrate(self, lens_fn, hidden, mask=None):
-        """tau per batch row and layer (B, L + 1): what ``decide`` compares the margin with."""
-        z_final = lens_fn(self.num_layers, hidden[self.num_layers])  # (B, P, vocab): one tau per sequence
-        tau = torch.full((z_final.shape[0], self.num_layers + 1), float("inf"))
-        for layer in self.probe_layers():
-            residual = lens_residual(lens_fn(layer, hidden[layer]), z_final).cpu()
-            if mask is not None:  # padded positions are NaN, which conformal_tau leaves out
-                residual = residual.masked_fill(~mask.cpu(), float("nan"))
-            tau[:, layer] = conformal_tau(residual, self.cfg.q)
-        return tau
-
-    def calibration_lenses(self) -> int:
-        return len(self.probe_layers()) + 1  # every probed layer, and layer L to compare with
-
-    def decide(self, layer, h, h_prev, z, at=FIRST):
-        if at.calibration is None:
-            raise RuntimeError("gate=conformal decides from its prompt's calibration (Decoding.calibration)")
-        return at_least(logit_margin(z), 2.0 * level_tensor(at.calibration[:, layer]))
-
-    @classmethod
-    def decisions(cls, signals, values, decay=None):
-        # tau per (q, prompt, layer): the q-quantile of each prompt's prefill residuals, as calibrate() does
-        tau = torch.stack([conformal_tau(r.T, values) for r in signals.prefill_residual], dim=1)  # (K, prompts, L)
-        return at_least(signals.margin[None], 2.0 * level_tensor(tau[:, signals.prompt_index, :]))
-
-
-def decayed(threshold, token_index, gen_tokens: int, tau: float | None) -> torch.Tensor:
-    """CALM's decaying threshold (Schuster et al. 2022): clip(0.9 * threshold + 0.1 * exp(-tau * t / N), 0, 1)
-    for the t-th of N generated tokens; the threshold itself when tau is None. Numbers or
-    tensors (broadcast), computed in float64 for the engine and the replay alike."""
-    threshold = level_tensor(threshold)
-    if tau is None:
-        return threshold
-    t = level_tensor(token_index)
-    return (0.9 * threshold + 0.1 * torch.exp(-tau * t / gen_tokens)).clamp(0.0, 1.0)
-
-
-def make_gate(cfg: GateConfig, model, readouts=None) -> Gate:
+def make_gate(cfg: Any, model, readouts=None) -> Gate:
     """The gate ``cfg`` names, checked against ``model`` and complete: ``model`` is a loaded model
     (``sweep.models.LoadedModel``: its adapter, layer count and hidden size) and ``readouts`` the fitted
     readouts the gate reads, if any; or a layer count alone, for a gate that only replays a trace
     (``decisions``) and reads no hidden state. Immutable once built."""
-    cls = GATES.get(cfg.name, key="gate")
+    cls = GATES.get(cfg.name, key="gate").cls
     if isinstance(model, int):
         return cls(cfg, model, readouts=readouts).seal()
     adapter = model.adapter

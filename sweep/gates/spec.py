@@ -1,25 +1,30 @@
-"""The gates as plain data: one row per gate, like ``families.py``; torch-free.
+"""What a gate is, as data: its parameters, their domains and units, and the one registration of each gate.
 
-A gate spec says which ``GateConfig`` parameters the gate takes (required, optional), each
-parameter's domain (the table's, or a narrower one for this gate) and unit, which parameter
-is its threshold and which way it is aggressive, what its probe costs, and which profile
-signal it compares. Everything that needs only the config is checked from here, in
-``sweep.config.validate`` (search spaces included) before any model loads or Ray starts;
-``check_model`` is the one check against a loaded model (layer indices against L, the pca
-gate's k against the hidden size). The gate columns of every results table, and the one
-text form of a gate setting, derive from ``PARAMS``. The torch classes that decide
-(``sweep.gates``) take their declarations from this table.
+A gate module (``sweep/gates/_*.py``) declares each of its gates once, with ``@register(GateSpec(...))`` on
+the class that decides: the spec says which ``GateConfig`` parameters the gate takes (required, optional),
+each parameter's domain (the table's, or a narrower one for this gate) and unit, which parameter is its
+threshold and which way it is aggressive, what its probe costs, which profile signal it compares, and its
+one-line help. The registry ``GATES`` holds each spec with its class (``spec.cls``). The gate's conf file,
+``conf/gate/<name>.yaml``, holds its own keys' defaults (Hydra's).
+
+Everything that needs only the config is checked from here, in ``sweep.config.validate`` (search spaces
+included) before any model loads or Ray starts; ``check_model`` is the one check against a loaded model
+(layer indices against L, the pca gate's k against the hidden size). The gate columns of every results
+table, and the one text form of a gate setting, derive from ``PARAMS``. Importing this package loads no
+torch: the gate modules reach torch and the signals through ``lazy`` modules, imported when a gate decides.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from sweep.errors import ConfigError
-from sweep.config.registry import Registry
-from sweep.config.skipset import GRAMMAR as SKIP_GRAMMAR
+from sweep.gates.registry import Registry
+from sweep.gates.skipset import GRAMMAR as SKIP_GRAMMAR
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ def _positive_int(bound: str = "") -> Domain:
     return Domain(lambda v: _integer(v) and v >= 1, "an integer >= 1" + (f" and at most {bound}" if bound else ""))
 
 
-def _finite(check: Callable[[float], bool], allowed: str) -> Domain:
+def finite(check: Callable[[float], bool], allowed: str) -> Domain:
     """A float domain: a finite number (never inf or nan) that passes ``check``; ``allowed``
     says which (a bounded range already excludes inf, an open one says "(finite)")."""
     return Domain(lambda v: _number(v) and math.isfinite(v) and check(v), f"a number {allowed}")
@@ -61,7 +66,7 @@ def _integer(v: Any) -> bool:
 
 
 def _skip_set(v: Any) -> bool:
-    from sweep.config.skipset import SkipSet
+    from sweep.gates.skipset import SkipSet
 
     try:
         SkipSet.parse(v)
@@ -77,24 +82,24 @@ PARAMS: dict[str, ParamSpec] = {
         ParamSpec(
             "eps",
             float,
-            _finite(lambda v: v > 0, "> 0 (finite)"),
+            finite(lambda v: v > 0, "> 0 (finite)"),
             "ratio",
             "threshold of saturation (delta), cosine (1 - cos) and pca (projection change)",
         ),
         ParamSpec(
             "theta",
             float,
-            _finite(lambda v: v >= 0, ">= 0 (finite)"),
+            finite(lambda v: v >= 0, ">= 0 (finite)"),
             "per gate: logits | probability | nats",
             "threshold: margin gate in logits (top1 - top2 of z_l), softmax gate in probability (top-1 minus "
             "top-2 probability), entropy gate in nats",
         ),
-        ParamSpec("q", float, _finite(lambda v: 0 < v <= 1, "in (0, 1]"), "", "conformal gate's calibration quantile"),
+        ParamSpec("q", float, finite(lambda v: 0 < v <= 1, "in (0, 1]"), "", "conformal gate's calibration quantile"),
         ParamSpec("k", int, _positive_int("the model's hidden size"), "directions", "pca gate's principal directions"),
         ParamSpec(
             "decay",
             float,
-            _finite(lambda v: v >= 0, ">= 0 (finite)"),
+            finite(lambda v: v >= 0, ">= 0 (finite)"),
             "",
             "CALM's decaying-threshold tau (softmax, cosine gates); null when the threshold is fixed",
         ),
@@ -133,6 +138,7 @@ class GateSpec:
     ladder: str | None = None  # the default calibration ladder (`sweep calibrate`), Hydra's sweep grammar
     lenses: tuple[str, ...] = ("logit",)  # gate.lens values it takes (a tuned lens needs `sweep fit`'s readouts)
     readouts: bool = False  # needs gate.readouts whatever its lens (the classifier)
+    cls: type | None = field(default=None, compare=False, repr=False)  # the class that decides (``register``)
 
     @property
     def accepts(self) -> tuple[str, ...]:
@@ -145,113 +151,36 @@ class GateSpec:
         return self.units.get(param, PARAMS[param].unit)
 
 
-GATE_SPECS: Registry[GateSpec] = Registry("gate")
-for _spec in (
-    GateSpec("full", "never exits: the full-depth baseline", probe="none", signal=None),
-    GateSpec(
-        "skip",
-        "never exits: drafts for bench.mode=self_speculative with the full model minus the sublayers in skip",
-        probe="none",
-        signal=None,
-        params=("skip",),
-    ),
-    GateSpec(
-        "fixed",
-        "always exits after exit_layer (null: after min_layer): the speedup ceiling",
-        probe="none",
-        signal=None,
-        optional=("exit_layer",),
-        threshold="exit_layer",
-        aggressive=-1,
-    ),
-    GateSpec(
-        "saturation",
-        "exits when delta = ||h_l - h_{l-1}|| / ||h_l|| < eps",
-        probe="hidden",
-        signal="delta",
-        params=("eps",),
-        threshold="eps",
-        ladder="range(0.02, 0.62, step=0.02)",
-    ),
-    GateSpec(
-        "margin",
-        "exits when the logit lens's top1 - top2 >= theta (logits)",
-        probe="lens",
-        signal="margin",
-        params=("theta",),
-        threshold="theta",
-        aggressive=-1,
-        units={"theta": "logits"},
-        ladder="range(0.5, 30.5, step=0.5)",
-        lenses=LENSES,
-    ),
-    GateSpec(
-        "conformal",
-        "exits when 2 tau_l <= gamma_l, tau_l the q-quantile of the prefill's lens residuals",
-        probe="lens",
-        signal="margin",
-        params=("q",),
-        threshold="q",
-        aggressive=-1,
-        ladder="range(0.05, 1.0001, step=0.05)",
-        lenses=LENSES,
-    ),
-    GateSpec(
-        "softmax",
-        "exits when the lens's top-1 minus top-2 probability >= theta (CALM)",
-        probe="lens",
-        signal="prob_margin",
-        params=("theta",),
-        optional=("decay",),
-        threshold="theta",
-        aggressive=-1,
-        domains={"theta": _finite(lambda v: 0 <= v <= 1, "in [0, 1] (a probability margin)")},
-        units={"theta": "probability"},
-        lenses=LENSES,
-    ),
-    GateSpec(
-        "cosine",
-        "exits when cos(h_l, h_{l-1}) >= 1 - eps (CALM)",
-        probe="hidden",
-        signal="cos_prev",
-        params=("eps",),
-        optional=("decay",),
-        threshold="eps",
-    ),
-    GateSpec(
-        "entropy",
-        "exits when the entropy of the lens's softmax <= theta (nats)",
-        probe="lens",
-        signal="entropy",
-        params=("theta",),
-        threshold="theta",
-        units={"theta": "nats"},
-        lenses=LENSES,
-    ),
-    GateSpec(
-        "pca",
-        "exits when final_norm(h_l)'s projection on the lm_head's top-k directions changes < eps",
-        probe="pca",
-        signal="pca_delta",
-        params=("eps", "k"),
-        threshold="eps",
-    ),
-    GateSpec(
-        "classifier",
-        "exits when a fitted exit classifier on h_l says p(layer l's top-1 is the final one) >= theta (CALM)",
-        probe="classifier",
-        signal="classifier_prob",
-        params=("theta",),
-        threshold="theta",
-        aggressive=-1,
-        domains={"theta": _finite(lambda v: 0 <= v <= 1, "in [0, 1] (a probability)")},
-        units={"theta": "probability"},
-        ladder="range(0.5, 1.0001, step=0.02)",
-        lenses=LENSES,
-        readouts=True,
-    ),
-):
-    GATE_SPECS.register(_spec)
+GATES: Registry[GateSpec] = Registry("gate")
+T = TypeVar("T", bound=type)
+
+
+def register(spec: GateSpec) -> Callable[[T], T]:
+    """The one registration of a gate: ``@register(GateSpec(...))`` on the class that decides. The class
+    takes the spec's declarations (name, params, probe, threshold, aggressive), so the engine and the replay
+    read the spec's values, never a second copy; ``GATES`` holds the spec with its class."""
+
+    def bind(cls: T) -> T:
+        bound = dataclasses.replace(spec, cls=cls)
+        cls.spec, cls.name = bound, spec.name
+        cls.params, cls.probe, cls.threshold, cls.aggressive = spec.params, spec.probe, spec.threshold, spec.aggressive
+        GATES.register(bound)
+        return cls
+
+    return bind
+
+
+class lazy:
+    """A module imported at its first attribute read: the gate modules reach torch and the signals through
+    these, so importing the gates (which every config check does) loads no torch."""
+
+    def __init__(self, name: str) -> None:
+        self.__dict__["_lazy_name"] = name
+
+    def __getattr__(self, attr: str) -> Any:
+        module = importlib.import_module(self.__dict__["_lazy_name"])
+        self.__dict__.update(vars(module))  # later reads are plain attribute reads
+        return getattr(module, attr)
 
 
 def check_value(spec: GateSpec, param: str, value: Any, key: str) -> None:
@@ -272,7 +201,7 @@ def check_gate(gate: Any, prefix: str = "gate") -> GateSpec:
     """A gate config (``GateConfig`` or a mapping) against its spec: the gate exists, takes the
     parameters set, has the ones it requires, each in its domain. Needs no model."""
     get = gate.get if isinstance(gate, Mapping) else lambda k: getattr(gate, k, None)
-    spec = GATE_SPECS.get(get("name"), key=f"{prefix}.name")
+    spec = GATES.get(get("name"), key=f"{prefix}.name")
     for param in PARAMS:
         value = get(param)
         if value is not None or param in spec.params:
@@ -322,7 +251,7 @@ def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> R
     """The one check of a gate config against a loaded model of ``num_layers`` layers (and
     ``hidden_size``, when known): min_layer resolved (``resolve_min_layer``), layer indices
     within L, the pca gate's k at most the hidden size."""
-    spec = GATE_SPECS.get(gate.name, key="gate.name")
+    spec = GATES.get(gate.name, key="gate.name")
     min_layer = resolve_min_layer(gate, num_layers)
     exit_layer = None
     if spec.name == "fixed":
@@ -333,7 +262,7 @@ def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> R
                 f"(from gate.min_layer to L={num_layers} for this model)"
             )
     if spec.name == "skip":
-        from sweep.config.skipset import SkipSet
+        from sweep.gates.skipset import SkipSet
 
         if SkipSet.parse(gate.skip).max_layer > num_layers:
             raise ConfigError(
@@ -348,7 +277,7 @@ def check_model(gate: Any, num_layers: int, hidden_size: int | None = None) -> R
 def check_k(gate: Any, hidden_size: int, bound: str | None = None) -> None:
     """The pca gate's k against the model's hidden size, its real bound (known from a tiny
     model's config at compose, from the loaded model otherwise); ``bound`` says where it comes from."""
-    spec = GATE_SPECS.get(gate.name, key="gate.name")
+    spec = GATES.get(gate.name, key="gate.name")
     if "k" in spec.accepts and gate.k is not None and gate.k > hidden_size:
         bound = bound or f"the hidden size of this model, {hidden_size}"
         raise ConfigError(f"gate.k={gate.k}: must be an integer in 1..{hidden_size} (at most {bound})")
@@ -358,10 +287,10 @@ def setting_columns(gate: Any, resolved: Resolved | None = None) -> dict[str, An
     """A gate setting as every results table carries it: each gate column (null where the gate
     does not take it) and min_layer; layer indices as ``resolved`` for a model when given (without
     it, min_layer is the config's, null when the setting gives min_depth: only a model resolves it)."""
-    spec = GATE_SPECS.get(gate.name, key="gate.name")
+    spec = GATES.get(gate.name, key="gate.name")
     columns = {p: (getattr(gate, p) if p in spec.accepts else None) for p in PARAMS}
     if columns.get("skip") is not None:
-        from sweep.config.skipset import canonical
+        from sweep.gates.skipset import canonical
 
         columns["skip"] = canonical(columns["skip"])
     lens = getattr(gate, "lens", None)

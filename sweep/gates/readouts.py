@@ -1,39 +1,127 @@
-"""Readouts on disk: written atomically with their digest, loaded only for the model they were fitted to and
-checked disjoint from the prompts they are evaluated on."""
+"""Fitted readouts as the gates read them: tuned-lens translators and exit classifiers (`sweep fit` fits them,
+``sweep.trace.readouts``), one content-addressed safetensors file with their provenance in its metadata.
+
+``load_readouts`` refuses a file changed since it was written or fitted to another model, and
+``check_disjoint`` keeps the fitting prompts out of an evaluation.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from sweep.errors import ConfigError
-from sweep.trace.readouts import LENSES, META, TENSORS, Readouts, content_digest, text_digest
+from sweep.gates.signals import cosine_prev, saturation_delta
+from sweep.gates.spec import LENSES
+
+FEATURES = "final_norm(h),log_delta,cos_prev"
+TENSORS = ("translator.weight", "translator.bias", *(f"classifier.{n}.{p}" for n in LENSES for p in ("weight", "bias")))
+META = ("model", "model_hash", "num_layers", "hidden", "prompt_set", "prompt_ids", "prompt_digests", "gen_tokens")
+_UNHASHED = ("created_at", "fit_seconds")  # what differs between two identical fits
+_LOG_EPS = 1e-6  # log(delta + eps): delta is 0 where a layer changes nothing
 
 
-def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out") -> Path:
-    """Write ``<out_dir>/<model>/<digest[:16]>.safetensors`` atomically (a temporary file in the same
-    directory, renamed into place); returns its path. Only the content the digest names is written,
-    and only inside ``root`` (default ``out_dir``; symbolic links resolved, else a ConfigError naming
-    ``key``)."""
-    from safetensors.torch import save_file
+def _rms(h: torch.Tensor) -> torch.Tensor:
+    """r(h): the root mean square over hidden (float32, clamped away from 0), shape (..., 1)."""
+    return h.float().square().mean(dim=-1, keepdim=True).sqrt().clamp_min(1e-12)
 
-    from sweep.config.paths import check_name, inside
 
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in readouts.weights.items()}
-    if content_digest(tensors, readouts.meta) != readouts.digest:
-        raise ValueError("save_readouts: the tensors do not match the digest (save the fitted readouts, not a copy)")
-    path = Path(out_dir).expanduser() / check_name("model", readouts.model) / f"{readouts.digest[:16]}.safetensors"
-    inside(out_dir if root is None else root, path, key=key)  # before mkdir, which would follow a planted link
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from sweep.store import atomic_write
+def features(norm: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, h_prev: torch.Tensor) -> torch.Tensor:
+    """The classifiers' features of rows h_l, h_{l-1} (..., H): final_norm(h_l), log(delta + 1e-6) and
+    cos(h_l, h_{l-1}) (the saturation and cosine gates' own signals); float32, (..., H + 2)."""
+    log_delta = torch.log(saturation_delta(h, h_prev) + _LOG_EPS)
+    return torch.cat([norm(h).float(), log_delta[..., None], cosine_prev(h, h_prev)[..., None]], dim=-1)
 
-    return atomic_write(
-        path, lambda tmp: save_file(tensors, str(tmp), metadata={**readouts.meta, "digest": readouts.digest})
-    )
+
+def text_digest(text: str) -> str:
+    """sha256 of a prompt's text: how the fitting set is recognised under another id."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Readouts:
+    """Fitted readouts of one model: translators D_l, b_l for layers 1..L-1 (``translator.weight``
+    (L-1, H, H), ``translator.bias`` (L-1, H)), exit classifiers per lens (``classifier.<lens>.weight``
+    (L-1, H+2), ``classifier.<lens>.bias`` (L-1,)), their provenance (``meta``, all str) and the
+    content digest. ``final_norm`` is the model's own final norm, bound by ``fit_readouts`` and
+    ``load_readouts``: the classifiers' features start with it."""
+
+    weights: dict[str, torch.Tensor]
+    meta: dict[str, str]
+    digest: str
+    path: Path | None = None
+    final_norm: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+    _identity: tuple[bool, ...] = field(init=False, repr=False)  # per layer 1..L-1: D_l = 0 and b_l = 0
+
+    def __post_init__(self) -> None:
+        d, b = self.weights["translator.weight"], self.weights["translator.bias"]
+        object.__setattr__(self, "_identity", tuple(((d == 0).flatten(1).all(1) & (b == 0).all(1)).tolist()))
+
+    model_hash = property(lambda self: self.meta["model_hash"])
+    model = property(lambda self: self.meta["model"])
+    num_layers = property(lambda self: int(self.meta["num_layers"]))
+    hidden = property(lambda self: int(self.meta["hidden"]))
+    prompt_set = property(lambda self: self.meta["prompt_set"])
+    prompt_ids = property(lambda self: list(json.loads(self.meta["prompt_ids"])))
+    prompt_digests = property(lambda self: list(json.loads(self.meta["prompt_digests"])))
+    gen_tokens = property(lambda self: int(self.meta["gen_tokens"]))
+
+    def translate(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The tuned lens's input for h_l (..., H): h + r(h) (x D_l^T + b_l), x = h / r(h). ``h`` itself
+        at layer L and wherever the translator is the identity, so the tuned lens is then the logit lens."""
+        if layer < 1:
+            raise ValueError(f"translate: layer {layer}; layers are 1..{len(self._identity) + 1}")
+        if layer > len(self._identity) or self._identity[layer - 1]:
+            return h
+        d, b = self.weights["translator.weight"][layer - 1], self.weights["translator.bias"][layer - 1]
+        r = _rms(h)
+        x = h.float() / r
+        return (h.float() + r * (x.to(d.dtype) @ d.T + b).float()).to(h.dtype)
+
+    def lens(self, adapter, layer: int, h: torch.Tensor, lens: str) -> torch.Tensor:
+        """Logits of h_l: ``logit``, the model's own final norm and head; ``tuned``, layer l's translator first."""
+        if lens == "tuned":
+            return adapter.lens(self.translate(layer, h))
+        if lens != "logit":
+            raise ValueError(f"lens={lens!r}: one of {', '.join(LENSES)}")
+        return adapter.lens(h)
+
+    def classifier_prob(self, layer: int, h: torch.Tensor, h_prev: torch.Tensor, lens: str) -> torch.Tensor:
+        """p(layer l's top-1 through ``lens`` is the final layer's) per row of h_l, h_{l-1} (..., H),
+        float32 (...,); 1 at layer L, which is the final layer."""
+        if layer >= self.num_layers:
+            return torch.ones(h.shape[:-1], device=h.device)
+        if self.final_norm is None:
+            raise RuntimeError("classifier_prob: readouts not bound to a model (use fit_readouts or load_readouts)")
+        w, b = self.weights[f"classifier.{lens}.weight"][layer - 1], self.weights[f"classifier.{lens}.bias"][layer - 1]
+        return torch.sigmoid(features(self.final_norm, h, h_prev) @ w.float() + b.float())
+
+    def to(self, device, dtype) -> Readouts:
+        """A copy on ``device``: translators in ``dtype`` (the model's), classifiers in float32."""
+        moved = {
+            k: v.to(device=device, dtype=dtype if k.startswith("translator.") else torch.float32)
+            for k, v in self.weights.items()
+        }
+        return dataclasses.replace(self, weights=moved)
+
+
+def content_digest(weights: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """sha256 hex of the tensors (name, dtype, shape and bytes, in sorted name order) and of ``meta``
+    but for created_at and fit_seconds: two identical fits get one digest, hence one path."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        t = weights[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    digest.update(json.dumps({k: v for k, v in meta.items() if k not in _UNHASHED}, sort_keys=True).encode())
+    return digest.hexdigest()
 
 
 class ReadoutsCache:
