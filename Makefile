@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN_ARGS ?=
 
-.PHONY: setup run lint test test-fast clean
+.PHONY: setup run lint test test-fast test-ray test-faults clean
 
 setup: $(VENV)/.installed
 
@@ -24,11 +24,20 @@ lint: setup
 	$(BIN)/ruff check sweep tests benchmarks jobs
 	$(BIN)/ruff format --check sweep tests benchmarks jobs
 
+# every tier but gpu, in two processes: the ray and faults tiers in turn in one (xdist_group), the rest spread over
+# both (docs/development.md); one torch thread per process: tiny models, two cores, Ray workers beside
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/pytest -m 'not gpu'  # one thread per process: tiny models, two cores, Ray workers beside
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m 'not gpu' -n 2 --dist loadgroup
 
+# the fast tier (pyproject.toml's default markers): no Ray, no signal, no real model; the development loop
 test-fast: setup
-	$(BIN)/pytest
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2
+
+test-ray: setup
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m ray
+
+test-faults: setup
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m faults
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import yaml
 
-from sweep.config import config_dir
+from sweep.config import GATE_BASE, config_dir
 
 
 def plain_compose(overrides: list[str]) -> dict:
     """conf/ composed without Hydra: config.yaml's own keys, each group's option file (its defaults
     list, a ``group=option`` override replacing the option), then ``key.path=value`` overrides read
-    as YAML scalars. Enough for the GPU check's settings; what needs Hydra's own rules is refused:
+    as YAML scalars (the gate's keys its file leaves out composed as ``GATE_BASE``). Enough for the GPU check's settings; what needs Hydra's own rules is refused:
     experiments, '+'/'~' overrides, and the gate's layer keys (whose precedence ``compose_dict`` applies)."""
     conf = config_dir()
     data = yaml.safe_load((conf / "config.yaml").read_text())
@@ -34,6 +34,7 @@ def plain_compose(overrides: list[str]) -> dict:
     for group, option in choices.items():
         if option is not None:
             data[group] = yaml.safe_load((conf / group / f"{option}.yaml").read_text())
+    data["gate"] = {**GATE_BASE, **data["gate"]}  # a gate's file holds its own keys; the rest compose as these
     for key, value in pairs:
         if key not in choices:
             *path, leaf = key.split(".")

@@ -1,7 +1,16 @@
-"""Shared fixtures: the real conf/ composed and shrunk, tiny models for every family."""
+"""Shared fixtures (the real conf/ composed and shrunk, tiny models for every family) and the test tiers.
+
+Tiers, by marker: a test that starts Ray (an embedded Ray, a local cluster, a `sweep run`) is ``ray``; one that
+sends a signal, kills a process or fills a disk is ``faults``; one on the packaged real model is ``slow``; the
+family contract beyond the representative families is ``families``; ``gpu`` needs CUDA. The rest is the fast
+tier (`make test-fast`), and a guard here fails any test of it that starts Ray or sends a signal, in this process
+or in one it started: each test process keeps Ray's files under a directory of its own (``RAY_TMPDIR``), where
+every Ray started on its behalf leaves a session.
+"""
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -16,6 +25,75 @@ ROOT = Path(__file__).resolve().parents[1]
 ALL_TINY = list(TINY)  # every family with a tiny model (tests/test_families.py runs the contract on each)
 # the families the engine's own suites run on: attention models (every K/V policy), as before
 TINY_FAMILIES = ["gemma3", "llama", "mistral", "qwen2", "qwen3"]
+# the fast tier's family contract: one family per adapter path and kind (the stacked K/V fill, the generic one,
+# mixture of experts, state space, hybrid, a vision-language wrapper); the rest run under the `families` marker
+REPRESENTATIVE = ["llama", "phi3", "mixtral", "mamba", "jamba", "gemma3-mm"]
+# what sets a test apart from the fast tier
+TIERS = ("ray", "faults", "slow", "families", "gpu")
+
+# Ray's files (its sessions) under a directory of this test process: the guard below sees every Ray this
+# process or its children start; parallel test processes (pytest-xdist) never share one
+RAY_TMPDIR = Path(f"/tmp/sweep-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
+os.environ["RAY_TMPDIR"] = str(RAY_TMPDIR)
+RAY_TMPDIR.mkdir(exist_ok=True)
+
+
+def family_params(families: list[str]) -> list:
+    """The families as parameters, those beyond REPRESENTATIVE marked ``families`` (outside the fast tier)."""
+    return [f if f in REPRESENTATIVE else pytest.param(f, marks=pytest.mark.families) for f in families]
+
+
+def _ray_sessions() -> set[str]:
+    return set(glob.glob(str(RAY_TMPDIR / "ray" / "session_2*")))
+
+
+_SIGNALS: list[tuple[str, int]] = []  # signals this process sent (signal 0 only asks whether a process lives)
+_kill, _killpg, _send_signal = os.kill, os.killpg, subprocess.Popen.send_signal
+
+
+def _recording_kill(pid, sig):
+    if sig:
+        _SIGNALS.append(("os.kill", sig))
+    return _kill(pid, sig)
+
+
+def _recording_killpg(pgid, sig):
+    if sig:
+        _SIGNALS.append(("os.killpg", sig))
+    return _killpg(pgid, sig)
+
+
+def _recording_send_signal(self, sig):
+    _SIGNALS.append(("Popen.send_signal", sig))
+    return _send_signal(self, sig)
+
+
+os.kill, os.killpg, subprocess.Popen.send_signal = _recording_kill, _recording_killpg, _recording_send_signal
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the shared Ray is ``ray``; the ``ray`` and ``faults`` tiers run one after another in one
+    test process of their own (``xdist_group``) when the suite runs in parallel."""
+    for item in items:
+        if "ray_session" in item.fixturenames:
+            item.add_marker(pytest.mark.ray)
+        if item.get_closest_marker("ray") or item.get_closest_marker("faults"):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(request):
+    """A test outside the ray tier starts no Ray, and one outside the ray and faults tiers sends no signal; the
+    guard says which marker it needs when it does."""
+    marked = {m.name for m in request.node.iter_markers()} & {"ray", "faults"}
+    before = _ray_sessions()
+    _SIGNALS.clear()
+    yield
+    if "ray" not in marked:
+        started = sorted(_ray_sessions() - before)
+        assert not started, f"this test started Ray ({len(started)} session(s)): mark it @pytest.mark.ray"
+    if not marked:  # (a Ray that a ray test stops sends its own processes signals)
+        assert not _SIGNALS, f"this test sent signals ({_SIGNALS}): mark it @pytest.mark.faults"
 
 
 def compose(*overrides: str):

@@ -18,6 +18,8 @@ from helpers.rows import wait_for_rows
 from conftest import ROOT, descendants, subprocess_env
 from sweep.store import files, read
 
+pytestmark = pytest.mark.ray
+
 SLOW_TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=64", "bench.repeats=15", "bench.warmup=0"]
 SWEEP = str(Path(sys.executable).with_name("sweep"))
 
@@ -39,6 +41,7 @@ def assert_each_trial_once(root: Path, n: int) -> None:
     assert set(df["status"]) == {"ok"}
 
 
+@pytest.mark.faults
 def test_an_interrupted_driver_resumes_without_losing_or_repeating_a_trial(tmp_path):
     args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}"]
     proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -55,6 +58,7 @@ def test_an_interrupted_driver_resumes_without_losing_or_repeating_a_trial(tmp_p
     assert_each_trial_once(tmp_path, 8)
 
 
+@pytest.mark.faults
 def test_a_killed_worker_is_retried(tmp_path):
     # one setting per Tune trial, so rows land one by one and a worker is busy when killed
     args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}", "sweep.max_failures=3", "sweep.shared_baseline=1"]
@@ -137,6 +141,7 @@ def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_pa
     assert set(rows["submission_id"]) == {submission_id}
 
 
+@pytest.mark.faults
 def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
     args = [
         SWEEP,

@@ -132,6 +132,7 @@ def embedded_driver(tmp_path_factory):
         stop_leftover_sessions(grace_s=1.0)
 
 
+@pytest.mark.ray
 def test_the_embedded_cluster_uses_its_own_private_token(embedded_driver):
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
@@ -164,6 +165,8 @@ def test_the_embedded_cluster_uses_its_own_private_token(embedded_driver):
     assert after == before
 
 
+@pytest.mark.ray
+@pytest.mark.faults
 def test_a_killed_drivers_leftovers_are_stopped_by_its_recorded_session(embedded_driver, monkeypatch):
     proc, state = embedded_driver["proc"], embedded_driver["state"]
     record_path = state / f"{proc.pid}.session.json"
@@ -193,6 +196,7 @@ def test_a_killed_drivers_leftovers_are_stopped_by_its_recorded_session(embedded
     print(f"stopped after SIGKILL: {names} (pids {sorted(survivors)})")
 
 
+@pytest.mark.faults
 def test_a_reused_pid_is_never_stopped(monkeypatch, tmp_path):
     """A record whose pids now belong to unrelated processes (this test's own child) stops nothing."""
     monkeypatch.setenv("SWEEP_STATE_DIR", str(tmp_path / "state"))

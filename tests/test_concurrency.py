@@ -172,6 +172,7 @@ def _counts(out: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+@pytest.mark.ray
 def test_two_sweeps_into_one_root_compute_each_trial_once(tmp_path):
     args = [SWEEP, "run", *TRIALS, f"results.root={tmp_path}", "resources.cpu=1"]
     procs = [
@@ -192,6 +193,7 @@ def test_two_sweeps_into_one_root_compute_each_trial_once(tmp_path):
     print("concurrent sweeps (written, skipped):", counts)
 
 
+@pytest.mark.ray
 def test_resume_loads_no_pickle_and_rewrites_no_row(tmp_path):
     """A planted tuner.pkl in the sweep's Tune directory is never unpickled, and a resume
     writes only the rows that are missing."""
@@ -356,6 +358,7 @@ def test_release_run_removes_only_this_runs_claims(tmp_path):
     assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["junk.json", "t3.json"]
 
 
+@pytest.mark.ray
 def test_a_sweep_takes_over_planted_claims_of_its_trials_and_completes(ray_session, tmp_path, caplog):
     """Garbage claims planted for every trial of a sweep, and R/claims/.. a file elsewhere: the sweep
     completes in about the time it takes, names each claim it took over, and writes every row."""

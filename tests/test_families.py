@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import ALL_TINY, ROOT, compose, load, run_cli
+from conftest import ALL_TINY, REPRESENTATIVE, ROOT, compose, family_params, load, run_cli
 from helpers.contract import (
     N,
     base_setting,
@@ -53,9 +53,19 @@ def traced(family: str, *init: str, readouts=None) -> Traced:
     return Traced(family, lm, prompts, sig, baseline)
 
 
-@pytest.fixture(scope="module", params=ALL_TINY)
+@pytest.fixture(scope="module", params=family_params(ALL_TINY))
 def fam(request) -> Traced:
     return traced(request.param)
+
+
+def test_the_representative_families_cover_every_kind_and_adapter_path():
+    """The fast tier's families: every kind, both K/V fills (the stacked one where the model type has a fast
+    path, the generic one), and a vision-language wrapper."""
+    kinds = {TINY[f].kind for f in REPRESENTATIVE}
+    assert kinds == {t.kind for t in TINY.values()}
+    paths = {load(f"model=tiny-{f}").adapter.kv_path for f in REPRESENTATIVE if TINY[f].kind in ("dense", "moe")}
+    assert paths == {"fast", "generic"}
+    assert any(TINY[f].multimodal for f in REPRESENTATIVE)
 
 
 def test_every_family_has_a_conf_file():
@@ -111,7 +121,7 @@ def independent_kv(lm, ids: list[int], h: torch.Tensor, first: int) -> list[tupl
 
 
 @pytest.mark.parametrize("path", ["fast", "generic"])
-@pytest.mark.parametrize("family", ATTENTION)
+@pytest.mark.parametrize("family", family_params(ATTENTION))
 def test_a_skipped_layers_kv_equal_what_the_layer_caches_from_h_at_the_exit(family, path):
     """kv_policy=propagate, exits after layer 1 at every decode step: layers 2..L of each decoded position
     hold the K/V the layer itself computes from h_1, to 1e-5 in float32, on both fill paths (generic on
@@ -264,7 +274,7 @@ def test_a_padded_batch_the_model_cannot_decode_as_alone_is_refused_in_one_line(
     assert out.returncode == 2 and "bench.batch_size=2: refused for model=tiny-mamba" in out.stderr
 
 
-@pytest.mark.parametrize("family", RECURRENT)
+@pytest.mark.parametrize("family", family_params(RECURRENT))
 def test_state_space_models_refuse_self_speculation_in_one_line(family):
     with pytest.raises(ConfigError, match=r"bench.mode=self_speculative: refused for model=.*recurrent state"):
         bench_row(family, "gate=fixed", "gate.exit_layer=2", "bench.mode=self_speculative", "bench.kv_policy=full")

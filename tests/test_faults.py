@@ -22,6 +22,8 @@ from helpers.tiny_gguf import write_tiny_gguf
 from sweep.cli.commands import main
 from sweep.store import files, read
 
+pytestmark = pytest.mark.faults
+
 SWEEP = str(Path(sys.executable).with_name("sweep"))
 SPACE = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.4)'}]"
 # one setting per Tune trial, one at a time: rows land one by one
@@ -43,6 +45,7 @@ def written(out: str) -> int:
 # ---------------------------------------------------------------- 5. SIGTERM
 
 
+@pytest.mark.ray
 def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_once(tmp_path):
     root = tmp_path / "r"
     args = [SWEEP, "run", *TRIALS, f"results.root={root}", SPACE, *ONE_BY_ONE]
@@ -104,6 +107,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
+@pytest.mark.ray
 def test_a_full_disk_while_rows_are_written_stops_in_one_line_and_the_resume_completes(small_disk):
     root, filler = small_disk
     args = [SWEEP, "run", *TINY, f"results.root={root}", SPACE, *ONE_BY_ONE]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
 
 from sweep.config import GateConfig, compose
 from sweep.errors import ConfigError
-from sweep.gates import GATE_COLUMNS, GATES, PARAMS, Resolved, check_gate, check_model, gate_text
+from sweep.gates import GATE_COLUMNS, GATES, LAYER_KEYS, PARAMS, Resolved, check_gate, check_model, gate_text
 
 
 def _python(code: str, *args: str) -> dict:
@@ -77,7 +78,7 @@ def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
     """The store derives its gate columns from PARAMS: a parameter added there is a column."""
     import importlib
 
-    import sweep.gates as gs
+    import sweep.gates.spec as gs
     import sweep.store._columns as columns
 
     extra = gs.ParamSpec("gamma", float, gs.Domain(lambda v: v > 0, "a number > 0"), "logits", "a test parameter")
@@ -286,3 +287,82 @@ def test_every_gate_with_its_defaults_benches_a_4_layer_model(tmp_path, llama_re
     cfg = compose([*fast, "gate=saturation", "gate.min_layer=3"])
     row = run_trial(cfg, *prepare(cfg))
     assert (row["min_layer"], row["min_depth"]) == (3, None)
+
+
+# ---------------------------------------------------------------- one registration, one conf file per gate
+
+
+def conf_problems(conf_gate: Path) -> list[str]:
+    """What does not hold between the registry and ``conf_gate`` (conf/gate/): a file per registered gate and a
+    gate per file, each naming its gate and holding only the gate's own keys (its parameters, the layer keys;
+    lens and readouts where it reads a lens), with defaults its checks accept."""
+    import yaml
+
+    files = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(conf_gate.glob("*.yaml"))}
+    problems = [f"{n}: no conf file" for n in GATES.names() if n not in files]
+    problems += [f"{n}: no registered gate" for n in files if n not in GATES]
+    for name, conf in files.items():
+        if name not in GATES:
+            continue
+        spec = GATES.get(name, key="gate")
+        own = {"name", *LAYER_KEYS, *spec.accepts} | ({"lens", "readouts"} if len(spec.lenses) > 1 else set())
+        if conf.get("name") != name:
+            problems.append(f"{name}: names gate {conf.get('name')}")
+        if set(conf) - own:
+            problems.append(f"{name}: keys the gate does not take: {sorted(set(conf) - own)}")
+        try:
+            check_gate({**conf, **({"readouts": "r.safetensors"} if spec.readouts else {})})
+        except ConfigError as exc:
+            problems.append(f"{name}: {exc}")
+    return problems
+
+
+def test_conf_gate_holds_one_file_per_registered_gate_with_only_its_own_keys():
+    from conftest import ROOT
+
+    assert conf_problems(ROOT / "conf" / "gate") == []
+
+
+def test_the_conf_check_finds_what_is_out_of_step(tmp_path):
+    import shutil
+
+    from conftest import ROOT
+
+    shutil.copytree(ROOT / "conf" / "gate", tmp_path, dirs_exist_ok=True)
+    (tmp_path / "margin.yaml").write_text((tmp_path / "margin.yaml").read_text() + "eps: null\n")
+    (tmp_path / "pca.yaml").unlink()
+    (tmp_path / "orphan.yaml").write_text("name: orphan\n")
+    (tmp_path / "softmax.yaml").write_text("name: softmax\nmin_depth: 0.25\ntheta: 2.0\n")
+    assert conf_problems(tmp_path) == [
+        "pca: no conf file",
+        "orphan: no registered gate",
+        "margin: keys the gate does not take: ['eps']",
+        "softmax: gate.theta=2.0: must be a number in [0, 1] (a probability margin) for gate=softmax",
+    ]
+
+
+def test_a_gate_registered_twice_is_refused():
+    from sweep.gates import Gate, register
+    from sweep.gates.spec import GateSpec
+
+    with pytest.raises(ValueError, match="gate 'margin' is registered twice"):
+        register(GateSpec("margin", "again", probe="lens", signal="margin", params=("theta",), threshold="theta"))(
+            type("Again", (Gate,), {})
+        )
+    assert GATES.get("margin", key="gate").cls.__name__ == "MarginGate"
+
+
+def test_gate_keys_a_conf_file_leaves_out_compose_as_every_gate_had_them():
+    """A gate's conf file holds only its own keys; the composed setting still has every GateConfig key (null,
+    the logit lens), so trial ids are what they were, and another gate's key is refused by name."""
+    cfg = compose(["gate=saturation"]).gate
+    assert dataclasses.asdict(cfg) == {
+        **{f.name: None for f in dataclasses.fields(GateConfig)},
+        "name": "saturation",
+        "min_depth": 0.25,
+        "eps": 0.1,
+        "lens": "logit",
+    }
+    with pytest.raises(ConfigError, match=r"^gate.theta=2.0: not a parameter of gate=saturation"):
+        compose(["gate=saturation", "gate.theta=2"])
+    assert compose(["gate=saturation", "+gate.eps=0.3"]).gate.eps == 0.3

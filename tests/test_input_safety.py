@@ -497,6 +497,7 @@ def test_cluster_address_auto_names_the_loopback_address_it_found(tmp_path):
     assert line.startswith(f"error: cluster.address=auto: nothing answers at 127.0.0.1:{port};"), line
 
 
+@pytest.mark.ray
 def test_cluster_address_auto_joins_a_cluster_on_loopback(tmp_path):
     import secrets
 

@@ -15,6 +15,7 @@ TOP = {
     "__init__.py",
     "errors.py",
     "progress.py",
+    "textfit.py",
     "analysis",
     "bench",
     "cli",
@@ -110,6 +111,47 @@ def import_graph(root: Path = SWEEP) -> dict[str, set[str]]:
 
 def test_no_import_circle():
     assert circles(import_graph()) == []
+
+
+def layers() -> list[list[str]]:
+    """The package order docs/development.md writes once, lowest first: groups of packages."""
+    doc = (SWEEP.parent / "docs" / "development.md").read_text()
+    line = doc.split("<!-- layers:begin -->")[1].split("<!-- layers:end -->")[0].strip().strip("`")
+    return [[f"sweep.{name.strip()}" for name in group.split(",")] for group in line.split("->")]
+
+
+def upward_imports(graph: dict[str, set[str]], order: list[list[str]]) -> list[str]:
+    """Every import of a package at or above the importer's place in ``order`` (a package that has no place
+    is one too): ``importer -> imported``."""
+    rank = {name: i for i, group in enumerate(order) for name in group}
+    found = []
+    for module, imports in sorted(graph.items()):
+        src = package(module)
+        if src == "sweep":
+            continue
+        for dst in sorted(package(m) for m in imports):
+            if dst == src or dst == "sweep":
+                continue
+            if src not in rank or dst not in rank or rank[dst] >= rank[src]:
+                found.append(f"{module} -> {dst}")
+    return found
+
+
+def test_packages_import_only_packages_below_them():
+    order = layers()
+    assert sorted(n for group in order for n in group) == sorted({package(m) for m in import_graph()} - {"sweep"})
+    assert upward_imports(import_graph(), order) == []
+
+
+def test_the_layer_check_finds_an_upward_import_and_a_package_out_of_place():
+    order = [["sweep.errors"], ["sweep.gates"], ["sweep.config"]]
+    graph = {"sweep.gates.spec": {"sweep.errors"}, "sweep.config._compose": {"sweep.gates", "sweep.errors"}}
+    assert upward_imports(graph, order) == []
+    graph["sweep.gates.base"] = {"sweep.config"}  # an import upwards
+    graph["sweep.newpkg.x"] = {"sweep.errors"}  # a package with no place
+    assert upward_imports(graph, order) == ["sweep.gates.base -> sweep.config", "sweep.newpkg.x -> sweep.errors"]
+    # leaves of one group do not import each other either
+    assert upward_imports({"sweep.a": {"sweep.b"}}, [["sweep.a", "sweep.b"]]) == ["sweep.a -> sweep.b"]
 
 
 def test_the_circle_check_finds_a_circle():

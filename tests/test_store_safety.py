@@ -224,6 +224,7 @@ write_table("profile", rows, root=sys.argv[1], provenance=prov, stem="killed")
 """
 
 
+@pytest.mark.faults
 def test_a_killed_writers_temporary_file_is_never_read_and_removed_by_the_next_writer(tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path), json.dumps(profile_rows()), json.dumps(PROV)],
@@ -246,7 +247,8 @@ def test_a_killed_writers_temporary_file_is_never_read_and_removed_by_the_next_w
 
 def test_which_temporary_files_are_stale(tmp_path):
     host = guard._host_token()
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a live writer: it lives until its stdin closes (no signal needed to end it)
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         old = time.time() - guard.STALE_AFTER_S - 60
         planted = {
@@ -268,8 +270,8 @@ def test_which_temporary_files_are_stale(tmp_path):
         assert guard.remove_stale_temps(tmp_path) and not guard.stale_temps(tmp_path)
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, s in planted.items() if not s)
     finally:
-        live.kill()
-        live.wait()
+        live.stdin.close()
+        live.wait(timeout=60)
 
 
 # ---------------------------------------------------------------- D. every write stays inside the root

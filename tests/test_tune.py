@@ -133,6 +133,7 @@ def test_auto_gpu_is_none_for_cpu_trials(ray_session):
     assert ray_session.trial_resources(compose("device=cpu"))["gpu"] == 0.0
 
 
+@pytest.mark.ray
 def test_cli_gpu_request_fails_on_its_own_embedded_ray(tmp_path):
     res = run_cli("run", *TINY_SWEEP, "resources.gpu=1", f"results.root={tmp_path}", timeout=120)
     assert res.returncode == 2, res.stderr
@@ -147,6 +148,7 @@ def test_unreachable_cluster_address_fails_fast(tmp_path):
     assert res.returncode == 2 and "cluster.address=127.0.0.1:9: nothing answers" in res.stderr
 
 
+@pytest.mark.ray
 def test_run_prints_progress_table_and_front(tmp_path):
     res = run_cli("run", *TINY_SWEEP, "search=conformal-grid", f"results.root={tmp_path}", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

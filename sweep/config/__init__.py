@@ -1,6 +1,14 @@
 """Configuration: Hydra composition of conf/ into validated, typed dataclasses."""
 
-from sweep.config._compose import check_sweep_name, compose, compose_dict, config_dir, group_choices, validate
+from sweep.config._compose import (
+    GATE_BASE,
+    check_sweep_name,
+    compose,
+    compose_dict,
+    config_dir,
+    group_choices,
+    validate,
+)
 from sweep.config._fields import build
 from sweep.config._schema import (
     AnalysisConfig,
@@ -21,6 +29,7 @@ from sweep.config._schema import (
 )
 
 __all__ = [
+    "GATE_BASE",
     "AnalysisConfig",
     "BenchConfig",
     "CalibrateConfig",

@@ -90,8 +90,9 @@ def base_setting(name: str, readouts_path: str | None = None) -> GateConfig:
 
 def candidates(name: str, sig, min_layer: int, num_layers: int) -> list[float]:
     """Threshold values to try for gate ``name``, from its registration alone: for a layer index, every layer;
-    otherwise a wide geometric ladder and the quantiles of the model's own signal where the gate decides (and
-    their complements, for a rule that compares 1 - signal), each inside the parameter's domain for this gate."""
+    otherwise a wide geometric ladder and values spread over the model's own signal where the gate decides, each
+    midway between two it shows (and their complements, for a rule that compares 1 - signal), each inside the
+    parameter's domain for this gate."""
     spec = GATES.get(name, key="gate")
     param, domain = spec.threshold, spec.domain(spec.threshold)
     if PARAMS[param].type is int:
@@ -99,10 +100,16 @@ def candidates(name: str, sig, min_layer: int, num_layers: int) -> list[float]:
     values = [1e-4 * 1.3**i for i in range(60)] + [0.02 * i for i in range(1, 50)]
     signal = spec.signal
     traced = {"delta": sig.delta, "margin": sig.margin}.get(signal, sig.extra.get(signal))
-    if traced is not None:
-        seen = traced[:, min_layer - 1 : num_layers - 1].double().flatten()
-        qs = torch.quantile(seen, torch.linspace(0.02, 0.98, 25, dtype=torch.float64)).tolist()
-        values += qs + [1.0 - q for q in qs]
+    if traced is not None:  # midway in gaps between values the model shows: no decision is a close call
+        seen = traced[:, min_layer - 1 : num_layers - 1].double().flatten().unique().sort().values
+        gap = seen[1:] - seen[:-1]
+        wide = (gap > 2e-3 * seen[1:].abs().clamp_min(1e-3)).nonzero().flatten()
+        if len(wide) < 3:  # signals in a narrow band (a Granite's entropy under its logit scale): every gap
+            wide = torch.arange(len(gap))
+        if len(wide):
+            at = wide[torch.linspace(0, len(wide) - 1, min(25, len(wide))).round().long().unique()]
+            mids = ((seen[at] + seen[at + 1]) / 2).tolist()
+            values += mids + [1.0 - m for m in mids]
     return sorted({v for v in values if domain.check(v)})
 
 
@@ -111,8 +118,9 @@ def decided_settings(
 ) -> list[GateConfig]:
     """Settings of gate ``name`` that make it decide on the traced model, from the registry alone: at the first
     min_layer where some threshold exits at some decision positions and runs to L at others, the thresholds
-    whose exit fractions are nearest each of ``fractions`` (one setting each, distinct); a gate that exits at
-    every position whatever its threshold (a fixed exit) takes its middle thresholds; a gate without a threshold
+    whose exit fractions are nearest each of ``fractions`` (one setting each, distinct), those the closed loop is
+    sure to share first; a gate whose threshold is its exit layer (it exits at every position) takes its middle
+    thresholds; a gate without a threshold
     (it never exits) is its conf file's setting. Empty when no threshold decides."""
     spec = GATES.get(name, key="gate")
     base = base_setting(name, readouts_path)
@@ -129,21 +137,41 @@ def decided_settings(
         exits = exit_layers(spec.cls, sig.for_lens(setting.lens or "logit"), values, replay_from, setting.decay)
         fraction = (exits < num_layers).double().mean(dim=1)
         mixed = (fraction > 0) & (fraction < 1)
+        sure = _mixed_before_divergence(exits, sig.for_lens(setting.lens or "logit"), num_layers)
         if bool(mixed.any()):
             picked: list[int] = []
-            for want in fractions:
-                distance = torch.where(mixed, (fraction - want).abs(), torch.full_like(fraction, 9.0))
+            for want in fractions:  # mixed in the closed loop for sure first, then mixed on the trace
+                distance = (fraction - want).abs() + 2.0 * (~sure).double() + 9.0 * (~mixed).double()
                 for i in distance.argsort().tolist():
                     if bool(mixed[i]) and i not in picked:
                         picked.append(i)
                         break
             return [dataclasses.replace(setting, **{spec.threshold: _value(spec, values[i])}) for i in picked]
         exiting = (fraction == 1).nonzero().flatten().tolist()
-        if exiting and not always:  # every threshold that exits, from the middle one out
+        if exiting and not always and spec.unit(spec.threshold) == "layer":  # exits wherever its layer is
             middle = len(exiting) // 2
             order = sorted(exiting, key=lambda i: abs(exiting.index(i) - middle))[: len(fractions)]
             always = [dataclasses.replace(setting, **{spec.threshold: _value(spec, values[i])}) for i in order]
     return always
+
+
+def _mixed_before_divergence(exits: torch.Tensor, sig, num_layers: int) -> torch.Tensor:
+    """(K,) True where threshold k both exits and runs to L at decision positions the closed loop is sure to
+    share with the trace: each prompt's positions up to its first exit whose token differs from full depth (the
+    closed loop decodes the same context until then; after it, it may decide otherwise)."""
+    K, _ = exits.shape
+    sure = torch.zeros(K, dtype=torch.bool)
+    for k in range(K):
+        early = late = False
+        for p in range(len(sig.prompt_ids)):
+            rows = (sig.prompt_index == p).nonzero().flatten()
+            for t in rows[sig.token_index[rows].argsort()].tolist():
+                e = int(exits[k, t])
+                early, late = early or e < num_layers, late or e == num_layers
+                if e < num_layers and not bool(sig.match[t, e - 1]):
+                    break  # the exited token differs: the closed loop's context is another from here
+        sure[k] = early and late
+    return sure
 
 
 def _value(spec, value: torch.Tensor):
