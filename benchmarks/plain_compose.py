@@ -16,9 +16,10 @@ from sweep.config import GATE_BASE, config_dir
 
 def plain_compose(overrides: list[str]) -> dict:
     """conf/ composed without Hydra: config.yaml's own keys, each group's option file (its defaults
-    list, a ``group=option`` override replacing the option), then ``key.path=value`` overrides read
-    as YAML scalars (the gate's keys its file leaves out composed as ``GATE_BASE``). Enough for the GPU check's settings; what needs Hydra's own rules is refused:
-    experiments, '+'/'~' overrides, and the gate's layer keys (whose precedence ``compose_dict`` applies)."""
+    list, a ``group=option`` override replacing the option; the gate keys its file leaves out composed as
+    ``GATE_BASE``), then ``key.path=value`` overrides read as YAML scalars. Enough for the GPU check's
+    settings; what needs Hydra's own rules is refused: experiments, '+'/'~' overrides, and the gate's layer
+    keys (whose precedence ``compose_dict`` applies)."""
     conf = config_dir()
     data = yaml.safe_load((conf / "config.yaml").read_text())
     choices = {}
