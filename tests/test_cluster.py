@@ -18,9 +18,16 @@ from helpers.rows import wait_for_rows
 from conftest import ROOT, descendants, subprocess_env
 from sweep.store import files, read
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]  # whole sweeps on real clusters
 
-SLOW_TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=64", "bench.repeats=15", "bench.warmup=0"]
+# trials of a few seconds each (a fault must meet one running); four settings, one per Tune trial and one at a
+# time, so rows land one by one and a fault after the first meets the next one running and two still to run
+SLOW_TRIALS = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=40", "bench.repeats=8", "bench.warmup=0"]
+FOUR = [
+    "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.4)'}]",
+    "sweep.shared_baseline=1",
+    "sweep.max_concurrent=1",
+]
 SWEEP = str(Path(sys.executable).with_name("sweep"))
 
 
@@ -43,34 +50,34 @@ def assert_each_trial_once(root: Path, n: int) -> None:
 
 @pytest.mark.faults
 def test_an_interrupted_driver_resumes_without_losing_or_repeating_a_trial(tmp_path):
-    args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}"]
+    args = [SWEEP, "run", *SLOW_TRIALS, *FOUR, f"results.root={tmp_path}"]
     proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_rows(tmp_path, 2, proc)
+    wait_for_rows(tmp_path, 1, proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted: resume with" in err
     done_before = len(files("trials", tmp_path))
-    assert 2 <= done_before < 8
-    resumed = subprocess.run([*args, "resume=true"], env=env(), capture_output=True, text=True, timeout=600)
+    assert 1 <= done_before < 4
+    resumed = subprocess.run([*args, "resume=true"], env=env(), capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming sweep saturation-grid-" in resumed.stderr
-    assert_each_trial_once(tmp_path, 8)
+    assert_each_trial_once(tmp_path, 4)
 
 
 @pytest.mark.faults
 def test_a_killed_worker_is_retried(tmp_path):
     # one setting per Tune trial, so rows land one by one and a worker is busy when killed
-    args = [SWEEP, "run", *SLOW_TRIALS, f"results.root={tmp_path}", "sweep.max_failures=3", "sweep.shared_baseline=1"]
+    args = [SWEEP, "run", *SLOW_TRIALS, *FOUR, f"results.root={tmp_path}", "sweep.max_failures=3"]
     proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(tmp_path, 1, proc)
     victims = [p for p in descendants(proc.pid) if "ray::ImplicitFunc" in cmdline(p)]
     assert victims, "no trial worker found"
     os.kill(victims[0], signal.SIGKILL)
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-2000:]
     assert "lost its worker; retrying it" in err
-    assert_each_trial_once(tmp_path, 8)
+    assert_each_trial_once(tmp_path, 4)
     assert len(set(read("trials", tmp_path)["worker_pid"])) >= 2  # a new worker took over
 
 
@@ -125,7 +132,7 @@ def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_pa
         env=two_node_cluster["env"],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=500,
     )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "submitted raysubmit_" in res.stdout and "SUCCEEDED" in res.stdout
@@ -147,6 +154,7 @@ def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
         SWEEP,
         "run",
         *SLOW_TRIALS,
+        *FOUR,
         "cluster=existing",
         f"cluster.address={two_node_cluster['gcs']}",
         f"results.root={tmp_path}",
@@ -160,9 +168,9 @@ def test_removing_a_node_mid_sweep_loses_no_trial(two_node_cluster, tmp_path):
     helper.stdin.write("remove-worker\n")
     helper.stdin.flush()
     assert helper.stdout.readline().strip() == "removed"
-    out, err = proc.communicate(timeout=900)
+    out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-2000:]
-    assert_each_trial_once(tmp_path, 8)
+    assert_each_trial_once(tmp_path, 4)
 
 
 def _submit_to_nothing(*overrides: str, **extra: str) -> subprocess.CompletedProcess:

@@ -178,7 +178,7 @@ def test_two_sweeps_into_one_root_compute_each_trial_once(tmp_path):
     procs = [
         subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]
-    outs = [p.communicate(timeout=900) for p in procs]
+    outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     counts = [_counts(out) for out, _ in outs]
@@ -199,7 +199,7 @@ def test_resume_loads_no_pickle_and_rewrites_no_row(tmp_path):
     writes only the rows that are missing."""
     space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.4)'}]"
     args = [SWEEP, "run", *TRIALS, f"results.root={tmp_path}", space]
-    first = subprocess.run(args, env=env(), capture_output=True, text=True, timeout=600)
+    first = subprocess.run(args, env=env(), capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-2000:]
     assert set(read("trials", tmp_path)["status"]) == {"ok"}
     name = re.search(r"sweep (\S+): ", first.stdout).group(1)
@@ -216,7 +216,7 @@ def test_resume_loads_no_pickle_and_rewrites_no_row(tmp_path):
     for pkl in [sweep_dir / "tuner.pkl", sweep_dir / "trainable.pkl", *sweep_dir.glob("searcher-state-*.pkl")]:
         pkl.write_bytes(pickle.dumps(Planted()))
     resumed = subprocess.run(
-        [*args, "resume=true", f"sweep.name={name}"], env=env(), capture_output=True, text=True, timeout=600
+        [*args, "resume=true", f"sweep.name={name}"], env=env(), capture_output=True, text=True, timeout=240
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not marker.exists(), "a pickle from the shared root was loaded"

@@ -9,6 +9,7 @@ in one line."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import pytest
@@ -198,7 +199,26 @@ def converging(family: str, name: str):
     pytest.fail(f"gate={name} decides nothing on tiny-{family} at init_std {CONVERGING_INITS}")
 
 
-@pytest.mark.parametrize("name", sorted(GATES.names()))
+@functools.cache
+def per_family(name: str) -> bool:
+    """A gate whose code meets what differs between families: its probe (how it reads layer l: none, the hidden
+    state, the lens with the family's final norm and logit scalars, the head's principal directions, fitted
+    readouts) seen first among the registered gates, or a calibration over the prefill. The others run on the
+    representative families (their paths are these gates')."""
+    spec = GATES.get(name, key="gate")
+    first = {s.probe: s.name for s in reversed(list(GATES)) if s.threshold is not None}
+    return first.get(spec.probe) == name or make_gate(base_setting(name), 4).calibration_lenses() > 0
+
+
+GATE_MATRIX = [
+    pytest.param(family, name, marks=() if family in REPRESENTATIVE else pytest.mark.families, id=f"{family}-{name}")
+    for family in ALL_TINY
+    for name in sorted(GATES.names())
+    if family in REPRESENTATIVE or per_family(name)
+]
+
+
+@pytest.mark.parametrize("fam, name", GATE_MATRIX, indirect=["fam"])
 def test_every_gate_exits_replays_as_the_engine_and_batches_as_alone(fam, name, readouts_of):
     spec, t, readouts, path = GATES.get(name, key="gate"), fam, None, None
     if spec.readouts:  # fitted on chat 2..4, judged on chat 0..1

@@ -111,7 +111,7 @@ def small_disk(tmp_path):
 def test_a_full_disk_while_rows_are_written_stops_in_one_line_and_the_resume_completes(small_disk):
     root, filler = small_disk
     args = [SWEEP, "run", *TINY, f"results.root={root}", SPACE, *ONE_BY_ONE]
-    full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=240)
     assert full.returncode == 1, full.stderr[-3000:]
     assert "Traceback" not in full.stderr and "unexpected" not in full.stderr, full.stderr[-3000:]
     [line] = [line for line in full.stderr.splitlines() if line.startswith("error:")]

@@ -89,7 +89,7 @@ def test_the_dry_run_runs_end_to_end_without_the_cluster_packages(tmp_path):
         text=True,
         env=env,
         cwd=tmp_path,
-        timeout=600,
+        timeout=240,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert not log.exists(), f"imported: {log.read_text()}"  # none of them was even tried

@@ -39,7 +39,7 @@ def test_fixed_exit_really_skips_layers():
 
 
 def test_conformal_with_q_1_never_lies():
-    row = trial("gate=conformal", "gate.q=1.0", "gate.min_layer=1")
+    row = trial("gate=conformal", "gate.q=1.0", "gate.min_layer=1", "bench.gen_tokens=8")
     assert row["status"] == "ok"
     assert row["agreement"] == 1.0  # "miss, not lie" on the prompts it ran on
 
@@ -60,7 +60,8 @@ def test_self_speculation_is_lossless_on_the_real_model():
 SKIPS = ["none", "m2+a4-5+m4-5+a7+m8+a10-11+m14+m22+m24-25+a27-29", "a3-6+m3+m5-6+a9-13+m11+a15+m16-17+a21+m21+a26"]
 
 
-@pytest.mark.parametrize("skip", SKIPS)
+# the full model drafting for itself, and a set (the screen's test below runs both sets closed loop)
+@pytest.mark.parametrize("skip", SKIPS[:2])
 def test_skip_set_self_speculation_is_lossless_on_the_real_model(skip):
     row = trial("gate=skip", f"gate.skip={skip}", "bench.mode=self_speculative", "bench.draft_len=4")
     assert row["status"] == "ok" and row["agreement"] == 1.0 and row["exact_match"] == 1.0
