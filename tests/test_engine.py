@@ -97,7 +97,7 @@ def rule(cfg, layer, t, n, h, h_prev, z, normed, normed_prev, basis, tau):
     if cfg.name == "pca":
         a, b = basis @ normed, basis @ normed_prev
         return float((a - b).norm() / a.norm()), cfg.eps, False
-    raise AssertionError(cfg.name)
+    raise AssertionError(f"gate={cfg.name}: no independent rule here yet; write its rule in rule() above")
 
 
 @torch.inference_mode()
