@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,10 +34,14 @@ REPRESENTATIVE = ["llama", "phi3", "mixtral", "mamba", "jamba", "gemma3-mm"]
 TIERS = ("ray", "faults", "slow", "families", "gpu")
 
 # Ray's files (its sessions) under a directory of this test process: the guard below sees every Ray this
-# process or its children start; parallel test processes (pytest-xdist) never share one
-RAY_TMPDIR = Path(f"/tmp/sweep-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
+# process or its children start, and no other test run's (pytest-xdist's processes, another checkout's suite);
+# short, for Ray's socket paths
+RAY_TMPDIR = Path(tempfile.mkdtemp(prefix="sweep-tests-", dir="/tmp"))
 os.environ["RAY_TMPDIR"] = str(RAY_TMPDIR)
-RAY_TMPDIR.mkdir(exist_ok=True)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(RAY_TMPDIR, ignore_errors=True)
 
 
 def family_params(families: list[str]) -> list:

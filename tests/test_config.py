@@ -99,7 +99,6 @@ BAD = [
         "search=nope: unknown option; allowed: batching-grid, conformal-grid, gates-grid, margin-grid, "
         "optuna-constrained, optuna-mo, saturation-grid, screen, self-spec-grid",
     ),
-    (["search.kind=random"], "search.kind=random: must be one of grid, optuna"),
     (["search.n_trials=0"], "search.n_trials=0: must be an integer in 1..100000"),
     (["sweep.max_failures=-1"], "sweep.max_failures=-1: must be an integer >= 0"),
     (["gate=saturation", "gate.eps=0"], "gate.eps=0.0: must be a number > 0"),

@@ -190,7 +190,7 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     it ran carries what the driver can compose: the trial id its row would have, gate, model."""
     from conftest import TINY_SWEEP
     from sweep.config.identity import trial_identity
-    from sweep.orchestrate.plan import trial_config
+    from sweep.orchestrate.settings import trial_config
     from sweep.orchestrate.study import optuna_search
 
     base = [*TINY_SWEEP, "search=optuna-mo"]

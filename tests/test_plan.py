@@ -13,7 +13,8 @@ import pytest
 from conftest import TINY_SWEEP, compose
 from sweep.errors import ConfigError
 from sweep.config.identity import id_of_key, trial_device, trial_identity
-from sweep.orchestrate.plan import base_overrides, merge, plan_sweep, select_trials, sweep_name, trial_config
+from sweep.orchestrate.plan import base_overrides, plan_sweep, select_trials, sweep_name
+from sweep.orchestrate.settings import merge, trial_config
 
 
 def plan(tmp_path, *overrides):

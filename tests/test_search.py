@@ -170,9 +170,14 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
     ],
 )
 def test_bad_search_configs_are_clear_errors(overrides, message):
+    """As `sweep run` plans: the config's own checks, then the search kind's (``search_for``)."""
+    from sweep.orchestrate.searches import search_for
+
     with pytest.raises(ConfigError) as info:
-        check_search(compose(*overrides).search)
-    assert message in str(info.value)
+        search = compose(*overrides).search
+        check_search(search)
+        search_for(search)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_a_whole_number_draft_stop_is_the_trial_bench_draft_stop_composes():
@@ -189,3 +194,28 @@ def test_a_whole_number_draft_stop_is_the_trial_bench_draft_stop_composes():
         row = compose("model=tiny-llama", *setting, f"bench.draft_stop={int(stop)}")
         drawn = dataclasses.replace(row, bench=dataclasses.replace(row.bench, draft_stop=stop))
         assert trial_identity(drawn, "cpu").id == trial_identity(row, "cpu").id
+
+
+# ---------------------------------------------------------------- search kinds (sweep.orchestrate.searches)
+
+
+def test_every_shipped_search_names_a_registered_kind_and_passes_its_checks():
+    from conftest import ROOT
+    from sweep.orchestrate.searches import SEARCHES, search_for
+
+    kinds = set()
+    for path in sorted((ROOT / "conf" / "search").glob("*.yaml")):
+        search = compose(f"search={path.stem}").search
+        kinds.add(search_for(search).kind)
+    assert kinds == set(SEARCHES.names())  # every kind has a shipped search, and every shipped search a kind
+
+
+def test_an_unknown_search_kind_is_one_line_rc_2_before_any_work(tmp_path):
+    from conftest import run_cli
+
+    res = run_cli("run", "model=tiny-llama", "search.kind=random", f"results.root={tmp_path}", timeout=120)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.returncode == 2 and errors == [
+        "error: search.kind=random: unknown search kind; allowed: grid, optuna, screen, skipset"
+    ], res.stderr[-2000:]
+    assert not (tmp_path / "ray").exists() and not (tmp_path / "trials").exists()

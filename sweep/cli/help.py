@@ -88,6 +88,7 @@ class CommandHelp:
     keys: tuple[str, ...]  # config keys (or groups) shown with their composed values
     examples: tuple[str, ...]
     gates: bool = False  # list every gate with its conf defaults
+    searches: bool = False  # list every search kind
 
 
 GROUPS = ("model", "gate", "prompts", "search", "cluster", "experiment")
@@ -121,7 +122,7 @@ HELP: dict[str, CommandHelp] = {
     ),
     "run": CommandHelp(
         "sweep run [key=value ...]",
-        "A sweep of bench trials on Ray Tune: a grid, Optuna or a screen over search.spaces (each sub-space\n"
+        "A sweep of bench trials on Ray Tune, searched by its kind over search.spaces (each sub-space\n"
         "maps keys to a value or choice(...), range(...), interval(...)), on an embedded Ray or a cluster;\n"
         "one Parquet row per trial under results.root, trials already there skipped.",
         ("search", "search.kind", "search.n_trials", "search.spaces", "search.objectives", "model", "prompts.n")
@@ -134,6 +135,7 @@ HELP: dict[str, CommandHelp] = {
             "sweep run search=optuna-mo search.n_trials=40",
             "sweep run resume=true sweep.name=NAME",
         ),
+        searches=True,
     ),
     "analyze": CommandHelp(
         "sweep analyze [key=value ...]",
@@ -213,6 +215,11 @@ def show_help(command: str, overrides: list[str]) -> int:
         if h.gates:
             lines += ["", "gates (gate=NAME; defaults from conf/gate/NAME.yaml):"]
             lines += _gate_lines()
+        if h.searches:
+            from sweep.orchestrate.searches import SEARCHES
+
+            lines += ["", "search kinds (search.kind; a search=NAME of conf/search/ sets one):"]
+            lines += [f"  {s.kind:<10}  {s.summary}" for s in SEARCHES]
     lines += ["", "examples:", *(f"  {e}" for e in h.examples), ""]
     lines += (
         []

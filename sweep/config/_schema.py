@@ -132,7 +132,9 @@ class SearchConfig:
     """A sweep: sub-spaces of config paths in Hydra's sweep grammar, searched by grid or Optuna."""
 
     name: str = _name()  # the sweep's name is <search.name>-<run_id> unless sweep.name is set
-    kind: Literal["grid", "optuna", "screen", "skipset"]
+    # how it searches: a search kind of sweep.orchestrate.searches (grid, optuna, screen, skipset), checked when
+    # `sweep run` plans
+    kind: str = field(check=lambda v: v.strip() != "" and "\0" not in v, allowed="a search kind's name")
     # each sub-space maps config paths (or the groups model/gate/prompts) to a value or a sweep
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
     spaces: list = field(check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")

@@ -166,9 +166,10 @@ WITH_THE_SET = {"bench.draft_stop": "draft_stops", "bench.draft_len": "draft_len
 
 
 def check_search(search: SearchConfig, gate: str | None = None) -> None:
-    """Objectives and constraints name metrics; kinds have what they need; every gate
-    parameter value a sub-space can produce is in its gate's domain (``gate``: the sweep's
-    own gate, for sub-spaces that do not name one). Needs no model and no Ray."""
+    """Objectives and constraints name metrics; every gate parameter value a sub-space can produce is in its
+    gate's domain (``gate``: the sweep's own gate, for sub-spaces that do not name one). Needs no model and no
+    Ray. What a search kind needs of its own keys is the kind's to check (``sweep.orchestrate.searches``), when
+    `sweep run` plans."""
     for metric, mode in search.objectives.items():
         if metric not in METRICS:
             raise ConfigError(f"search.objectives.{metric}: not a metric; allowed: {', '.join(METRICS)}")
@@ -179,51 +180,11 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
             raise ConfigError(f"search.constraints.{metric}: not a metric; allowed: {', '.join(METRICS)}")
         if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
             raise ConfigError(f"search.constraints.{metric}={bound}: must be a number (finite: the metric's minimum)")
-    if search.kind in ("optuna", "skipset") and search.n_trials is None:
-        raise ConfigError(
-            f"search.n_trials: required for a{'n optuna' if search.kind == 'optuna' else ' skipset'} search"
-        )
-    if search.kind == "skipset":
-        _check_skipset(search)
-    for key, listed in WITH_THE_SET.items():
-        if search.kind != "skipset" and getattr(search, listed) is not None:
-            raise ConfigError(
-                f"search.{listed}: searched jointly with a skip set by a skipset search only (search.kind is "
-                f"{search.kind}); sweep {key} in search.spaces instead"
-            )
     if search.constraints and len(search.objectives) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts
         _check_gate_values(params, gate, f"search.spaces[{i}]")
         _check_names(params)
-    if search.kind in ("grid", "screen"):
-        grid(search)
-
-
-def _check_skipset(search: SearchConfig) -> None:
-    """A skip-set search: one sub-space naming gate=skip and fixing the rest of the setting (the skip set
-    itself is what the screen searches), a sampler that takes a seed and a constraint."""
-    if search.closed_loop is None:
-        raise ConfigError(
-            "search.closed_loop: required for a skipset search (how many of the best sets run closed-loop)"
-        )
-    if search.sampler not in ("tpe", "random"):
-        raise ConfigError(f"search.sampler={search.sampler}: a skipset search samples with tpe or random")
-    if len(search.spaces) != 1:
-        raise ConfigError(f"search.spaces: a skipset search has one sub-space (it has {len(search.spaces)})")
-    params = spaces(search)[0]
-    gate = next((p for p in params if p.key == "gate"), None)
-    if gate is None or gate.kind != "fixed" or gate.values[0] != "skip":
-        raise ConfigError("search.spaces[0].gate: a skipset search's sub-space is gate: skip")
-    for p in params:
-        if p.kind != "fixed":
-            raise ConfigError(f"{p.where}: a skipset search fixes every key but the skip set (found a sweep)")
-        if p.key == "gate.skip":
-            raise ConfigError(f"{p.where}: the skip set is what a skipset search searches; leave gate.skip out")
-        if p.key in WITH_THE_SET and getattr(search, WITH_THE_SET[p.key]) is not None:
-            raise ConfigError(
-                f"{p.where}: search.{WITH_THE_SET[p.key]} searches {p.key} with the set; leave one of them out"
-            )
 
 
 def _check_gate_values(params: list[Param], gate: str | None, where: str) -> None:

@@ -17,7 +17,8 @@ from sweep import progress
 from sweep.errors import SweepError
 from sweep.gates import gate_text
 from sweep.config.identity import trial_identity
-from sweep.orchestrate.plan import trial_config, tune_settings
+from sweep.orchestrate.plan import tune_settings
+from sweep.orchestrate.settings import trial_config
 
 log = logging.getLogger("sweep.orchestrate.rows")
 

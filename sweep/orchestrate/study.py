@@ -24,7 +24,7 @@ from sweep.config import SearchConfig
 from sweep.errors import ConfigError, SweepError
 from sweep.bench.estimators import skips_compute
 from sweep.config.identity import trial_identity
-from sweep.orchestrate.plan import trial_config
+from sweep.orchestrate.settings import trial_config
 from sweep.config.search import Param, as_override, spaces
 
 

@@ -22,33 +22,21 @@ import time
 
 import ray
 from ray import tune
-from ray.tune.search import ConcurrencyLimiter
 
 from sweep.bench.estimators import row_speedup
 from sweep.config import ClusterConfig, Config
-from sweep.gates import GATES
 from sweep.config.identity import trial_device, trial_identity
 from sweep.config.search import METRICS
-from sweep.errors import ConfigError, SweepError
+from sweep.errors import SweepError
 from sweep.orchestrate import claims, interrupt
 from sweep.orchestrate.callbacks import Progress, StopWhenRowsCannotBeWritten
-from sweep.orchestrate.plan import (
-    Plan,
-    baseline_groups,
-    done_settings,
-    plan_sweep,
-    row_ids,
-    screen_selection,
-    screened_before,
-    select_trials,
-    trial_config,
-    tune_settings,
-)
+from sweep.orchestrate.plan import baseline_groups, done_settings, plan_sweep, select_trials, tune_settings
 from sweep.orchestrate.progress_ray import Hub, forwarding
 from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
 from sweep.orchestrate.rows import RowWriter, SweepOutcome, os_error
-from sweep.orchestrate.study import optuna_search, remaining_trials
-from sweep.orchestrate.worker import run_claimed, screen_trace, skipset_screen
+from sweep.orchestrate.searches import SEARCHES, InWorker
+from sweep.orchestrate.settings import Plan, trial_config
+from sweep.orchestrate.worker import run_claimed
 
 log = logging.getLogger("sweep.orchestrate.tune")
 
@@ -157,17 +145,13 @@ def _execute(plan: Plan) -> SweepOutcome:
 
 
 def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutcome:
-    """Screen where the search screens, pick the trials still to run, fit, reconcile."""
+    """The search's own pass (``Search.select``: a screen, a profile, in a worker), pick the trials still to run,
+    fit, reconcile."""
     cfg = plan.cfg
-    grid_trials, simulated = plan.grid_trials, None
-    if cfg.search.kind == "skipset":
-        grid_trials = _skipset(plan, resources, device, hub)
-    if cfg.search.kind == "screen":
-        chosen = screened_before(plan, grid_trials, device) if cfg.resume else None
-        if chosen is None:
-            grid_trials, simulated = _screen(plan, grid_trials, resources, device, hub)
-        else:
-            grid_trials = chosen
+    search = SEARCHES.get(cfg.search.kind, key="search.kind")
+    worker = InWorker(lambda fn, label, *args: _in_worker(fn, label, resources, hub, *args), device)
+    selection = search.select(plan, worker)
+    grid_trials, simulated = selection.settings, selection.simulated
     planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
     if cfg.resume:
         # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
@@ -175,7 +159,7 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
         log.info(
             "resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, plan.path
         )
-    total = len(planned) if planned is not None else _samples(plan)  # what this run runs
+    total = len(planned) if planned is not None else search.trials(plan)  # what this run runs
     size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
     existing = done_settings(grid_trials, plan.done, device)  # shown with this run's rows at the end
     outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, rows=existing, simulated=simulated)
@@ -261,24 +245,18 @@ def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
     return unfinished > 0 or settings < (total or 0)
 
 
-def _traced(hub, *args):
-    """``screen_trace`` in its Ray task, its progress forwarded to the driver."""
-    with forwarding(hub, "screen trace"):
-        return screen_trace(*args)
+def _forwarded(hub, label: str, fn, *args):
+    """``fn(*args)`` in a Ray task, its progress forwarded to the driver under ``label``."""
+    with forwarding(hub, label):
+        return fn(*args)
 
 
-def _skipscreened(hub, *args):
-    """``skipset_screen`` in its Ray task, its progress forwarded to the driver."""
-    with forwarding(hub, "skip-set screen"):
-        return skipset_screen(*args)
-
-
-def _in_task(fn, resources: dict, hub: Hub, *args):
-    """``fn(hub.actor, *args)`` in a Ray task with the trials' resources, the driver showing its forwarded
-    progress while it waits; a sweep error raised there is raised here as it is."""
-    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(fn)
+def _in_worker(fn, label: str, resources: dict, hub: Hub, *args):
+    """``fn(*args)`` in a Ray task with the trials' resources, the driver showing its forwarded progress while it
+    waits; a sweep error raised there is raised here as it is (``InWorker``: a search's pass in a worker)."""
+    task = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_forwarded)
     try:
-        ref = task.remote(hub.actor, *args)
+        ref = task.remote(hub.actor, label, fn, *args)
         while not ray.wait([ref], timeout=0.5)[0]:
             hub.drain()
         hub.drain()
@@ -290,74 +268,8 @@ def _in_task(fn, resources: dict, hub: Hub, *args):
         raise
 
 
-def _screen(plan: Plan, settings, resources: dict, device: str, hub: Hub):
-    """Profile the model once (in a worker with the trials' resources), then replay every
-    setting on the trace (``sweep.orchestrate.plan.screen_selection``); the settings to run closed-loop."""
-    t0 = time.perf_counter()
-    probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
-        c.gate
-        for _, c in settings
-        if GATES.get(c.gate.name, key="gate").probe not in ("none", "hidden", "lens") or c.gate.lens == "tuned"
-    }
-    probes = sorted(probes, key=str)
-    readouts = {g.readouts for g in probes} - {None}
-    if len(readouts) > 1:
-        raise ConfigError(
-            f"gate.readouts: a screen replays one trace, traced with one readouts file; "
-            f"this search names {len(readouts)}"
-        )
-    traced = _in_task(_traced, resources, hub, plan.base, plan.run_id, device, probes)
-    return screen_selection(plan, settings, traced, device, time.perf_counter() - t0)
-
-
-def _skipset(plan: Plan, resources: dict, device: str, hub: Hub):
-    """`search=skipset-*`: the screen study in a worker with the trials' resources (resumed from its
-    SQLite study when one is there), its progress shown here, then the chosen candidates (skip set,
-    draft_stop, draft_len) as grid settings, composed here."""
-    from sweep.orchestrate.plan import drawn_overrides, skipset_setting
-    from sweep.gates.skipset import Candidate
-    from sweep.orchestrate.study import optuna_storage_url
-
-    plan.path.mkdir(parents=True, exist_ok=True)
-    storage = optuna_storage_url(plan.path)
-    found = _in_task(_skipscreened, resources, hub, plan.base, plan.run_id, device, storage, plan.cfg.search.name)
-    chosen = [Candidate(*c) for c in found["chosen"]]
-
-    def named(c: Candidate) -> str:  # the set, and what the study drew with it
-        drawn = drawn_overrides(plan.cfg, c)
-        return c.skip + (f" ({', '.join(drawn)})" if drawn else "")
-
-    figures = [f"predicted {v:.3f}x, acceptance length {a or float('nan'):.2f}" for v, a in found["screened"]]
-    log.info(
-        "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
-        plan.cfg.search.n_trials,
-        found["model"],
-        found["seconds"],
-        len(chosen),
-        "; ".join(f"{named(c)}: {f}" for c, f in zip(chosen, figures, strict=True)),
-    )
-    best = max((v for v, _ in found["screened"]), default=None)
-    if best is not None and best < 1:  # full depth (1x) is always an option: say the screen found nothing faster
-        log.info(
-            "skip-set screen: no screened candidate is predicted to beat full depth (best %.3fx); the closed loop "
-            "measures the best %d all the same",
-            best,
-            len(chosen),
-        )
-    settings = [skipset_setting(plan.cfg, c) for c in chosen]
-    return [(setting, trial_config(plan.base, setting, device)) for setting in settings]
-
-
-def _samples(plan: Plan) -> int:
-    """The Optuna trials to run: ``search.n_trials``, or on a resume those the study still lacks
-    (a trial counts only with its row: ``sweep.orchestrate.study.remaining_trials``)."""
-    if not plan.cfg.resume:
-        return plan.cfg.search.n_trials
-    return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root))
-
-
 def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, writer: RowWriter, hub: Hub, grid=None):
-    cfg, path = plan.cfg, plan.path
+    cfg = plan.cfg
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device}
     context["progress"] = hub.actor
     context["done"] = {} if planned is not None else plan.done
@@ -381,9 +293,7 @@ def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, 
             max_concurrent_trials=cfg.sweep.max_concurrent, reuse_actors=True, trial_dirname_creator=_trial_dirname
         )
         return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
-    search_alg = optuna_search(cfg.search, path, base=plan.base, device=device, root=plan.root)
-    if cfg.sweep.max_concurrent is not None:
-        search_alg = ConcurrencyLimiter(search_alg, max_concurrent=cfg.sweep.max_concurrent)
+    search_alg = SEARCHES.get(cfg.search.kind, key="search.kind").searcher(plan, device)
     # metric and mode live on the searcher only: TuneConfig(metric=, mode=) would make it single-objective
     tune_config = tune.TuneConfig(
         search_alg=search_alg, num_samples=num_samples, reuse_actors=True, trial_dirname_creator=_trial_dirname

@@ -1,4 +1,5 @@
-"""What a sweep's Ray workers compute, Ray-free: a trial's row, and the screen's trace.
+"""What a sweep's Ray workers compute, Ray-free: a Tune trial's rows (a search's own pass in a worker is the
+search's: ``sweep.orchestrate.searches``).
 
 ``sweep.orchestrate.tune`` runs these in its workers and reports the results to Tune or the driver.
 """
@@ -6,13 +7,10 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from typing import Any, Callable
 
-from sweep import progress
 from sweep.config import Config
-from sweep.orchestrate.plan import trial_config
 
 
 def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report: Callable[..., None]) -> None:
@@ -101,89 +99,3 @@ def trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: floa
         complete_row(cfg, p[0] if p is not None else None, row, run_id, sweep_name=sweep_name, seconds=b + rest)
         for cfg, row, p, b in zip(cfgs, rows, prepared, bench)  # a setting that failed to prepare has no model
     ]
-
-
-def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
-    """The profile trace of the sweep's model and prompts at the bench's length, and the cost
-    model (with the probes of ``probe_gates``), on the device trials will use."""
-    from sweep.bench.command import gate_readouts, prepare
-    from sweep.bench.costs import cost_model
-    from sweep.bench.session import process_session
-    from sweep.config import GateConfig
-    from sweep.gates import make_gate
-    from sweep.trace.profile import traced_run
-
-    cfg = trial_config(base, [], device)
-    cfg = dataclasses.replace(cfg, gate=GateConfig())  # the model's own depth decides every layer index later
-    readouts = {g.readouts for g in probe_gates} - {None}  # one file at most (the driver checked)
-    if readouts:
-        cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, readouts=readouts.pop()))
-    session = process_session()
-    lm, _, prompts = prepare(cfg, session)
-    trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens, session.readouts)
-    gates = [make_gate(g, lm, gate_readouts(g, lm, prompts, session)) for g in probe_gates]
-    return {
-        "trace": trace,
-        "provenance": prov,
-        # the probes alone too: the replay charges them to every gate not measured in situ here
-        "costs": cost_model(
-            lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy], probes_alone=True
-        ).as_dict(),
-    }
-
-
-def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
-    """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
-    self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the
-    candidates (skip set, draft_stop, draft_len) to run closed-loop, best first."""
-    from sweep.bench.command import prepare
-    from sweep.bench.costs import cost_model
-    from sweep.bench.session import process_session
-    from sweep.config.identity import trial_identity
-    from sweep.gates.skipset import Candidate
-    from sweep.orchestrate.plan import skipset_setting
-    from sweep.decode.skipscreen import first_drafts, record
-    from sweep.orchestrate.skipsearch import best_trials, candidate, search
-
-    probe = trial_config(base, [], device)
-    lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification
-    cfg = trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
-    s, b = cfg.search, cfg.bench
-    lm, _, prompts = prepare(cfg, process_session())
-    t0 = time.perf_counter()
-    with progress.phase("skip-set screen: full-depth decodes", part="screen"):
-        recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)
-    costs = cost_model(lm, prompts[0].input_ids, kv_policies=[], verify_positions=b.draft_len + 1)
-    shown = progress.start("skip-set screen", s.n_trials, part="screen")  # one step per screened set
-
-    def trial_id(candidate) -> str:
-        gate = dataclasses.replace(cfg.gate, skip=candidate.skip)
-        bench = dataclasses.replace(cfg.bench, draft_stop=candidate.draft_stop, draft_len=candidate.draft_len)
-        return trial_identity(dataclasses.replace(cfg, gate=gate, bench=bench), device).id
-
-    study = search(
-        lambda skip: first_drafts(lm, recorded, skip),
-        num_layers=lm.num_layers,
-        n_trials=s.n_trials,
-        sampler=s.sampler,
-        seed=s.seed,
-        ratio=tuple(s.skip_ratio) if s.skip_ratio is not None else (0.0, 1.0),
-        draft_len=b.draft_len,
-        draft_stop=b.draft_stop,
-        costs=costs,
-        draft_stops=s.draft_stops,
-        draft_lens=s.draft_lens,
-        storage=storage,
-        study_name=study_name,
-        trial_id=trial_id,
-        progress=lambda done, _total: shown.advance(done - shown.done),  # a resumed study starts where it was
-    )
-    shown.close()
-    best = best_trials(study, s.closed_loop, b.draft_stop, b.draft_len)
-    return {
-        "chosen": [candidate(t, b.draft_stop, b.draft_len) for t in best],
-        # each one's screen figures: predicted speedup and acceptance length
-        "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
-        "seconds": time.perf_counter() - t0,
-        "model": lm.name,
-    }

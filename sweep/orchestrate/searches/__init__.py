@@ -1,0 +1,18 @@
+"""Search kinds: how a sweep searches (``search.kind``), one module each, behind one interface
+(``sweep.orchestrate.searches.base.Search``: what it plans, an optional pass in a worker, what it hands Ray Tune,
+what it does on a resume).
+
+Every module ``sweep/orchestrate/searches/_*.py`` is a search kind and is imported here, so a new kind is one module
+plus its conf file (``conf/search/<name>.yaml``, ``kind: <kind>``).
+"""
+
+import importlib
+import pkgutil
+
+from sweep.orchestrate.searches.base import SEARCHES, InWorker, Search, Selection, register, search_for
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["SEARCHES", "InWorker", "Search", "Selection", "register", "search_for"]

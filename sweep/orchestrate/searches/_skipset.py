@@ -1,0 +1,177 @@
+"""`kind: skipset` (`search=skipset-optuna`, `search=skipset-random`): skip sets searched on the fast screen in a
+worker (``sweep.orchestrate.skipsearch``: an Optuna study over the sublayers, persisted beside the sweep and
+resumed from there), then the best few, with what the study drew with them, measured closed-loop as a grid."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from sweep import progress
+from sweep.config import Config, compose
+from sweep.config.search import WITH_THE_SET, as_override, spaces
+from sweep.errors import ConfigError
+from sweep.gates.skipset import Candidate
+from sweep.orchestrate.settings import Plan, merge, trial_config
+from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
+
+log = logging.getLogger("sweep.orchestrate.searches.skipset")
+
+
+@register
+class SkipSetSearch(Search):
+    kind = "skipset"
+    summary = "skip sets screened by an Optuna study in a worker; the best search.closed_loop run closed-loop"
+    takes = ("draft_stops", "draft_lens")
+
+    def check(self, search) -> None:
+        super().check(search)
+        if search.n_trials is None:
+            raise ConfigError("search.n_trials: required for a skipset search")
+        check_skipset(search)
+
+    def foresee(self, cfg, base):
+        """Its settings come from the screen; their shared part, at every draft_stop and draft_len it draws, must
+        compose."""
+        for stop in cfg.search.draft_stops or [None]:
+            for n in cfg.search.draft_lens or [None]:
+                compose(merge(base, skipset_setting(cfg, Candidate("none", stop, n))))
+        return None
+
+    def select(self, plan: Plan, worker: InWorker) -> Selection:
+        """The screen study in a worker with the trials' resources (resumed from its SQLite study when one is
+        there), its progress shown on the driver, then the chosen candidates (skip set, draft_stop, draft_len) as
+        grid settings, composed here."""
+        from sweep.orchestrate.study import optuna_storage_url
+
+        plan.path.mkdir(parents=True, exist_ok=True)
+        storage = optuna_storage_url(plan.path)
+        device = worker.device
+        found = worker.run(
+            skipset_screen, "skip-set screen", plan.base, plan.run_id, device, storage, plan.cfg.search.name
+        )
+        chosen = [Candidate(*c) for c in found["chosen"]]
+
+        def named(c: Candidate) -> str:  # the set, and what the study drew with it
+            drawn = drawn_overrides(plan.cfg, c)
+            return c.skip + (f" ({', '.join(drawn)})" if drawn else "")
+
+        figures = [f"predicted {v:.3f}x, acceptance length {a or float('nan'):.2f}" for v, a in found["screened"]]
+        log.info(
+            "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
+            plan.cfg.search.n_trials,
+            found["model"],
+            found["seconds"],
+            len(chosen),
+            "; ".join(f"{named(c)}: {f}" for c, f in zip(chosen, figures, strict=True)),
+        )
+        best = max((v for v, _ in found["screened"]), default=None)
+        if best is not None and best < 1:  # full depth (1x) is always an option: say the screen found nothing faster
+            log.info(
+                "skip-set screen: no screened candidate is predicted to beat full depth (best %.3fx); the closed loop "
+                "measures the best %d all the same",
+                best,
+                len(chosen),
+            )
+        settings = [skipset_setting(plan.cfg, c) for c in chosen]
+        return Selection([(setting, trial_config(plan.base, setting, device)) for setting in settings])
+
+
+def check_skipset(search) -> None:
+    """A skip-set search: one sub-space naming gate=skip and fixing the rest of the setting (the skip set
+    itself is what the screen searches), a sampler that takes a seed and a constraint."""
+    if search.closed_loop is None:
+        raise ConfigError(
+            "search.closed_loop: required for a skipset search (how many of the best sets run closed-loop)"
+        )
+    if search.sampler not in ("tpe", "random"):
+        raise ConfigError(f"search.sampler={search.sampler}: a skipset search samples with tpe or random")
+    if len(search.spaces) != 1:
+        raise ConfigError(f"search.spaces: a skipset search has one sub-space (it has {len(search.spaces)})")
+    params = spaces(search)[0]
+    gate = next((p for p in params if p.key == "gate"), None)
+    if gate is None or gate.kind != "fixed" or gate.values[0] != "skip":
+        raise ConfigError("search.spaces[0].gate: a skipset search's sub-space is gate: skip")
+    for p in params:
+        if p.kind != "fixed":
+            raise ConfigError(f"{p.where}: a skipset search fixes every key but the skip set (found a sweep)")
+        if p.key == "gate.skip":
+            raise ConfigError(f"{p.where}: the skip set is what a skipset search searches; leave gate.skip out")
+        if p.key in WITH_THE_SET and getattr(search, WITH_THE_SET[p.key]) is not None:
+            raise ConfigError(
+                f"{p.where}: search.{WITH_THE_SET[p.key]} searches {p.key} with the set; leave one of them out"
+            )
+
+
+def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
+    """A skipset search's closed-loop setting for a candidate: its sub-space's fixed values, its skip set, and
+    the bench values the study drew with the set (``WITH_THE_SET``: where ``search.draft_stops`` or
+    ``search.draft_lens`` is given)."""
+    params = spaces(cfg.search)[0]
+    fixed = [as_override(p.key, p.values[0]) for p in params]
+    return [*fixed, as_override("gate.skip", candidate.skip), *drawn_overrides(cfg, candidate)]
+
+
+def drawn_overrides(cfg: Config, candidate: Candidate) -> list[str]:
+    """The bench overrides a skipset study drew with the candidate's set (none unless the search lists them)."""
+    return [
+        as_override(key, getattr(candidate, key.removeprefix("bench.")))
+        for key, listed in WITH_THE_SET.items()
+        if getattr(cfg.search, listed) is not None
+    ]
+
+
+def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
+    """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
+    self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the
+    candidates (skip set, draft_stop, draft_len) to run closed-loop, best first."""
+    from sweep.bench.command import prepare
+    from sweep.bench.costs import cost_model
+    from sweep.bench.session import process_session
+    from sweep.config.identity import trial_identity
+    from sweep.decode.skipscreen import first_drafts, record
+    from sweep.orchestrate.skipsearch import best_trials, candidate, search
+
+    probe = trial_config(base, [], device)
+    lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification
+    cfg = trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
+    s, b = cfg.search, cfg.bench
+    lm, _, prompts = prepare(cfg, process_session())
+    t0 = time.perf_counter()
+    with progress.phase("skip-set screen: full-depth decodes", part="screen"):
+        recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)
+    costs = cost_model(lm, prompts[0].input_ids, kv_policies=[], verify_positions=b.draft_len + 1)
+    shown = progress.start("skip-set screen", s.n_trials, part="screen")  # one step per screened set
+
+    def trial_id(candidate) -> str:
+        gate = dataclasses.replace(cfg.gate, skip=candidate.skip)
+        bench = dataclasses.replace(cfg.bench, draft_stop=candidate.draft_stop, draft_len=candidate.draft_len)
+        return trial_identity(dataclasses.replace(cfg, gate=gate, bench=bench), device).id
+
+    study = search(
+        lambda skip: first_drafts(lm, recorded, skip),
+        num_layers=lm.num_layers,
+        n_trials=s.n_trials,
+        sampler=s.sampler,
+        seed=s.seed,
+        ratio=tuple(s.skip_ratio) if s.skip_ratio is not None else (0.0, 1.0),
+        draft_len=b.draft_len,
+        draft_stop=b.draft_stop,
+        costs=costs,
+        draft_stops=s.draft_stops,
+        draft_lens=s.draft_lens,
+        storage=storage,
+        study_name=study_name,
+        trial_id=trial_id,
+        progress=lambda done, _total: shown.advance(done - shown.done),  # a resumed study starts where it was
+    )
+    shown.close()
+    best = best_trials(study, s.closed_loop, b.draft_stop, b.draft_len)
+    return {
+        "chosen": [candidate(t, b.draft_stop, b.draft_len) for t in best],
+        # each one's screen figures: predicted speedup and acceptance length
+        "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
+        "seconds": time.perf_counter() - t0,
+        "model": lm.name,
+    }

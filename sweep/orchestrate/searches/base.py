@@ -1,0 +1,93 @@
+"""What a search kind is: one small interface, one registration per kind.
+
+A search (``search.kind``) says what it plans (``foresee``: every setting it can compose before Ray starts, so a
+bad value fails there), what it runs before the trials (``select``: an optional pass in a worker, a profile or a
+screen, and on a resume what its earlier run chose), what it hands Ray Tune (the settings of ``select``, run as a
+grid, or for a search that samples while Tune runs its ``searcher`` and how many trials it draws) and the rules of
+its own config keys (``check``). ``sweep.orchestrate.tune`` only drives Ray Tune with what a search hands it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
+
+from sweep.config import Config, SearchConfig
+from sweep.config.search import WITH_THE_SET
+from sweep.errors import ConfigError
+from sweep.gates.registry import Registry
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from sweep.orchestrate.settings import GridTrials, Plan
+
+SEARCHES: Registry[Search] = Registry("search kind", name_of=lambda search: search.kind)
+T = TypeVar("T", bound=type)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a search hands Ray Tune: the settings to run (a grid; None: the search samples them while Tune runs,
+    ``Search.searcher``) and, for a screen, the simulated table its settings were chosen from."""
+
+    settings: GridTrials | None
+    simulated: pl.DataFrame | None = None
+
+
+class InWorker:
+    """How a search runs a pass in a worker (a profile, a screen): ``run(fn, label, *args)`` calls ``fn(*args)``
+    in a Ray task with the trials' resources, its progress shown on the driver under ``label``; a sweep error
+    raised there is raised here. ``device``: the device the trials run on."""
+
+    def __init__(self, run: Callable[..., Any], device: str) -> None:
+        self.run, self.device = run, device
+
+
+class Search:
+    """One search kind. Subclasses set ``kind`` (the ``search.kind`` value), ``summary`` and ``takes`` (the
+    search keys only some kinds read: ``draft_stops``, ``draft_lens``), and override what they do differently."""
+
+    kind: ClassVar[str]
+    summary: ClassVar[str] = ""
+    takes: ClassVar[tuple[str, ...]] = ()  # of search.draft_stops, search.draft_lens: what this kind reads
+    samples: ClassVar[bool] = False  # True: its trials are drawn while Tune runs (``searcher``)
+
+    def check(self, search: SearchConfig) -> None:
+        """The rules of this kind's own keys, before anything runs (one ConfigError line naming the key)."""
+        for key, listed in WITH_THE_SET.items():
+            if listed not in self.takes and getattr(search, listed) is not None:
+                raise ConfigError(
+                    f"search.{listed}: searched jointly with a skip set by a skipset search only (search.kind is "
+                    f"{search.kind}); sweep {key} in search.spaces instead"
+                )
+
+    def foresee(self, cfg: Config, base: list[str]) -> GridTrials | None:
+        """Every setting this search can foresee, composed (a bad value fails here, before Ray starts); None when
+        its settings come later (sampled while Tune runs, or chosen by a pass in a worker)."""
+        raise NotImplementedError
+
+    def select(self, plan: Plan, worker: InWorker) -> Selection:
+        """The settings to run closed-loop: by default those ``foresee`` planned."""
+        return Selection(plan.grid_trials)
+
+    def searcher(self, plan: Plan, device: str):
+        """For a search that samples: the Ray Tune searcher (its state persisted beside the sweep)."""
+        raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")
+
+    def trials(self, plan: Plan) -> int:
+        """For a search that samples: how many trials this run draws (on a resume, what the search still lacks)."""
+        raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")
+
+
+def register(cls: T) -> T:
+    """The one registration of a search kind (``@register`` on its class)."""
+    SEARCHES.register(cls())
+    return cls
+
+
+def search_for(search: SearchConfig) -> Search:
+    """The search ``search.kind`` names, its own rules checked (one ConfigError line naming the key)."""
+    found = SEARCHES.get(search.kind, key="search.kind")
+    found.check(search)
+    return found
