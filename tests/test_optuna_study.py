@@ -224,3 +224,25 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     }
     assert second.state == optuna.trial.TrialState.PRUNED and second.user_attrs["status"] == "not run"
     assert second.user_attrs["trial_id"] == trial_identity(trial_config(base, stopped["trial"], "cpu"), "cpu").id
+
+
+def test_a_resumed_study_extended_from_4_to_8_settings_measures_8_distinct_ones(ray_session, tmp_path):
+    """search.n_trials counts distinct settings: a study of 4 resumed with 8 ends with 8 distinct settings, each
+    with its row; the resumed sampler is not restarted on the stream that drew the first 4, and a proposal of a
+    setting that has its row is told to the study from that row (``from_row``) without running again."""
+    space = (
+        "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7)'}]"
+    )
+    first = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=4")
+    assert read("trials", tmp_path)["trial_id"].n_unique() == 4 and first.written == 4
+    resumed = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=8", "resume=true", f"sweep.name={first.name}")
+    rows = read("trials", tmp_path)
+    assert rows.height == rows["trial_id"].n_unique() == 8 and resumed.written == 4
+    assert sorted(rows["eps"].to_list()) == [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]  # the whole space, once each
+    study = load(resumed)
+    ran = {t.user_attrs["trial_id"] for t in study.trials if not t.user_attrs.get("from_row")}
+    assert ran >= set(rows["trial_id"].to_list())
+    for t in study.trials:  # a setting proposed again carries its row's figures
+        if t.user_attrs.get("from_row"):
+            row = rows.filter(pl.col("trial_id") == t.user_attrs["trial_id"]).row(0, named=True)
+            assert t.values[1] == pytest.approx(row["agreement"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 
+import optuna
 import pytest
 import torch
 
@@ -303,7 +304,8 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
     assert (rows["agreement"] == 1.0).all() and (rows["mode"] == "self_speculative").all()
     assert rows["skip_ratio"].is_between(0.1, 0.5).all() and rows["acceptance_length"].is_not_null().all()
     study = optuna.load_study(study_name="skipset-optuna", storage=f"sqlite:///{out.path}/optuna.db")
-    assert len(study.trials) == 12
+    distinct = [t for t in study.trials if "repeat_of" not in t.user_attrs]  # a candidate drawn again is told
+    assert len(distinct) == len({t.user_attrs["trial_id"] for t in study.trials}) == 12  # 12 distinct candidates
     joined = {
         t.user_attrs["trial_id"]: (t.user_attrs["skip"], t.params["draft_stop"], t.params["draft_len"])
         for t in study.trials
@@ -371,3 +373,40 @@ def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
     screened = predict(first_drafts(lm, rec, skip), 3, 1.0, costs, skip)
     assert screened.speedup == pytest.approx(every_round, rel=1e-9) and screened.draft_steps == [1] * (N - 1)
     assert costs.verify_ms[0] > 0 and len(costs.verify_ms) >= 4 and costs.attn_ms >= 0 and costs.mlp_ms >= 0
+
+
+def test_an_extended_study_screens_only_candidates_it_has_not(tmp_path):
+    """A skip-set study of 4 candidates extended to 8 (the same storage, seed and sampler, as a resumed sweep's
+    worker runs it): 8 distinct candidates, the first 4 kept; the resumed sampler does not draw its first 4
+    again (a random sampler restarted on its seed would), and a candidate drawn twice is told, not counted."""
+    from sweep.bench.costs import cost_model
+    from sweep.orchestrate.skipsearch import candidate, search
+
+    lm = load("model=tiny-llama")
+    rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
+    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    def screened(n_trials: int):
+        study = search(
+            lambda skip: first_drafts(lm, rec, skip),
+            num_layers=4,
+            n_trials=n_trials,
+            sampler="random",
+            seed=3,
+            ratio=(0.0, 1.0),
+            draft_len=4,
+            draft_stop=None,
+            costs=costs,
+            storage=storage,
+        )
+        done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        return [candidate(t) for t in done if "repeat_of" not in t.user_attrs], done
+
+    first, _ = screened(4)
+    extended, trials = screened(8)
+    assert len(set(first)) == 4 and extended[:4] == first
+    assert len(extended) == len(set(extended)) == 8
+    for t in trials:  # a repeat carries the figure of the candidate it repeats
+        if "repeat_of" in t.user_attrs:
+            assert t.value == next(o.value for o in trials if o.number == t.user_attrs["repeat_of"])

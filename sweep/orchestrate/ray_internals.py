@@ -13,6 +13,8 @@ FUNCTIONS = (
     "single_node_mode",
     "bootstrap_address",
     "optuna_trial",
+    "take_optuna_trial",
+    "optuna_study",
     "embedded_session",
     "reset_token_cache",
     "set_trial_system_attr",
@@ -42,6 +44,17 @@ def bootstrap_address(address: str) -> str:
 def optuna_trial(search: Any, trial_id: str) -> Any:
     """The Optuna trial an ``OptunaSearch`` runs for Tune trial ``trial_id``, or None."""
     return search._ot_trials.get(trial_id)
+
+
+def take_optuna_trial(search: Any, trial_id: str) -> Any:
+    """Take back the Optuna trial an ``OptunaSearch`` asked for Tune trial ``trial_id`` (its next ``suggest`` for
+    that id asks the study again), or None."""
+    return search._ot_trials.pop(trial_id, None)
+
+
+def optuna_study(search: Any) -> Any:
+    """The Optuna study an ``OptunaSearch`` drives."""
+    return search._ot_study
 
 
 def embedded_session() -> tuple[str, dict[str, list[int]]]:

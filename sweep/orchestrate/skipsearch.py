@@ -29,6 +29,7 @@ from sweep.errors import ConfigError
 log = logging.getLogger("sweep.orchestrate.skipsearch")
 
 SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+ASKS = 20  # proposals per distinct candidate at most: a space with fewer candidates than n_trials ends the study
 
 
 def param_names(num_layers: int) -> list[str]:
@@ -60,18 +61,22 @@ def search(
     positions)."""
     lo, hi = ratio
     study = optuna.create_study(
-        storage=storage,
-        study_name=study_name,
-        direction="maximize",
-        sampler=SAMPLERS[sampler](seed=seed),
-        load_if_exists=storage is not None,
+        storage=storage, study_name=study_name, direction="maximize", load_if_exists=storage is not None
     )
+    # seeded, and a resumed study's sampler never restarts on the stream that drew the trials it holds
+    study.sampler = SAMPLERS[sampler](seed=seed + len(study.trials))
     _check_resumed(study, {"draft_stop": draft_stops, "draft_len": draft_lens})
     study.set_user_attr("costs", {k: v for k, v in dataclasses.asdict(costs).items()})
     study.set_user_attr("skip_ratio", [lo, hi])
     names = param_names(num_layers)
-    done = len(study.trials)
-    for i in range(done, n_trials):
+    # n_trials counts distinct candidates: one drawn again is told its earlier figure and not counted
+    seen = {
+        candidate(t, draft_stop, draft_len): t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    }
+    for _ in range(ASKS * n_trials):
+        if len(seen) >= n_trials:
+            break
         trial = study.ask()
         mask = [trial.suggest_categorical(name, [False, True]) for name in names]
         skip = SkipSet.from_mask(mask, num_layers)
@@ -81,6 +86,13 @@ def search(
         violation = max(lo - r, r - hi, 0.0)
         trial.set_constraint("skip_ratio", violation)  # TPE keeps to feasible sets (Optuna 5's constraints)
         trial.set_user_attr("ratio_violation", violation)
+        earlier = seen.get(Candidate(skip.text(), stop, n))
+        if earlier is not None:  # screened already: the study learns it again, the count does not move
+            for key, value in earlier.user_attrs.items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr("repeat_of", earlier.number)
+            study.tell(trial, earlier.value)
+            continue
         t0 = time.perf_counter()
         pred = predict(screen(skip), n, stop, costs, skip)
         attrs = {
@@ -97,9 +109,9 @@ def search(
             attrs["trial_id"] = trial_id(Candidate(skip.text(), stop, n))
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        study.tell(trial, pred.speedup if pred.speedup is not None else 0.0)
+        seen[Candidate(skip.text(), stop, n)] = study.tell(trial, pred.speedup if pred.speedup is not None else 0.0)
         if progress is not None:
-            progress(i + 1, n_trials)
+            progress(len(seen), n_trials)
     return study
 
 

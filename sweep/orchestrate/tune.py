@@ -23,10 +23,8 @@ import time
 import ray
 from ray import tune
 
-from sweep.bench.estimators import row_speedup
 from sweep.config import ClusterConfig, Config
 from sweep.config.identity import trial_device, trial_identity
-from sweep.config.search import METRICS
 from sweep.errors import SweepError
 from sweep.orchestrate import claims, interrupt
 from sweep.orchestrate.callbacks import Progress, StopWhenRowsCannotBeWritten
@@ -35,6 +33,7 @@ from sweep.orchestrate.progress_ray import Hub, forwarding
 from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
 from sweep.orchestrate.rows import RowWriter, SweepOutcome, os_error
 from sweep.orchestrate.searches import SEARCHES, InWorker
+from sweep.orchestrate.study import reported_metrics
 from sweep.orchestrate.settings import Plan, trial_config
 from sweep.orchestrate.worker import run_claimed
 
@@ -67,7 +66,7 @@ def _settings_trial(config: dict, base: list[str] = (), context: dict | None = N
         cfgs = [trial_config(list(base), t, context["device"]) for t in tune_settings(config)]
         tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
     except Exception as exc:  # noqa: BLE001 - a value the driver's checks could not foresee: no config, no row
-        tune.report({**_metrics({"status": "failed"}), "error": _one_line(exc), "cached": False})
+        tune.report({**reported_metrics({"status": "failed"}), "error": _one_line(exc), "cached": False})
         return
     done = context.get("done", {})
     todo = []
@@ -93,20 +92,8 @@ def _report(
     extra = {} if computed_by is None else {"computed_by": computed_by}
     if notes:
         extra["notes"] = json.dumps(list(notes))
-    metrics = {**_metrics(row), "row_json": json.dumps(row, default=str), "cached": cached, **extra}
+    metrics = {**reported_metrics(row), "row_json": json.dumps(row, default=str), "cached": cached, **extra}
     tune.report({**metrics, "reports_left": reports_left})
-
-
-def _metrics(row: dict) -> dict:
-    """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed).
-    ``speedup_wall`` is the ranked speedup the analysis ranks by (``sweep.bench.estimators.row_speedup``:
-    capped at 1.0 from above where no compute was skipped, 1.0 inside the trial's A/A noise floor);
-    the study keeps the measured ratio as a user attribute (``sweep.orchestrate.study``)."""
-    ok = row.get("status") == "ok"
-    metrics = {m: (row.get(m) if ok else None) for m in METRICS}
-    if ok:
-        metrics["speedup_wall"] = row_speedup(row, "speedup_wall")
-    return {"status": row.get("status"), **metrics}
 
 
 # ---------------------------------------------------------------- the driver

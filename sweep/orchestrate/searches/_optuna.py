@@ -37,7 +37,7 @@ class Optuna(Search):
         from sweep.orchestrate.study import optuna_search
 
         cfg = plan.cfg
-        found = optuna_search(cfg.search, plan.path, base=plan.base, device=device, root=plan.root)
+        found = optuna_search(cfg.search, plan.path, base=plan.base, device=device, root=plan.root, known=plan.done)
         if cfg.sweep.max_concurrent is not None:
             found = ConcurrencyLimiter(found, max_concurrent=cfg.sweep.max_concurrent)
         return found
