@@ -10,12 +10,14 @@ import pytest
 
 from conftest import run_cli
 from sweep.analysis import (
+    FULL_DEPTH_ID,
     best_at_targets,
     chord_knees,
     fronts,
     kneedle_knee,
     knees_table,
     load_trials,
+    ok_trials,
     pareto_front,
     params_text,
     with_confidence,
@@ -166,6 +168,18 @@ def test_best_speedup_at_each_target():
     # ties on speedup go to the higher agreement, then the smaller trial id
     tied = best_at_targets(trials([(1.5, 0.96), (1.5, 0.99), (1.5, 0.99)]), targets=(0.95,), reference=False)
     assert ids(tied) == ["t001"]
+
+
+def test_settings_that_rank_equal_go_to_the_higher_measured_speedup_then_agreement():
+    """Inside their noise floors both rank 1.0x: the best setting there is the one measured faster (0.961x over
+    0.915x), then the one that agrees more; full depth still wins every tie it is in."""
+    inside = trials([(0.915, 1.0), (0.961, 1.0), (0.961, 0.99)]).with_columns(noise_floor=pl.lit(0.1))
+    assert ok_trials(inside).collect()["speedup"].to_list() == [1.0, 1.0, 1.0]  # all indistinguishable from 1x
+    best = best_at_targets(inside, targets=(0.95, 1.0), reference=False)
+    assert ids(best) == ["t001", "t001"]
+    measured_first = best_at_targets(inside.filter(pl.col("trial_id") != "t001"), targets=(0.95,), reference=False)
+    assert ids(measured_first) == ["t002"]  # 0.961x at agreement 0.99 over 0.915x at 1.0: measured, then agreement
+    assert ids(best_at_targets(inside, targets=(0.95,))) == [FULL_DEPTH_ID]
 
 
 def timed_row(

@@ -224,9 +224,10 @@ def best_at_targets(
     reference: bool = True,
 ) -> pl.DataFrame:
     """Per group and target: the ok trial with the highest ranked ``speedup`` among those with
-    agreement >= target (ties: higher agreement, then trial_id). With ``reference`` (the default) full
-    depth (``full_depth``) is a candidate at every target and wins its ties, so a row names a setting
-    only where it beats full depth; without, null trial columns where no trial reaches the target."""
+    agreement >= target. With ``reference`` (the default) full depth (``full_depth``) is a candidate at every
+    target and wins its ties, so a row names a setting only where it beats full depth; without, null trial columns
+    where no trial reaches the target. Settings that rank equal go to the higher measured speedup (the metric
+    itself: two ratios inside their noise floors both rank 1.0x), then the higher agreement, then trial_id."""
     keys = list(by)
     ok = ok_trials(trials, metric)
     groups = ok.select(keys).unique()
@@ -239,8 +240,8 @@ def best_at_targets(
             ok.filter(pl.col("agreement") >= target)
             .with_columns(first)
             .sort(
-                [*keys, "speedup", "agreement", "_reference", "trial_id"],
-                descending=[False] * len(keys) + [True, True, True, False],
+                [*keys, "speedup", "_reference", metric, "agreement", "trial_id"],
+                descending=[False] * len(keys) + [True, True, True, True, False],
             )
             .unique(subset=keys, keep="first", maintain_order=True)
             .drop("_reference")
