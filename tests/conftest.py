@@ -38,6 +38,14 @@ TIERS = ("ray", "faults", "slow", "families", "gpu")
 # short, for Ray's socket paths
 RAY_TMPDIR = Path(tempfile.mkdtemp(prefix="sweep-tests-", dir="/tmp"))
 os.environ["RAY_TMPDIR"] = str(RAY_TMPDIR)
+# the caches a run keeps for the machine start empty in each test (``_own_caches``), but for converted models
+# (verified at every load), which a test process converts once
+CONVERTED = RAY_TMPDIR / "converted"
+CONVERTED.mkdir()
+# what runs outside a test (session fixtures, the Ray workers they start) keeps its caches under the test process's
+os.environ["SWEEP_CACHE_DIR"] = str(RAY_TMPDIR / "cache")
+(RAY_TMPDIR / "cache").mkdir()
+(RAY_TMPDIR / "cache" / "converted").symlink_to(CONVERTED, target_is_directory=True)
 
 
 def pytest_unconfigure(config):
@@ -85,6 +93,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.ray)
         if item.get_closest_marker("ray") or item.get_closest_marker("faults"):
             item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+@pytest.fixture(autouse=True)
+def _own_caches(tmp_path_factory, monkeypatch):
+    """Each test's own machine caches (``SWEEP_CACHE_DIR``: cost models, readers' tables), empty: no test reads
+    what another measured; converted models are the test process's (``CONVERTED``)."""
+    own = tmp_path_factory.mktemp("cache")
+    (own / "converted").symlink_to(CONVERTED, target_is_directory=True)
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(own))
 
 
 @pytest.fixture(autouse=True)

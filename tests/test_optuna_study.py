@@ -191,7 +191,7 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     from conftest import TINY_SWEEP
     from sweep.config.identity import trial_identity
     from sweep.orchestrate.settings import trial_config
-    from sweep.orchestrate.study import optuna_search
+    from sweep.orchestrate.searcher import optuna_search
 
     base = [*TINY_SWEEP, "search=optuna-mo"]
     search = optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)

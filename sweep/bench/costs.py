@@ -7,12 +7,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
+import logging
+import math
 import statistics
 from typing import Callable, Sequence
 
 import torch
 
 from sweep import progress
+from sweep.bench import costs_cache
 from sweep.bench.pricing import CostModel, DecodeSteps, in_situ_key
 
 __all__ = ["CostModel", "DecodeSteps", "cost_model", "in_situ_key"]
@@ -21,7 +25,9 @@ from sweep.decode.engine import Engine, StepState
 from sweep.decode.timing import Timer
 from sweep.gates import FIRST, Decoding, Gate, make_gate
 from sweep.gates.signals import logit_margin, saturation_delta
-from sweep.models import LoadedModel
+from sweep.models import LoadedModel, cache_dir
+
+log = logging.getLogger("sweep.bench.costs")
 
 
 @torch.inference_mode()
@@ -316,7 +322,13 @@ def cost_model(
     measures no probe at all."""
     with progress.phase("cost model", part="cost model"):
         # a loaded model has one device and dtype: its prompt length is all the key needs
-        costs = lm.adapter.derived(("cost_model", len(prompt_ids)), lambda: _measure(lm, prompt_ids, repeats, gates))
+        key, path = costs_cache.key(lm, len(prompt_ids)), costs_cache.path_for(cache_dir(), lm, len(prompt_ids))
+        made: list[CostModel] = []  # what this call measured or took from the cache (nothing: kept in memory)
+        costs = lm.adapter.derived(
+            ("cost_model", len(prompt_ids)),
+            lambda: made.append(_kept_or_measured(lm, prompt_ids, repeats, gates, path, key)) or made[0],
+        )
+        before = _snapshot(costs)
         exits = not gates or any(len(gate.probe_layers()) for gate in gates)
         if "propagate" in kv_policies and exits and costs.kv_ms is None and lm.adapter.kv_path is not None:
             costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
@@ -329,4 +341,40 @@ def cost_model(
                 costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
             if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
                 costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
+        if (made and costs.source == "fresh") or _snapshot(costs) != before:  # measured now: kept for the machine
+            costs_cache.save(path, key, costs)
         return costs
+
+
+def _snapshot(costs: CostModel) -> str:
+    return json.dumps(costs.as_dict(), sort_keys=True, default=str)
+
+
+def _kept_or_measured(lm: LoadedModel, prompt_ids, repeats: int, gates, path, key) -> CostModel:
+    """This machine's cached cost model of ``lm`` at this prompt length when its check holds
+    (``sweep.bench.costs_cache``), else the model measured now."""
+    cached = costs_cache.load(path, key)
+    if cached is not None:
+        holds, now, floor = costs_cache.still_holds(cached, _check_steps(lm, prompt_ids))
+        if holds:
+            cached.source = "cached"
+            return cached
+        log.info(
+            "cost model cache %s: a full-depth step now takes %.3f ms, %.3f ms when cached (beyond the check's "
+            "+-%.1f%%): measuring afresh",
+            path,
+            now,
+            cached.step_ms,
+            100 * math.expm1(floor),
+        )
+    return _measure(lm, prompt_ids, repeats, gates)
+
+
+@torch.inference_mode()
+def _check_steps(lm: LoadedModel, prompt_ids: Sequence[int]) -> dict[str, list[float]]:
+    """The cache's check: full-depth decode steps in two interleaved halves (``costs_cache.still_holds``)."""
+    ids = torch.tensor([list(prompt_ids)], device=lm.device)
+    cache = lm.adapter.new_cache()
+    token = lm.adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+    with progress.phase("cost model: check of the cached costs", costs_cache.CHECK_ROUNDS + 1):
+        return _timed_steps({"a": Engine(lm), "b": Engine(lm)}, token, cache, costs_cache.CHECK_ROUNDS, lm.device)

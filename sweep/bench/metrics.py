@@ -116,6 +116,7 @@ def metrics(
         "cost_overhead_ms": costs.overhead_ms,
         "cost_prefill_ms": statistics.fmean(costs.prefill_at(p) for p in lengths),
         "cost_calibration_ms": statistics.fmean(costs.calibration_ms(gate, p) for p in lengths),
+        "cost_model_source": costs.source,
         # a batch row's record has no calibration time of its own (0, as a batch never timed it)
         "calibration_ms": statistics.fmean(getattr(run.gated, "calibration_seconds", 0.0) for run in runs) * 1000,
         "prompt_ids": [run.prompt.id for run in runs],

@@ -61,6 +61,8 @@ class CostModel:
     attn_ms: float | None = None
     mlp_ms: float | None = None
     verify_ms: list = field(default_factory=list)
+    # fresh: measured in this process; cached: this machine's cost cache, after its check (``sweep.bench.costs_cache``)
+    source: str = "fresh"
 
     def layers(self, ms: float) -> float:
         return ms / self.layer_ms

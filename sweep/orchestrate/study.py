@@ -10,22 +10,16 @@ and its constraints where optuna-dashboard reads them. A resume reads the study 
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
 from ray import tune
-from ray.tune.search.optuna import OptunaSearch
 
-from sweep.orchestrate import ray_internals as _ray_private
 from sweep.config import SearchConfig
-from sweep.errors import ConfigError, SweepError
-from sweep.bench.estimators import row_speedup, skips_compute
-from sweep.config.identity import trial_identity
-from sweep.orchestrate.settings import trial_config
-from sweep.config.search import METRICS, Param, as_override, spaces
+from sweep.errors import ConfigError
+from sweep.config.search import Param, as_override, spaces
 
 
 def distributions(param: Param) -> tuple[Any, Any]:
@@ -42,6 +36,7 @@ def distributions(param: Param) -> tuple[Any, Any]:
     return domain, optuna.distributions.FloatDistribution(float(param.low), float(param.high), log=param.log)
 
 
+SKIP_CONSTRAINT = "skipped_compute"  # the last constraint of every trial: one that skipped no compute is infeasible
 SUBSPACE = "subspace"  # the Optuna parameter that picks a sub-space (its choices: the sub-spaces' labels)
 
 
@@ -169,254 +164,6 @@ def _reading(path: Path):
             "the file away and resume (a fresh study: trials whose rows exist are taken from their rows, not run "
             "again), or start a new sweep without resume=true"
         ) from None
-
-
-class ConstrainedOptunaSearch(OptunaSearch):
-    """OptunaSearch whose study stands on its own (README, "Sweeps"): on each finished trial it
-    records the trial's row identity as user attributes (``trial_id``, the join key with the
-    Parquet ``trials`` table, ``gate``, ``model``, ``status``; ``error`` for failed trials) and
-    its measured figures beside the ranked objective (``speedup_wall_measured``, ``speedup_aa``,
-    ``noise_floor``, ``skipped_compute``), sets its constraints (``metric >= bound`` as
-    ``bound - metric <= 0``, with each constrained metric as a user attribute, then
-    ``skipped_compute``: 0 where the trial skipped compute, else 1, infeasible, so a trial that
-    is not early exit is never the study's best), and tells the study that a trial which is not
-    ``ok`` failed (rather than leaving it running).
-
-    ``base`` and ``device``: how the driver composes a trial's config, for the identity of a trial whose worker died
-    before it reported a row (as ``RowWriter.errored`` does), and of every proposal. Each Tune trial is a setting
-    the sweep has not measured: a proposal with a row already (``known``: rows by trial id, a resumed study's or
-    another sweep's) is told to the study with that row's figures, one proposed earlier in this run is told failed
-    (``repeat_of``), and the study is asked again, at random after ``MODEL_ASKS`` repeats (a model-based sampler
-    keeps to its best guess), at most ``ASKS`` times (then the setting runs: its row is taken as any trial's whose
-    row exists).
-    """
-
-    ASKS = 50
-    MODEL_ASKS = 2  # repeats the sampler may propose before the next proposals are drawn at random
-
-    def __init__(
-        self,
-        *args,
-        constraints: dict[str, float] | None = None,
-        base: list[str] = (),
-        device: str | None = None,
-        known: dict[str, dict] | None = None,
-        random_seed: int = 0,
-        **kwargs,
-    ) -> None:
-        self._random_seed = random_seed
-        self._bounds = dict(constraints or {})
-        self._base, self._device = list(base), device
-        self._known = dict(known or {})
-        self._overrides: dict[str, list[str]] = {}
-        self._proposed: set[str] = set()
-        self._told: set[str] = set()
-        super().__init__(*args, **kwargs)
-
-    def suggest(self, trial_id: str) -> dict | None:
-        study = _ray_private.optuna_study(self)
-        sampler = study.sampler
-        config = super().suggest(trial_id)
-        try:
-            for ask in range(self.ASKS):
-                setting = self._setting_id(config)
-                if setting is None or (setting not in self._known and setting not in self._proposed):
-                    break
-                ot_trial = _ray_private.take_optuna_trial(self, trial_id)
-                if (
-                    setting in self._known
-                ):  # measured already: the study learns its figures, the sweep runs it not again
-                    ot_trial.set_user_attr("from_row", True)
-                    self._tell(ot_trial, self._known[setting])
-                else:  # proposed earlier in this run, still running: nothing to tell of it yet
-                    ot_trial.set_user_attr("repeat_of", setting)
-                    study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
-                if ask == self.MODEL_ASKS - 1:  # the sampler's model keeps to what it has: draw at random instead
-                    study.sampler = optuna.samplers.RandomSampler(seed=self._random_seed + len(study.trials))
-                config = super().suggest(trial_id)
-        finally:
-            study.sampler = sampler
-        if config and "trial" in config:
-            self._overrides[trial_id] = list(config["trial"])
-            if setting is not None:
-                self._proposed.add(setting)
-        return config
-
-    def _setting_id(self, config: dict | None) -> str | None:
-        """The trial id of a proposal (``config["trial"]``: its overrides) as the driver composes it; None when it
-        does not compose (its worker reports it failed) or there is none."""
-        if not config or "trial" not in config or self._device is None:
-            return None
-        try:
-            return trial_identity(trial_config(self._base, list(config["trial"]), self._device), self._device).id
-        except SweepError:
-            return None
-
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
-        """Nothing: a trial reports once, and the study has no pruner (OptunaSearch would
-        report the objective as an intermediate value, None for a failed trial)."""
-
-    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        ot_trial = _ray_private.optuna_trial(self, trial_id)
-        if ot_trial is not None and trial_id not in self._told:
-            self._told.add(trial_id)
-            result, error = self._record(ot_trial, self._row_attrs(trial_id, result, error), result, error)
-        super().on_trial_complete(trial_id, result=result, error=error)
-
-    def _tell(self, ot_trial, row: dict) -> None:
-        """Tell the study a setting it proposed again, with the figures of the row it already has (as
-        ``on_trial_complete`` tells a trial that ran)."""
-        result = {**reported_metrics(row), "row_json": json.dumps(row, default=str)}
-        result, _ = self._record(ot_trial, self._row_attrs("", result, False), result, False)
-        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
-        values = [result[m] for m in metrics] if result else None
-        study = _ray_private.optuna_study(self)
-        if values is None or None in values:
-            study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
-        else:
-            study.tell(ot_trial, values if len(values) > 1 else values[0])
-
-    def _record(self, ot_trial, attrs: dict, result: dict | None, error: bool) -> tuple[dict | None, bool]:
-        """A finished trial's user attributes (``attrs``: its row identity), measured figures and constraints set
-        on ``ot_trial``; the result and error to tell the study (a trial that is not ok is failed)."""
-        for key, value in attrs.items():
-            ot_trial.set_user_attr(key, value)
-        if result and result.get("status") != "ok":
-            return None, True
-        if result:
-            for key, value in _measured_attrs(result).items():
-                ot_trial.set_user_attr(key, value)
-            for metric in self._bounds:
-                ot_trial.set_user_attr(metric, float(result[metric]))
-            bounds = [float(b) - float(result[m]) for m, b in self._bounds.items()]
-            set_constraints(ot_trial, [*bounds, 0.0 if _skipped(result) else 1.0])
-        return result, error
-
-    def _row_attrs(self, trial_id: str, result: dict | None, error: bool) -> dict[str, Any]:
-        """The trial's row identity: from the row its worker reported, else (no row: its config
-        failed to compose, its worker died, or Tune stopped it before it ran) as much as the
-        driver can compose."""
-        if result and "row_json" in result:
-            row = json.loads(result["row_json"])
-            attrs = {key: row[key] for key in ROW_ATTRS if row.get(key) is not None}
-            if row.get("status") == "failed":
-                attrs["error"] = str(row.get("error"))[:500]
-        elif result:
-            attrs = {"status": "failed", "error": str(result.get("error"))[:500]}
-        elif error:
-            attrs = {"status": "failed", "error": "the trial's worker failed more than sweep.max_failures times"}
-        else:  # removed before it ran (the sweep was stopped): Optuna marks it pruned
-            attrs = {"status": "not run"}
-        if not set(ROW_ATTRS) <= set(attrs):
-            attrs = {**self._composed(trial_id), **attrs}
-        return attrs
-
-    def _composed(self, trial_id: str) -> dict[str, str]:
-        """A trial's id, gate and model as the driver composes its config (``RowWriter.errored``
-        does the same), or nothing when it does not compose."""
-        overrides = self._overrides.get(trial_id)
-        if overrides is None or self._device is None:
-            return {}
-        try:
-            cfg = trial_config(self._base, overrides, self._device)
-        except SweepError:
-            return {}
-        return {"trial_id": trial_identity(cfg, self._device).id, "gate": cfg.gate.name, "model": cfg.model.name}
-
-
-def reported_metrics(row: dict) -> dict:
-    """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed).
-    ``speedup_wall`` is the ranked speedup the analysis ranks by (``sweep.bench.estimators.row_speedup``:
-    capped at 1.0 from above where no compute was skipped, 1.0 inside the trial's A/A noise floor);
-    the study keeps the measured ratio as a user attribute (``sweep.orchestrate.study``)."""
-    ok = row.get("status") == "ok"
-    metrics = {m: (row.get(m) if ok else None) for m in METRICS}
-    if ok:
-        metrics["speedup_wall"] = row_speedup(row, "speedup_wall")
-    return {"status": row.get("status"), **metrics}
-
-
-ROW_ATTRS = ("trial_id", "gate", "model", "status")  # user attributes every trial carries (from its row)
-SKIP_CONSTRAINT = "skipped_compute"  # the last constraint of every trial: one that skipped no compute is infeasible
-MEASURED_ATTRS = {  # user attribute: the row's column, beside the ranked objective
-    "speedup_wall_measured": "speedup_wall",
-    "speedup_aa": "speedup_aa",
-    "noise_floor": "noise_floor",
-}
-
-
-def _row(result: dict) -> dict:
-    return json.loads(result["row_json"]) if "row_json" in result else {}
-
-
-def _measured_attrs(result: dict) -> dict[str, Any]:
-    """An ok trial's measured figures beside its objective: the raw speedup_wall ratio (the objective is the
-    ranked one), its A/A control and noise floor, and whether it skipped compute."""
-    row = _row(result)
-    attrs = {key: float(row[col]) for key, col in MEASURED_ATTRS.items() if row.get(col) is not None}
-    return {**attrs, "skipped_compute": _skipped(result)}
-
-
-def _skipped(result: dict) -> bool:
-    """Whether the trial skipped decoder-layer work (``sweep.bench.estimators.skips_compute`` of its row)."""
-    row = _row(result)
-    return skips_compute(row.get("mode"), row.get("step_layers_saved"), row.get("exit_rate"), row.get("kv_policy"))
-
-
-def set_constraints(trial, values: list[float]) -> None:
-    """A trial's constraint values (feasible when every one is <= 0), in Optuna's list format:
-    the trial system attribute ``constraints``, the one optuna-dashboard reads (its
-    ``_serializer.serialize_frozen_trial``: ``system_attrs.get("constraints", [])``) and one
-    that Optuna's samplers read (``FrozenTrial.constraints``, which TPE and NSGA-II use, reads
-    it as keys ``"0"``, ``"1"``, ...). ``Trial.set_constraint`` writes ``constraints:<name>``
-    keys instead, which optuna-dashboard does not show. The list's order is the study user
-    attribute ``constraints``. Optuna-private (``_trial_id``): the same call Optuna's own
-    ``constraints_func`` handling makes."""
-    _ray_private.set_trial_system_attr(trial, CONSTRAINTS_KEY, [float(v) for v in values])
-
-
-CONSTRAINTS_KEY = "constraints"
-
-
-def optuna_search(
-    search: SearchConfig,
-    path: Path,
-    *,
-    base: list[str] = (),
-    device: str | None = None,
-    root: Path | None = None,
-    known: dict[str, dict] | None = None,
-) -> ConstrainedOptunaSearch:
-    """OptunaSearch over the define-by-run space, its study persisted in SQLite and described there
-    (``describe_study``). Seeded: ``search.seed``, plus the trials a resumed study already holds, so a resume never
-    restarts the sampler onto the stream that drew them. ``known``: rows by trial id, told to the study when it
-    proposes their settings again (``ConstrainedOptunaSearch``)."""
-    samplers = {
-        "tpe": optuna.samplers.TPESampler,
-        "nsga2": optuna.samplers.NSGAIISampler,
-        "random": optuna.samplers.RandomSampler,
-    }
-    path.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    metrics = list(search.objectives)
-    modes = [search.objectives[m] for m in metrics]
-    with _reading(path):
-        storage = optuna.storages.RDBStorage(optuna_storage_url(path))
-        held = len(describe_study(search, storage, root).get_trials(deepcopy=False))
-    sampler = samplers[search.sampler](seed=search.seed + held)
-    return ConstrainedOptunaSearch(
-        constraints=dict(search.constraints),
-        base=base,
-        device=device,
-        known=known,
-        random_seed=search.seed,
-        space=DefineByRun(spaces(search)),
-        metric=metrics if len(metrics) > 1 else metrics[0],
-        mode=modes if len(modes) > 1 else modes[0],
-        sampler=sampler,
-        study_name=search.name,
-        storage=storage,
-    )
 
 
 def describe_study(search: SearchConfig, storage, root: Path | None = None) -> optuna.Study:

@@ -33,7 +33,7 @@ from sweep.orchestrate.progress_ray import Hub, forwarding
 from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
 from sweep.orchestrate.rows import RowWriter, SweepOutcome, os_error
 from sweep.orchestrate.searches import SEARCHES, InWorker
-from sweep.orchestrate.study import reported_metrics
+from sweep.orchestrate.searcher import reported_metrics
 from sweep.orchestrate.settings import Plan, trial_config
 from sweep.orchestrate.worker import run_claimed
 

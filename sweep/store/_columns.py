@@ -36,7 +36,8 @@ from sweep.gates import GATES, PARAMS, ParamSpec
 # 10: trials carry reference_source (fresh: the trial took its full-depth reference; cached: a sweep worker's,
 #    sweep.reuse); every trial runs one protocol (a trial alone is a group of one), so a `sweep bench` trial's
 #    gated reference is its first timed round's gated run, as in a sweep
-SCHEMA_VERSION = 10
+# 11: trials carry cost_model_source (fresh, or cached: the cost model kept per machine, sweep.bench.costs_cache)
+SCHEMA_VERSION = 11
 
 
 @dataclass(frozen=True)

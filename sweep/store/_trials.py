@@ -191,6 +191,7 @@ TRIALS = Table(
             "cost model: the gate's per-prompt calibration (conformal: a lens over every prompt position per probed "
             "layer and layer L), mean over prompts; 0 for gates without one",
         ),
+        metric("cost_model_source", "", "fresh (measured in this process) or cached (docs/bench.md)", pl.String()),
         Column(
             "deterministic",
             pl.Boolean(),

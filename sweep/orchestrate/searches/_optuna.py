@@ -34,7 +34,7 @@ class Optuna(Search):
     def searcher(self, plan, device):
         from ray.tune.search import ConcurrencyLimiter
 
-        from sweep.orchestrate.study import optuna_search
+        from sweep.orchestrate.searcher import optuna_search
 
         cfg = plan.cfg
         found = optuna_search(cfg.search, plan.path, base=plan.base, device=device, root=plan.root, known=plan.done)

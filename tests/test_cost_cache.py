@@ -1,0 +1,132 @@
+"""The cost model measured once per machine (sweep.bench.costs_cache): a later process takes it after a check
+that the machine still runs the model's step as fast; a machine that moved, or a file that is not a cost model,
+is measured afresh; rows say which."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from conftest import compose, run_cli
+from helpers.contract import chat_prompts
+from sweep import progress
+from sweep.bench import costs_cache
+from sweep.bench.costs import cost_model
+from sweep.gates import make_gate
+from sweep.models import load_model
+from sweep.store import read
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def fresh_model(*overrides: str):
+    """tiny-llama loaded anew, as a new process loads it: its costs are not kept in memory yet."""
+    cfg = compose("model=tiny-llama", *overrides)
+    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+
+
+def phases(fn) -> tuple[object, list[str]]:
+    seen: list[str] = []
+    with progress.listen(lambda e: seen.append(e.phase) if e.kind == "start" else None):
+        out = fn()
+    return out, seen
+
+
+def saturation(lm):
+    return make_gate(compose("model=tiny-llama", "gate=saturation", "gate.min_layer=1").gate, lm)
+
+
+def test_a_later_process_takes_the_machines_cost_model_after_its_check(cache):
+    lm = fresh_model()
+    prompt = chat_prompts(lm, 1)[0].input_ids
+    first, measured = phases(lambda: cost_model(lm, prompt, gates=[saturation(lm)]))
+    assert first.source == "fresh" and "cost model: step rounds, probe saturation/hidden" in measured
+    [kept] = list((cache / "costs").glob("*.json"))
+    again = fresh_model()
+    second, checked = phases(lambda: cost_model(again, prompt, gates=[saturation(again)]))
+    assert second.source == "cached" and kept.is_file()
+    assert "cost model: check of the cached costs" in checked
+    assert not [p for p in checked if p.startswith("cost model: step rounds") or p.startswith("cost model: probe")]
+    assert second.as_dict() == {**first.as_dict(), "source": "cached"}  # the figures of the first, every one
+
+
+def test_what_a_later_trial_measures_joins_the_machines_cost_model(cache):
+    lm = fresh_model()
+    prompt = chat_prompts(lm, 1)[0].input_ids
+    cost_model(lm, prompt, kv_policies=["full"])
+    before = json.loads(next((cache / "costs").glob("*.json")).read_text())["costs"]
+    assert before["kv_ms"] is None and before["verify_ms"] == []
+    cost_model(lm, prompt, kv_policies=["propagate"], verify_positions=3)  # the same process asks for more
+    after = json.loads(next((cache / "costs").glob("*.json")).read_text())["costs"]
+    assert after["kv_ms"] is not None and len(after["verify_ms"]) == 3
+
+
+def test_a_machine_that_moved_is_measured_afresh(cache, caplog):
+    lm = fresh_model()
+    prompt = chat_prompts(lm, 1)[0].input_ids
+    first = cost_model(lm, prompt)
+    [kept] = list((cache / "costs").glob("*.json"))
+    data = json.loads(kept.read_text())
+    data["costs"]["step_ms"] = first.step_ms * 10  # as if measured on a machine ten times slower
+    kept.write_text(json.dumps(data))
+    with caplog.at_level(logging.INFO, logger="sweep.bench.costs"):
+        again = cost_model(fresh_model(), prompt)
+    assert again.source == "fresh" and again.step_ms < first.step_ms * 5
+    assert any(str(kept) in r.getMessage() and "measuring afresh" in r.getMessage() for r in caplog.records)
+    assert json.loads(kept.read_text())["costs"]["step_ms"] == again.step_ms  # replaced by what was measured
+
+
+@pytest.mark.parametrize("plant", ["garbage", "json list", "another key", "a directory", "impossible figures"])
+def test_a_file_that_is_not_a_cost_model_is_named_and_measured_over(cache, caplog, plant):
+    lm = fresh_model()
+    prompt = chat_prompts(lm, 1)[0].input_ids
+    path = costs_cache.path_for(cache, lm, len(prompt))
+    path.parent.mkdir(parents=True)
+    good = {"key": costs_cache.key(lm, len(prompt))}
+    if plant == "garbage":
+        path.write_bytes(b"\x00\xff not json")
+    elif plant == "json list":
+        path.write_text("[]")
+    elif plant == "another key":
+        path.write_text(json.dumps({"key": {**good["key"], "model_hash": "sha256:other"}, "costs": {}}))
+    elif plant == "a directory":
+        path.mkdir()
+    else:
+        fields = dict(layer_ms=-1.0, head_ms=1.0, lens_probe_ms=None, hidden_probe_ms=None, kv_ms=None)
+        fields.update(overhead_ms=1.0, step_ms=2.0, num_layers=4)
+        path.write_text(json.dumps({**good, "costs": fields}))
+    with caplog.at_level(logging.WARNING, logger="sweep.bench.costs_cache"):
+        costs = cost_model(lm, prompt)
+    assert costs.source == "fresh" and costs.layer_ms > 0
+    said = [r.getMessage() for r in caplog.records if r.name == "sweep.bench.costs_cache"]
+    [warning] = [m for m in said if ": not used (" in m]
+    assert warning.startswith(f"cost model cache {path}: not used (") and "\n" not in warning
+    if plant == "a directory":  # what stands in the way is not replaced: the cache is only not kept
+        assert path.is_dir() and any(m.startswith(f"cost model cache {path}: not written (") for m in said)
+
+
+def test_the_key_names_what_the_figures_depend_on(cache):
+    lm, half = fresh_model(), fresh_model("dtype=bfloat16")
+    assert costs_cache.path_for(cache, lm, 20) != costs_cache.path_for(cache, half, 20)
+    assert costs_cache.path_for(cache, lm, 20) != costs_cache.path_for(cache, lm, 21)
+    assert set(costs_cache.key(lm, 20)) == {"model_hash", "device", "dtype", "prompt_tokens", "device_name"} | {
+        "torch",
+        "threads",
+    }
+
+
+def test_bench_rows_say_whether_their_cost_model_was_measured_or_cached(tmp_path):
+    args = ["bench", "model=tiny-llama", "gate=saturation", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1"]
+    env = {"SWEEP_CACHE_DIR": str(tmp_path / "cache")}
+    for i in range(2):
+        res = run_cli(*args, f"results.root={tmp_path / str(i)}", env=env, timeout=240)
+        assert res.returncode == 0, res.stderr[-2000:]
+    first, second = (read("trials", tmp_path / str(i)).row(0, named=True) for i in range(2))
+    assert (first["cost_model_source"], second["cost_model_source"]) == ("fresh", "cached")
+    assert first["cost_layer_ms"] == second["cost_layer_ms"] and first["cost_probe_ms"] == second["cost_probe_ms"]
