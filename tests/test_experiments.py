@@ -16,7 +16,7 @@ EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml
 
 # each experiment = the override list it replaced (results.root stays on the cluster commands' line)
 REPLACED = {
-    "main": "model=smollm2-135m search=saturation-grid prompts.n=2 bench.gen_tokens=16 bench.repeats=2 resources.cpu=2",
+    "main": "model=smollm2-135m search=bracket prompts.n=2 bench.gen_tokens=16 bench.repeats=2 resources.cpu=2",
     "optuna-tiny": "model=tiny-llama search=optuna-mo search.n_trials=20",
     "profile-humaneval": "model=smollm2-135m prompts=humaneval prompts.n=2 profile.gen_tokens=16",
     "screen": "model=smollm2-135m search=screen prompts.n=4 bench.gen_tokens=16",

@@ -35,6 +35,7 @@ from sweep.analysis._profiles import (
     format_summary,
     layer_curve,
     lens_curves,
+    oracle_bound,
     oracle_exits,
     oracle_summary,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "noise_floors",
     "nondominated",
     "ok_trials",
+    "oracle_bound",
     "oracle_exits",
     "oracle_summary",
     "params_text",

@@ -106,6 +106,16 @@ def oracle_summary(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     )
 
 
+def oracle_bound(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """Per model, the most any exit rule could save at agreement 1.0 on the trace: the mean over decision positions
+    (``_decision_rows``) of the share of layers after the first one whose top-1 is the final top-1 (the first-match
+    oracle, ``oracle_exits``): ``skippable`` = mean((L - first_match_exit) / L)."""
+    decisions = _decision_rows(trace).select("model", "run_id", "prompt_id", "position").unique()
+    exits = oracle_exits(trace).lazy().join(decisions, on=["model", "run_id", "prompt_id", "position"], how="semi")
+    share = (pl.col("num_layers") - pl.col("first_match_exit")) / pl.col("num_layers")
+    return exits.group_by("model").agg(skippable=share.mean(), positions=pl.len()).sort("model").collect()
+
+
 def _decision_rows(trace: pl.DataFrame | pl.LazyFrame) -> pl.LazyFrame:
     """The rows at decision positions, where a gate decides: each prompt's last prefill position
     (its first generated token) and its decode positions, as ``sweep.trace.simulate.signals_from_trace``

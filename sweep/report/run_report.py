@@ -70,8 +70,34 @@ def sweep_report(outcome, analysis=None) -> str:
     )
     lines += table(front, keys=("gate",)) if front.height else ["(no ok settings)"]
     if analysis is not None:
+        lines += knee_lines(front, analysis.knee_min_agreement)
         lines += verdict_lines(outcome, analysis)
     return "\n".join(lines)
+
+
+def knee_lines(front, min_agreement: float) -> list[str]:
+    """The knee of each model's front (the chord method over its points at agreement >= ``min_agreement``, as
+    `sweep analyze` takes it), or why there is none."""
+    import polars as pl
+
+    from sweep.analysis import KNEE_MIN_POINTS, chord_knees, params_text
+
+    lines = []
+    for model in sorted(set(front["model"].to_list())):
+        points = front.filter((pl.col("model") == model) & (pl.col("agreement") >= min_agreement))
+        knees = chord_knees(points, by=("model",))
+        if knees.height:
+            k = knees.row(0, named=True)
+            what = f"{k['gate']} {params_text(k)}".strip()
+            lines += wrap(
+                f"knee of {model}'s front: {what}, speedup {k['speedup']:.3f}x, agreement {k['agreement']:.3f}"
+            )
+        else:
+            lines += wrap(
+                f"no knee on {model}'s front: {points.height} point(s) at agreement >= {min_agreement} (full depth "
+                f"among them), a knee needs {KNEE_MIN_POINTS}; a setting ranks on it only where it beats full depth"
+            )
+    return lines
 
 
 def failures(outcome) -> int:
@@ -87,6 +113,8 @@ def verdict_lines(outcome, analysis) -> list[str]:
     report = Path(analysis.out) if analysis.out else root / "report"
     lines = [f"verdict on this sweep's {len(outcome.rows)} settings (agreement >= {HEADLINE_TARGET}):"]
     lines += [line for v in verdicts(root, [r["trial_id"] for r in outcome.rows], analysis) for line in wrap(f"  {v}")]
+    for bound in oracle_lines(outcome):
+        lines += wrap(f"  {bound}")
     lines += wrap(
         f"next: `sweep analyze results.root={root}` analyses every row under {root} (fronts, knees, targets with "
         f"intervals, EAS) and writes the report: {report / 'report.md'}"
@@ -112,6 +140,27 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     targets = targets_at(ok, (HEADLINE_TARGET,), conf)
     settings = targets_at(ok, (HEADLINE_TARGET,), conf, reference=False)
     return model_verdicts(trials, targets, settings, analysis.ci_min_prompts, noun="settings")
+
+
+def oracle_lines(outcome) -> list[str]:
+    """For a sweep that traced its model (a screen, a bracket): per model, the most any exit rule could save at
+    agreement 1.0 on that trace (``sweep.analysis.oracle_bound``)."""
+    import polars as pl
+
+    from sweep.analysis import oracle_bound
+    from sweep.store import scan
+
+    if outcome.simulated is None or "trace_run_id" not in outcome.simulated.columns:
+        return []
+    runs = outcome.simulated["trace_run_id"].unique().to_list()
+    trace = scan("profile", outcome.root).filter(pl.col("run_id").is_in(runs)).collect()
+    if trace.height == 0:
+        return []
+    return [
+        f"{r['model']}: at best {100 * r['skippable']:.1f}% of layers could be skipped at agreement 1.0 (oracle: "
+        f"each of the trace's {r['positions']} decisions exits at the first layer whose top-1 is the final one)"
+        for r in oracle_bound(trace).iter_rows(named=True)
+    ]
 
 
 def screen_report(outcome) -> list[str]:

@@ -55,6 +55,14 @@ def screen(plan: Plan, settings: GridTrials, worker: InWorker) -> Selection:
     """Profile the model once (in a worker with the trials' resources), then replay every setting on the trace
     (``screen_selection``); the settings to run closed-loop, and the simulated table."""
     t0 = time.perf_counter()
+    traced = trace_for(plan, settings, worker)
+    chosen, table = screen_selection(plan, settings, traced, worker.device, time.perf_counter() - t0)
+    return Selection(chosen, table)
+
+
+def trace_for(plan: Plan, settings: GridTrials, worker: InWorker) -> dict[str, Any]:
+    """The profile trace of the sweep's model and prompts and its cost model, taken in a worker, with the probes
+    of ``settings``' gates that the standard cost model does not measure."""
     probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
         c.gate
         for _, c in settings
@@ -67,9 +75,7 @@ def screen(plan: Plan, settings: GridTrials, worker: InWorker) -> Selection:
             f"gate.readouts: a screen replays one trace, traced with one readouts file; "
             f"this search names {len(readouts)}"
         )
-    traced = worker.run(screen_trace, "screen trace", plan.base, plan.run_id, worker.device, probes)
-    chosen, table = screen_selection(plan, settings, traced, worker.device, time.perf_counter() - t0)
-    return Selection(chosen, table)
+    return worker.run(screen_trace, "screen trace", plan.base, plan.run_id, worker.device, probes)
 
 
 def dense_settings(cfg: Config, base: list[str]) -> GridTrials:
