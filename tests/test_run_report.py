@@ -59,3 +59,32 @@ def test_the_readme_starts_with_what_the_main_job_shows_and_what_comes_next():
     head = "\n".join((ROOT / "README.md").read_text().splitlines()[:60])
     assert "sweep analyze" in head and "report.md" in head and "make run" in head
     assert "RUN_ARGS=" in head  # how to run a smaller main job
+
+
+def test_the_end_names_the_fronts_knee_or_why_there_is_none():
+    """The chord-method knee of each model's front among its points at agreement >= analysis.knee_min_agreement,
+    as `sweep analyze` takes it; with fewer than three such points, why there is none."""
+    import polars as pl
+
+    from sweep.report.run_report import knee_lines
+
+    def front(points):
+        return pl.DataFrame(
+            {
+                "model": ["m"] * len(points),
+                "gate": ["saturation"] * len(points),
+                "min_layer": [8] * len(points),
+                "eps": [0.1 * (i + 1) for i in range(len(points))],
+                "speedup": [p[0] for p in points],
+                "agreement": [p[1] for p in points],
+                "trial_id": [f"t{i}" for i in range(len(points))],
+            }
+        )
+
+    curve = front([(1.0, 1.0), (1.5, 0.99), (1.6, 0.95), (1.65, 0.92)])
+    [line] = knee_lines(curve, 0.9)
+    assert line.startswith("knee of m's front: saturation eps=0.2 min_layer=8, speedup 1.500x, agreement 0.990")
+    none = " ".join(line.strip() for line in knee_lines(front([(1.0, 1.0), (2.9, 0.0)]), 0.9))
+    assert none.startswith(
+        "no knee on m's front: 1 point(s) at agreement >= 0.9 (full depth among them), a knee needs 3"
+    )
