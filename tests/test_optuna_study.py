@@ -27,6 +27,10 @@ FAILING = (
 )
 
 
+# the ranked wall-clock speedup as the objective (the shipped searches climb the cost model's speedup_model)
+WALL = ("~search.objectives", "+search.objectives={speedup_wall: max}")
+
+
 def load(outcome) -> optuna.Study:
     """The study as anyone opens it: a plain SQLite URL, no project code."""
     storage = f"sqlite:///{Path(outcome.root) / 'ray' / outcome.name / 'optuna.db'}"
@@ -94,7 +98,7 @@ def check_study(study: optuna.Study, root: Path, n_trials: int) -> None:
 def test_study_stands_on_its_own_and_survives_a_resume(ray_session, tmp_path):
     """A constrained sweep over three sub-spaces (one fails in the bench), then resumed with
     one more trial: the study reloaded from SQLite keeps its names and attributes."""
-    outcome = sweep(tmp_path, "search=optuna-constrained", FAILING, "search.n_trials=4", "search.seed=3")
+    outcome = sweep(tmp_path, "search=optuna-constrained", FAILING, *WALL, "search.n_trials=4", "search.seed=3")
     study = load(outcome)
     assert {t.params["subspace"] for t in study.trials} == {"saturation", "margin#1", "margin#2"}, (
         "pick a seed whose 4 trials visit every sub-space"
@@ -109,6 +113,7 @@ def test_study_stands_on_its_own_and_survives_a_resume(ray_session, tmp_path):
         tmp_path,
         "search=optuna-constrained",
         FAILING,
+        *WALL,
         "search.n_trials=5",
         "search.seed=3",
         "resume=true",
@@ -119,16 +124,16 @@ def test_study_stands_on_its_own_and_survives_a_resume(ray_session, tmp_path):
 
 
 def test_multi_objective_study_names_both_metrics(ray_session, tmp_path):
+    """The shipped optuna-mo climbs the cost model's speedup (the trial's own exits, priced), beside agreement."""
     outcome = sweep(tmp_path, "search=optuna-mo", "search.n_trials=3")
     study = load(outcome)
-    assert study.metric_names == ["speedup_wall", "agreement"]
+    assert study.metric_names == ["speedup_model", "agreement"]
     df = study.trials_dataframe()
-    assert {"values_speedup_wall", "values_agreement", "user_attrs_trial_id"} <= set(df.columns)
+    assert {"values_speedup_model", "values_agreement", "user_attrs_trial_id"} <= set(df.columns)
     rows = {r["trial_id"]: r for r in read("trials", tmp_path).to_dicts()}
     for trial in study.trials:
         row = rows[trial.user_attrs["trial_id"]]
-        ranked = ok_trials(pl.DataFrame([row])).collect()["speedup"][0]  # what the analysis ranks by
-        assert trial.values == pytest.approx([ranked, row["agreement"]])
+        assert trial.values == pytest.approx([row["speedup_model"], row["agreement"]])
         assert set(trial.params) <= {"subspace", "gate.eps", "gate.theta", "gate.min_depth"}
         assert trial.params["subspace"] == row["gate"]  # subspaces labelled by their gate
         assert trial.system_attrs["constraints"] == [0.0 if trial.user_attrs["skipped_compute"] else 1.0]
@@ -199,11 +204,11 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     search.on_trial_complete("died", error=True)
     search.on_trial_complete("stopped")
     # a row without its partition columns (read from one Parquet file): gate and model composed
-    ok = {"status": "ok", "speedup_wall": 1.5, "agreement": 0.9}
+    ok = {"status": "ok", "speedup_wall": 1.5, "speedup_model": 1.4, "agreement": 0.9}
     search.on_trial_complete("partial", result={**ok, "row_json": json.dumps({**ok, "trial_id": "abc"})})
     study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     first, second, third = study.trials
-    assert third.state == optuna.trial.TrialState.COMPLETE and third.values == [1.5, 0.9]
+    assert third.state == optuna.trial.TrialState.COMPLETE and third.values == [1.4, 0.9]  # speedup_model
     cfg3 = trial_config(base, partial["trial"], "cpu")
     assert third.user_attrs == {
         "trial_id": "abc",
@@ -234,15 +239,58 @@ def test_a_resumed_study_extended_from_4_to_8_settings_measures_8_distinct_ones(
         "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.7)'}]"
     )
     first = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=4")
-    assert read("trials", tmp_path)["trial_id"].n_unique() == 4 and first.written == 4
+
+    def sampled():  # the study's own settings, at the sweep's one timed round (its best are then re-timed)
+        return read("trials", tmp_path).filter(pl.col("repeats") == 1)
+
+    assert sampled()["trial_id"].n_unique() == sampled().height == 4
     resumed = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=8", "resume=true", f"sweep.name={first.name}")
-    rows = read("trials", tmp_path)
-    assert rows.height == rows["trial_id"].n_unique() == 8 and resumed.written == 4
+    rows = sampled()
+    assert rows.height == rows["trial_id"].n_unique() == 8
     assert sorted(rows["eps"].to_list()) == [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]  # the whole space, once each
     study = load(resumed)
     ran = {t.user_attrs["trial_id"] for t in study.trials if not t.user_attrs.get("from_row")}
-    assert ran >= set(rows["trial_id"].to_list())
+    assert ran >= set(rows["trial_id"].to_list()) and resumed.written >= 4
     for t in study.trials:  # a setting proposed again carries its row's figures
         if t.user_attrs.get("from_row"):
             row = rows.filter(pl.col("trial_id") == t.user_attrs["trial_id"]).row(0, named=True)
             assert t.values[1] == pytest.approx(row["agreement"])
+
+
+def test_the_settings_a_study_ends_with_are_retimed_to_the_floor_target(ray_session, tmp_path):
+    """The study climbs speedup_model; its Pareto set (feasible, found here by brute force) is timed again with
+    the rounds that bring each one's A/A floor to analysis.floor_target (projected from its own rounds, at most
+    64): a row per such setting, the same setting at those rounds."""
+    from sweep.bench.noise import rounds_for_floor
+    from sweep.orchestrate.searches._optuna import MAX_ROUNDS
+
+    target = ["analysis.floor_target=0.001"]  # tighter than 3 rounds of a tiny model give: each is timed again
+    exiting = "search.spaces=[{gate: saturation, gate.min_layer: 1, gate.eps: 'interval(0.5, 1.2)'}]"  # feasible
+    outcome = sweep(
+        tmp_path, "search=optuna-mo", exiting, "search.n_trials=4", "bench.repeats=3", "prompts.n=2", *target
+    )
+    study = load(outcome)
+    rows = {r["trial_id"]: r for r in read("trials", tmp_path).to_dicts()}
+    done = [
+        t
+        for t in study.trials
+        if t.state == optuna.trial.TrialState.COMPLETE and all(c <= 0 for c in t.system_attrs["constraints"])
+    ]
+    pareto = [
+        t
+        for t in done
+        if not any(o.values[0] >= t.values[0] and o.values[1] >= t.values[1] and o.values != t.values for o in done)
+    ]
+    expected = []
+    for t in pareto:
+        row = rows[t.user_attrs["trial_id"]]
+        need = rounds_for_floor(row["round_baseline_ms"], row["round_aa_ms"], 0.001)
+        rounds = min(need if need is not None else MAX_ROUNDS, MAX_ROUNDS)
+        if rounds > 3:
+            expected.append((row["gate"], row["eps"], row["theta"], row["min_depth"], rounds))
+    retimed = [
+        (r["gate"], r["eps"], r["theta"], r["min_depth"], r["repeats"]) for r in rows.values() if r["repeats"] > 3
+    ]
+    assert expected, "a setting whose 3 rounds leave a floor above the target"
+    assert sorted(retimed, key=str) == sorted(set(expected), key=str)
+    assert len(rows) == 4 + len(set(expected))  # the study's settings, then the re-timed ones

@@ -315,7 +315,11 @@ def test_a_zero_exit_trial_is_never_the_study_s_best(ray_session, tmp_path, sear
     from conftest import sweep
 
     every = ["search.constraints.agreement=0.0"] if search == "optuna-constrained" else []  # every agreement feasible
-    outcome = sweep(tmp_path, f"search={search}", ZERO_EXIT, "search.n_trials=5", "search.seed=1", *every)
+    # the ranked wall-clock objective (the shipped searches climb speedup_model)
+    wall = "{speedup_wall: max}" if search == "optuna-constrained" else "{speedup_wall: max, agreement: max}"
+    args = (f"search={search}", ZERO_EXIT, "search.n_trials=5", "search.seed=1")
+    args += ("~search.objectives", f"+search.objectives={wall}")
+    outcome = sweep(tmp_path, *args, *every)
     storage = f"sqlite:///{outcome.path}/optuna.db"
     study = optuna.load_study(study_name=search, storage=storage)
     trials = read("trials", tmp_path)

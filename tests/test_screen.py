@@ -63,7 +63,7 @@ def test_screen_comparison_pairs_simulated_and_measured(ray_session, tmp_path):
 
 
 def test_selection_keeps_the_front_above_full_depth():
-    from sweep.orchestrate.searches._screen import select
+    from sweep.orchestrate.searches.screening import select
 
     # f (eps 0.25) lies between the knee b (0.2) and c (0.3) on the threshold line but off the front
     table = pl.DataFrame(
@@ -109,7 +109,7 @@ def test_selection_keeps_the_front_above_full_depth():
 def test_knee_neighbours_stay_on_their_lens():
     """A tuned-lens gate's thresholds are a line of their own: the knee's neighbours are taken
     along it, never from the logit-lens settings of the same gate that sit between them."""
-    from sweep.orchestrate.searches._screen import select
+    from sweep.orchestrate.searches.screening import select
 
     theta = [1.0, 2.0, 3.0, 1.5, 2.5]
     table = pl.DataFrame(

@@ -216,6 +216,6 @@ def test_an_unknown_search_kind_is_one_line_rc_2_before_any_work(tmp_path):
     res = run_cli("run", "model=tiny-llama", "search.kind=random", f"results.root={tmp_path}", timeout=120)
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert res.returncode == 2 and errors == [
-        "error: search.kind=random: unknown search kind; allowed: grid, optuna, screen, skipset"
+        "error: search.kind=random: unknown search kind; allowed: bracket, grid, optuna, screen, skipset"
     ], res.stderr[-2000:]
     assert not (tmp_path / "ray").exists() and not (tmp_path / "trials").exists()

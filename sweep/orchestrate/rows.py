@@ -140,6 +140,12 @@ class RowWriter:
         shown = self._settings()
         shown.advance(len(self._seen) - shown.done, text=describe(row, cached, result.get("computed_by")))
 
+    def extend(self, n: int) -> None:
+        """``n`` more settings to write (a pass after the search's: re-timing): the count shown grows with them."""
+        self.total = (self.total or 0) + n
+        if self._shown is not None:
+            self._shown.total = self.total
+
     def _settings(self) -> progress.Phase:
         if self._shown is None:
             self._shown = progress.start("settings", self.total)

@@ -116,7 +116,7 @@ def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str]) -> int
 
     if not (path / "optuna.db").is_file():
         return search.n_trials
-    study = _open_study(search, path)
+    study = open_study(search, path)
     if study is None:  # no study of that name yet
         return search.n_trials
     with _reading(path):
@@ -139,8 +139,10 @@ def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str]) -> int
     return remaining
 
 
-def _open_study(search: SearchConfig, path: Path):
-    """The sweep's study in ``path/optuna.db``, or None when it holds no study of that name."""
+def open_study(search: SearchConfig, path: Path):
+    """The sweep's study in ``path/optuna.db``, or None when it holds no study of that name (or no file)."""
+    if not (path / "optuna.db").is_file():
+        return None
     with _reading(path):
         storage = optuna.storages.RDBStorage(optuna_storage_url(path))
         try:
@@ -187,11 +189,13 @@ def describe_study(search: SearchConfig, storage, root: Path | None = None) -> o
     study.set_user_attr("constraints", [*(f"{m} >= {b}" for m, b in search.constraints.items()), SKIP_CONSTRAINT])
     study.set_user_attr(
         "objective_speedup",
-        "speedup_wall is the ranked speedup the analysis ranks by (sweep.bench.estimators.ranked_speedup): the "
-        "measured "
-        "ratio capped at 1.0 from above where the trial skipped no compute, and 1.0 inside its A/A noise floor; the "
-        "measured ratio is the user attribute speedup_wall_measured. A trial that skipped no compute is infeasible "
-        "(constraint skipped_compute), so it is never the study's best.",
+        "speedup_model is the cost model's speedup: the trial's own exits priced by costs measured on this machine, "
+        "deterministic for given exits, so the study has a landscape to climb where wall-clock ratios lie inside "
+        "their noise floors. speedup_wall is the ranked speedup the analysis ranks by "
+        "(sweep.bench.estimators.ranked_speedup: the measured ratio capped at 1.0 from above where the trial skipped "
+        "no compute, and 1.0 inside its A/A noise floor); the measured ratio is the user attribute "
+        "speedup_wall_measured. The study's best settings are re-timed to analysis.floor_target before they rank. A "
+        "trial that skipped no compute is infeasible (constraint skipped_compute), so it is never the study's best.",
     )
     if len(spaces(search)) > 1:
         study.set_user_attr("subspaces", subspace_labels(spaces(search)))

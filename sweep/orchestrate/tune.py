@@ -170,6 +170,8 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
     try:
         interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
         interrupted = run_again(plan, resources, device, writer, hub, interrupted)
+        if not interrupted and writer.fatal is None:
+            interrupted = retime(plan, search.retime(plan, device), resources, device, writer, hub)
     finally:
         hub.drain()
         writer.close()
@@ -201,6 +203,26 @@ def run_again(plan: Plan, resources: dict, device: str, writer: RowWriter, hub: 
         tuner = _tuner(dataclasses.replace(plan, cfg=one_each), settings, len(settings), resources, device, writer, hub)
         interrupted = _reconcile(_fit(tuner, plan, writer), writer, len(settings))
     return interrupted
+
+
+def retime(plan: Plan, settings: list[list[str]], resources: dict, device: str, writer: RowWriter, hub: Hub) -> bool:
+    """Time again, one setting per Tune trial, the settings a search ends with (``Search.retime``: more rounds,
+    hence other trial ids) that have no row yet. True if the sweep was interrupted."""
+    done = {**plan.done, **{r["trial_id"]: r for r in writer.rows}}
+    todo, _ = select_trials([(s, trial_config(plan.base, s, device)) for s in settings], done, device, str(plan.root))
+    if not todo:
+        return False
+    log.info(
+        "sweep %s: re-timing the %d setting(s) the search ends with, to a noise floor of +-%g%% "
+        "(analysis.floor_target)",
+        plan.name,
+        len(todo),
+        100 * plan.cfg.analysis.floor_target,
+    )
+    one_each = dataclasses.replace(plan.cfg, sweep=dataclasses.replace(plan.cfg.sweep, shared_baseline=1))
+    writer.extend(len(todo))
+    tuner = _tuner(dataclasses.replace(plan, cfg=one_each), todo, len(todo), resources, device, writer, hub)
+    return _reconcile(_fit(tuner, plan, writer), writer, len(todo))
 
 
 def _fit(tuner, plan: Plan, writer: RowWriter):

@@ -21,6 +21,7 @@ TABLE_COLUMNS = (
     "mode",
     "draft_len",
     "draft_stop",
+    "repeats",
     "status",
     "agreement",
     "speedup_wall",

@@ -21,23 +21,24 @@ import polars as pl
 import torch
 
 from sweep.config import build, compose
-from sweep.config.search import as_override, spaces
+from sweep.config.search import as_override, grid, spaces
 from sweep.errors import ConfigError
 from sweep.gates import GATES, PARAMS, check_model
-from sweep.orchestrate.searches._screen import Screen, screen_selection, screened_before, trace_for
-from sweep.orchestrate.searches.base import InWorker, Selection, register
+from sweep.orchestrate.searches.screening import screen_selection, screened_before, trace_for
+from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
 from sweep.orchestrate.settings import GridTrials, Plan, merge
 
 CANDIDATES = 64  # thresholds replayed per line before n_trials of them are kept
 
 
 @register
-class Bracket(Screen):
+class Bracket(Search):
     kind = "bracket"
     summary = "thresholds at quantiles of each gate's own signal in a profile trace; the simulated front runs"
 
     def check(self, search) -> None:
         super().check(search)
+        grid(search)  # the lines: every combination of the other values
         if search.n_trials is None or search.n_trials < 2:
             raise ConfigError("search.n_trials: required for a bracket search (thresholds kept per line, >= 2)")
         for i, params in enumerate(spaces(search)):

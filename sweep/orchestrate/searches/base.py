@@ -79,6 +79,10 @@ class Search:
         """For a search that samples: how many trials this run draws (on a resume, what the search still lacks)."""
         raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")
 
+    def retime(self, plan: Plan, device: str) -> list[list[str]]:
+        """Settings to time again once the search has run (each one Tune trial, as a grid): none by default."""
+        return []
+
 
 def register(cls: T) -> T:
     """The one registration of a search kind (``@register`` on its class)."""
