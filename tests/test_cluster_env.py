@@ -102,6 +102,42 @@ def test_embedded_token_is_private_and_per_process(ray_env, tmp_path):
     assert state_dir() == tmp_path / "state"
 
 
+def test_a_token_this_process_made_is_never_rewritten(ray_env, tmp_path, monkeypatch):
+    """Another state directory used in between (another sweep's, a test's): back in the first, the token there is
+    the one it was, since a Ray started with it reads it again for every worker it starts."""
+    local = compose([]).cluster
+    ray_environment(local)
+    first = Path(os.environ["RAY_AUTH_TOKEN_PATH"])
+    token = first.read_text()
+    monkeypatch.setenv("SWEEP_STATE_DIR", str(tmp_path / "other"))
+    ray_environment(local)
+    assert Path(os.environ["RAY_AUTH_TOKEN_PATH"]).parent == tmp_path / "other"
+    monkeypatch.setenv("SWEEP_STATE_DIR", str(tmp_path / "state"))
+    ray_environment(local)
+    assert Path(os.environ["RAY_AUTH_TOKEN_PATH"]) == first and first.read_text() == token
+
+
+def test_a_running_clusters_token_stays_while_other_state_directories_come_and_go(ray_session, tmp_path, monkeypatch):
+    """With the embedded Ray up, a sweep under another state directory, then one under the first again: a worker
+    process started afterwards (its own runtime environment: a fresh process) still registers."""
+    import ray
+
+    local = compose([]).cluster
+    path = Path(os.environ["RAY_AUTH_TOKEN_PATH"])
+    token = path.read_text()
+    monkeypatch.setenv("SWEEP_STATE_DIR", str(tmp_path / "other"))
+    ray_environment(local)
+    monkeypatch.delenv("SWEEP_STATE_DIR")
+    ray_environment(local)
+    assert Path(os.environ["RAY_AUTH_TOKEN_PATH"]) == path and path.read_text() == token
+
+    @ray.remote(num_cpus=0, runtime_env={"env_vars": {"SWEEP_FRESH_WORKER": tmp_path.name}})
+    def pid() -> int:
+        return os.getpid()
+
+    assert ray.get(pid.remote()) != os.getpid()
+
+
 @pytest.fixture(scope="module")
 def embedded_driver(tmp_path_factory):
     """A `sweep run`-like driver in a child process: its embedded cluster started through

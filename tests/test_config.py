@@ -96,8 +96,8 @@ BAD = [
     (["cluster.auth=none"], "cluster.auth=none: must be one of token, disabled"),
     (
         ["search=nope"],
-        "search=nope: unknown option; allowed: batching-grid, conformal-grid, gates-grid, margin-grid, "
-        "optuna-constrained, optuna-mo, saturation-grid, screen, self-spec-grid",
+        "search=nope: unknown option; allowed: "  # every option the conf group holds, and no other
+        + ", ".join(sorted(p.stem for p in (ROOT / "conf" / "search").glob("*.yaml"))),
     ),
     (["search.n_trials=0"], "search.n_trials=0: must be an integer in 1..100000"),
     (["sweep.max_failures=-1"], "sweep.max_failures=-1: must be an integer >= 0"),

@@ -161,6 +161,9 @@ def test_knees_join_pareto_and_trials(results):
                 speedup_wall=pl.lit(1.0 + 0.3 * i),
                 agreement=pl.lit(1.0 - 0.1 * i * i),
                 step_layers_saved=pl.lit(0.5),
+                exit_rate=pl.lit(0.5),
+                kv_policy=pl.lit("propagate"),  # skipped layers not run: a measured speedup ranks as measured
+                noise_floor=pl.lit(0.01),  # whatever the tiny model's floor was under load
             )
             for gate in ("margin", "saturation")
             for i in range(5)

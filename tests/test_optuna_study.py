@@ -294,3 +294,16 @@ def test_the_settings_a_study_ends_with_are_retimed_to_the_floor_target(ray_sess
     assert expected, "a setting whose 3 rounds leave a floor above the target"
     assert sorted(retimed, key=str) == sorted(set(expected), key=str)
     assert len(rows) == 4 + len(set(expected))  # the study's settings, then the re-timed ones
+    # a finished study resumed: it draws nothing, and times again what its rows leave to do (nothing here)
+    again = sweep(
+        tmp_path,
+        "search=optuna-mo",
+        exiting,
+        "search.n_trials=4",
+        "bench.repeats=3",
+        "prompts.n=2",
+        *target,
+        "resume=true",
+        f"sweep.name={outcome.name}",
+    )
+    assert again.written == 0 and read("trials", tmp_path).height == len(rows)

@@ -77,3 +77,24 @@ def test_every_private_reach_is_listed_and_tested():
     own = _ray_private.__name__
     functions = {n for n, f in vars(_ray_private).items() if callable(f) and getattr(f, "__module__", "") == own}
     assert functions == set(_ray_private.FUNCTIONS)
+
+
+def test_a_node_that_cannot_start_workers_stops_the_sweep(ray):
+    """Ray's refusal when a node's worker processes never register (its words, as a CI run printed them) is told
+    apart from other refusals, and it stops every trial: they would wait for a worker forever."""
+    from types import SimpleNamespace
+
+    from sweep.orchestrate.callbacks import StopWhenRowsCannotBeWritten
+    from sweep.orchestrate.progress_ray import cannot_start_workers
+
+    startup = (
+        "The actor is not schedulable: Could not create the actor because worker startup repeatedly failed.\n"
+        "Failed to startup worker after retrying 5 times."
+    )
+    assert cannot_start_workers(ray.exceptions.ActorUnschedulableError(startup))
+    assert cannot_start_workers(ray.exceptions.TaskUnschedulableError(startup))
+    assert not cannot_start_workers(ray.exceptions.ActorUnschedulableError("its placement group was removed"))
+    assert not cannot_start_workers(ray.exceptions.RayError(startup))
+    writer = SimpleNamespace(fatal=None)
+    assert not StopWhenRowsCannotBeWritten(writer, SimpleNamespace(broken=None)).stop_all()
+    assert StopWhenRowsCannotBeWritten(writer, SimpleNamespace(broken="worker startup repeatedly failed")).stop_all()

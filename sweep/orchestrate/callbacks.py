@@ -20,16 +20,17 @@ log = logging.getLogger("sweep.orchestrate.callbacks")
 
 class StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
     """Stops every trial once a row could not be written (``RowWriter.fatal``: a full disk): the
-    trials still to run would only compute rows that cannot be kept."""
+    trials still to run would only compute rows that cannot be kept; and once Ray cannot start a worker process
+    (``Hub.broken``): the trials still to run would wait for one forever."""
 
-    def __init__(self, writer: RowWriter) -> None:
-        self.writer = writer
+    def __init__(self, writer: RowWriter, hub: Hub | None = None) -> None:
+        self.writer, self.hub = writer, hub
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return self.writer.fatal is not None
+        return self.writer.fatal is not None or (self.hub is not None and self.hub.broken is not None)
 
 
 class Progress(tune.Callback):

@@ -31,6 +31,7 @@ AUTH_DISABLED_WARNING = (
     "access of the user running Ray; use cluster.auth=token unless every such process is trusted"
 )
 _TOKEN_PATH: Path | None = None  # this process's embedded-cluster token, made once
+_MADE: set[Path] = set()  # the token files this process wrote (one per state directory it used)
 
 
 def is_loopback(address: str | None) -> bool:
@@ -93,14 +94,24 @@ def embedded_token() -> Path:
     ``state_dir()/PID.token`` (mode 0600), made once per process. Ray reads it through
     ``RAY_AUTH_TOKEN_PATH`` (``RAY_AUTH_TOKEN`` would take precedence, so it is dropped here);
     the cluster's processes inherit the variable. Ray's own ``~/.ray/auth_token``, shared by
-    every cluster of the user, is neither read nor written."""
+    every cluster of the user, is neither read nor written. While a Ray this process started runs, its token
+    file stays what it was: the raylet reads it each time it starts a worker process, and a worker with another
+    token never registers (Ray then gives up: "worker startup repeatedly failed")."""
     global _TOKEN_PATH
-    path = state_dir() / f"{os.getpid()}.token"
+    running = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    if running and _TOKEN_PATH is not None and _TOKEN_PATH.is_file():
+        path = _TOKEN_PATH  # a Ray this process runs reads its token when it starts a worker: never rotated under it
+    else:
+        path = state_dir() / f"{os.getpid()}.token"
     if _TOKEN_PATH != path or not path.is_file():
-        path.unlink(missing_ok=True)  # a dead process's file with this pid
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
+        if path.is_file() and path in _MADE:
+            pass  # made by this process (another state directory was used meanwhile): the same token again
+        else:
+            path.unlink(missing_ok=True)  # a dead process's file with this pid
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            _MADE.add(path)
         if _TOKEN_PATH is None:
             atexit.register(_remove_own_state)
         _TOKEN_PATH = path

@@ -3,7 +3,10 @@
 (``sweep.orchestrate.callbacks.Progress``) and while it waits on the screen's trace, and replays them into its own
 display and listeners, labelled with their source ("Tune trial <id>", "screen trace").
 
-Progress never stops a sweep: an actor that cannot be reached turns the forwarding off, with one warning.
+Progress never stops a sweep: an actor that cannot be reached turns the forwarding off, with one warning. An
+actor that Ray cannot start at all because no worker process starts (``broken``) is another matter: no trial could
+start either, and a sweep that waited for them would wait forever, so the sweep stops on it
+(``sweep.orchestrate.callbacks.StopWhenRowsCannotBeWritten``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Hub:
     def __init__(self) -> None:
         self.actor = ray.remote(num_cpus=0)(ProgressHub).remote()
         self.pending = None  # a drain in flight (``drain(wait=False)``)
+        self.broken: str | None = None  # why Ray cannot start a worker process here (then nothing can run)
 
     def drain(self, wait: bool = True) -> None:
         """The events the workers posted, into this process's display and listeners. Without ``wait``,
@@ -55,8 +59,12 @@ class Hub:
         try:
             drained = [item for ref in refs for item in ray.get(ref)]
         except ray.exceptions.RayError as exc:
-            log.warning("the workers' progress is lost (its actor failed: %s); the sweep goes on", exc)
             self.actor = None
+            if cannot_start_workers(exc):
+                self.broken = str(exc).strip().splitlines()[0]
+                log.error("Ray cannot start a worker process (%s); stopping the sweep", self.broken)
+                return
+            log.warning("the workers' progress is lost (its actor failed: %s); the sweep goes on", exc)
             return
         for source, event in drained:
             progress.replay([event], source)
@@ -70,6 +78,13 @@ class Hub:
         if actor is not None:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.kill(actor)
+
+
+def cannot_start_workers(exc: BaseException) -> bool:
+    """True where Ray refused a task or actor because its worker processes fail to start (a broken Python
+    environment on the node, a worker that cannot register): nothing else can start there either."""
+    unschedulable = (ray.exceptions.ActorUnschedulableError, ray.exceptions.TaskUnschedulableError)
+    return isinstance(exc, unschedulable) and "worker startup" in str(exc)
 
 
 @contextlib.contextmanager

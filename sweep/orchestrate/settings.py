@@ -45,3 +45,13 @@ def row_ids(root: str | Path) -> set[str]:
     from sweep.store import scan
 
     return set(scan("trials", root).select("trial_id").collect()["trial_id"].to_list())
+
+
+def sweep_rows(root: str | Path, name: str) -> set[str]:
+    """The trial ids of the rows sweep ``name`` wrote under ``root`` (``sweep_name``)."""
+    import polars as pl
+
+    from sweep.store import scan
+
+    rows = scan("trials", root).filter(pl.col("sweep_name") == name).select("trial_id").collect()
+    return set(rows["trial_id"].to_list())

@@ -104,21 +104,21 @@ def optuna_storage_url(path: Path) -> str:
     return f"sqlite:///{path / 'optuna.db'}"
 
 
-def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str]) -> int:
+def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: set[str] = frozenset()) -> int:
     """Trials an interrupted or extended Optuna sweep still has to run: ``n_trials`` (distinct settings) less the
     distinct settings of the study's finished trials whose row exists (``rows``: the trial ids with a row under
     results.root). A study trial
     without its row (the interruption left it running, the sweep stopped before it ran, or its row
     was never written) is not done: its parameters are enqueued, so the resume runs that setting
     again, once. Trials left running are marked failed (no worker will finish them). The study
-    is SQLite rows, read as data; one that cannot be read is a ConfigError naming the file."""
+    is SQLite rows, read as data; one that cannot be read is a ConfigError naming the file. Without a study (it was
+    moved away), the sweep's own rows (``own``: their trial ids) are its finished trials: the fresh study learns
+    them as the sampler proposes them again, and only the settings they lack are drawn."""
     from optuna.trial import TrialState
 
-    if not (path / "optuna.db").is_file():
-        return search.n_trials
-    study = open_study(search, path)
-    if study is None:  # no study of that name yet
-        return search.n_trials
+    study = open_study(search, path) if (path / "optuna.db").is_file() else None
+    if study is None:  # no study of that name (yet, or any more)
+        return max(search.n_trials - len(own), 0)
     with _reading(path):
         trials = study.get_trials(deepcopy=False)
         waiting = [t.params for t in trials if t.state == TrialState.WAITING]

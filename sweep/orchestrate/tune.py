@@ -29,7 +29,8 @@ from sweep.errors import SweepError
 from sweep.orchestrate import claims, interrupt
 from sweep.orchestrate.callbacks import Progress, StopWhenRowsCannotBeWritten
 from sweep.orchestrate.plan import baseline_groups, done_settings, plan_sweep, select_trials, tune_settings
-from sweep.orchestrate.progress_ray import Hub, forwarding
+from sweep.orchestrate.progress_ray import Hub, cannot_start_workers, forwarding
+from sweep.orchestrate.ray_internals import embedded_session
 from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
 from sweep.orchestrate.rows import RowWriter, SweepOutcome, os_error
 from sweep.orchestrate.searches import SEARCHES, InWorker
@@ -150,7 +151,8 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
     size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
     existing = done_settings(grid_trials, plan.done, device)  # shown with this run's rows at the end
     outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, rows=existing, simulated=simulated)
-    if total == 0:
+    again = search.retime(plan, device) if total == 0 else []  # a finished search's settings may still need it
+    if total == 0 and not again:
         why = (
             "nothing to run"
             if planned is not None
@@ -159,24 +161,35 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
         log.info("sweep %s: %s", plan.name, why)
         return outcome
     writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
-    tuner = _tuner(plan, planned, total, resources, device, writer, hub, grid=grid_trials)
-    shared = cfg.sweep.shared_baseline
-    bundles = len(baseline_groups(grid_trials, planned, shared)) if planned is not None and shared > 1 else total
-    log.info(
-        "sweep %s: %s settings in %s Tune trials on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
-        *(plan.name, total, bundles, _cluster_label(cfg.cluster), resources["cpu"], resources["gpu"], plan.path),
-    )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     try:
-        interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
-        interrupted = run_again(plan, resources, device, writer, hub, interrupted)
+        interrupted = False
+        if total:
+            tuner = _tuner(plan, planned, total, resources, device, writer, hub, grid=grid_trials)
+            shared = cfg.sweep.shared_baseline
+            groups = baseline_groups(grid_trials, planned, shared) if planned is not None and shared > 1 else None
+            log.info(
+                "sweep %s: %s settings in %s Tune trials on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
+                plan.name,
+                total,
+                total if groups is None else len(groups),
+                _cluster_label(cfg.cluster),
+                resources["cpu"],
+                resources["gpu"],
+                plan.path,
+            )
+            interrupted = _reconcile(_fit(tuner, plan, writer), writer, total)
+            interrupted = run_again(plan, resources, device, writer, hub, interrupted)
         if not interrupted and writer.fatal is None:
-            interrupted = retime(plan, search.retime(plan, device), resources, device, writer, hub)
+            again = search.retime(plan, device) if total else again
+            interrupted = retime(plan, again, resources, device, writer, hub)
     finally:
         hub.drain()
         writer.close()
     if writer.fatal is not None:  # a row could not be written: the sweep stopped; a resume redoes those trials
         raise SweepError(f"{writer.fatal}; {interrupt.resume_hint(plan)}")
+    if hub.broken is not None:  # no worker process starts: the sweep stopped rather than wait for one forever
+        raise SweepError(f"{workers_broken(hub.broken)}; {interrupt.resume_hint(plan)}")
     return dataclasses.replace(
         outcome,
         rows=existing + writer.rows,
@@ -254,6 +267,17 @@ def _reconcile(results, writer: RowWriter, total: int | None) -> bool:
     return unfinished > 0 or settings < (total or 0)
 
 
+def workers_broken(why: str) -> str:
+    """The line a sweep stops with when Ray cannot start a worker process."""
+    where = "the Ray session's logs/raylet.err"
+    try:
+        session, _ = embedded_session()
+        where = f"{session}/logs/raylet.err"
+    except SweepError:  # a joined cluster: its own nodes' logs
+        pass
+    return f"Ray cannot start a worker process, so no trial can run ({why}); the reason is in {where}"
+
+
 def _forwarded(hub, label: str, fn, *args):
     """``fn(*args)`` in a Ray task, its progress forwarded to the driver under ``label``."""
     with forwarding(hub, label):
@@ -268,8 +292,15 @@ def _in_worker(fn, label: str, resources: dict, hub: Hub, *args):
         ref = task.remote(hub.actor, label, fn, *args)
         while not ray.wait([ref], timeout=0.5)[0]:
             hub.drain()
+            if hub.broken is not None:  # the task would wait for a worker process forever
+                ray.cancel(ref, force=True)
+                raise SweepError(workers_broken(hub.broken))
         hub.drain()
         return ray.get(ref)
+    except ray.exceptions.TaskUnschedulableError as exc:
+        if cannot_start_workers(exc):
+            raise SweepError(workers_broken(str(exc).strip().splitlines()[0])) from None
+        raise
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause if isinstance(getattr(exc, "cause", None), SweepError) else None
         if cause is not None:
@@ -288,7 +319,7 @@ def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, 
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
         callbacks=[Progress(writer, hub)],
-        stop=StopWhenRowsCannotBeWritten(writer),
+        stop=StopWhenRowsCannotBeWritten(writer, hub),
         verbose=0,
     )
     if planned is not None:

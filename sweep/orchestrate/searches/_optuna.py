@@ -6,7 +6,7 @@ from __future__ import annotations
 from sweep.config import compose
 from sweep.config.search import as_override, spaces
 from sweep.errors import ConfigError
-from sweep.orchestrate.settings import merge, row_ids
+from sweep.orchestrate.settings import merge, row_ids, sweep_rows
 from sweep.orchestrate.searches.base import Search, register
 
 MAX_ROUNDS = 64  # timed rounds a re-timed setting gets at most (a floor the offset alone keeps above the target)
@@ -113,4 +113,5 @@ class Optuna(Search):
 
         if not plan.cfg.resume:
             return plan.cfg.search.n_trials
-        return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root))
+        own = sweep_rows(plan.root, plan.name)
+        return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root), own=own)
