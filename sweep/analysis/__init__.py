@@ -7,7 +7,15 @@ the profile summaries (layer curve, EAS, oracle exits, tuned lens against logit 
 ``sweep analyze`` writes them as tables and a report.
 """
 
-from sweep.analysis._confidence import FLOORS, SPEEDUPS, ranked, skipped_compute, trial_rng, with_confidence
+from sweep.analysis._confidence import (
+    FLOORS,
+    SPEEDUPS,
+    agreement_interval,
+    ranked,
+    skipped_compute,
+    trial_rng,
+    with_confidence,
+)
 from sweep.analysis._load import distinct_trials, load_profiles, load_trials
 from sweep.analysis._noise import FLOOR_TARGET, noise_floors
 from sweep.analysis._pareto import (
@@ -41,6 +49,7 @@ from sweep.analysis._profiles import (
 )
 
 __all__ = [
+    "agreement_interval",
     "FLOORS",
     "FLOOR_TARGET",
     "FULL_DEPTH_ID",

@@ -111,6 +111,20 @@ def bootstrap_agreement(per_prompt: np.ndarray, rng: np.random.Generator, n_boot
     return mean_agreement(per_prompt[idx])
 
 
+def _agreement_interval(agree, rng: np.random.Generator, n_boot: int, tail: float) -> tuple[float, float]:
+    boot = bootstrap_agreement(np.asarray(agree, float), rng, n_boot)
+    lo, hi = np.quantile(boot, [tail, 1 - tail])
+    return float(lo), float(hi)
+
+
+def agreement_interval(
+    agree: list[float], trial_id: str, *, seed: int = 0, n_boot: int = 1000, level: float = LEVEL
+) -> tuple[float, float]:
+    """The bootstrap interval of a trial's agreement from its per-prompt agreement: the one ``with_confidence``
+    gives its row (``agreement_lo``, ``agreement_hi``), on whatever prompts it has so far (a sweep's early stop)."""
+    return _agreement_interval(agree, trial_rng(trial_id, seed), n_boot, (1.0 - level) / 2.0)
+
+
 def with_confidence(
     trials: pl.DataFrame,
     *,
@@ -152,8 +166,7 @@ def with_confidence(
         agree = row["prompt_agreement"]
         lo = hi = None
         if agree:
-            boot = bootstrap_agreement(np.asarray(agree, float), rng, n_boot)
-            lo, hi = (float(v) for v in np.quantile(boot, [tail, 1 - tail]))
+            lo, hi = _agreement_interval(agree, rng, n_boot, tail)
         out["agreement_lo"].append(lo)
         out["agreement_hi"].append(hi)
         s_lo, s_hi = _speedup_interval(row, metric, rng, n_boot, tail)

@@ -67,6 +67,15 @@ def _speculation_model(runs, costs: CostModel, gate: Gate, committed: int) -> di
     }
 
 
+def prompt_agreement(runs: list[PromptRun]) -> list[float]:
+    """Per prompt: the fraction of its generated positions where the gated token equals full depth's."""
+    out = []
+    for run in runs:
+        n = len(run.baseline.tokens)
+        out.append(sum(a == b for a, b in zip(run.gated.tokens, run.baseline.tokens)) / n)
+    return out
+
+
 def metrics(
     runs: list[PromptRun],
     t: Timings,
@@ -79,10 +88,9 @@ def metrics(
     """The trial's figures; ``t`` is per prompt (single sequences) or per batch; ``charged`` the
     gated decode steps the cost model charges (by default each prompt's own: single sequences)."""
     n = len(runs[0].baseline.tokens)
-    agree, prefix = [], []
+    agree, prefix = prompt_agreement(runs), []
     for run in runs:
         same = [a == b for a, b in zip(run.gated.tokens, run.baseline.tokens)]
-        agree.append(sum(same) / n)
         prefix.append((same.index(False) if False in same else n) / n)
     exits = [e for run in runs for e in run.gated.exit_layers]
     decode_exits = [e for run in runs for e in run.gated.exit_layers[1:]]  # the first token saves nothing

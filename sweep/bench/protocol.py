@@ -27,7 +27,7 @@ from sweep.bench.estimators import Timings
 from sweep.gates import Gate
 from sweep.models import LoadedModel
 from sweep.models.prompts import Prompt
-from sweep.bench.metrics import PromptRun
+from sweep.bench.metrics import PromptRun, prompt_agreement
 from sweep.bench.rows import measured_row
 from sweep.bench.reuse import Reference, ReferenceKey, ReuseCache, new_reference_id
 
@@ -232,7 +232,23 @@ class _Protocol:
             self.source.put(Reference(self.key, reference_id, list(refs.baseline), refs.max_logit_diff))
         return refs, reference_id, False
 
-    def rounds(self, shared: _References) -> tuple[list[_References], list[Timings], list[bool]]:
+    def rungs(self, shared: _References, first: int, check: Callable[[list[float]], None]) -> list:
+        """A lone setting's gated runs of its first ``first`` units, then twice as many, ... (short of all of them),
+        ``check`` given the per-prompt agreement so far at each (a sweep stops a hopeless setting there, and this
+        call does not return). The runs, which the timed rounds must reproduce (their gated references)."""
+        side, runs, k = self.gated[0], [], first
+        while k < len(self.units):
+            for i in range(len(runs), k):
+                runs.append(side.run(self.units[i]))
+                self.emit("rung", "gated", 0, i)
+            part = _References(self.units[:k], shared.baseline[:k], runs)
+            check(prompt_agreement(part.prompt_runs(self.baseline, side)))
+            k *= 2
+        return runs
+
+    def rounds(
+        self, shared: _References, gated: list | None = None
+    ) -> tuple[list[_References], list[Timings], list[bool]]:
         """Decode and prefill seconds [round][unit] per setting: per round and unit the baseline, each
         gated side in turn and the A/A control (a second full-depth run), forward when round + unit is
         even, else reversed, so the baseline and the A/A swap ends; each setting's Timings carry the
@@ -240,7 +256,7 @@ class _Protocol:
         tokens (each gated side's first timed run of a unit is its reference)."""
         repeats, units = self.cfgs[0].bench.repeats, self.units
         refs = [
-            _References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff)
+            _References(units, list(shared.baseline), list(gated or []), shared.deterministic, shared.max_logit_diff)
             for _ in self.gated
         ]
         timings = [Timings.empty(repeats, len(units)) for _ in self.gated]
@@ -282,6 +298,7 @@ def run_trials(
     prompts: list[Prompt],
     references: ReuseCache | None = None,
     on_event: Callable[[PhaseEvent], None] | None = None,
+    rung: tuple[int, Callable[[list[float]], None]] | None = None,
 ) -> list[dict[str, Any]]:
     """The protocol of every trial: gated settings of one model measured against one full-depth baseline
     per round (a trial alone is a group of one). Warm-up; the cost model; the full-depth references
@@ -292,15 +309,22 @@ def run_trials(
     (``ReferenceKey``: model, prompts, gen_tokens, seed, batch_size) and bench.repeats; gate, kv_policy
     and mode may differ. The group's wall time (and its setup, the untimed work before the timed
     rounds) is apportioned to the rows by the seconds each setting's timed rounds took
-    (``timed_shares``). ``on_event`` is called with each ``PhaseEvent``, in the order they happen."""
+    (``timed_shares``). ``on_event`` is called with each ``PhaseEvent``, in the order they happen. ``rung``
+    (a lone setting only): (prompts, check): before the timed rounds, its gated runs of the first prompts, then
+    twice as many, ..., ``check`` given their per-prompt agreement each time (``_Protocol.rungs``)."""
     t_start = time.perf_counter()
     source = references if references is not None else ReuseCache()  # fresh: a private source
     run = _Protocol(cfgs, lm, gates, prompts, source, on_event)
     run.warm_up()
     costs = run.cost_model()
     shared, reference_id, reused = run.references()
+    gated = None
+    if rung is not None:
+        if len(cfgs) != 1:
+            raise ValueError("an early-stopped setting is timed alone (no shared baseline)")
+        gated = run.rungs(shared, -(-rung[0] // cfgs[0].bench.batch_size), rung[1])
     setup = time.perf_counter() - t_start
-    refs, timings, reproduced = run.rounds(shared)
+    refs, timings, reproduced = run.rounds(shared, gated)
     if not all(reproduced):
         source.drop(run.key)  # the worker no longer reproduces it: the next trial re-runs the self-check
     wall, n = time.perf_counter() - t_start, len(cfgs)

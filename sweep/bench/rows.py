@@ -55,6 +55,8 @@ def measured_row(
         baseline_shared=share,
         bench_seconds=seconds[0],
         setup_seconds=seconds[1],
+        stopped_at_prompts=None,  # measured to the end
+        stop_agreement_hi=None,
     )
     return {**trial_fields(cfg, len(runs), gate), **row}
 
@@ -127,6 +129,27 @@ def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | Non
     row.update(
         status="failed",
         error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500],
+    )
+    return row
+
+
+def stopped_row(cfg: Config, gate: Gate, agreement: list[float], bound: float, seconds: float) -> dict[str, Any]:
+    """A setting stopped after its first prompts (``agreement``: theirs, per prompt): its agreement's bootstrap
+    interval ends at ``bound``, below ``search.min_agreement``. Its agreement there and nothing timed; status
+    ``stopped``: never ranked, never on a front, not run again on a resume."""
+    from sweep.bench.estimators import mean_agreement
+    from sweep.store import PROVENANCE, TABLES
+
+    given = {c.name for c in PROVENANCE}
+    row = {c.name: None for c in TABLES["trials"].columns if c.nullable and c.name not in given}
+    row.update(trial_fields(cfg, len(agreement), gate))
+    row.update(
+        status="stopped",
+        agreement=mean_agreement(agreement),
+        prompt_agreement=list(agreement),
+        stopped_at_prompts=len(agreement),
+        stop_agreement_hi=bound,
+        bench_seconds=seconds,
     )
     return row
 

@@ -102,6 +102,7 @@ class RowWriter:
         self._shown: progress.Phase | None = None  # the settings' count (``sweep.progress``), from the first row
         self.retry: list[list[str]] = []  # settings of Tune trials given up before sweep.max_failures (``gave_up``)
         self.last_pass = False  # the driver's last pass over ``retry``: what it gives up on gets failed rows
+        self._rungs: dict[str, dict] = {}  # per Tune trial: its last early-stop check, while it may go on
 
     @property
     def overheads(self) -> list[float]:
@@ -114,6 +115,10 @@ class RowWriter:
         self._started[key] = time.perf_counter()
 
     def result(self, key: str, result: dict) -> None:
+        if result.get("rung") is not None:  # a setting's early-stop check: its row only if Tune stops it there
+            self._rungs[key] = result
+            return
+        self._rungs.pop(key, None)
         for note in json.loads(result.get("notes") or "[]"):  # from the worker: claims taken over, unclaimed runs
             log.warning("%s", note)
         if "row_json" not in result:
@@ -139,6 +144,12 @@ class RowWriter:
         # "[n/total] <the setting's line> (n/total, elapsed, ETA)", the settings' count in the display
         shown = self._settings()
         shown.advance(len(self._seen) - shown.done, text=describe(row, cached, result.get("computed_by")))
+
+    def complete(self, key: str) -> None:
+        """A Tune trial ended: one that Tune stopped at an early-stop check ends with that check's row (``stopped``)."""
+        pending = self._rungs.pop(key, None)
+        if pending is not None:
+            self.result(key, {k: v for k, v in pending.items() if k != "rung"})
 
     def extend(self, n: int) -> None:
         """``n`` more settings to write (a pass after the search's: re-timing): the count shown grows with them."""
@@ -276,6 +287,11 @@ def describe(row: dict, cached: bool, computed_by: str | None = None) -> str:
     head = f"{row['model']} gate={row['gate']} {gate_text(row)}"
     if row["status"] == "failed":
         return f"{head}: failed ({row.get('error')})"
+    if row["status"] == "stopped":
+        return (
+            f"{head}: stopped after {row['stopped_at_prompts']} prompts (agreement {row['agreement']:.3f}, "
+            f"its interval ends at {row['stop_agreement_hi']:.3f}, below search.min_agreement)"
+        )
     if cached:
         tail = f" (row computed by the concurrent sweep {computed_by})" if computed_by else " (row from an earlier run)"
     else:

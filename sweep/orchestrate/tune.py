@@ -27,7 +27,7 @@ from sweep.config import ClusterConfig, Config
 from sweep.config.identity import trial_device, trial_identity
 from sweep.errors import SweepError
 from sweep.orchestrate import claims, interrupt
-from sweep.orchestrate.callbacks import Progress, StopWhenRowsCannotBeWritten
+from sweep.orchestrate.callbacks import Progress, StopHopeless, StopWhenRowsCannotBeWritten
 from sweep.orchestrate.plan import baseline_groups, done_settings, plan_sweep, select_trials, tune_settings
 from sweep.orchestrate.progress_ray import Hub, cannot_start_workers, forwarding
 from sweep.orchestrate.ray_internals import embedded_session
@@ -77,7 +77,17 @@ def _settings_trial(config: dict, base: list[str] = (), context: dict | None = N
             _report(done[tid], next(left), cached=True)
         else:
             todo.append((tid, cfg))
-    run_claimed(todo, context, t0, lambda row, **how: _report(row, next(left), **how))
+    run_claimed(todo, context, t0, lambda row, **how: _report(row, next(left), **how), on_rung=_report_rung)
+
+
+def _report_rung(row: dict) -> None:
+    """A lone setting's agreement after its first prompts, to Tune: the row it ends with if it stops there
+    (status ``stopped``), with the upper end of its agreement's interval, on which Tune's stopper decides
+    (``sweep.orchestrate.callbacks.StopHopeless``). Tune stops the trial inside this call, or it returns and the
+    bench goes on."""
+    metrics = {**reported_metrics(row), "row_json": json.dumps(row, default=str), "cached": False}
+    check = {"rung": row["stopped_at_prompts"], "agreement_hi": row["stop_agreement_hi"]}
+    tune.report({**metrics, "reports_left": 0, **check})
 
 
 def _one_line(exc: BaseException) -> str:
@@ -319,7 +329,7 @@ def _tuner(plan: Plan, planned, num_samples: int, resources: dict, device: str, 
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
         callbacks=[Progress(writer, hub)],
-        stop=StopWhenRowsCannotBeWritten(writer, hub),
+        stop=tune.stopper.CombinedStopper(StopWhenRowsCannotBeWritten(writer, hub), StopHopeless(cfg.search)),
         verbose=0,
     )
     if planned is not None:

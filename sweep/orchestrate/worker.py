@@ -13,13 +13,19 @@ from typing import Any, Callable
 from sweep.config import Config
 
 
-def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report: Callable[..., None]) -> None:
+def run_claimed(
+    todo: list[tuple[str, Config]],
+    context: dict,
+    t0: float,
+    report: Callable[..., None],
+    on_rung: Callable[[dict], None] | None = None,
+) -> None:
     """A Tune trial's settings still to compute (``todo``: trial id and config), each claimed in the
     results root first (``sweep.orchestrate.claims``: a concurrent sweep into the same root computes it once),
     then computed together (one setting, or a bundle against one shared baseline); each setting's
     row goes to ``report(row, cached=..., computed_by=..., notes=...)`` once. Whatever the trial
     raises is the failed row of each setting not yet reported, never an error out of the worker:
-    Tune retries only workers that died, not a deterministic error."""
+    Tune retries only workers that died, not a deterministic error. ``on_rung``: ``trial_rows``'s."""
     from sweep.orchestrate import claims
     from sweep.orchestrate.rows import finished_row, row_path
 
@@ -40,7 +46,7 @@ def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report
                     reported.add(tid)
                 else:
                     compute.append(cfg)
-            rows = trial_rows(compute, context["run_id"], sweep_name, t0) if compute else []
+            rows = trial_rows(compute, context["run_id"], sweep_name, t0, on_rung) if compute else []
     except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
         from sweep.bench.rows import complete_row, failed_row
 
@@ -61,13 +67,22 @@ def run_claimed(todo: list[tuple[str, Config]], context: dict, t0: float, report
         report(row, cached=False, notes=notes.get(row["trial_id"], ()))
 
 
-def trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: float) -> list[dict[str, Any]]:
+def trial_rows(
+    cfgs: list[Config],
+    run_id: str,
+    sweep_name: str | None,
+    t0: float,
+    on_rung: Callable[[dict], None] | None = None,
+) -> list[dict[str, Any]]:
     """A Tune trial's settings, run in this process's session (``sweep.bench.session``: its models, readouts
     and reusable references): one setting, or several of one model, prompts and bench against one shared
     baseline (``sweep.bench.protocol.run_trials``). One row per setting, in order (a failed row for a setting
     that cannot be prepared, the others measured without it; failed rows for all when the group raises, never
     an exception); ``trial_seconds`` is the row's bench_seconds plus an even share of the group's time outside
-    the bench (preparing, provenance) since ``t0``."""
+    the bench (preparing, provenance) since ``t0``. ``on_rung``: where a lone setting under
+    ``search.min_agreement`` reports, after its first prompts (``search.rung_prompts``, then twice as many, ...),
+    the row it would end with if it stopped there (status ``stopped``: ``sweep.bench.rows.stopped_row``, with the
+    upper end of its agreement's interval, ``sweep.analysis.agreement_interval``); whoever decides stops it."""
     from sweep.bench.rows import complete_row, failed_row
     from sweep.bench.command import prepare
     from sweep.bench.protocol import run_trials
@@ -87,7 +102,8 @@ def trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: floa
         group = [cfgs[i] for i in ready]
         try:
             gates = [prepared[i][1] for i in ready]
-            measured = run_trials(group, lm, gates, prompts, session.reference_source(group[0]))
+            rung = _rung(group, lm, gates, run_id, sweep_name, t0, on_rung)
+            measured = run_trials(group, lm, gates, prompts, session.reference_source(group[0]), rung=rung)
         except Exception as exc:  # noqa: BLE001 - the group's failed rows, whatever it raised
             measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
         for i, row in zip(ready, measured):
@@ -99,3 +115,23 @@ def trial_rows(cfgs: list[Config], run_id: str, sweep_name: str | None, t0: floa
         complete_row(cfg, p[0] if p is not None else None, row, run_id, sweep_name=sweep_name, seconds=b + rest)
         for cfg, row, p, b in zip(cfgs, rows, prepared, bench)  # a setting that failed to prepare has no model
     ]
+
+
+def _rung(cfgs, lm, gates, run_id: str, sweep_name: str | None, t0: float, on_rung):
+    """The protocol's early-stop check of a lone setting under ``search.min_agreement`` (None otherwise)."""
+    if on_rung is None or len(cfgs) != 1 or cfgs[0].search.min_agreement is None:
+        return None
+    from sweep.analysis import agreement_interval
+    from sweep.bench.rows import complete_row, stopped_row
+    from sweep.config.identity import trial_columns
+
+    cfg, gate = cfgs[0], gates[0]
+    tid, started = trial_columns(cfg)["trial_id"], time.perf_counter()
+
+    def check(agreement: list[float]) -> None:
+        _, hi = agreement_interval(agreement, tid)
+        bench = time.perf_counter() - started
+        row = stopped_row(cfg, gate, agreement, hi, bench)
+        on_rung(complete_row(cfg, lm, row, run_id, sweep_name=sweep_name, seconds=time.perf_counter() - t0))
+
+    return cfg.search.rung_prompts, check

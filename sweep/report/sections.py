@@ -21,6 +21,7 @@ from sweep.analysis import (
 )
 from sweep.report.tables import floor_lines, floor_of, knees_table, num, table_head, targets_table
 from sweep.report.context import ReportContext
+from sweep.report.run_report import stopped_lines
 from sweep.report.verdicts import verdict, verdicts
 
 __all__ = ["SECTIONS", "ReportContext", "Section", "verdict", "verdicts"]
@@ -42,11 +43,14 @@ def header(ctx: ReportContext) -> Section:
             (
                 f"{trials.height} trials from {trials['run_id'].n_unique()} run(s); {ok.height} ok, "
                 f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
-                f"{trials.filter(pl.col('status') == 'failed').height} failed "
+                f"{trials.filter(pl.col('status') == 'failed').height} failed, "
+                f"{trials.filter(pl.col('status') == 'stopped').height} stopped early "
                 "(fronts and targets use ok trials only)."
             ),
             "",
         ]
+        stopped = stopped_lines(trials.select("status", "bench_seconds").to_dicts())
+        lines += [" ".join(line.strip() for line in stopped), ""] if stopped else []
     if ok.height:
         lines += [
             (

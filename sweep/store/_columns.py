@@ -37,7 +37,9 @@ from sweep.gates import GATES, PARAMS, ParamSpec
 #    sweep.reuse); every trial runs one protocol (a trial alone is a group of one), so a `sweep bench` trial's
 #    gated reference is its first timed round's gated run, as in a sweep
 # 11: trials carry cost_model_source (fresh, or cached: the cost model kept per machine, sweep.bench.costs_cache)
-SCHEMA_VERSION = 11
+# 12: status `stopped` (search.min_agreement: a setting stopped after its first prompts), with stopped_at_prompts
+#    and stop_agreement_hi
+SCHEMA_VERSION = 12
 
 
 @dataclass(frozen=True)

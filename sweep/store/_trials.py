@@ -16,7 +16,9 @@ TRIALS = Table(
         "Decode timings cover tokens 2..n; prefill (full depth on both sides) is timed apart, with the gate's "
         "calibration and the first token's decision, and enters the end-to-end figures (`speedup_e2e_*`). "
         "Failed trials are rows too (status `failed`, metrics null, `error` set); a trial whose two "
-        "full-depth baselines (or any timed repeat) disagree is `nondeterministic`, never `ok`."
+        "full-depth baselines (or any timed repeat) disagree is `nondeterministic`, never `ok`. A setting stopped "
+        "early (`search.min_agreement`: its agreement's bootstrap interval over its first prompts ends below it) is "
+        "`stopped`: its agreement over those prompts, nothing timed, never ranked."
     ),
     columns=PROVENANCE
     + (
@@ -44,7 +46,7 @@ TRIALS = Table(
             "measured (a closed-loop bench trial; simulated settings are in the `simulated` table)",
             nullable=True,
         ),
-        Column("status", pl.String(), "", "ok | nondeterministic | failed"),
+        Column("status", pl.String(), "", "ok | nondeterministic | failed | stopped"),
         Column("error", pl.String(), "", "why a trial failed (one line); null otherwise", nullable=True),
     )
     + GATE_FIELDS
@@ -330,6 +332,22 @@ TRIALS = Table(
             nullable=True,
         ),
         Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
+        Column(
+            "stopped_at_prompts",
+            pl.Int32(),
+            "prompts",
+            "a stopped setting's prompts measured when it stopped (search.rung_prompts, then twice as many, ...); "
+            "null otherwise",
+            nullable=True,
+        ),
+        Column(
+            "stop_agreement_hi",
+            pl.Float64(),
+            "fraction",
+            "a stopped setting's upper end of its agreement's bootstrap interval over those prompts (the analysis's "
+            "agreement_hi estimator), below search.min_agreement; null otherwise",
+            nullable=True,
+        ),
         Column(
             "prompt_prefix_agreement", pl.List(pl.Float64()), "fraction", "prefix agreement per prompt", nullable=True
         ),

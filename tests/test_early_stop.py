@@ -1,0 +1,83 @@
+"""Hopeless settings stopped early (`search.min_agreement`): Ray Tune stops a setting whose agreement's bootstrap
+interval over its first prompts ends below the bar; its row is `stopped`, never ranked, and a resume does not run it
+again. The front above the bar is the one a sweep without stopping finds."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from conftest import compose, sweep
+from sweep.analysis import agreement_interval, pareto_front
+from sweep.errors import ConfigError
+from sweep.report.run_report import sweep_report
+from sweep.store import read
+
+BAR = 0.9
+# a gate that exits at layer 1 on every step (a random tiny model then agrees on almost nothing), one at layer 3
+# of 4, and full depth (agreement 1): the first must stop, full depth must not
+SPACE = "search.spaces=[{gate: fixed, gate.exit_layer: 'choice(1,3)'},{gate: full}]"
+SMALL = ["prompts.n=8", "bench.gen_tokens=8", "bench.repeats=2", SPACE, "sweep.max_concurrent=1"]
+
+
+@pytest.fixture(scope="module")
+def both(ray_session, tmp_path_factory):
+    """The same grid with stopping and without it, each into its own root."""
+    stopped, full = tmp_path_factory.mktemp("stopped"), tmp_path_factory.mktemp("full")
+    with_stop = sweep(stopped, *SMALL, f"search.min_agreement={BAR}", "search.rung_prompts=2")
+    without = sweep(full, *SMALL)
+    return (stopped, with_stop), (full, without)
+
+
+def test_a_hopeless_setting_stops_after_its_first_prompts_and_is_never_ranked(both):
+    (root, outcome), (full_root, _) = both
+    rows = read("trials", root)
+    stopped = rows.filter(pl.col("status") == "stopped")
+    assert stopped.height >= 1 and set(stopped["gate"]) == {"fixed"}
+    assert rows.filter(pl.col("gate") == "full")["status"].to_list() == ["ok"]
+    everything = read("trials", full_root)
+    for row in stopped.iter_rows(named=True):
+        n = row["stopped_at_prompts"]
+        assert n in (2, 4) and row["n_prompts"] == n and len(row["prompt_agreement"]) == n
+        # the same setting run to the end without stopping: its first prompts agree exactly as the stopped row's
+        whole = everything.filter(pl.col("trial_id") == row["trial_id"]).row(0, named=True)
+        assert whole["status"] == "ok" and whole["prompt_agreement"][:n] == row["prompt_agreement"]
+        # a mean's bootstrap interval ends at most at its largest value, and here below the bar
+        assert row["stop_agreement_hi"] < BAR and row["stop_agreement_hi"] <= max(row["prompt_agreement"])
+        assert row["stop_agreement_hi"] == agreement_interval(row["prompt_agreement"], row["trial_id"])[1]
+        assert row["agreement"] == pytest.approx(sum(row["prompt_agreement"]) / n)
+        assert row["speedup_wall"] is None and row["round_ms"] is None  # nothing timed
+    assert set(pareto_front(rows, by=("model",))["trial_id"]).isdisjoint(stopped["trial_id"])
+    report = sweep_report(outcome)
+    assert f"{stopped.height} of {rows.height} settings stopped early" in " ".join(report.split())
+
+
+def test_the_front_above_the_bar_is_the_one_without_stopping(both):
+    (root, _), (full_root, _) = both
+
+    def front(path):
+        rows = read("trials", path)
+        above = pareto_front(rows, by=("model",)).filter(pl.col("agreement") >= BAR)
+        return sorted(above["trial_id"])
+
+    assert front(root) == front(full_root)
+    assert read("trials", full_root).filter(pl.col("status") == "stopped").height == 0
+
+
+def test_a_resume_does_not_run_a_stopped_setting_again(both, ray_session):
+    (root, outcome), _ = both
+    again = sweep(root, *SMALL, f"search.min_agreement={BAR}", "resume=true", f"sweep.name={outcome.name}")
+    assert again.written == 0 and read("trials", root).height == 3
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("search.min_agreement=1.5", "search.min_agreement=1.5: must be a number in [0, 1] or null"),
+        ("search.rung_prompts=0", "search.rung_prompts=0: must be an integer in 1..100000"),
+    ],
+)
+def test_bad_stopping_keys_are_one_line(override, message):
+    with pytest.raises(ConfigError) as info:
+        compose(override)
+    assert str(info.value) == message
