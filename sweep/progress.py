@@ -46,6 +46,7 @@ class Event:
     text: str | None = None
     key: int = 0  # the phase's id within its source
     source: str | None = None  # None: this process; on the driver, the worker's label
+    eta: float | None = None  # seconds left as the phase's producer estimates them (None: from the steps' rate)
 
 
 class Phase:
@@ -61,10 +62,17 @@ class Phase:
 
     def _event(self, kind: str, text: str | None = None) -> Event:
         seconds = time.perf_counter() - self.t0
-        return Event(kind, self.name, self.done, self.total, seconds, self.part, text, self.key)
+        return Event(kind, self.name, self.done, self.total, seconds, self.part, text, self.key, eta=self.eta)
 
-    def advance(self, n: int = 1, text: str | None = None) -> None:
+    eta: float | None = None  # the producer's own estimate of the seconds left (``advance(eta=...)``)
+
+    def advance(self, n: int = 1, text: str | None = None, eta: float | None = None) -> None:
+        """``n`` more steps done; ``eta``: the seconds left by the producer's own measure of the work left (a
+        sweep's: its settings' decode work, ``sweep.orchestrate.rows.RowWriter``), shown instead of the rate of
+        steps, which misleads where steps differ in size."""
         self.done += n
+        if eta is not None:
+            self.eta = eta
         _emit(self._event("step", text))
 
     def close(self) -> None:
@@ -267,19 +275,25 @@ def _seconds(s: float) -> str:
 # ---------------------------------------------------------------- the display (tqdm)
 
 
-def counts(done: int, total: int | None, elapsed: float) -> str:
+def counts(done: int, total: int | None, elapsed: float, eta: float | None = None) -> str:
     """``done/total, elapsed, ETA`` as the display writes them."""
-    return (f"{done} done" if total is None else f"{done}/{total}") + ", " + _clock(done, total, elapsed)
+    return (f"{done} done" if total is None else f"{done}/{total}") + ", " + _clock(done, total, elapsed, eta)
 
 
-def _clock(done: int, total: int | None, elapsed: float) -> str:
+def _clock(done: int, total: int | None, elapsed: float, eta: float | None = None) -> str:
+    """Elapsed and ETA: the producer's ``eta`` where it gave one, else the steps' rate so far."""
     from tqdm import tqdm
 
     fmt = tqdm.format_interval
     if total is None:
         return f"{fmt(elapsed)} elapsed"
-    eta = "?" if done == 0 else fmt(max(total - done, 0) * elapsed / done)
-    return f"{fmt(elapsed)} elapsed, ETA {eta}"
+    if done >= total:
+        left = "00:00"
+    elif eta is not None:
+        left = fmt(max(eta, 0.0))
+    else:
+        left = "?" if done == 0 else fmt(max(total - done, 0) * elapsed / done)
+    return f"{fmt(elapsed)} elapsed, ETA {left}"
 
 
 def _columns() -> int:
@@ -305,7 +319,7 @@ class _Display:
         label = e.phase if e.source is None else f"[{e.source}] {e.phase}"
         if e.text is not None:
             head = "" if e.source is None else f"[{e.source}] "
-            tail = "" if e.kind == "note" else f" ({_clock(e.done, e.total, e.seconds)})"
+            tail = "" if e.kind == "note" else f" ({_clock(e.done, e.total, e.seconds, e.eta)})"
             prefix = "" if e.kind == "note" else f"[{e.done}/{e.total if e.total is not None else '?'}] "
             log.info("%s%s%s%s", head, prefix, e.text, tail)
         key = (e.source, e.key)
@@ -333,6 +347,9 @@ class _Display:
         bar = self.bars.get(key)
         if bar is None:
             return
+        if e.kind == "step" and e.eta is not None and e.total is not None:  # the producer's ETA, not tqdm's rate
+            bar.bar_format = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, ETA {postfix}]"
+            bar.set_postfix_str(tqdm.format_interval(max(e.eta, 0.0)), refresh=False)
         if e.kind == "step":
             bar.update(e.done - bar.n)
         elif e.kind == "end":
@@ -347,11 +364,11 @@ class _Display:
         if e.kind == "end":
             self.printed.pop(key, None)
             if e.done and (last is None or last[1] != e.done):
-                log.info("%s: %s", label, counts(e.done, e.total, e.seconds))
+                log.info("%s: %s", label, counts(e.done, e.total, e.seconds, e.eta))
             return
         if e.text is not None or last is None or e.done == e.total or now - last[0] >= LINE_EVERY_S:
             if e.text is None:
-                log.info("%s: %s", label, counts(e.done, e.total, e.seconds))
+                log.info("%s: %s", label, counts(e.done, e.total, e.seconds, e.eta))
             self.printed[key] = (now, e.done)
 
     def refresh(self) -> None:

@@ -3,6 +3,7 @@ nothing under --quiet or CI; the time breakdown a bench ends with; workers' prog
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -256,3 +257,40 @@ def test_a_sweep_stops_the_progress_actor_it_started_however_it_ends(ray_session
     skip = tmp_path / "skip"
     assert sweep(skip, "search=skipset-random", "search.n_trials=4", "search.closed_loop=1").written == 1
     assert _settled(before) == set()
+
+
+def test_a_sweeps_eta_comes_from_the_work_left_and_steps_down_evenly_through_a_bundle(tmp_path):
+    """The settings' ETA from the measured time per unit of decode work, not from settings counted: four rows of
+    one bundle arriving together step it down by one setting's time each (the count-based ETA, from the elapsed
+    time of the rows so far, would read near zero here: they took no wall time in this test), a setting with
+    twice the work left counts twice, and the last row leaves nothing."""
+    import dataclasses
+
+    from sweep.bench.command import run_bench
+    from sweep.orchestrate.rows import RowWriter
+
+    cfg = compose("model=tiny-llama", "gate=margin", "gate.theta=1", "prompts.n=2", f"results.root={tmp_path / 'b'}")
+    _, real, _ = run_bench(cfg)
+    real = dataclasses.asdict(real) if dataclasses.is_dataclass(real) else dict(real)
+
+    def result(i: int, **changes) -> dict:
+        row = {**real, "trial_id": f"{i:016x}", "bench_seconds": 10.0, "trial_seconds": 10.0, "baseline_shared": 4}
+        row.update(changes)
+        return {"row_json": json.dumps(row, default=str), "cached": False, "status": "ok"}
+
+    writer = RowWriter(str(tmp_path / "r"), 6, [], "run", "eta", "cpu")
+    etas = []
+    with progress.listen(lambda e: etas.append(e.eta) if e.phase == "settings" and e.kind == "step" else None):
+        writer.started("bundle")
+        for i in range(4):
+            writer.result("bundle", result(i))
+        writer.complete("bundle")
+        writer.started("last")
+        writer.result("last", result(4, repeats=real["repeats"] * 2, baseline_shared=1, bench_seconds=40.0))
+        writer.result("last", result(5, bench_seconds=10.0))
+    writer.close()
+    # each setting of the bundle: 10 s per its work; 6 settings, so 5, 4, 3, 2 left at that pace
+    assert etas[:4] == pytest.approx([50.0, 40.0, 30.0, 20.0])
+    # one setting of twice the repeats, alone: 4x the work of a bundle's setting (2 * (1 + 2/1) / (1 + 2/4)), and
+    # 40 s: the pace held; one setting left, at the median work
+    assert etas[4] == pytest.approx(10.0) and etas[5] == 0.0

@@ -87,6 +87,7 @@ class Progress(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         progress.finished(f"Tune trial {trial.trial_id}")
+        self.writer.complete(trial.trial_id, errored=True)
         self.writer.gave_up(
             trial.config, last_error(trial.error_file), trial.run_metadata.num_failures, trial.max_failures
         )

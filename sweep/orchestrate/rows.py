@@ -103,6 +103,9 @@ class RowWriter:
         self.retry: list[list[str]] = []  # settings of Tune trials given up before sweep.max_failures (``gave_up``)
         self.last_pass = False  # the driver's last pass over ``retry``: what it gives up on gets failed rows
         self._rungs: dict[str, dict] = {}  # per Tune trial: its last early-stop check, while it may go on
+        self._work: list[tuple[float, float, bool]] = []  # computed settings: work, bench seconds, run to the end
+        self._shared: list[int] = []  # their bundles' sizes
+        self._ended: set[str] = set()  # Tune trials that ended
 
     @property
     def overheads(self) -> list[float]:
@@ -141,15 +144,42 @@ class RowWriter:
             wall = time.perf_counter() - self._started.get(key, time.perf_counter())
             self._bench[key] = self._bench.get(key, 0.0) + row["bench_seconds"]
             self._overheads[key] = wall - self._bench[key]
+            work = row_work(row)
+            if work:
+                self._work.append((work, row["bench_seconds"], row.get("status") != "stopped"))
+                self._shared.append(row.get("baseline_shared") or 1)
         # "[n/total] <the setting's line> (n/total, elapsed, ETA)", the settings' count in the display
         shown = self._settings()
-        shown.advance(len(self._seen) - shown.done, text=describe(row, cached, result.get("computed_by")))
+        text = describe(row, cached, result.get("computed_by"))
+        shown.advance(len(self._seen) - shown.done, text=text, eta=self.eta(len(self._seen)))
 
-    def complete(self, key: str) -> None:
-        """A Tune trial ended: one that Tune stopped at an early-stop check ends with that check's row (``stopped``)."""
+    def eta(self, done: int) -> float | None:
+        """Seconds left, from the measured time per unit of decode work (``row_work``) of the settings computed so
+        far, not from their count: the settings still to run, each at the median work of those run to the end,
+        plus each Tune trial's median time outside its bench (loading, setting up), over the Tune trials running
+        at once. A bundle's settings (``sweep.shared_baseline``) count at their share of its baseline, so its rows
+        arriving together step the estimate down evenly. None before the first computed setting."""
+        import math
+        import statistics
+
+        full = [w for w, _, whole in self._work if whole]
+        if not full or self.total is None:
+            return None
+        left = max(self.total - done, 0)
+        per_work = sum(b for _, b, _ in self._work) / sum(w for w, _, _ in self._work)
+        trials_left = left / statistics.fmean(self._shared)
+        running = len(set(self._started) - self._ended)
+        at_once = max(1, min(running, math.ceil(trials_left))) if trials_left else 1
+        overhead = statistics.median(self._overheads.values()) if self._overheads else 0.0
+        return (left * statistics.median(full) * per_work + trials_left * max(overhead, 0.0)) / at_once
+
+    def complete(self, key: str, errored: bool = False) -> None:
+        """A Tune trial ended: one that Tune stopped at an early-stop check ends with that check's row (``stopped``);
+        one whose worker failed does not (``gave_up``)."""
         pending = self._rungs.pop(key, None)
-        if pending is not None:
+        if pending is not None and not errored:
             self.result(key, {k: v for k, v in pending.items() if k != "rung"})
+        self._ended.add(key)
 
     def extend(self, n: int) -> None:
         """``n`` more settings to write (a pass after the search's: re-timing): the count shown grows with them."""
@@ -258,6 +288,19 @@ class RowWriter:
         claims.release(self.root, tid, self.run_id)
         self.written += 1
         return True
+
+
+def row_work(row: dict) -> float | None:
+    """A computed setting's decode work, in generated tokens: timed rounds of its prompts with a full-depth
+    baseline and an A/A control shared by the settings of its bundle (``baseline_shared``), each setting's gated
+    run its own; a stopped setting's gated runs of its first prompts. None where the row does not say."""
+    n, g = row.get("n_prompts"), row.get("gen_tokens")
+    if not n or not g:
+        return None
+    if row.get("status") == "stopped":
+        return float(n * g)
+    repeats, shared = row.get("repeats") or 1, row.get("baseline_shared") or 1
+    return float(n * g * repeats * (1.0 + 2.0 / shared))
 
 
 def os_error(exc: OSError, path: str | Path) -> str:
