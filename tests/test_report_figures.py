@@ -116,6 +116,27 @@ def test_the_pareto_agreement_axis_fits_points_near_the_top():
     assert 0.9 < lo < 0.97 and 1.0 < hi <= 1.03  # not 0-1 with every point in its top 3%
 
 
+def test_the_pareto_figure_says_what_it_plots_and_hides_nothing_under_full_depth():
+    """Full depth hollow and under the trials (a trial at 1x and agreement 1 shows); the front as steps (no
+    setting between two front points); each front trial's own floor instead of a pooled band; the measured ratio
+    beside a trial that ranks elsewhere; a tiny model's title says its weights are random."""
+    points = [*POINTS, ("z", "saturation", 0.99, 1.0)]  # inside its floor: ranks 1x at agreement 1
+    ok = trials(points, {}).with_columns(model_source=pl.lit("tiny"))
+    front = fronts(ok)
+    ax = draw_pareto(ok, front, knees_table(front), "m", floor=1.33).axes[0]
+    (full,) = [c for c in ax.get_lines() if c.get_label().startswith("full depth")]
+    trial_marks = [c for c in ax.get_lines() if "at its ranked speedup" in c.get_label()]
+    assert full.get_markerfacecolor() == "none" and all(full.get_zorder() < c.get_zorder() for c in trial_marks)
+    (steps,) = [c for c in ax.get_lines() if c.get_label().startswith("Pareto front")]
+    assert steps.get_drawstyle() == "steps-pre"
+    assert not ax.patches  # no pooled noise band (±133% here) drawn as if ranking used it
+    floors = [c for c in ax.get_lines() if "own A/A noise floor" in c.get_label()]
+    assert floors and list(floors[0].get_xdata()) == pytest.approx([1 / 1.05, 1.05])
+    (measured,) = [c for c in ax.get_lines() if c.get_label().startswith("measured speedup_wall")]
+    assert 0.99 in list(measured.get_xdata())
+    assert "random weights" in ax.get_title() and "not used" not in ax.get_title()
+
+
 def screen_rows(agreement: float) -> pl.DataFrame:
     return pl.DataFrame(
         {
@@ -214,7 +235,9 @@ def test_threshold_lines_far_from_the_margins_do_not_set_the_panel(layers):
     margins = layers.axes[2]  # the margins (1-2 logits) fill the panel; theta 8, 14, 20 are named, not drawn
     lo, hi = margins.get_ylim()
     assert hi < min(THETA_LINES) and lo > 0.5
-    assert [t.get_text() for t in margins.get_legend().get_texts()][-1] == "theta 8, 14, 20: above this axis"
+    assert [t.get_text() for t in margins.get_legend().get_texts()][
+        -1
+    ] == "theta 8, 14, 20: off the panel, above every value"
     assert not [t for t in margins.texts if t.get_text().startswith("theta")]
 
 
@@ -223,7 +246,7 @@ def test_the_margin_panel_draws_the_thresholds_its_data_reach():
     margins = fig.axes[2]
     assert [t.get_text() for t in margins.texts] == ["theta 8", "theta 14"]  # 20 would squash 6-12 into less than half
     assert margins.get_ylim()[0] < 8 and margins.get_ylim()[1] > 14
-    assert margins.get_legend().get_texts()[-1].get_text() == "theta 20: above this axis"
+    assert margins.get_legend().get_texts()[-1].get_text() == "theta 20: off the panel, above every value"
 
 
 def test_eas_panels_read_against_0_and_the_ceiling():
@@ -233,8 +256,10 @@ def test_eas_panels_read_against_0_and_the_ceiling():
     ceiling = eas_ceiling(L, alpha)
     assert ceiling[0] == pytest.approx(((L - 1) / L) ** 0.5) and ceiling[-1] == 0.0
     for ax in fig.axes:
-        assert_layer_axis(ax)
+        assert ax.get_xlabel() == "relative depth l / L" and ax.get_xlim() == pytest.approx((0.0, 1.02))
         assert ax.get_ylim() == pytest.approx((-0.02, 1.02))  # the scale of A_l, the same in every report
+        (model,) = [c for c in ax.get_lines() if "EAS" in c.get_label() and not c.get_label().startswith("ceiling")]
+        assert list(model.get_xdata()) == pytest.approx([layer / L for layer in range(1, L + 1)])
         (line,) = [c for c in ax.get_lines() if c.get_label().startswith("ceiling")]
         assert list(line.get_ydata()) == pytest.approx(ceiling)
         assert f"EAS {sum(ceiling[:-1]) / (L - 1):.3f}" in line.get_label()
@@ -258,3 +283,21 @@ def test_the_lens_figure_has_a_layer_axis():
     fig = draw_lens(curve, "m", "r1")
     for ax in fig.axes:
         assert_layer_axis(ax)
+
+
+def test_the_screen_pairs_points_by_number_and_bars_measured_ones_by_their_floor():
+    rows = screen_rows(0.6).with_columns(speedup_floor=pl.Series([0.5, 0.1, None]))
+    ax = draw_screen(rows).axes[0]
+    assert not [c for c in ax.get_lines() if c.get_linestyle() == "-" and len(c.get_xdata()) == 2]  # no joins
+    numbers = sorted(t.get_text() for t in ax.texts)
+    assert numbers == ["1", "1", "2", "2", "3", "3"]
+    spans = sorted(round(float(abs(seg[1][0] - seg[0][0])), 6) for c in ax.collections for seg in c.get_segments())
+    assert [v for v in spans if v] == pytest.approx(sorted([2 * 1.3 * 0.5, 2 * 1.6 * 0.1]))  # none without a floor
+
+
+def test_the_layer_panels_show_the_spread_not_only_the_median(layers):
+    """A threshold under the median still fires on the steps below it: the delta and margin panels shade their
+    10th-90th percentiles."""
+    from matplotlib.collections import PolyCollection
+
+    assert [any(isinstance(c, PolyCollection) for c in ax.collections) for ax in layers.axes] == [True, False, True]

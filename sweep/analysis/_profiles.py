@@ -13,15 +13,20 @@ S_VARIANTS = {"hidden": "cos_hidden", "logits": "cos_logits", "topk": "topk_over
 
 def layer_curve(trace: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
     """Per model and layer: median delta (and the pca probe's pca_delta beside it), logit-lens
-    top-1 agreement, median margin."""
+    top-1 agreement, median margin; the 10th and 90th percentiles of delta and margin beside their medians
+    (a threshold under the median still fires on the steps below it)."""
     return (
         trace.lazy()
         .group_by("model", "layer")
         .agg(
             delta_median=pl.col("delta").median(),
+            delta_q10=pl.col("delta").quantile(0.1, "linear"),
+            delta_q90=pl.col("delta").quantile(0.9, "linear"),
             pca_delta_median=pl.col("pca_delta").median(),
             top1_agreement=pl.col("top1_match").mean(),
             margin_median=pl.col("margin").median(),
+            margin_q10=pl.col("margin").quantile(0.1, "linear"),
+            margin_q90=pl.col("margin").quantile(0.9, "linear"),
             positions=pl.len(),
         )
         .sort("model", "layer")

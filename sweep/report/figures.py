@@ -25,22 +25,72 @@ def pareto_figure(
 
 
 def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, floor: float | None = None):
-    """One model's ok trials per gate (95% intervals as error bars on the trials of its front across gates),
-    that front (full depth a point of it) and the knee, and the model's A/A noise floor ``floor`` as a band
-    around 1x. Both axes fit the points (an error bar that runs off is cut at the edge, its end written
-    there); the legend and the knee's label sit right of the axes."""
+    """One model's ok trials per gate at their ranked speedup (95% intervals as error bars on the trials of its
+    front across gates), that front as steps (full depth a point of it, drawn hollow under the trials), the knee,
+    and for each front trial its own A/A noise floor, the one its rank used. A trial that ranks elsewhere than it
+    measured (capped at 1x, or 1x inside its floor) has its measured ratio beside it, joined by a dotted line.
+    ``floor``: the model's pooled floor, named in the title only (ranking used each trial's own). Both axes fit
+    the points (an error bar that runs off is cut at the edge, its end written there); the legend and the knee's
+    label sit right of the axes. A tiny model's title says its weights are random."""
     rows = ok.filter(pl.col("model") == model)
     metric = rows["speedup_metric"][0]
     line = front.filter((pl.col("model") == model) & (pl.col("front") == "model")).sort("speedup")
     on_front = line["trial_id"].to_list() if line.height else []
     knee = knees.filter((pl.col("model") == model) & (pl.col("front") == "model")) if knees.height else knees
     k = knee.row(0, named=True) if knee.height else None
-    xs, ys = [1.0, *rows["speedup"].to_list()], [1.0, HEADLINE_TARGET, *rows["agreement"].to_list()]
-    if k is not None:
-        xs += [k["knee_all_speedup"], k["speedup"]]
-        ys += [k["knee_all_agreement"], k["agreement"]]
+    unrestricted = k is not None and k["knee_all_trial_id"] != k["trial_id"]
+    unrestricted = unrestricted and (k["knee_all_agreement"] or 0.0) >= (k.get("knee_min_agreement") or 0.0)
+    measured = rows.filter(pl.col(metric).is_not_null() & ((pl.col(metric) - pl.col("speedup")).abs() > 1e-9))
+    xs, ys = [1.0, *rows["speedup"].to_list(), *measured[metric].to_list()], [1.0, HEADLINE_TARGET]
+    ys += rows["agreement"].to_list()
+    if k is not None and k["trial_id"] is not None:
+        xs, ys = xs + [k["speedup"]], ys + [k["agreement"]]
+    if unrestricted:
+        xs, ys = xs + [k["knee_all_speedup"]], ys + [k["knee_all_agreement"]]
     xlim, ylim = _fit(xs, min_span=0.1), _fit_agreement(ys)
     fig, ax = _figure(figsize=(12, 6))
+    ax.plot(  # under the trials: a trial at (1x, 1.0) shows through it
+        [1.0],
+        [1.0],
+        marker="s",
+        ms=11,
+        mfc="none",
+        mec="black",
+        mew=1.5,
+        ls="none",
+        zorder=1,
+        label="full depth (1x, agreement 1)",
+    )
+    floors = line.filter(pl.col("trial_id") != "full-depth") if line.height else line
+    if floors.height and "speedup_floor" in floors.columns:
+        first = True
+        for r in floors.filter(pl.col("speedup_floor").is_not_null()).iter_rows(named=True):
+            f = r["speedup_floor"]
+            ax.plot(
+                [1.0 / (1.0 + f), 1.0 + f],
+                [r["agreement"], r["agreement"]],
+                "-",
+                color="grey",
+                lw=4,
+                alpha=0.25,
+                solid_capstyle="butt",
+                zorder=1,
+                label="a front trial's own A/A noise floor around 1x (inside it, it ranks 1x)" if first else None,
+            )
+            first = False
+    if measured.height:
+        for r in measured.iter_rows(named=True):
+            ax.plot([r["speedup"], r[metric]], [r["agreement"], r["agreement"]], ":", color="grey", lw=0.8, zorder=2)
+        ax.plot(
+            measured[metric].to_list(),
+            measured["agreement"].to_list(),
+            "x",
+            color="grey",
+            ms=5,
+            ls="none",
+            zorder=2,
+            label=f"measured {metric}, where it ranks otherwise (capped at 1x, or 1x inside its floor)",
+        )
     for gate, sub in sorted(rows.filter(pl.col("skipped_compute")).partition_by("gate", as_dict=True).items()):
         sub = sub.sort("speedup")
         many = sub.height >= MANY_POINTS
@@ -51,7 +101,8 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
             ms=2.5 if many else 5,
             alpha=0.35 if many else 0.75,
             ls="none",
-            label=f"{gate[0]} ({sub.height} trial{'s' if sub.height != 1 else ''})",
+            zorder=3,
+            label=f"{gate[0]} ({sub.height} trial{'s' if sub.height != 1 else ''}), at its ranked speedup",
         )
         shown = sub.filter(pl.col("trial_id").is_in(on_front)) if "speedup_lo" in sub.columns else sub.clear()
         if shown.height:
@@ -66,18 +117,21 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
             mec="dimgrey",
             ms=8,
             ls="none",
+            zorder=3,
             label=f"skipped no compute ({idle.height}): capped at 1x from above",
         )
     if line.height:
-        ax.plot(
+        ax.step(  # no setting lies between two front points: the best speedup holds until the next one's agreement
             line["speedup"].to_list(),
             line["agreement"].to_list(),
             "-",
+            where="pre",
             color="black",
             lw=1.5,
-            label="Pareto front (all gates)",
+            zorder=2,
+            label="Pareto front (all gates), as steps: the best speedup at each agreement",
         )
-    if k is not None and k["knee_all_trial_id"] != k["trial_id"]:
+    if unrestricted:
         ax.plot(
             [k["knee_all_speedup"]],
             [k["knee_all_agreement"]],
@@ -86,11 +140,14 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
             mfc="none",
             mec="crimson",
             ls="none",
+            zorder=4,
             label="unrestricted knee (all front points)",
         )
     if k is not None and k["trial_id"] is not None:
         floor_label = f"knee (chord, agreement >= {k['knee_min_agreement']:g})"
-        ax.plot([k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", label=floor_label)
+        ax.plot(
+            [k["speedup"]], [k["agreement"]], marker="*", ms=18, color="crimson", ls="none", zorder=4, label=floor_label
+        )
         ax.annotate(  # the label right of the axes, under the legend: the arrow crosses the points, no box does
             f"knee: {k['gate']} {k['params']}\n{k['speedup']:.2f}x, agreement {k['agreement']:.3f}",
             (k["speedup"], k["agreement"]),
@@ -104,16 +161,18 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
             bbox={"boxstyle": "round", "fc": "white", "ec": "crimson", "alpha": 0.9},
             annotation_clip=False,
         )
-    ax.plot([1.0], [1.0], marker="s", ms=9, color="black", ls="none", label="full depth (1x, agreement 1)")
-    if floor is not None:
-        band = f"A/A noise floor ±{100 * floor:.1f}%: indistinguishable from 1x"
-        ax.axvspan(1.0 / (1.0 + floor), 1.0 + floor, color="grey", alpha=0.15, label=band)
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
     ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
     what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"
-    ax.set_xlabel(f"{metric}: full-depth {what} time / gated time")
+    ax.set_xlabel(f"ranked speedup (from {metric}: full-depth {what} time / gated time)")
     ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")
-    ax.set_title(f"{model}: {rows.height} ok trials; error bars (on the front): 95% bootstrap, prompts and rounds")
+    random = "model_source" in rows.columns and (rows["model_source"] == "tiny").any()
+    title = f"{model}: {rows.height} ok trials; error bars (on the front): 95% bootstrap, prompts and rounds"
+    if floor is not None:
+        title += f"\nthe model's pooled A/A floor is ±{100 * floor:.1f}%; each trial ranks by its own"
+    if random:
+        title += "\nrandom weights (a tiny model built from a config): the mechanics, not a model's quality"
+    ax.set_title(title, fontsize=10)
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
@@ -185,34 +244,43 @@ def screen_figure(both: pl.DataFrame, out: Path) -> str:
 
 
 def draw_screen(both: pl.DataFrame):
-    """Each simulated setting (hollow) joined to its closed-loop trial (filled), per gate; both axes fit the
-    points, the legend right of them."""
+    """Each simulated setting (hollow) and its closed-loop trial (filled), per gate, a pair named by one number
+    beside both points (lines joining the pairs would cross); a measured point's horizontal bar is its own A/A
+    noise floor (``speedup_floor``), so a ratio that noise alone could give reads as such, not as a cost model's
+    miss. Both axes fit the points, the legend right of them."""
     fig, ax = _figure(figsize=(11, 6))
+    both = both.sort("gate", "agreement_tf", descending=[False, True])
+    number = 0
     for gate, sub in sorted(both.partition_by("gate", as_dict=True).items()):
-        line = ax.plot(
-            sub["speedup_wall"].to_list(), sub["agreement"].to_list(), "o", label=f"{gate[0]}: measured (closed loop)"
-        )[0]
+        x, y = sub["speedup_wall"].to_list(), sub["agreement"].to_list()
+        floors = sub["speedup_floor"].to_list() if "speedup_floor" in sub.columns else [None] * sub.height
+        err = [v * f if f is not None and v is not None else 0.0 for v, f in zip(x, floors)]
+        bars = ax.errorbar(
+            x,
+            y,
+            xerr=err,
+            fmt="o",
+            capsize=3,
+            elinewidth=0.9,
+            label=f"{gate[0]}: measured (closed loop), bar: its own A/A noise floor",
+        )
+        color = bars[0].get_color()
         ax.plot(
             sub["speedup_model"].to_list(),
             sub["agreement_tf"].to_list(),
             "o",
             mfc="none",
-            color=line.get_color(),
-            label=f"{gate[0]}: simulated (teacher-forced)",
+            color=color,
+            label=f"{gate[0]}: simulated (teacher-forced, cost model)",
         )
         for r in sub.iter_rows(named=True):
-            ax.plot(
-                [r["speedup_model"], r["speedup_wall"]],
-                [r["agreement_tf"], r["agreement"]],
-                "-",
-                lw=0.7,
-                color=line.get_color(),
-                alpha=0.6,
-            )
+            number += 1
+            for px, py in ((r["speedup_model"], r["agreement_tf"]), (r["speedup_wall"], r["agreement"])):
+                ax.annotate(str(number), (px, py), xytext=(4, 3), textcoords="offset points", fontsize=7, color=color)
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
     ax.set_xlabel("speedup (simulated: cost model; measured: speedup_wall)")
     ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")
-    ax.set_title("Screen: each simulated setting (hollow) joined to its closed-loop trial (filled)")
+    ax.set_title("Screen: each simulated setting (hollow) and its closed-loop trial (filled) share a number")
     ax.set_xlim(*_fit([1.0, *both["speedup_wall"].to_list(), *both["speedup_model"].to_list()], min_span=0.1))
     ax.set_ylim(*_fit_agreement([*both["agreement"].to_list(), *both["agreement_tf"].to_list()]))
     ax.grid(alpha=0.3)

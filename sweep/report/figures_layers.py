@@ -29,10 +29,21 @@ def draw_layers(curve: pl.DataFrame, model: str):
     fig, axes = _figure(3, 1, figsize=(9.5, 10), sharex=True)
     deltas = curve["delta_median"].to_list()
     axes[0].plot(layers, deltas, "o-", ms=3, label="median saturation delta")
+    if "delta_q10" in curve.columns:  # a threshold under the median still fires on the steps below it
+        axes[0].fill_between(
+            layers,
+            curve["delta_q10"].to_list(),
+            curve["delta_q90"].to_list(),
+            color="tab:blue",
+            alpha=0.15,
+            label="10th-90th percentile (steps under an eps line exit)",
+        )
     if curve["pca_delta_median"].null_count() < curve.height:
         pca = curve["pca_delta_median"].to_list()
         deltas = deltas + pca
         axes[0].plot(layers, pca, "s-", ms=3, color="tab:purple", label="median pca_delta (lm_head subspace)")
+    if "delta_q10" in curve.columns:
+        deltas = deltas + [v for v in (*curve["delta_q10"].to_list(), *curve["delta_q90"].to_list()) if v is not None]
     _threshold_lines(axes[0], deltas, "eps", EPS_LINES)
     axes[0].set_ylabel("relative change per layer")
     top1 = curve["top1_agreement"].to_list()
@@ -41,13 +52,24 @@ def draw_layers(curve: pl.DataFrame, model: str):
     axes[1].set_ylim(*_fit_agreement(top1))
     margins = curve["margin_median"].to_list()
     axes[2].plot(layers, margins, "o-", ms=3, color="tab:orange", label="median margin gamma_l")
-    _threshold_lines(axes[2], margins, "theta", THETA_LINES)
+    band = []
+    if "margin_q10" in curve.columns:
+        band = [*curve["margin_q10"].to_list(), *curve["margin_q90"].to_list()]
+        axes[2].fill_between(
+            layers,
+            curve["margin_q10"].to_list(),
+            curve["margin_q90"].to_list(),
+            color="tab:orange",
+            alpha=0.15,
+            label="10th-90th percentile (steps over a theta line exit)",
+        )
+    _threshold_lines(axes[2], margins + [v for v in band if v is not None], "theta", THETA_LINES)
     axes[2].set_ylabel("top1 - top2 (logits)")
     axes[2].set_xlabel("layer l (1-indexed; layers 1..l ran)")
     _layer_axis(axes[2], layers)
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.2, ncol=3, fontsize=8, frameon=False)
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.2, ncol=2, fontsize=8, frameon=False)
     fig.suptitle(
         f"{model}: per-layer signals of full-depth decoding ({curve['positions'][0]} positions), "
         "post-mortem thresholds dotted",
@@ -131,7 +153,9 @@ def _threshold_lines(ax, data: list[float], label: str, values: tuple[float, ...
     below = [f"{v:g}" for v in values if v not in drawn and v < lo]
     for side, names in (("above", above), ("below", below)):
         if names:
-            ax.plot([], [], ls=":", lw=1, color="grey", label=f"{label} {', '.join(names)}: {side} this axis")
+            where = "above" if side == "above" else "below"
+            text = f"{label} {', '.join(names)}: off the panel, {where} every value"
+            ax.plot([], [], ls=":", lw=1, color="grey", label=text)
 
 
 def _spread(positions: list[float], gap: float) -> list[float]:
@@ -158,43 +182,45 @@ def eas_ceiling(num_layers: int, alpha: float) -> list[float]:
 
 
 def draw_eas(per_layer: pl.DataFrame, eas: pl.DataFrame, alpha: float):
-    """A_l per layer for the three similarity variants, every profiled model, its EAS in the legend; each
-    panel on the 0-1 scale of A_l with the ceiling (S_l = 1 at every layer, and its EAS) dashed, so a score
-    reads against what 0 and the most a model of that depth could reach mean."""
+    """A_l against relative depth l/L for the three similarity variants, every profiled model (models of different
+    depth side by side), its EAS in the legend; each panel on the 0-1 scale of A_l with the ceiling (S_l = 1 at
+    every layer) dashed, once per depth whose ceiling differs, so a score reads against what 0 and the most a
+    model of that depth could reach mean. The legend sits below the panels, off the ceilings."""
     variants = {"hidden": "hidden-state cosine", "logits": "logit cosine (centred)", "topk": "top-K overlap"}
-    fig, axes = _figure(1, 3, figsize=(15, 5.2), sharey=True)
+    fig, axes = _figure(1, 3, figsize=(15, 5.8), sharey=True)
     score = {(r["model"], r["variant"]): r["eas"] for r in eas.iter_rows(named=True)}
     depths = sorted({int(v) for v in per_layer["num_layers"].unique().to_list()})
     for ax, (variant, label) in zip(axes, variants.items()):
         sub = per_layer.filter(pl.col("variant") == variant)
         for model in sorted(sub["model"].unique().to_list()):
             m = sub.filter(pl.col("model") == model).sort("layer")
-            ax.plot(
-                m["layer"].to_list(), m["a"].to_list(), "o-", ms=3, label=f"{model} (EAS {score[(model, variant)]:.3f})"
-            )
+            depth = m["num_layers"].cast(pl.Float64)
+            (h,) = ax.plot((m["layer"] / depth).to_list(), m["a"].to_list(), "o-", ms=3)
+            h.set_label(f"{model} (L={int(depth[0])}): EAS {score[(model, variant)]:.3f}")
+        drawn: list[list[float]] = []
         for L in depths:
             ceiling = eas_ceiling(L, alpha)
-            what = f"L={L}, " if len(depths) > 1 else ""
+            rel = [layer / L for layer in range(1, L + 1)]
+            if any(len(c) == len(rel) and max(abs(a - b) for a, b in zip(c, ceiling)) < 1e-3 for c in drawn):
+                continue  # the same ceiling already drawn
+            drawn.append(ceiling)
+            what = f"L={L}: " if len(depths) > 1 else ""
             ax.plot(
-                range(1, L + 1),
-                ceiling,
-                "--",
-                color="grey",
-                lw=1,
-                label=f"ceiling, S_l = 1 at every layer ({what}EAS {sum(ceiling[:-1]) / (L - 1):.3f})",
+                rel, ceiling, "--", color="grey", lw=1, label=f"ceiling, {what}EAS {sum(ceiling[:-1]) / (L - 1):.3f}"
             )
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_title(f"A_l, S = {label}")
-        ax.set_xlabel("exit layer l")
+        ax.set_xlabel("relative depth l / L")
+        ax.set_xlim(0.0, 1.02)
         ax.set_ylim(-0.02, 1.02)
-        _layer_axis(ax, [1, *depths])
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False, ncol=1)
     axes[0].set_ylabel(f"A_l = S_l^{alpha:g} * w_l^{1 - alpha:g}")
     fig.suptitle(
         f"Early-Exit Adaptability per layer (alpha={alpha:g}; EAS = mean of A_l over l < L)\n"
-        "0: layer l's output shares nothing with layer L's (or exiting saves nothing, l = L); the dashed ceiling: "
-        "every layer already the last one's. The higher, the more early exit can save (arXiv 2603.23701)",
+        "0: layer l's output shares nothing with layer L's (or exiting saves nothing, l = L)\n"
+        "dashed: the ceiling, every layer already the last one's (S_l = 1); the higher, the more early exit can save "
+        "(arXiv 2603.23701)",
         fontsize=10,
     )
     fig.tight_layout()

@@ -182,7 +182,8 @@ def screen_section(ctx: ReportContext) -> Section:
     sim = scan("simulated", ctx.root).filter(pl.col("selected")).collect()
     if not sim.height or not ctx.ok.height:
         return Section([])
-    both = sim.join(ctx.ok.select("trial_id", "agreement", "speedup_wall"), on="trial_id", how="inner").with_columns(
+    measured = ctx.ok.select("trial_id", "agreement", "speedup_wall", *[c for c in ("speedup_floor",) if c in ctx.ok])
+    both = sim.join(measured, on="trial_id", how="inner").with_columns(
         agreement_gap=pl.col("agreement_tf") - pl.col("agreement"),
         speedup_gap=pl.col("speedup_model") - pl.col("speedup_wall"),
     )
