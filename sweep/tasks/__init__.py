@@ -1,0 +1,1 @@
+"""Task accuracy beside agreement: a sandbox for code the model wrote (``sandbox``)."""
