@@ -18,6 +18,7 @@ TOP = {
     "textfit.py",
     "analysis",
     "bench",
+    "tasks",
     "cli",
     "config",
     "decode",

@@ -19,9 +19,8 @@ from sweep.analysis import (
     eas_per_layer,
     oracle_summary,
 )
-from sweep.report.tables import floor_lines, floor_of, knees_table, num, table_head, targets_table
+from sweep.report.tables import floor_lines, floor_of, knees_table, num, stopped_lines, table_head, targets_table
 from sweep.report.context import ReportContext
-from sweep.report.run_report import stopped_lines
 from sweep.report.verdicts import verdict, verdicts
 
 __all__ = ["SECTIONS", "ReportContext", "Section", "verdict", "verdicts"]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from sweep.analysis import FULL_DEPTH_ID, KNEE_MIN_POINTS
+from sweep.textfit import wrap
 
 if TYPE_CHECKING:
     from sweep.report.context import ReportContext
@@ -158,3 +159,28 @@ def ci(row: dict, metric: str) -> str:
     if lo is None or hi is None:
         return ""
     return f"{lo:.3f}-{hi:.3f}" + (" †" if row.get("ci_few_prompts") else "")
+
+
+def stopped_lines(rows: list[dict]) -> list[str]:
+    """How many settings stopped early (``search.min_agreement``) and about what that saved: each one's bench
+    time to the end taken as the median bench time of the sweep's ok settings measured alongside, less what it
+    spent before it stopped (no ok setting: not estimated)."""
+    import statistics
+
+    stopped = [r for r in rows if r.get("status") == "stopped"]
+    if not stopped:
+        return []
+    full = [r["bench_seconds"] for r in rows if r.get("status") == "ok" and r.get("bench_seconds") is not None]
+    spent = sum(r.get("bench_seconds") or 0.0 for r in stopped)
+    if full:
+        saved = max(len(stopped) * statistics.median(full) - spent, 0.0)
+        cost = (
+            f"they spent {spent:.1f} s of bench and saved about {saved:.1f} s (each at the median bench time of the "
+            f"{len(full)} ok settings, less what it spent)"
+        )
+    else:
+        cost = f"they spent {spent:.1f} s of bench (no ok setting to estimate what running them to the end costs)"
+    return wrap(
+        f"{len(stopped)} of {len(rows)} settings stopped early: after their first prompts, their agreement's "
+        f"bootstrap interval ended below search.min_agreement, so they are never ranked; {cost}"
+    )

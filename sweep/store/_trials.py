@@ -6,6 +6,8 @@ import polars as pl
 
 from sweep.store._columns import GATE_FIELDS, PROVENANCE, Column, Table, metric
 
+STOPPED_AT = "a stopped setting's prompts when it stopped (search.rung_prompts, doubling); null otherwise"
+STOP_HI = "a stopped setting's agreement_hi over those prompts, below search.min_agreement; null otherwise"
 TRIALS = Table(
     name="trials",
     partition_by=("model", "gate"),
@@ -294,18 +296,10 @@ TRIALS = Table(
             "self_speculative: ms spent in verification passes per committed token (decode of the reference runs)",
         ),
         Column(
-            "sweep_name",
-            pl.String(),
-            "",
-            "the `sweep run` experiment the trial belongs to; null for `sweep bench`",
-            nullable=True,
+            "sweep_name", pl.String(), "", "the `sweep run` the trial belongs to; null for `sweep bench`", nullable=True
         ),
         Column(
-            "worker_pid",
-            pl.Int64(),
-            "",
-            "process id of the Ray worker that ran the trial; null for `sweep bench`",
-            nullable=True,
+            "worker_pid", pl.Int64(), "", "pid of the Ray worker that ran it; null for `sweep bench`", nullable=True
         ),
         Column(
             "worker_model_loads",
@@ -332,22 +326,8 @@ TRIALS = Table(
             nullable=True,
         ),
         Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
-        Column(
-            "stopped_at_prompts",
-            pl.Int32(),
-            "prompts",
-            "a stopped setting's prompts measured when it stopped (search.rung_prompts, then twice as many, ...); "
-            "null otherwise",
-            nullable=True,
-        ),
-        Column(
-            "stop_agreement_hi",
-            pl.Float64(),
-            "fraction",
-            "a stopped setting's upper end of its agreement's bootstrap interval over those prompts (the analysis's "
-            "agreement_hi estimator), below search.min_agreement; null otherwise",
-            nullable=True,
-        ),
+        Column("stopped_at_prompts", pl.Int32(), "prompts", STOPPED_AT, nullable=True),
+        Column("stop_agreement_hi", pl.Float64(), "fraction", STOP_HI, nullable=True),
         Column(
             "prompt_prefix_agreement", pl.List(pl.Float64()), "fraction", "prefix agreement per prompt", nullable=True
         ),
