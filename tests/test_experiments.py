@@ -23,6 +23,8 @@ REPLACED = {
     "calibrate-saturation": "model=smollm2-135m gate=saturation gate.min_layer=8 prompts=humaneval "
     "prompts.n=164 calibrate.split=0.78 \"calibrate.grid='range(0.002, 0.042, step=0.002)'\" "
     "bench.gen_tokens=16",
+    "calibrate-cpu": "model=smollm2-135m gate=saturation gate.min_layer=8 prompts=humaneval "
+    "prompts.n=40 calibrate.split=0.75 \"calibrate.grid='range(0.004, 0.036, step=0.004)'\" bench.gen_tokens=16",
     "cluster-gpu": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1",
     "cluster-gpu-humaneval": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1 "
     "resources.cpu=4 prompts=humaneval prompts.n=16 bench.gen_tokens=64 bench.repeats=5",

@@ -156,7 +156,7 @@ class SearchConfig:
     # hopeless settings stopped early: a setting whose agreement's bootstrap interval ends below this after its
     # first rung_prompts prompts (then twice as many, ...) stops there, a row of status `stopped` (null: none stops)
     min_agreement: float | None = field(None, check=in_range(0, 1), allowed="a number in [0, 1] or null")
-    rung_prompts: int = field(2, check=in_range(1, 100000), allowed="an integer in 1..100000")
+    rung_prompts: int = field(check=in_range(1, 100000), allowed="an integer in 1..100000")
     # skipset: bench.draft_stop values searched jointly with the set, e.g. [null, 0.3, 0.6, 0.9] (null: the set alone)
     draft_stops: list | None = field(
         None,
