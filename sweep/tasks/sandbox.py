@@ -225,12 +225,14 @@ def _interpreter() -> tuple[str, bool]:
     found once by running a program that imports from the standard library; none: this interpreter, as root."""
     global _FOUND
     if _FOUND is None:
-        _FOUND = (sys.executable, False)
-        if os.geteuid() == 0:
-            for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
-                if os.path.exists(candidate) and _starts(candidate):
-                    _FOUND = (candidate, True)
-                    break
+        if os.geteuid() != 0:
+            _FOUND = (sys.executable, False)
+            return _FOUND
+        for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
+            if os.path.exists(candidate) and _starts(candidate):
+                _FOUND = (candidate, True)  # found: kept; not found is asked again next time (a probe may time out)
+                return _FOUND
+        return (sys.executable, False)
     return _FOUND
 
 
