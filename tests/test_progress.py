@@ -264,14 +264,12 @@ def test_a_sweeps_eta_comes_from_the_work_left_and_steps_down_evenly_through_a_b
     one bundle arriving together step it down by one setting's time each (the count-based ETA, from the elapsed
     time of the rows so far, would read near zero here: they took no wall time in this test), a setting with
     twice the work left counts twice, and the last row leaves nothing."""
-    import dataclasses
-
     from sweep.bench.command import run_bench
     from sweep.orchestrate.rows import RowWriter
 
     cfg = compose("model=tiny-llama", "gate=margin", "gate.theta=1", "prompts.n=2", f"results.root={tmp_path / 'b'}")
     _, real, _ = run_bench(cfg)
-    real = dataclasses.asdict(real) if dataclasses.is_dataclass(real) else dict(real)
+    real = dict(real)
 
     def result(i: int, **changes) -> dict:
         row = {**real, "trial_id": f"{i:016x}", "bench_seconds": 10.0, "trial_seconds": 10.0, "baseline_shared": 4}

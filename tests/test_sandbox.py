@@ -10,29 +10,17 @@ from pathlib import Path
 import pytest
 
 from sweep.errors import ConfigError
-from sweep.tasks.sandbox import FIRST_UID, Limits, require_allowed, run_program, run_programs
+from sweep.tasks.sandbox import FIRST_UID, Limits, pids_of, require_allowed, run_program, run_programs
 
 pytestmark = pytest.mark.faults  # hostile programs, and the sandbox's kills of their process trees
 
 LIMITS = Limits(timeout_s=3.0, cpu_s=3, memory_bytes=512 << 20, output_bytes=4096)
 
 
-def _uid_processes(uid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    out.append(int(entry.name))
-            except OSError:
-                pass
-    return out
-
-
 def _ends_failed(source: str, limits: Limits = LIMITS):
     outcome = run_program(source, limits)
     assert outcome.status != "passed", outcome
-    assert not _uid_processes(FIRST_UID)  # nothing of it left running
+    assert not pids_of(FIRST_UID)  # nothing of it left running
     return outcome
 
 
@@ -57,7 +45,7 @@ def test_a_fork_bomb_is_bounded_and_its_whole_tree_dies():
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     outcome = run_program(bomb, LIMITS, slot=slot)
     assert outcome.status != "passed"
-    wait_for(lambda: not _uid_processes(FIRST_UID + slot), "the fork bomb's processes to be gone")
+    wait_for(lambda: not pids_of(FIRST_UID + slot), "the fork bomb's processes to be gone")
 
 
 def test_ten_gigabytes_of_memory_are_refused():

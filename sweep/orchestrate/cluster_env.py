@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from sweep.config import ClusterConfig
+from sweep.tasks.sandbox import pids_of
 from sweep.errors import SweepError
 
 log = logging.getLogger("sweep.orchestrate.cluster_env")
@@ -244,16 +245,7 @@ def _running(pid: int, start: int | None) -> bool:
 
 
 def _own_pids() -> list[int]:
-    uid = os.geteuid()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    out.append(int(entry.name))
-            except OSError:
-                continue
-    return out
+    return pids_of(os.geteuid())
 
 
 def descendants(pid: int) -> list[int]:

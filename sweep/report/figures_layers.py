@@ -29,22 +29,12 @@ def draw_layers(curve: pl.DataFrame, model: str):
     fig, axes = _figure(3, 1, figsize=(9.5, 10), sharex=True)
     deltas = curve["delta_median"].to_list()
     axes[0].plot(layers, deltas, "o-", ms=3, label="median saturation delta")
-    if "delta_q10" in curve.columns:  # a threshold under the median still fires on the steps below it
-        axes[0].fill_between(
-            layers,
-            curve["delta_q10"].to_list(),
-            curve["delta_q90"].to_list(),
-            color="tab:blue",
-            alpha=0.15,
-            label="10th-90th percentile (steps under an eps line exit)",
-        )
+    spread = _band(axes[0], curve, "delta", "tab:blue", "steps under an eps line exit")
     if curve["pca_delta_median"].null_count() < curve.height:
         pca = curve["pca_delta_median"].to_list()
         deltas = deltas + pca
         axes[0].plot(layers, pca, "s-", ms=3, color="tab:purple", label="median pca_delta (lm_head subspace)")
-    if "delta_q10" in curve.columns:
-        deltas = deltas + [v for v in (*curve["delta_q10"].to_list(), *curve["delta_q90"].to_list()) if v is not None]
-    _threshold_lines(axes[0], deltas, "eps", EPS_LINES)
+    _threshold_lines(axes[0], deltas + spread, "eps", EPS_LINES)
     axes[0].set_ylabel("relative change per layer")
     top1 = curve["top1_agreement"].to_list()
     axes[1].plot(layers, top1, "o-", ms=3, color="tab:green", label="logit-lens top-1 = final top-1")
@@ -52,18 +42,8 @@ def draw_layers(curve: pl.DataFrame, model: str):
     axes[1].set_ylim(*_fit_agreement(top1))
     margins = curve["margin_median"].to_list()
     axes[2].plot(layers, margins, "o-", ms=3, color="tab:orange", label="median margin gamma_l")
-    band = []
-    if "margin_q10" in curve.columns:
-        band = [*curve["margin_q10"].to_list(), *curve["margin_q90"].to_list()]
-        axes[2].fill_between(
-            layers,
-            curve["margin_q10"].to_list(),
-            curve["margin_q90"].to_list(),
-            color="tab:orange",
-            alpha=0.15,
-            label="10th-90th percentile (steps over a theta line exit)",
-        )
-    _threshold_lines(axes[2], margins + [v for v in band if v is not None], "theta", THETA_LINES)
+    band = _band(axes[2], curve, "margin", "tab:orange", "steps over a theta line exit")
+    _threshold_lines(axes[2], margins + band, "theta", THETA_LINES)
     axes[2].set_ylabel("top1 - top2 (logits)")
     axes[2].set_xlabel("layer l (1-indexed; layers 1..l ran)")
     _layer_axis(axes[2], layers)
@@ -77,6 +57,17 @@ def draw_layers(curve: pl.DataFrame, model: str):
     )
     fig.tight_layout()
     return fig
+
+
+def _band(ax, curve: pl.DataFrame, signal: str, color: str, meaning: str) -> list[float]:
+    """The 10th-90th percentile band of ``signal`` per layer (a threshold under the median still fires on the
+    steps beyond it), where the curve has it; its values, for the panel's range."""
+    if f"{signal}_q10" not in curve.columns:
+        return []
+    lo, hi = curve[f"{signal}_q10"].to_list(), curve[f"{signal}_q90"].to_list()
+    layers = curve["layer"].to_list()
+    ax.fill_between(layers, lo, hi, color=color, alpha=0.15, label=f"10th-90th percentile ({meaning})")
+    return [v for v in (*lo, *hi) if v is not None]
 
 
 def lens_figure(curve: pl.DataFrame, model: str, readouts_id: str, out: Path) -> str:

@@ -193,7 +193,7 @@ def _kill_tree(proc: subprocess.Popen, uid: int | None) -> None:
         return
     deadline = time.monotonic() + 10.0  # its slot's user: whatever escaped the group, until the kernel has them all
     while time.monotonic() < deadline:
-        left = _processes_of(uid)
+        left = pids_of(uid)
         if not left:
             return
         for pid in left:
@@ -204,7 +204,8 @@ def _kill_tree(proc: subprocess.Popen, uid: int | None) -> None:
         time.sleep(0.02)
 
 
-def _processes_of(uid: int) -> list[int]:
+def pids_of(uid: int) -> list[int]:
+    """The pids of every process ``uid`` runs now (from /proc)."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -274,12 +275,4 @@ def _starts(python: str) -> bool:
 
 def _user_processes() -> int:
     """Processes this user runs now (the limit on processes counts them all where the sandbox cannot switch user)."""
-    me = os.geteuid()
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                count += entry.stat().st_uid == me
-            except OSError:
-                pass
-    return count
+    return len(pids_of(os.geteuid()))
