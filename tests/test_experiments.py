@@ -25,10 +25,17 @@ REPLACED = {
     "bench.gen_tokens=16",
     "calibrate-cpu": "model=smollm2-135m gate=saturation gate.min_layer=8 prompts=humaneval "
     "prompts.n=40 calibrate.split=0.75 \"calibrate.grid='range(0.004, 0.036, step=0.004)'\" bench.gen_tokens=16",
+    "humaneval-cpu": "model=smollm2-135m search=bracket search.n_trials=3 search.neighbours=0 "
+    "'search.spaces=[{gate: saturation, gate.min_depth: 0.5}]' prompts.n=2 bench.gen_tokens=16 bench.repeats=1 "
+    "resources.cpu=2 eval.task=humaneval eval.max_tokens=128",
     "cluster-gpu": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1",
     "cluster-gpu-humaneval": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1 "
     "resources.cpu=4 prompts=humaneval prompts.n=16 bench.gen_tokens=64 bench.repeats=5",
 }
+
+
+# what the command line adds to an experiment: a consent no shipped file gives (eval.allow_code_execution)
+CONSENT = {"humaneval-cpu": ("eval.allow_code_execution=true",)}
 
 
 def test_every_experiment_is_described_here():
@@ -39,14 +46,21 @@ def test_every_experiment_is_described_here():
 def test_every_experiment_composes_validates_and_is_global(name):
     path = ROOT / "conf" / "experiment" / f"{name}.yaml"
     assert path.read_text().startswith("# @package _global_\n")
-    cfg = compose(f"experiment={name}")
+    cfg = compose(f"experiment={name}", *CONSENT.get(name, ()))
     assert cfg != compose()  # it changes something
     assert not hasattr(cfg, "experiment")
 
 
 @pytest.mark.parametrize("name", sorted(REPLACED))
 def test_an_experiment_equals_the_overrides_it_replaced(name):
-    assert compose(f"experiment={name}") == compose(*shlex.split(REPLACED[name]))
+    extra = CONSENT.get(name, ())
+    assert compose(f"experiment={name}", *extra) == compose(*shlex.split(REPLACED[name]), *extra)
+
+
+def test_a_shipped_experiment_never_consents_to_running_code():
+    for name in CONSENT:
+        with pytest.raises(ConfigError, match="eval.allow_code_execution=false"):
+            compose(f"experiment={name}")
 
 
 def test_the_command_line_overrides_an_experiment():

@@ -36,6 +36,7 @@ from sweep.analysis._pareto import (
     pareto_front,
 )
 from sweep.analysis._screen import comparison, gap_by_gate
+from sweep.analysis._tasks import LOSS_TARGETS, accuracy_front, accuracy_targets, task_eas, task_trials
 from sweep.analysis._profiles import (
     S_VARIANTS,
     eas_per_layer,
@@ -49,6 +50,11 @@ from sweep.analysis._profiles import (
 )
 
 __all__ = [
+    "LOSS_TARGETS",
+    "accuracy_front",
+    "accuracy_targets",
+    "task_eas",
+    "task_trials",
     "agreement_interval",
     "FLOORS",
     "FLOOR_TARGET",

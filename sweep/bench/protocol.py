@@ -347,6 +347,12 @@ def run_trials(
                 share=n,
             )
         )
+    for cfg, gate, row in zip(cfgs, gates, rows):
+        if cfg.eval.task is not None:  # the task's accuracy, gated and at full depth (sweep.tasks.evaluate)
+            from sweep.config.identity import trial_columns
+            from sweep.tasks.evaluate import evaluate
+
+            row.update(evaluate(cfg, lm, gated_engine(cfg, lm, gate), trial_columns(cfg)["trial_id"]))
     return rows
 
 

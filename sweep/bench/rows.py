@@ -4,6 +4,8 @@ bench` prints (``format_row``)."""
 
 from __future__ import annotations
 
+import json
+
 import os
 from typing import Any
 
@@ -221,6 +223,8 @@ def format_row(row: dict[str, Any], costs=None) -> str:
         )
     if costs is not None:
         lines.append(costs.format())
+    if row.get("task") is not None:
+        lines.append(task_line(row))
     lines.append(f"status: {row['status']}")
     return "\n".join(lines)
 
@@ -251,3 +255,18 @@ def aa_lines(row: dict[str, Any]) -> list[str]:
         why = "outside the noise floor"
     lines.append(f"ranked speedup (what `sweep analyze` and the Optuna objective use): {ranked:.3f}x ({why})")
     return lines
+
+
+def task_line(row: dict[str, Any]) -> str:
+    """The task's accuracy beside full depth's, with the loss's interval (``eval.task``)."""
+    extra = ""
+    if row.get("task_agreement") is not None:
+        extra = f"; completions agree with full depth on {row['task_agreement']:.3f} of tokens"
+    if row.get("pass_at_k") and len(json.loads(row["pass_at_k"])) > 1:
+        extra += "; pass@k " + ", ".join(f"@{k} {v:.3f}" for k, v in json.loads(row["pass_at_k"]).items())
+    return (
+        f"task {row['task']} on {row['task_problems']} problems: {row['task_metric']} {row['accuracy']:.3f} "
+        f"[{row['accuracy_lo']:.3f}, {row['accuracy_hi']:.3f}] against {row['accuracy_full']:.3f} at full depth; "
+        f"loss {row['accuracy_loss']:+.3f} [{row['accuracy_loss_lo']:+.3f}, {row['accuracy_loss_hi']:+.3f}] (95%, "
+        f"problems resampled){extra}"
+    )

@@ -112,11 +112,13 @@ HELP: dict[str, CommandHelp] = {
         "prompts, speedups and agreement; one Parquet row under results.root.",
         ("model", "gate", "gate.min_depth", "gate.min_layer", "prompts", "prompts.n")
         + ("bench.gen_tokens", "bench.warmup", "bench.repeats", "bench.kv_policy", "bench.mode", "bench.batch_size")
+        + ("eval.task", "eval.problems", "eval.allow_code_execution", "eval.harness_tasks")
         + ("device", "dtype", "results.root"),
         (
             "sweep bench model=tiny-llama gate=saturation gate.eps=0.3",
             "sweep bench gate=margin gate.theta=14 gate.min_layer=8",
             "sweep bench gate=fixed gate.exit_layer=15 bench.mode=self_speculative",
+            "sweep bench gate=saturation gate.eps=0.2 eval.task=humaneval eval.allow_code_execution=true",
         ),
         gates=True,
     ),

@@ -1,6 +1,7 @@
 """Configuration: Hydra composition of conf/ into validated, typed dataclasses."""
 
 from sweep.config._compose import (
+    CODE_EXECUTION_OPT_IN,
     GATE_BASE,
     check_sweep_name,
     compose,
@@ -17,6 +18,7 @@ from sweep.config._schema import (
     ClusterConfig,
     Config,
     EasConfig,
+    EvalConfig,
     GateConfig,
     ModelConfig,
     ProfileConfig,
@@ -29,6 +31,7 @@ from sweep.config._schema import (
 )
 
 __all__ = [
+    "CODE_EXECUTION_OPT_IN",
     "GATE_BASE",
     "AnalysisConfig",
     "BenchConfig",
@@ -36,6 +39,7 @@ __all__ = [
     "ClusterConfig",
     "Config",
     "EasConfig",
+    "EvalConfig",
     "GateConfig",
     "ModelConfig",
     "ProfileConfig",

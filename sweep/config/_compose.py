@@ -152,6 +152,7 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     if cfg.calibrate.grid is not None:
         check_ladder(cfg.calibrate.grid, cfg.gate.name)
     _check_bench(cfg)
+    _check_eval(cfg)
     if cfg.sweep.storage is not None and "://" in cfg.sweep.storage:
         raise ConfigError(
             f"sweep.storage={cfg.sweep.storage}: a filesystem path is needed (a shared mount on a cluster)"
@@ -220,6 +221,45 @@ def _check_bench(cfg: Config) -> None:
         raise ConfigError(
             f"bench.batch_size={b.batch_size}: needs at least {b.batch_size} prompts (prompts.n={cfg.prompts.n})"
         )
+
+
+# the one wording of the sandbox's opt-in (``sweep.tasks.sandbox.require_allowed``)
+CODE_EXECUTION_OPT_IN = (
+    "eval.allow_code_execution=false: this evaluation runs code the model wrote; set eval.allow_code_execution=true "
+    "to run it in the sandbox (docs/tasks.md says what it isolates)"
+)
+
+
+def _check_eval(cfg: Config) -> None:
+    e = cfg.eval
+    if e.task is None:
+        from sweep.config.search import TASK_METRICS
+
+        for section in ("objectives", "constraints"):
+            named = [m for m in getattr(cfg.search, section) if m in TASK_METRICS]
+            if named:
+                raise ConfigError(
+                    f"search.{section}.{named[0]}: a task's metric; measure a task with eval.task=humaneval|harness"
+                )
+        return
+    if e.task == "humaneval" and not e.allow_code_execution:
+        raise ConfigError(CODE_EXECUTION_OPT_IN)
+    if (e.task == "harness") != (e.harness_tasks is not None):
+        raise ConfigError(
+            "eval.harness_tasks: lm-evaluation-harness task names, given with eval.task=harness (and only then); "
+            f"here eval.task={e.task} and eval.harness_tasks={e.harness_tasks}"
+        )
+    if e.samples > 1 and e.temperature == 0:
+        raise ConfigError(
+            f"eval.samples={e.samples}: several completions per problem are sampled; set eval.temperature > 0"
+        )
+    if e.temperature > 0 and cfg.bench.mode != "early_exit":
+        raise ConfigError(
+            f"eval.temperature={e.temperature}: sampled completions are decoded in bench.mode=early_exit only "
+            "(self-speculation verifies greedy tokens)"
+        )
+    if min(e.ks) > e.samples:
+        raise ConfigError(f"eval.ks={e.ks}: pass@k needs k <= eval.samples={e.samples} for at least one k")
 
 
 def _derive_name(path: str | None) -> str:

@@ -265,6 +265,36 @@ class EasConfig:
     alpha: float = field(check=in_range(0, 1), allowed="a number in [0, 1]")
 
 
+def _ks(values: list) -> bool:
+    return (
+        len(values) > 0
+        and len(set(values)) == len(values)
+        and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 1000 for k in values)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """A task's accuracy under the gate and at full depth, on the same problems, in the same trial (docs/tasks.md):
+    null task = none (the trial measures agreement and speed only)."""
+
+    task: Literal["humaneval", "harness"] | None = None
+    problems: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null (all)")
+    max_tokens: int = field(check=in_range(1, 4096), allowed="an integer in 1..4096")  # per completion
+    samples: int = field(check=in_range(1, 1000), allowed="an integer in 1..1000")  # completions per problem
+    temperature: float = field(check=lambda v: 0 <= v <= 10, allowed="a number in [0, 10]")  # 0: greedy
+    ks: list = field(check=_ks, allowed="a non-empty list of distinct integers in 1..1000 (the k of pass@k)")
+    allow_code_execution: bool  # humaneval runs code the model wrote: opt-in
+    workers: int = field(check=in_range(1, 64), allowed="an integer in 1..64")  # programs the sandbox runs at once
+    timeout_s: float = field(check=lambda v: 0 < v <= 3600, allowed="a number in (0, 3600]")  # per program
+    harness_tasks: list | None = field(
+        None,
+        check=lambda v: len(v) > 0 and all(isinstance(t, str) and t.strip() for t in v),
+        allowed="a non-empty list of lm-evaluation-harness task names, or null",
+    )
+    harness_include: str | None = _path("a directory of lm-evaluation-harness task YAMLs")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ResultsConfig:
     root: str = field(check=lambda v: v.strip() != "" and "\0" not in v, allowed="a non-empty directory path")
@@ -292,4 +322,5 @@ class Config:
     analysis: AnalysisConfig
     calibrate: CalibrateConfig
     fit: FitConfig
+    eval: EvalConfig
     results: ResultsConfig

@@ -60,9 +60,14 @@ def trial_identity(cfg: Config, device: str) -> TrialIdentity:
         "dtype": cfg.dtype,
         "seed": cfg.seed,
     }
+    if cfg.eval.task is not None:  # a trial that also measures a task's accuracy (left out otherwise: ids unchanged)
+        key["eval"] = {k: v for k, v in dataclasses.asdict(cfg.eval).items() if k in EVAL_KEYS}
     text = _canonical(key)
     return TrialIdentity(text, _digest(text))
 
+
+# what defines an evaluation's result (not the sandbox's opt-in, pool size or timeout)
+EVAL_KEYS = ("task", "problems", "max_tokens", "samples", "temperature", "ks", "harness_tasks", "harness_include")
 
 # config keys added after trial ids were first written: left out of a trial's key while null (their
 # default), so every trial that does not use one keeps the id it always had (resume, dedupe, joins)

@@ -34,7 +34,10 @@ METRICS = (
     "exit_rate",
     "layers_saved",
     "ms_per_token",
+    "accuracy",  # a task's, with eval.task set (sweep.tasks.evaluate)
+    "accuracy_loss",
 )
+TASK_METRICS = ("accuracy", "accuracy_loss")
 
 
 MAX_VALUES = 10_000  # values one range(...) may expand to

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
 from sweep.gates import FIRST, Decoding, Gate
 from sweep.models import LoadedModel, StepExit
 from sweep.decode.timing import Timer
+
+# chooses token ``index`` (0-based) of a generation from its logits (1, vocab): a (1, 1) tensor of its id
+Pick = Callable[[torch.Tensor, int], torch.Tensor]
 
 KV_POLICIES = ("propagate", "full", "none")  # none: skipped layers get no K/V (self-speculation's drafts)
 
@@ -157,13 +160,23 @@ class Engine:
 
     @torch.inference_mode()
     def generate(
-        self, prompt_ids: Sequence[int], n_tokens: int, *, record: bool = False, keep_cache: bool = False
+        self,
+        prompt_ids: Sequence[int],
+        n_tokens: int,
+        *,
+        record: bool = False,
+        keep_cache: bool = False,
+        pick: Pick | None = None,
+        stop: Callable[[list[int]], bool] | None = None,
     ) -> Generation:
         """Exactly ``n_tokens`` (>= 1) greedy tokens; ``record`` keeps the logits and exit hidden
-        states, ``keep_cache`` the final KV cache (both for checks, not for timing)."""
+        states, ``keep_cache`` the final KV cache (both for checks, not for timing). ``pick(logits, index)``
+        chooses token ``index`` instead of the argmax (a sample, or a teacher-forced token); ``stop(tokens)``,
+        asked after each token, ends the generation early (a task's stop sequence)."""
         if n_tokens < 1:
             raise ValueError(f"n_tokens={n_tokens}: must be >= 1")
         adapter, gate = self.adapter, self.gate
+        choose = pick if pick is not None else _argmax
         cache = adapter.new_cache()
         ids = torch.tensor([list(prompt_ids)], device=self.lm.device)
         with Timer(self.lm.device) as prefill:
@@ -174,16 +187,21 @@ class Engine:
                 logits, hs, at, calibration = self.gated_prefill(ids, cache, n_tokens)
                 first = self._decide_prefill(hs, logits, at)
                 del hs
-            token = first.logits.argmax(-1, keepdim=True)
+            token = choose(first.logits, 0)
         out_logits, exits, probes, hidden = [first.logits], [first.exit_layer], [first.probes], [first.hidden]
         tokens = [token]
+        ids_so_far = [int(token)] if stop is not None else []
         with self.stepping() as stepper, Timer(self.lm.device) as decode:
             for index in range(1, n_tokens):
+                if stop is not None and stop(ids_so_far):
+                    break
                 if gate is not None:
                     stepper.state.at = Decoding(index, n_tokens, at.calibration)
                 out = stepper.step(token, cache)
-                token = out.logits.argmax(-1, keepdim=True)
+                token = choose(out.logits, index)
                 tokens.append(token)
+                if stop is not None:
+                    ids_so_far.append(int(token))
                 if record:
                     out_logits.append(out.logits)
                     hidden.append(out.hidden)
@@ -278,6 +296,10 @@ class Engine:
                     raise StepExit
 
         return after_layer
+
+
+def _argmax(logits: torch.Tensor, index: int) -> torch.Tensor:
+    return logits.argmax(-1, keepdim=True)
 
 
 def greedy_decode(lm: LoadedModel, prompt_ids: Sequence[int], n_tokens: int) -> list[int]:

@@ -110,7 +110,11 @@ class SelfSpeculative:
         self.lm, self.drafter, self.draft_len, self.draft_stop = lm, drafter, draft_len, draft_stop
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], n_tokens: int) -> SpeculativeGeneration:
+    def generate(
+        self, prompt_ids: Sequence[int], n_tokens: int, *, stop: Callable[[list[int]], bool] | None = None
+    ) -> SpeculativeGeneration:
+        """``n_tokens`` greedy tokens, the full model's (lossless); ``stop(tokens)``, asked after each verification,
+        ends the generation early (the tokens kept are those verified by then)."""
         adapter, dev = self.lm.adapter, self.lm.device
         cache = adapter.new_cache()
         ids = torch.tensor([list(prompt_ids)], device=dev)
@@ -123,7 +127,7 @@ class SelfSpeculative:
         )
         drafting, verifying = Timer(dev), Timer(dev)
         with self.drafter.session() as draft, Timer(dev) as decode:
-            while len(tokens) < n_tokens:
+            while len(tokens) < n_tokens and not (stop is not None and stop(torch.cat(tokens, dim=1)[0].tolist())):
                 with drafting:
                     drafted, steps = self._draft(
                         draft, token, cache, committed, min(self.draft_len, n_tokens - len(tokens))

@@ -21,6 +21,7 @@ from sweep.analysis import (
 )
 from sweep.report.tables import floor_lines, floor_of, knees_table, num, stopped_lines, table_head, targets_table
 from sweep.report.context import ReportContext
+from sweep.report.tasks import task_section, task_verdict_lines
 from sweep.report.verdicts import verdict, verdicts
 
 __all__ = ["SECTIONS", "ReportContext", "Section", "verdict", "verdicts"]
@@ -71,7 +72,8 @@ def header(ctx: ReportContext) -> Section:
 
 
 def verdict_section(ctx: ReportContext) -> Section:
-    return Section(["## Verdicts", ""] + [f"- {v}" for v in verdicts(ctx)] + [""])
+    accuracy = [f"- {line}" for line in task_verdict_lines(ctx.ok)]
+    return Section(["## Verdicts", ""] + [f"- {v}" for v in verdicts(ctx)] + accuracy + [""])
 
 
 def model_sections(ctx: ReportContext) -> Section:
@@ -320,4 +322,5 @@ SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (
     screen_section,
     speculation_section,
     batching_section,
+    lambda ctx: Section(task_section(ctx)),
 )

@@ -39,7 +39,9 @@ from sweep.gates import GATES, PARAMS, ParamSpec
 # 11: trials carry cost_model_source (fresh, or cached: the cost model kept per machine, sweep.bench.costs_cache)
 # 12: status `stopped` (search.min_agreement: a setting stopped after its first prompts), with stopped_at_prompts
 #    and stop_agreement_hi
-SCHEMA_VERSION = 12
+# 13: trials carry a task's accuracy beside agreement (eval.task: task, task_metric, accuracy, accuracy_full,
+#    accuracy_loss and their bootstrap intervals over problems, per-problem scores, completions, pass_at_k, sandbox)
+SCHEMA_VERSION = 13
 
 
 @dataclass(frozen=True)

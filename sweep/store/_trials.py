@@ -5,9 +5,11 @@ from __future__ import annotations
 import polars as pl
 
 from sweep.store._columns import GATE_FIELDS, PROVENANCE, Column, Table, metric
+from sweep.store._task_columns import TASK_COLUMNS
 
 STOPPED_AT = "a stopped setting's prompts when it stopped (search.rung_prompts, doubling); null otherwise"
 STOP_HI = "a stopped setting's agreement_hi over those prompts, below search.min_agreement; null otherwise"
+
 TRIALS = Table(
     name="trials",
     partition_by=("model", "gate"),
@@ -390,6 +392,7 @@ TRIALS = Table(
             "[round][unit] the A/A control's prefill ms",
             nullable=True,
         ),
-    ),
+    )
+    + TASK_COLUMNS,
     cached=True,
 )

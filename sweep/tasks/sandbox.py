@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.errors import ConfigError
+from sweep.config import CODE_EXECUTION_OPT_IN
+from sweep.errors import ConfigError, SweepError
 
 JAIL = Path(__file__).with_name("_jail.py")
 FIRST_UID = 61000  # a pool slot's unprivileged user (as root): distinct per slot, so one slot's cleanup spares others
@@ -60,10 +61,7 @@ class Outcome:
 def require_allowed(allowed: bool) -> None:
     """The opt-in: running model-written code needs ``eval.allow_code_execution=true``."""
     if not allowed:
-        raise ConfigError(
-            "eval.allow_code_execution=false: this evaluation runs code the model wrote; set "
-            "eval.allow_code_execution=true to run it in the sandbox (docs/tasks.md says what it isolates)"
-        )
+        raise ConfigError(CODE_EXECUTION_OPT_IN)
 
 
 def run_program(source: str, limits: Limits = Limits(), slot: int = 0) -> Outcome:
@@ -223,17 +221,21 @@ _FOUND: tuple[str, bool] | None = None
 def _interpreter() -> tuple[str, bool]:
     """The Python that runs programs, and whether the sandbox may switch to an unprivileged user for it: as root,
     the first of this interpreter and the system's that such a user can start (its files readable by others),
-    found once by running a program that imports from the standard library; none: this interpreter, as root."""
+    found once by running a program that imports from the standard library; none is a SweepError (never as root)."""
     global _FOUND
     if _FOUND is None:
         if os.geteuid() != 0:
             _FOUND = (sys.executable, False)
             return _FOUND
-        for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"):
+        candidates = (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3")
+        for candidate in candidates:
             if os.path.exists(candidate) and _starts(candidate):
                 _FOUND = (candidate, True)  # found: kept; not found is asked again next time (a probe may time out)
                 return _FOUND
-        return (sys.executable, False)
+        raise SweepError(  # never as root: a program of the model's would own the machine
+            f"sandbox: running as root, and no Python an unprivileged user (uid {FIRST_UID}) can start was found "
+            f"among {', '.join(candidates)}; make one readable by others, or run sweep as an unprivileged user"
+        )
     return _FOUND
 
 

