@@ -294,10 +294,56 @@ def test_a_padded_batch_the_model_cannot_decode_as_alone_is_refused_in_one_line(
     assert out.returncode == 2 and "bench.batch_size=2: refused for model=tiny-mamba" in out.stderr
 
 
-@pytest.mark.parametrize("family", family_params(RECURRENT))
-def test_state_space_models_refuse_self_speculation_in_one_line(family):
-    with pytest.raises(ConfigError, match=r"bench.mode=self_speculative: refused for model=.*recurrent state"):
-        bench_row(family, "gate=fixed", "gate.exit_layer=2", "bench.mode=self_speculative", "bench.kv_policy=full")
+def _windows(lm) -> list[int]:
+    config = getattr(lm.model.config, "text_config", None) or lm.model.config
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    return [window] if window and (types is None or any("sliding" in t for t in types)) else []
+
+
+@pytest.mark.parametrize("family", family_params(ALL_TINY))
+def test_self_speculation_is_lossless_past_the_sliding_window_or_refused_by_check_e(family):
+    """Prefix and skip-set drafts on the model's own cache (sliding-window and state-space layers rolled back
+    through past recording): the tokens are full depth's, on a prompt that with its generation runs past the
+    smallest sliding window; a family whose layers have no attention and MLP to name refuses skip sets in one line."""
+    from sweep.decode.speculative import PrefixDraft, SelfSpeculative, SkipDraft
+    from sweep.gates.skipset import SkipSet
+
+    lm = load(f"model=tiny-{family}")
+    assert lm.fidelity.rollback_ok and lm.fidelity.rollback_err <= 1e-5  # every family passes check (e) here
+    windows = _windows(lm)
+    words = " ".join(p.text for p in chat_prompts(lm, 4))
+    prompt = lm.tokenizer(words)["input_ids"][: (min(windows) - 4 if windows else 40)]
+    n = 16
+    assert not windows or len(prompt) + n > min(windows)  # the generation crosses the window
+    full = Engine(lm).generate(prompt, n).tokens
+    drafts = [PrefixDraft(lm, 1), PrefixDraft(lm, lm.num_layers - 1)]
+    try:
+        drafts.append(SkipDraft(lm, SkipSet.parse("a1+m2")))
+    except ConfigError as exc:
+        assert TINY[family].kind in ("ssm", "hybrid") and "a skip-set draft needs one of each" in str(exc)
+    for draft in drafts:
+        for draft_len in (1, 3):
+            gen = SelfSpeculative(lm, draft, draft_len).generate(prompt, n)
+            assert gen.tokens == full, (type(draft).__name__, draft_len)
+            assert gen.drafted > 0
+
+
+def test_a_cache_that_does_not_roll_back_fails_check_e_and_refuses_self_speculation(monkeypatch):
+    """Check (e) can fail: with past recording switched off, a sliding window passed and a state-space layer's state
+    cannot be restored, and self-speculation is refused in one line naming the check."""
+    from sweep.decode.speculative import PrefixDraft, SelfSpeculative
+    from sweep.models import load_model
+    from sweep.models._adapter import Adapter
+
+    plain = Adapter.new_cache
+    monkeypatch.setattr(Adapter, "new_cache", lambda self, record=None: plain(self))
+    for family in ("gemma2", "mamba"):
+        cfg = compose(f"model=tiny-{family}")
+        lm = load_model(cfg.model, device="cpu", dtype="float32", seed=cfg.seed)
+        assert not lm.fidelity.rollback_ok
+        with pytest.raises(ConfigError, match=r"refused for model=tiny-.*fidelity check \(e\)"):
+            SelfSpeculative(lm, PrefixDraft(lm, 1), 2)
 
 
 def test_propagate_on_a_state_space_model_is_one_line_and_rc_2(tmp_path):

@@ -245,3 +245,10 @@ def test_a_task_objective_needs_a_task():
         compose(*over)
     cfg = compose(*over, "eval.task=harness", "eval.harness_tasks=[x]")
     assert cfg.search.objectives == {"speedup_model": "max", "accuracy": "max"}
+
+
+def test_the_task_columns_a_row_carries_are_the_schemas():
+    from sweep.store import TASK_COLUMNS
+    from sweep.tasks import COLUMNS
+
+    assert COLUMNS == tuple(c.name for c in TASK_COLUMNS)

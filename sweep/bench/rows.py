@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from sweep.bench.costs import CostModel, DecodeSteps
+from sweep.tasks import COLUMNS as TASK_COLUMNS
 from sweep.bench.estimators import Timings
 from sweep.bench.metrics import PromptRun, metrics, speculation
 from sweep.config import Config
@@ -60,6 +61,7 @@ def measured_row(
         stopped_at_prompts=None,  # measured to the end
         stop_agreement_hi=None,
     )
+    row.update(dict.fromkeys(TASK_COLUMNS))  # a task's columns: the trial's evaluation fills them
     return {**trial_fields(cfg, len(runs), gate), **row}
 
 

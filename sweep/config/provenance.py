@@ -70,6 +70,57 @@ def library_versions() -> dict[str, str]:
     }
 
 
+@functools.lru_cache(maxsize=1)
+def machine() -> dict:
+    """The environment fingerprint of this process's machine: CPU model, physical cores and logical threads, the
+    threads torch uses, GPU name and memory (null without one), the CUDA version torch was built with."""
+    import torch
+
+    cpu, cores = platform.processor() or platform.machine(), None
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+        pairs = set()
+        for block in text.split("\n\n"):
+            fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+            fields = {k.strip(): v.strip() for k, v in fields.items()}
+            if "core id" in fields:
+                pairs.add((fields.get("physical id", "0"), fields["core id"]))
+        cores = len(pairs) or None
+    except OSError:
+        pass
+    gpu = memory = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu, memory = props.name, round(props.total_memory / 2**30, 1)
+    return {
+        "env_cpu": cpu,
+        "env_cores": cores or os.cpu_count(),
+        "env_threads": os.cpu_count(),
+        "env_torch_threads": torch.get_num_threads(),
+        "env_gpu": gpu,
+        "env_gpu_memory_gib": memory,
+        "cuda_version": torch.version.cuda,
+    }
+
+
+# the fingerprint's columns that a front's rows should share (the report warns where they differ), dtype included
+FINGERPRINT = (
+    "env_cpu",
+    "env_cores",
+    "env_threads",
+    "env_torch_threads",
+    "env_gpu",
+    "env_gpu_memory_gib",
+    "torch_version",
+    "transformers_version",
+    "cuda_version",
+    "attn_implementation",
+    "dtype",
+)
+
+
 @functools.lru_cache(maxsize=64)
 def _fingerprint_cached(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256()

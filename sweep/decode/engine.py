@@ -168,16 +168,18 @@ class Engine:
         keep_cache: bool = False,
         pick: Pick | None = None,
         stop: Callable[[list[int]], bool] | None = None,
+        cache=None,
     ) -> Generation:
         """Exactly ``n_tokens`` (>= 1) greedy tokens; ``record`` keeps the logits and exit hidden
         states, ``keep_cache`` the final KV cache (both for checks, not for timing). ``pick(logits, index)``
         chooses token ``index`` instead of the argmax (a sample, or a teacher-forced token); ``stop(tokens)``,
-        asked after each token, ends the generation early (a task's stop sequence)."""
+        asked after each token, ends the generation early (a task's stop sequence). ``cache``: an empty cache to
+        decode into (``Adapter.new_cache(record=...)``: sliding-window layers keep every position)."""
         if n_tokens < 1:
             raise ValueError(f"n_tokens={n_tokens}: must be >= 1")
         adapter, gate = self.adapter, self.gate
         choose = pick if pick is not None else _argmax
-        cache = adapter.new_cache()
+        cache = adapter.new_cache() if cache is None else cache  # a caller's: a recording one keeps every position
         ids = torch.tensor([list(prompt_ids)], device=self.lm.device)
         with Timer(self.lm.device) as prefill:
             if gate is None:

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from sweep.decode.engine import Engine
+from sweep.errors import ConfigError
 from sweep.models import LoadedModel
 from sweep.gates.skipset import SkipSet
 
@@ -50,9 +51,15 @@ class FirstDrafts:
 def record(lm: LoadedModel, prompt_ids: Sequence[Sequence[int]], n_tokens: int) -> Recorded:
     """Full-depth greedy decoding of each prompt (the engine's), with its final cache's K/V."""
     lm.require(crop=True)  # the closed loop this screens for crops its cache: refused where it cannot
+    if lm.adapter.kind != "attention":
+        raise ConfigError(
+            f"the skip-set screen: refused for model={lm.name}: its state-space layers keep one recurrent state per "
+            "sequence, so one batched pass cannot start a draft at every position; skip sets run closed-loop "
+            "(gate=skip bench.mode=self_speculative)"
+        )
     engine, out = Engine(lm), Recorded([], [], [])
-    for ids in prompt_ids:
-        gen = engine.generate(list(ids), n_tokens, keep_cache=True)
+    for ids in prompt_ids:  # a recording cache: a sliding-window layer keeps every position's K/V too
+        gen = engine.generate(list(ids), n_tokens, keep_cache=True, cache=lm.adapter.new_cache(record=1))
         out.prompt_ids.append(list(ids))
         out.tokens.append(gen.tokens)
         out.kv.append([(layer.keys, layer.values) for layer in gen.cache.layers])
@@ -68,7 +75,7 @@ def first_drafts(lm: LoadedModel, rec: Recorded, skip: SkipSet) -> FirstDrafts:
     for ids, tokens, kv in zip(rec.prompt_ids, rec.tokens, rec.kv):
         P, R = len(ids), len(tokens) - 1
         longest = P + R - 1  # the context of the last row: positions 0 .. P + R - 2
-        cache = adapter.new_cache()
+        cache = adapter.new_cache(record=1)  # sliding-window layers keep the rows' whole contexts
         for j, (k, v) in enumerate(kv):
             rows_k = k.new_zeros((R, *k.shape[1:2], longest, k.shape[-1]))
             rows_v = v.new_zeros((R, *v.shape[1:2], longest, v.shape[-1]))

@@ -116,10 +116,11 @@ class SelfSpeculative:
         """``n_tokens`` greedy tokens, the full model's (lossless); ``stop(tokens)``, asked after each verification,
         ends the generation early (the tokens kept are those verified by then)."""
         adapter, dev = self.lm.adapter, self.lm.device
-        cache = adapter.new_cache()
+        cache = adapter.new_cache(record=self.draft_len + 1)  # sliding and state-space layers roll back a round
         ids = torch.tensor([list(prompt_ids)], device=dev)
         with Timer(dev) as prefill:
             token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
+            adapter.crop_cache(cache, ids.shape[1])  # a recording layer keeps only what the next step needs
         tokens = [token]
         committed = ids.shape[1]  # positions every layer holds; the last committed token is not fed yet
         out = SpeculativeGeneration(

@@ -71,10 +71,16 @@ class Adapter:
         """Which adapter path the K/V fill takes: fast, generic, or none (no fill: kv_policy=propagate refused)."""
         return self.kv_path or "none"
 
-    def new_cache(self):
+    def new_cache(self, record: int | None = None):
+        """The model's own cache. ``record`` (a count of positions): sliding-window and state-space layers keep their
+        past until the next ``crop_cache`` (transformers' past recording), each state-space layer the recurrent states
+        of its last ``record`` positions of a forward, so a crop of up to that many positions rolls them back."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config)
+        if record is not None:
+            cache.activate_past_recording(recurrent_states_to_keep=record)
+        return cache
 
     def forward(
         self,
@@ -172,7 +178,7 @@ class Adapter:
     def bypassing(self, skip) -> Iterator[None]:
         """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.gates.skipset.SkipSet``,
         1-indexed layers) bypassed through the residual: each returns zeros, so the residual passes on
-        unchanged and a bypassed attention writes no K/V."""
+        unchanged; a bypassed attention appends zero K/V that nothing reads (``sweep.models._bypass``)."""
         from sweep.models._bypass import bypassing, output_shapes
 
         chosen = [
@@ -195,18 +201,17 @@ class Adapter:
         return [i for i, entry in enumerate(self.new_cache().layers) if hasattr(entry, "keys")]
 
     def crop_cache(self, cache, length: int) -> None:
-        """Drop every layer's K/V beyond ``length`` positions (exact only without sliding-window
-        or recurrent layers: see ``cache_crops_exactly``)."""
+        """Roll every layer back to ``length`` positions: K/V beyond them dropped, a sliding window and a state-space
+        layer's state restored from its recorded past (a cache made with ``new_cache(record=...)``); a recording layer
+        already at ``length`` trims what it kept for a crop. A layer the draft did not run (shorter) stays."""
         for layer in cache.layers:
-            if getattr(layer, "is_initialized", True) and layer.keys is not None and layer.keys.shape[-2] > length:
-                layer.crop(length - layer.keys.shape[-2])
-
-    def cache_crops_exactly(self) -> bool:
-        """Whether ``crop_cache`` restores exactly the cache of a shorter sequence: no layer slides
-        its window (a sliding layer has already dropped what a crop would need back) and none keeps
-        a recurrent state (a state-space layer cannot be rolled back)."""
-        cache = self.new_cache()
-        return self.kind == "attention" and not any(cache.is_sliding)
+            held = _layer_length(layer)
+            if held is None:
+                continue
+            if held > length:
+                layer.crop(length - held)  # a negative count: the positions to remove (every layer kind takes it)
+            elif held == length and getattr(layer, "record_past", False):
+                layer.crop(0)
 
     def layer_kv(self, index: int) -> LayerKV:
         """The parts of decoder layer ``index`` the fast K/V fill reads, by the fast path's key paths."""
@@ -271,3 +276,16 @@ def _kind(cache) -> str:
     if not any(recurrent):
         return "attention"
     return "ssm" if all(cache.is_linear) else "hybrid"
+
+
+def _layer_length(layer) -> int | None:
+    """The positions a cache layer holds (None before its first update)."""
+    if hasattr(layer, "cumulative_length_linear"):  # a state-space layer (alone or beside attention)
+        if not any(getattr(layer, "is_conv_states_initialized", {}).values()):
+            return None
+        return int(layer.cumulative_length_linear)
+    if not getattr(layer, "is_initialized", True) or getattr(layer, "keys", None) is None:
+        return None
+    if hasattr(layer, "cumulative_length"):  # a sliding window: what it has seen, not what it keeps
+        return int(layer.cumulative_length)
+    return int(layer.keys.shape[-2])

@@ -2,8 +2,9 @@
 
 A decoder layer adds its attention's and its MLP's outputs to the residual stream (before or after
 their own norms, in sequence or in parallel). A bypassed sublayer returns zeros instead of running:
-the residual passes through unchanged (a norm of zeros is zeros), a bypassed attention writes no
-K/V, and everything else is the model's own forward. Sublayers are found from the layer's structure:
+the residual passes through unchanged (a norm of zeros is zeros), a bypassed attention appends zero K/V
+that nothing reads (its layer stays as long as the others, so the masks fit), and everything else is the model's
+own forward. Sublayers are found from the layer's structure:
 its one child that is an attention module and its one child that is an MLP or mixture of experts.
 Each bypassed module's ``forward`` is an instance attribute over the class's, removed in ``finally``.
 """
@@ -47,10 +48,28 @@ def _zeros_like_output(module: torch.nn.Module, shapes: dict):
     def bypassed(*args, **kwargs):
         x = args[0] if args else kwargs.get("hidden_states", next(iter(kwargs.values())))
         zeros = torch.zeros_like(x)
+        _keep_in_step(module, kwargs, x.shape[1])
         n = shapes[module]
         return zeros if n is None else (zeros, *([None] * (n - 1)))
 
     return bypassed
+
+
+def _keep_in_step(module: torch.nn.Module, kwargs: dict, positions: int) -> None:
+    """A bypassed attention still advances its cache layer by ``positions`` (zero K/V, never read: the draft bypasses
+    it at every step, and verification crops the drafted positions away), so every layer holds the same length and
+    the masks the model builds from one layer's length (a sliding window's among them) fit every layer."""
+    cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value") if kwargs.get(k) is not None), None)
+    index = getattr(module, "layer_idx", None)
+    if cache is None or index is None or not hasattr(cache, "layers") or index >= len(cache.layers):
+        return
+    layer = cache.layers[index]
+    keys = getattr(layer, "keys", None)
+    if keys is None or not getattr(layer, "is_initialized", True) or keys.dim() != 4:
+        return
+    b, heads, _, dim = keys.shape
+    filler = torch.zeros(b, heads, positions, dim, dtype=keys.dtype, device=keys.device)
+    cache.update(filler, filler.clone(), index)
 
 
 def output_shapes(model: torch.nn.Module, modules: list[torch.nn.Module], device) -> dict:

@@ -12,11 +12,18 @@ difference over the largest magnitude of the reference:
 - (c) step: a decode step as the engine runs it (a cache from a prefill, the fill's layer wrappers
   installed) against the model's own forward over the whole sequence;
 - (d) batch: a left-padded batch of two prompts of different lengths, prefilled and stepped once,
-  against each prompt decoded alone (a state-space model's own padding may not be exact).
+  against each prompt decoded alone (a state-space model's own padding may not be exact);
+- (e) rollback: self-speculation's cache moves on the model's own cache (``Adapter.new_cache(record=...)``: past
+  recording on sliding-window and state-space layers): after a prefill, drafting 3 tokens one step at a time and
+  rolling back, then verifying them in one pass and rolling back to 1 accepted, the cache and the next step equal a
+  fresh forward over the accepted sequence (tolerance 1e-5 in float32). Its prompt runs past the smallest sliding
+  window where that window is at most ``ROLLBACK_BEYOND`` positions (a tiny model's); a longer window is checked
+  below it, the check's cost kept to milliseconds.
 
 (a) failing refuses everything that reads the lens (every exiting gate, the profile, prefix
 self-speculation): gate=full still runs. (b) failing refuses kv_policy=propagate; full still works.
-(c) failing refuses the model. (d) failing refuses bench.batch_size > 1. Tolerances are per dtype:
+(c) failing refuses the model. (d) failing refuses bench.batch_size > 1. (e) failing refuses self-speculation.
+Tolerances are per dtype:
 the two sides of each comparison run the same arithmetic in a different order, so they agree to a
 few units of the dtype's rounding.
 """
@@ -31,6 +38,8 @@ import torch
 # the largest relative difference each comparison may show, per dtype
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 PROMPT = (5, 17, 3, 42, 7, 11, 29)  # token ids of the check (taken modulo the vocabulary)
+ROLLBACK_TOLERANCE = {torch.float32: 1e-5}  # (e), where it is tighter than TOLERANCE
+ROLLBACK_BEYOND = 256  # (e) runs past a sliding window of at most this many positions
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,13 @@ class Fidelity:
     tolerance: float
     kv_path: str | None  # fast | generic | None (no fill is exact, or the model keeps recurrent state)
     kv_refusal: str | None = None  # why kv_policy=propagate is refused
+    rollback_err: float | None = None  # (e); None: the check could not run (its error in rollback_refusal)
+    rollback_tolerance: float = 1e-5
+    rollback_refusal: str | None = None
+
+    @property
+    def rollback_ok(self) -> bool:
+        return self.rollback_err is not None and self.rollback_err <= self.rollback_tolerance
 
     @property
     def lens_ok(self) -> bool:
@@ -65,6 +81,7 @@ class Fidelity:
             "fidelity_kv_err": self.kv_err,
             "fidelity_step_err": self.step_err,
             "fidelity_batch_err": self.batch_err,
+            "fidelity_rollback_err": self.rollback_err,
         }
 
 
@@ -114,7 +131,80 @@ def check(adapter, device: torch.device) -> Fidelity:
     step_err = _step_err(adapter, ids[:, -1:], _copy(cache), whole)
     kv_err, kv_path, refusal = _kv(adapter, ids[:, -1:], cache, tol)
     adapter.kv_path = kv_path
-    return Fidelity(lens_err, kv_err, step_err, _batch_err(adapter, ids), tol, kv_path, refusal)
+    rollback_tol = min(tol, ROLLBACK_TOLERANCE.get(adapter.lm_head.weight.dtype, tol))
+    rollback_err, rollback_refusal = _rollback(adapter, device, vocab)
+    return Fidelity(
+        lens_err,
+        kv_err,
+        step_err,
+        _batch_err(adapter, ids),
+        tol,
+        kv_path,
+        refusal,
+        rollback_err,
+        rollback_tol,
+        rollback_refusal,
+    )
+
+
+def _rollback(adapter, device: torch.device, vocab: int) -> tuple[float | None, str | None]:
+    """(e): draft 3 tokens step by step and roll back; verify them in one pass and roll back to 1 accepted; the
+    next step's logits and every layer's state against a fresh forward over the accepted sequence."""
+    window = min((w for w in _windows(adapter.model.config) if w <= ROLLBACK_BEYOND), default=None)
+    length = len(PROMPT) if window is None else window + 5
+    prompt = [PROMPT[i % len(PROMPT)] * (i + 1) % vocab for i in range(length)]
+    token, drafts, correction = 13 % vocab, [31 % vocab, 37 % vocab, 41 % vocab], 43 % vocab
+
+    def ids(values) -> torch.Tensor:
+        return torch.tensor([list(values)], device=device)
+
+    try:
+        cache = adapter.new_cache(record=len(drafts) + 1)
+        adapter.forward(ids(prompt), cache)
+        adapter.crop_cache(cache, length)
+        for t in [token, *drafts[:-1]]:  # drafting: one step per draft
+            adapter.forward(ids([t]), cache)
+        adapter.crop_cache(cache, length)
+        adapter.forward(ids([token, *drafts]), cache, logits_to_keep=0)  # verification: one pass
+        adapter.crop_cache(cache, length + 2)  # 1 draft accepted: the token and that draft kept
+        rolled = adapter.forward(ids([correction]), cache)[:, -1]
+        fresh_cache = adapter.new_cache()
+        adapter.forward(ids([*prompt, token, drafts[0]]), fresh_cache)
+        fresh = adapter.forward(ids([correction]), fresh_cache)[:, -1]
+    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        return None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+    return max(rel_err(rolled, fresh), _state_err(cache, fresh_cache)), None
+
+
+def _windows(config) -> list[int]:
+    """The model's sliding-window sizes (its text config's), none for a model without."""
+    config = getattr(config, "text_config", None) or config
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window or (types is not None and not any("sliding" in str(t) for t in types)):
+        return []
+    return [int(window)]
+
+
+def _state_err(cache, fresh) -> float:
+    """The largest relative difference between two caches' states: each layer's K/V over the positions both hold,
+    its recurrent and convolution states."""
+    worst = 0.0
+    for mine, theirs in zip(cache.layers, fresh.layers):
+        for name in ("keys", "values"):
+            a, b = getattr(mine, name, None), getattr(theirs, name, None)
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 4 and b.shape[-2]:
+                n = min(a.shape[-2], b.shape[-2])
+                worst = max(worst, rel_err(a[..., -n:, :], b[..., -n:, :]))
+        for name in ("recurrent_states", "conv_states"):
+            a, b = getattr(mine, name, None), getattr(theirs, name, None)
+            if isinstance(a, dict) and isinstance(b, dict):
+                for key in a:
+                    x, y = a.get(key), b.get(key)
+                    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+                        n = min(x.shape[-1], y.shape[-1])
+                        worst = max(worst, rel_err(x[..., -n:], y[..., -n:]))
+    return worst
 
 
 def _lens_err(adapter, h_last: torch.Tensor, whole: torch.Tensor, tol: float) -> float:

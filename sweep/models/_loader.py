@@ -75,15 +75,15 @@ class LoadedModel:
         if kv_policy == "propagate" and self.adapter.kv_path is None:
             why = fid.kv_refusal if fid is not None and fid.kv_refusal else "no K/V fill was checked exact for it"
             raise ConfigError(f"bench.kv_policy=propagate: refused for {where}: {why}; use bench.kv_policy=full")
-        if crop and not self.adapter.cache_crops_exactly():
-            why = (
-                "keeps a recurrent state that cannot be rolled back"
-                if self.adapter.kind != "attention"
-                else "has sliding-window attention layers, whose cache cannot be cropped back exactly"
+        if crop and fid is not None and not fid.rollback_ok:
+            found = (
+                f"it could not run ({fid.rollback_refusal})"
+                if fid.rollback_err is None
+                else f"largest relative error {fid.rollback_err:.3g}, tolerance {fid.rollback_tolerance:g}"
             )
             raise ConfigError(
-                f"bench.mode=self_speculative: refused for {where}: it {why}; self-speculation crops the cache back "
-                f"to the accepted tokens, so it supports full-attention models"
+                f"bench.mode=self_speculative: refused for {where}: the fidelity check (e) found that its cache does "
+                f"not roll back to the accepted tokens exactly ({found})"
             )
 
     def provenance(self) -> dict[str, Any]:
@@ -98,7 +98,17 @@ class LoadedModel:
             **(self.fidelity.columns() if self.fidelity is not None else {}),
             "device": device_label(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "attn_implementation": self.attn_implementation,
         }
+
+    @property
+    def attn_implementation(self) -> str:
+        """The attention implementation the model runs (eager, sdpa, flash_attention_2, ...; none without attention)."""
+        config = self.adapter.config
+        found = getattr(config, "_attn_implementation", None) or getattr(
+            self.model.config, "_attn_implementation", None
+        )
+        return str(found) if found else "none"
 
 
 def resolve_device(device: str) -> torch.device:

@@ -23,8 +23,10 @@ def family_rows() -> list[dict]:
         refused = []
         if a.kv_path is None:
             refused.append("kv_policy=propagate")
-        if not a.cache_crops_exactly():
+        if not fid.rollback_ok:
             refused.append("self-speculation")
+        elif not _skip_sets(a):
+            refused.append("skip-set drafts")
         if not fid.lens_ok:
             refused.append("every exiting gate and the profile")
         if not fid.batch_ok:
@@ -43,16 +45,32 @@ def family_rows() -> list[dict]:
     return rows
 
 
+def _skip_sets(adapter) -> bool:
+    """Whether every decoder layer has one attention and one MLP sublayer a skip set can name."""
+    from sweep.errors import ConfigError
+
+    try:
+        for index in range(adapter.num_layers):
+            adapter.sublayers(index)
+    except ConfigError:
+        return False
+    return True
+
+
 def _why(adapter, fid) -> str:
+    reasons = []
     if not fid.batch_ok:
-        return "recurrent state: no K/V to fill, no cache to crop; its own left padding is not exact"
-    if adapter.kind == "ssm":
-        return "state-space layers keep a recurrent state: no K/V to fill, no cache to crop"
-    if adapter.kind == "hybrid":
-        return "its state-space layers keep a recurrent state"
-    if not adapter.cache_crops_exactly():
-        return "sliding-window layers cannot be cropped back exactly"
-    return ""
+        reasons.append("its own left padding is not exact")
+    if adapter.kind != "attention":
+        reasons.append(
+            f"{'state-space' if adapter.kind == 'ssm' else 'its state-space'} layers keep a recurrent "
+            "state: no K/V to fill"
+        )
+    if not fid.rollback_ok:
+        reasons.append(f"its cache does not roll back exactly ({fid.rollback_refusal or 'check (e)'})")
+    elif not _skip_sets(adapter):
+        reasons.append("layers without one attention and one MLP: a skip set names neither")
+    return "; ".join(reasons)
 
 
 def markdown(rows: list[dict]) -> str:

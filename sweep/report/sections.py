@@ -21,6 +21,7 @@ from sweep.analysis import (
 )
 from sweep.report.tables import floor_lines, floor_of, knees_table, num, stopped_lines, table_head, targets_table
 from sweep.report.context import ReportContext
+from sweep.report.environment import environment_lines
 from sweep.report.tasks import task_section, task_verdict_lines
 from sweep.report.verdicts import verdict, verdicts
 
@@ -38,6 +39,7 @@ class Section:
 def header(ctx: ReportContext) -> Section:
     lines = ["# Early-exit report", ""]
     trials, ok = ctx.trials, ctx.ok
+    lines += environment_lines(trials, ok)
     if trials.height:
         lines += [
             (

@@ -14,12 +14,14 @@ from sweep.store._io import (
     write_table,
 )
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
+from sweep.store._task_columns import TASK_COLUMNS
 
 __all__ = [
     "atomic_write",
     "STALE_AFTER_S",
     "PROVENANCE",
     "SCHEMA_VERSION",
+    "TASK_COLUMNS",
     "TABLES",
     "Column",
     "Table",

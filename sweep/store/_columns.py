@@ -41,7 +41,9 @@ from sweep.gates import GATES, PARAMS, ParamSpec
 #    and stop_agreement_hi
 # 13: trials carry a task's accuracy beside agreement (eval.task: task, task_metric, accuracy, accuracy_full,
 #    accuracy_loss and their bootstrap intervals over problems, per-problem scores, completions, pass_at_k, sandbox)
-SCHEMA_VERSION = 13
+# 14: every row carries the environment fingerprint (env_cpu, env_cores, env_threads, env_torch_threads, env_gpu,
+#    env_gpu_memory_gib, cuda_version, attn_implementation) and the fidelity check (e)'s fidelity_rollback_err
+SCHEMA_VERSION = 14
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,22 @@ PROVENANCE: tuple[Column, ...] = (
         "against each decoded alone; above the tolerance bench.batch_size > 1 is refused",
         nullable=True,
     ),
+    Column(
+        "fidelity_rollback_err",
+        pl.Float64(),
+        "ratio",
+        "fidelity check (e): max relative error of the cache and the next step after self-speculation's roll-backs "
+        "(3 drafts stepped and rolled back, verified and rolled back to 1 accepted) against a fresh forward over "
+        "the accepted sequence; above 1e-5 (float32) self-speculation is refused",
+        nullable=True,
+    ),
+    Column(
+        "attn_implementation",
+        pl.String(),
+        "",
+        "the attention implementation the model ran: eager | sdpa | flash_attention_2 | ... (none: no attention)",
+        nullable=True,
+    ),
     Column("num_layers", pl.Int32(), "layers", "L, the number of decoder layers"),
     Column("device", pl.String(), "", "cpu or cuda:N (GPU name)"),
     Column("dtype", pl.String(), "", "weights and activations dtype"),
@@ -171,6 +189,14 @@ PROVENANCE: tuple[Column, ...] = (
     Column("torch_version", pl.String(), "", "torch version"),
     Column("transformers_version", pl.String(), "", "transformers version"),
     Column("python_version", pl.String(), "", "Python version"),
+    # the environment fingerprint (sweep.config.provenance.machine): the report warns when a front's rows differ
+    Column("env_cpu", pl.String(), "", "CPU model (/proc/cpuinfo's model name)", nullable=True),
+    Column("env_cores", pl.Int32(), "cores", "physical CPU cores of the machine", nullable=True),
+    Column("env_threads", pl.Int32(), "threads", "logical CPUs (hardware threads) of the machine", nullable=True),
+    Column("env_torch_threads", pl.Int32(), "threads", "intra-op threads torch used", nullable=True),
+    Column("env_gpu", pl.String(), "", "GPU name; null without one", nullable=True),
+    Column("env_gpu_memory_gib", pl.Float64(), "GiB", "GPU memory; null without a GPU", nullable=True),
+    Column("cuda_version", pl.String(), "", "CUDA version torch was built with; null for a CPU build", nullable=True),
 )
 
 

@@ -6,7 +6,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Any
 
-from sweep.config.provenance import git_sha, library_versions, submission_id
+from sweep.config.provenance import git_sha, library_versions, machine, submission_id
 
 
 def new_run_id() -> str:
@@ -23,6 +23,7 @@ def provenance(cfg, lm, run_id: str) -> dict[str, Any]:
         "git_sha": git_sha(),
         "submission_id": submission_id(),
         **library_versions(),
+        **machine(),
     }
 
 
@@ -42,6 +43,8 @@ def provenance_unloaded(cfg, run_id: str) -> dict[str, Any]:
         "fidelity_kv_err": None,
         "fidelity_step_err": None,
         "fidelity_batch_err": None,
+        "fidelity_rollback_err": None,
+        "attn_implementation": None,
         "num_layers": 0,
         "device": cfg.device,
         "dtype": cfg.dtype,
@@ -49,4 +52,5 @@ def provenance_unloaded(cfg, run_id: str) -> dict[str, Any]:
         "git_sha": git_sha(),
         "submission_id": submission_id(),
         **library_versions(),
+        **machine(),
     }

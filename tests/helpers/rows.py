@@ -23,6 +23,8 @@ PROV = {
     "fidelity_kv_err": 0.0,
     "fidelity_step_err": 0.0,
     "fidelity_batch_err": 0.0,
+    "fidelity_rollback_err": 0.0,
+    "attn_implementation": "sdpa",
     "num_layers": 2,
     "device": "cpu",
     "dtype": "float32",
@@ -33,6 +35,13 @@ PROV = {
     "torch_version": "t",
     "transformers_version": "t",
     "python_version": "3",
+    "env_cpu": "cpu",
+    "env_cores": 2,
+    "env_threads": 2,
+    "env_torch_threads": 1,
+    "env_gpu": None,
+    "env_gpu_memory_gib": None,
+    "cuda_version": None,
 }
 
 
