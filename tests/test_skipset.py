@@ -414,3 +414,25 @@ def test_an_extended_study_screens_only_candidates_it_has_not(tmp_path):
     for t in trials:  # a repeat carries the figure of the candidate it repeats
         if "repeat_of" in t.user_attrs:
             assert t.value == next(o.value for o in trials if o.number == t.user_attrs["repeat_of"])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_the_screen_predicts_position_one_and_the_histogram_of_the_closed_loop(family):
+    """At draft_len 1 every round is one draft, so the screen's rounds are the closed loop's: its predicted
+    acceptance at position 1 and its accepted-length histogram equal the closed loop's, computed by another path
+    (one batched pass over recorded K/V against step-by-step drafting with rollbacks)."""
+    from sweep.decode.skipscreen import position_acceptance
+
+    lm = load(f"model=tiny-{family}")
+    prompts = [p.input_ids for p in chat_prompts(lm, 2)]
+    rec = record(lm, prompts, N)
+    for text in ("a1", "m2", "a2+m3"):
+        skip = SkipSet.parse(text)
+        predicted = predict(first_drafts(lm, rec, skip), 1)
+        drafted, accepted = [], []
+        for ids in prompts:
+            gen = SelfSpeculative(lm, SkipDraft(lm, skip), 1).generate(ids, N)
+            drafted += gen.drafted_lengths
+            accepted += gen.accepted_lengths
+        assert predicted.by_position(1) == position_acceptance(drafted, accepted, 1)[0], text
+        assert predicted.histogram(1) == position_acceptance(drafted, accepted, 1)[1], text

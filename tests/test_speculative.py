@@ -74,6 +74,21 @@ def test_bench_rows_for_self_speculation(tmp_path):
     assert row["acceptance_length"] == pytest.approx(1 + row["mean_accepted_length"])
     assert 0 < row["speedup_model"] < float("inf") and row["draft_ms_per_token"] > 0 and row["verify_ms_per_token"] > 0
     assert row["mode"] == "self_speculative" and row["draft_len"] == 3
+    # acceptance as the field reports it: per position given reached, and the accepted-length histogram
+    hist, rates = row["accepted_length_hist"], row["acceptance_by_position"]
+    assert len(hist) == 4 and len(rates) == 3
+    assert sum(a * h for a, h in enumerate(hist)) / sum(hist) == pytest.approx(row["mean_accepted_length"])
+    assert rates[0] == pytest.approx(1 - hist[0] / sum(hist))  # position 1 is reached every verification
+
+
+def test_position_acceptance_by_hand():
+    from sweep.decode.skipscreen import position_acceptance
+
+    rates, hist = position_acceptance([3, 3, 2, 3], [0, 3, 1, 2], 3)
+    # position 1: 3 of 4 verifications; position 2: reached by the 3 that accepted position 1, accepted by 2;
+    # position 3: reached by the 2 that accepted position 2 with 3 drafts, accepted by 1
+    assert rates == [0.75, pytest.approx(2 / 3), 0.5] and hist == [1, 1, 1, 1]
+    assert position_acceptance([1, 0], [0, 0], 2) == ([0.0, None], [2, 0, 0])  # never reached: None
 
 
 def test_self_speculation_needs_the_fixed_gate(tmp_path):

@@ -26,7 +26,7 @@ class PromptRun:
     gated: Decoded
 
 
-def speculation(runs, costs: CostModel, gate: Gate) -> dict[str, Any]:
+def speculation(runs, costs: CostModel, gate: Gate, draft_len: int) -> dict[str, Any]:
     """Self-speculation's own metrics over the reference runs, and the cost model's prediction from
     their rounds (each round's drafts at the draft's step cost, plus a verification of drafts + 1)."""
     gens = [run.gated for run in runs]
@@ -34,7 +34,12 @@ def speculation(runs, costs: CostModel, gate: Gate) -> dict[str, Any]:
     lengths = [a for g in gens for a in g.accepted_lengths]
     rounds = sum(g.rounds for g in gens)
     committed = sum(len(g.tokens) - 1 for g in gens)  # decode steps: tokens 2..n
+    from sweep.decode.skipscreen import position_acceptance
+
+    by_position, histogram = position_acceptance([d for g in gens for d in g.drafted_lengths], lengths, draft_len)
     return {
+        "acceptance_by_position": by_position,
+        "accepted_length_hist": histogram,
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_length": statistics.fmean(lengths) if lengths else None,
         "acceptance_length": 1.0 + statistics.fmean(lengths) if lengths else None,

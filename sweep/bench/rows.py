@@ -43,7 +43,7 @@ def measured_row(
     b = cfg.bench
     row = metrics(runs, timings, costs, gate, b.kv_policy, lm.num_layers, steps)
     speculative = b.mode == "self_speculative"
-    row.update(speculation(runs, costs, gate) if speculative else dict.fromkeys(SPECULATION_COLUMNS))
+    row.update(speculation(runs, costs, gate, b.draft_len) if speculative else dict.fromkeys(SPECULATION_COLUMNS))
     status, error = ("ok", None) if deterministic else ("nondeterministic", NOT_REPRODUCED)
     if speculative and deterministic and row["agreement"] != 1.0:  # lossless by construction: a bug if not
         status, error = "failed", f"self-speculation's output differs from full depth (agreement {row['agreement']})"
@@ -69,6 +69,8 @@ NOT_REPRODUCED = "full-depth baselines or timed repeats did not reproduce their 
 
 
 SPECULATION_COLUMNS = (
+    "acceptance_by_position",
+    "accepted_length_hist",
     "acceptance_rate",
     "mean_accepted_length",
     "acceptance_length",

@@ -107,6 +107,31 @@ class Prediction:
     decode_steps: int  # tokens 2..n over all prompts
     speedup: float | None  # cost model: full-depth ms of the decode steps / predicted self-speculative ms
 
+    def by_position(self, draft_len: int) -> list[float | None]:
+        """The predicted acceptance rate at each draft position, given it was reached (``position_acceptance``)."""
+        return position_acceptance(self.drafted, self.accepted, draft_len)[0]
+
+    def histogram(self, draft_len: int) -> list[int]:
+        """The predicted count of verifications that accepted 0, 1, ..., draft_len drafts."""
+        return position_acceptance(self.drafted, self.accepted, draft_len)[1]
+
+
+def position_acceptance(
+    drafted: Sequence[int], accepted: Sequence[int], draft_len: int
+) -> tuple[list[float | None], list[int]]:
+    """Acceptance as vLLM and SPEED-Bench report it, from each verification's drafts and accepted drafts: per draft
+    position i (1..draft_len) the rate at which a draft at position i was accepted, over the verifications that
+    reached it (drafted at least i, the i - 1 before it accepted; None where none did), and the histogram of
+    accepted lengths (index a: the verifications that accepted a drafts)."""
+    rates: list[float | None] = []
+    for i in range(1, draft_len + 1):
+        reached = sum(1 for d, a in zip(drafted, accepted) if d >= i and a >= i - 1)
+        rates.append(sum(1 for d, a in zip(drafted, accepted) if d >= i and a >= i) / reached if reached else None)
+    histogram = [0] * (draft_len + 1)
+    for a in accepted:
+        histogram[min(a, draft_len)] += 1
+    return rates, histogram
+
 
 def predict(first: FirstDrafts, draft_len: int, draft_stop: float | None = None, costs=None, skip=None) -> Prediction:
     """Rounds of up to ``draft_len`` drafts over every prompt's decode, accepting the consecutive first-draft

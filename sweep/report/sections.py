@@ -289,7 +289,7 @@ def speculation_section(ctx: ReportContext) -> Section:
             "cost model",
         ),
     ]
-    maps = []
+    maps, positions = [], []
     for model in sorted(spec["model"].unique().to_list()):
         rows = spec.filter(pl.col("model") == model)
         for kind in ("fixed", "skip"):
@@ -308,11 +308,33 @@ def speculation_section(ctx: ReportContext) -> Section:
             )
             if kind == "skip":
                 maps.append((model, r["skip"], int(r["num_layers"])))
+            positions.append((model, draft, r.get("acceptance_by_position"), r.get("accepted_length_hist")))
     lines.append("")
+    lines += position_lines(positions)
     if not maps:
         return Section(lines)
     name = figures.skip_map_figure(maps, ctx.out)
     return Section(lines + [f"![{name}]({name})", ""], [name])
+
+
+def position_lines(drafts: list[tuple[str, str, list | None, list | None]]) -> list[str]:
+    """For each best draft (model, draft, acceptance_by_position, accepted_length_hist): acceptance at each draft
+    position given it was reached, and how many verifications accepted 0, 1, ... drafts (vLLM's and SPEED-Bench's
+    terms)."""
+    rows = [d for d in drafts if d[2] is not None and d[3] is not None]
+    if not rows:
+        return []
+    lines = [
+        "Acceptance per draft position (given the position was reached) and the histogram of accepted drafts per "
+        "verification:",
+        "",
+        "| model | draft | acceptance at position 1, 2, ... | verifications accepting 0, 1, ... drafts |",
+        "|---|---|---|---|",
+    ]
+    for model, draft, rates, hist in rows:
+        shown = ", ".join("n/a" if r is None else f"{r:.2f}" for r in rates)
+        lines.append(f"| {model} | {draft} | {shown} | {', '.join(str(h) for h in hist)} |")
+    return lines + [""]
 
 
 SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (

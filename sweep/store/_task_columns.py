@@ -1,5 +1,5 @@
-"""The trials table's task columns (schema 13): a task's accuracy beside agreement, ``eval.task``
-(``sweep.tasks.evaluate``)."""
+"""The trials table's task columns (schema 13: a task's accuracy beside agreement, ``eval.task``,
+``sweep.tasks.evaluate``) and self-speculation's columns (acceptance as the field reports it)."""
 
 from __future__ import annotations
 
@@ -86,5 +86,44 @@ TASK_COLUMNS = (
         "fresh: the full-depth side was measured in this trial; cached: this process "
         "measured it for an earlier trial of the same model and task settings",
         pl.String(),
+    ),
+)
+
+# self-speculation (bench.mode=self_speculative): what the verifications accepted
+SPECULATION_COLUMNS = (
+    metric(
+        "acceptance_by_position",
+        "fraction",
+        "self_speculative: per draft position i = 1..draft_len, the rate at which a draft at i was accepted over "
+        "the verifications that reached it (drafted at least i, the i - 1 before it accepted); null where none did",
+        pl.List(pl.Float64()),
+    ),
+    metric(
+        "accepted_length_hist",
+        "verifications",
+        "self_speculative: per accepted length a = 0..draft_len, the verifications that accepted a drafts",
+        pl.List(pl.Int64()),
+    ),
+    metric("acceptance_rate", "fraction", "self_speculative: drafted tokens the full model accepted"),
+    metric("mean_accepted_length", "tokens", "self_speculative: mean accepted drafts per verification"),
+    metric(
+        "acceptance_length",
+        "tokens",
+        "self_speculative: 1 + mean accepted drafts per verification (the convention of Spec-Bench and vLLM)",
+    ),
+    metric(
+        "tokens_per_verification",
+        "tokens",
+        "self_speculative: tokens committed per full-model pass (accepted drafts + 1)",
+    ),
+    metric(
+        "draft_ms_per_token",
+        "ms",
+        "self_speculative: ms spent drafting per committed token (decode of the reference runs)",
+    ),
+    metric(
+        "verify_ms_per_token",
+        "ms",
+        "self_speculative: ms spent in verification passes per committed token (decode of the reference runs)",
     ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from sweep.store._columns import GATE_FIELDS, PROVENANCE, Column, Table, metric
-from sweep.store._task_columns import TASK_COLUMNS
+from sweep.store._task_columns import SPECULATION_COLUMNS, TASK_COLUMNS
 
 STOPPED_AT = "a stopped setting's prompts when it stopped (search.rung_prompts, doubling); null otherwise"
 STOP_HI = "a stopped setting's agreement_hi over those prompts, below search.min_agreement; null otherwise"
@@ -275,28 +275,7 @@ TRIALS = Table(
             "of bench_seconds, the untimed work before the timed rounds: cost model measurements, warm-up, the "
             "reference runs and determinism self-check; near 0 where a sweep worker reused them (reference_reused)",
         ),
-        metric("acceptance_rate", "fraction", "self_speculative: drafted tokens the full model accepted"),
-        metric("mean_accepted_length", "tokens", "self_speculative: mean accepted drafts per verification"),
-        metric(
-            "acceptance_length",
-            "tokens",
-            "self_speculative: 1 + mean accepted drafts per verification (the convention of Spec-Bench and vLLM)",
-        ),
-        metric(
-            "tokens_per_verification",
-            "tokens",
-            "self_speculative: tokens committed per full-model pass (accepted drafts + 1)",
-        ),
-        metric(
-            "draft_ms_per_token",
-            "ms",
-            "self_speculative: ms spent drafting per committed token (decode of the reference runs)",
-        ),
-        metric(
-            "verify_ms_per_token",
-            "ms",
-            "self_speculative: ms spent in verification passes per committed token (decode of the reference runs)",
-        ),
+        *SPECULATION_COLUMNS,
         Column(
             "sweep_name", pl.String(), "", "the `sweep run` the trial belongs to; null for `sweep bench`", nullable=True
         ),
