@@ -436,3 +436,40 @@ def test_the_screen_predicts_position_one_and_the_histogram_of_the_closed_loop(f
             accepted += gen.accepted_lengths
         assert predicted.by_position(1) == position_acceptance(drafted, accepted, 1)[0], text
         assert predicted.histogram(1) == position_acceptance(drafted, accepted, 1)[1], text
+
+
+def test_a_published_skip_set_round_trips_and_runs(tmp_path):
+    """gate.skip=file:PATH reads a set written as Draft&Verify publishes one (0-based attention and MLP indices), by
+    name where the file holds several; written back it is the same file, and the draft it names is lossless."""
+    import json
+
+    ours = SkipSet.parse("a1+a3+m2")
+    assert ours.published() == {"attention": [0, 2], "mlp": [1]}
+    path = tmp_path / "skip_layers.json"
+    path.write_text(json.dumps({"tiny-llama": ours.published(), "other": {"attention": [1], "mlp": []}}))
+    cfg = compose("model=tiny-llama", "gate=skip", f"gate.skip=file:{path}@tiny-llama", "bench.mode=self_speculative")
+    assert cfg.gate.skip == "a1+m2+a3"  # the canonical text: the same trial as the set written out
+    assert SkipSet.parse(cfg.gate.skip).published() == json.loads(path.read_text())["tiny-llama"]
+    lm = load("model=tiny-llama")
+    ids = chat_prompts(lm, 1)[0].input_ids
+    gen = SelfSpeculative(lm, SkipDraft(lm, SkipSet.parse(cfg.gate.skip)), 3).generate(ids, N)
+    assert gen.tokens == Engine(lm).generate(ids, N).tokens
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (None, "no such file"),
+        ("{not json", "cannot read a JSON skip set"),
+        ('{"a": {"attention": [1]}, "b": {"mlp": [0]}}', "the file holds 2 sets; name one"),
+        ('{"attention": [-1]}', "attention must be a list of 0-based layer indices"),
+        ('{"layers": [1]}', 'expected {"attention"'),
+    ],
+)
+def test_a_bad_published_skip_set_is_one_line(tmp_path, content, says):
+    path = tmp_path / "s.json"
+    if content is not None:
+        path.write_text(content)
+    done = run_cli("bench", "model=tiny-llama", "gate=skip", f"gate.skip=file:{path}", "bench.mode=self_speculative")
+    assert done.returncode == 2 and says in done.stderr and f"gate.skip=file:{path}" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from conftest import compose, load
 from sweep.bench.command import prepare
@@ -95,3 +96,72 @@ def test_self_speculation_needs_the_fixed_gate(tmp_path):
     # a config-only rule: it fails when the config is composed, before any model loads
     with pytest.raises(ConfigError, match="bench.mode=self_speculative: drafts with gate=fixed gate.exit_layer=K"):
         compose("model=tiny-qwen2", "gate=margin", "gate.min_layer=1", "bench.mode=self_speculative", "prompts.n=1")
+
+
+def _hf_early_exit(lm, prompt: list[int], k: int, n_drafts: int, n: int) -> tuple[list[int], list[int]]:
+    """transformers' own LayerSkip-style self-speculation (``generate(assistant_early_exit=K)``, a constant draft
+    length, no confidence stop): its tokens, and the drafts it accepted per verification (its candidate
+    generator's ``update_candidate_strategy`` is told each verification's matches)."""
+    from transformers.generation.candidate_generator import EarlyExitCandidateGenerator
+
+    matches: list[int] = []
+    plain = EarlyExitCandidateGenerator.update_candidate_strategy
+
+    def told(self, input_ids, scores, num_matches):
+        matches.append(int(num_matches))
+        return plain(self, input_ids, scores, num_matches)
+
+    EarlyExitCandidateGenerator.update_candidate_strategy = told
+    try:
+        out = lm.model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            assistant_early_exit=k,
+            num_assistant_tokens=n_drafts,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    finally:
+        EarlyExitCandidateGenerator.update_candidate_strategy = plain
+    return out[0, len(prompt) :].tolist(), matches
+
+
+def _brute_rounds(lm, prompt: list[int], tokens: list[int], k: int, n_drafts: int) -> list[int]:
+    """Accepted drafts per verification by brute force: each draft the argmax of lm_head(norm(h_K)) from one plain
+    forward over the committed tokens and the round's earlier drafts (no cache), each round starting after the
+    last committed token."""
+    inner = lm.model.model
+    accepted, c, n = [], 1, len(tokens)
+    while c < n:
+        seq, a = prompt + tokens[:c], 0
+        for j in range(min(n_drafts, n - c)):
+            with torch.no_grad():
+                h = lm.model(torch.tensor([seq]), output_hidden_states=True).hidden_states[k][0, -1]
+            draft = int(lm.model.lm_head(inner.norm(h)).argmax())
+            if draft != tokens[c + j]:
+                break
+            a, seq = a + 1, seq + [draft]
+        accepted.append(a)
+        c += a + 1
+    return accepted
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_prefix_self_speculation_against_transformers_assistant_early_exit(family):
+    """A peer's code path: transformers' assistant_early_exit decodes the same tokens. Its first verification
+    checks the prompt's own first token (a round ours does not have: our first token comes from the prefill); per
+    verification after it, the drafts accepted equal a brute force from plain forwards, and transformers' counts
+    never exceed them (it accepts fewer on some rounds: its later drafts of a round are not the exact layers-1..K
+    drafts there)."""
+    lm = load(f"model=tiny-{family}")
+    for text in ("def fib(n): return the fibonacci number of n", "Hello there, how are you"):
+        prompt = lm.tokenizer(text)["input_ids"]
+        for k, n_drafts in ((1, 2), (2, 3), (3, 4)):
+            ours = SelfSpeculative(lm, PrefixDraft(lm, k), n_drafts).generate(prompt, 20)
+            theirs, matches = _hf_early_exit(lm, prompt, k, n_drafts, 20)
+            assert ours.tokens == theirs, (text, k, n_drafts)
+            assert ours.accepted_lengths == _brute_rounds(lm, prompt, ours.tokens, k, n_drafts), (text, k)
+            assert sum(matches[1:]) <= sum(ours.accepted_lengths)

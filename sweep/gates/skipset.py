@@ -4,7 +4,8 @@ A skip set S is a set of (layer, sublayer) with layers 1-indexed and sublayer at
 MLP (``m``). Its text is ``+``-separated items ``a<layers>`` / ``m<layers>``, where ``<layers>`` is
 one layer or a range ``i-j``: ``a3+m3+a5-9`` bypasses the attention of layers 3 and 5 to 9 and the
 MLP of layer 3 (``+``, not a comma, so that a Hydra override takes it unquoted; commas parse too).
-``none`` (or an empty text) is the empty set. The canonical form merges
+``none`` (or an empty text) is the empty set; ``file:PATH`` reads a set published the way Draft&Verify publishes
+one (JSON, 0-based indices: ``from_published``). The canonical form merges
 consecutive layers into ranges and orders items by their first layer, attention before MLP, so one
 set has one text (the ``skip`` column, the trial id's input). Its skip ratio is |S| / 2L.
 
@@ -43,6 +44,8 @@ class SkipSet:
         """The set a text names; ValueError (saying what is allowed) when it does not parse."""
         if not isinstance(text, str):
             raise ValueError(f"not a text: {text!r}")
+        if text.strip().startswith("file:"):
+            return cls.from_published(text.strip()[len("file:") :])
         body = text.replace(" ", "").lower()
         if body in ("", "none"):
             return cls()
@@ -56,6 +59,52 @@ class SkipSet:
                 raise ValueError(f"'{item}': layers are 1-indexed and a range runs upwards")
             layers[kind].update(range(lo, hi + 1))
         return cls(frozenset(layers["a"]), frozenset(layers["m"]))
+
+    @classmethod
+    def from_published(cls, where: str) -> SkipSet:
+        """A skip set as Draft&Verify (arXiv 2309.08168) publishes one: a JSON file of 0-based layer indices,
+        ``{"attention": [...], "mlp": [...]}``, or a mapping of model names to such sets (``PATH@NAME`` picks one;
+        a file of one needs no name). A file that cannot be read or does not hold that is one ConfigError line."""
+        import json
+        from pathlib import Path
+
+        from sweep.errors import ConfigError
+
+        path, _, name = where.partition("@")
+        key = f"gate.skip=file:{where}"
+        try:
+            data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{key}: no such file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{key}: cannot read a JSON skip set ({(str(exc).splitlines() or [''])[0]})") from None
+        if isinstance(data, dict) and not ({"attention", "mlp"} & set(data)):
+            names = sorted(data)
+            if name:
+                if name not in data:
+                    raise ConfigError(f"{key}: no set named {name!r}; the file has {', '.join(names)}")
+                data = data[name]
+            elif len(names) == 1:
+                data = data[names[0]]
+            else:
+                raise ConfigError(
+                    f"{key}: the file holds {len(names)} sets; name one: file:{path}@NAME ({', '.join(names)})"
+                )
+        if not isinstance(data, dict) or not ({"attention", "mlp"} >= set(data)) or not data:
+            raise ConfigError(f'{key}: expected {{"attention": [...], "mlp": [...]}} of 0-based layer indices')
+        layers = {}
+        for kind in ("attention", "mlp"):
+            values = data.get(kind, [])
+            if not isinstance(values, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+            ):
+                raise ConfigError(f"{key}: {kind} must be a list of 0-based layer indices (integers >= 0)")
+            layers[kind] = frozenset(v + 1 for v in values)
+        return cls(layers["attention"], layers["mlp"])
+
+    def published(self) -> dict[str, list[int]]:
+        """This set as Draft&Verify publishes one: 0-based attention and MLP layer indices."""
+        return {"attention": sorted(i - 1 for i in self.attention), "mlp": sorted(i - 1 for i in self.mlp)}
 
     @classmethod
     def from_mask(cls, mask: Sequence[bool], num_layers: int) -> SkipSet:
