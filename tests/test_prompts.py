@@ -37,7 +37,8 @@ def test_n_is_a_deterministic_prefix():
     all_items = read_prompts(cfg_all)
     assert len(all_items) == 164
     assert read_prompts(cfg_3) == all_items[:3] == read_prompts(cfg_3)
-    assert [i for i, _ in all_items[:2]] == ["HumanEval/0", "HumanEval/1"]
+    assert [i for i, _, _ in all_items[:2]] == ["HumanEval/0", "HumanEval/1"]
+    assert {c for _, _, c in all_items} == {"code"}  # HumanEval is code
     assert "def " in all_items[0][1]
 
 

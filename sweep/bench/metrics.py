@@ -38,6 +38,7 @@ def speculation(runs, costs: CostModel, gate: Gate, draft_len: int) -> dict[str,
 
     by_position, histogram = position_acceptance([d for g in gens for d in g.drafted_lengths], lengths, draft_len)
     return {
+        "prompt_acceptance": [g.accepted / g.drafted if g.drafted else None for g in gens],
         "acceptance_by_position": by_position,
         "accepted_length_hist": histogram,
         "acceptance_rate": accepted / drafted if drafted else None,
@@ -133,6 +134,7 @@ def metrics(
         # a batch row's record has no calibration time of its own (0, as a batch never timed it)
         "calibration_ms": statistics.fmean(getattr(run.gated, "calibration_seconds", 0.0) for run in runs) * 1000,
         "prompt_ids": [run.prompt.id for run in runs],
+        "prompt_categories": [run.prompt.category for run in runs],
         "prompt_input_tokens": lengths,
         "prompt_agreement": agree,
         "prompt_prefix_agreement": prefix,

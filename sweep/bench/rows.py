@@ -69,6 +69,7 @@ NOT_REPRODUCED = "full-depth baselines or timed repeats did not reproduce their 
 
 
 SPECULATION_COLUMNS = (
+    "prompt_acceptance",
     "acceptance_by_position",
     "accepted_length_hist",
     "acceptance_rate",

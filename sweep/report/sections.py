@@ -21,6 +21,7 @@ from sweep.analysis import (
 )
 from sweep.report.tables import floor_lines, floor_of, knees_table, num, stopped_lines, table_head, targets_table
 from sweep.report.context import ReportContext
+from sweep.report.categories import category_lines
 from sweep.report.environment import environment_lines
 from sweep.report.tasks import task_section, task_verdict_lines
 from sweep.report.verdicts import verdict, verdicts
@@ -346,5 +347,6 @@ SECTIONS: tuple[Callable[[ReportContext], Section], ...] = (
     screen_section,
     speculation_section,
     batching_section,
+    lambda ctx: Section(category_lines(ctx)),
     lambda ctx: Section(task_section(ctx)),
 )

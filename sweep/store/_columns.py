@@ -43,7 +43,8 @@ from sweep.gates import GATES, PARAMS, ParamSpec
 #    accuracy_loss and their bootstrap intervals over problems, per-problem scores, completions, pass_at_k, sandbox)
 # 14: every row carries the environment fingerprint (env_cpu, env_cores, env_threads, env_torch_threads, env_gpu,
 #    env_gpu_memory_gib, cuda_version, attn_implementation) and the fidelity check (e)'s fidelity_rollback_err;
-#    self-speculative trials carry acceptance_by_position and accepted_length_hist
+#    self-speculative trials carry acceptance_by_position, accepted_length_hist and prompt_acceptance; trials carry
+#    prompt_categories
 SCHEMA_VERSION = 14
 
 

@@ -92,6 +92,12 @@ TASK_COLUMNS = (
 # self-speculation (bench.mode=self_speculative): what the verifications accepted
 SPECULATION_COLUMNS = (
     metric(
+        "prompt_acceptance",
+        "fraction",
+        "self_speculative: per prompt (prompt_ids order), drafted tokens the full model accepted",
+        pl.List(pl.Float64()),
+    ),
+    metric(
         "acceptance_by_position",
         "fraction",
         "self_speculative: per draft position i = 1..draft_len, the rate at which a draft at i was accepted over "

@@ -300,6 +300,14 @@ TRIALS = Table(
             nullable=True,
         ),
         Column(
+            "prompt_categories",
+            pl.List(pl.String()),
+            "",
+            'per prompt: its category (chat: the built-in set; code: HumanEval; a JSONL line\'s "category", default '
+            "jsonl): the report's speedup and acceptance per category",
+            nullable=True,
+        ),
+        Column(
             "prompt_input_tokens",
             pl.List(pl.Int32()),
             "tokens",
