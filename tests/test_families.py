@@ -305,7 +305,8 @@ def _windows(lm) -> list[int]:
 def test_self_speculation_is_lossless_past_the_sliding_window_or_refused_by_check_e(family):
     """Prefix and skip-set drafts on the model's own cache (sliding-window and state-space layers rolled back
     through past recording): the tokens are full depth's, on a prompt that with its generation runs past the
-    smallest sliding window; a family whose layers have no attention and MLP to name refuses skip sets in one line."""
+    smallest sliding window; skip sets name each family's own sublayers (a state-space mixer too), and a hybrid
+    drafts with its state-space path alone (attention-free)."""
     from sweep.decode.speculative import PrefixDraft, SelfSpeculative, SkipDraft
     from sweep.gates.skipset import SkipSet
 
@@ -318,10 +319,13 @@ def test_self_speculation_is_lossless_past_the_sliding_window_or_refused_by_chec
     assert not windows or len(prompt) + n > min(windows)  # the generation crosses the window
     full = Engine(lm).generate(prompt, n).tokens
     drafts = [PrefixDraft(lm, 1), PrefixDraft(lm, lm.num_layers - 1)]
-    try:
-        drafts.append(SkipDraft(lm, SkipSet.parse("a1+m2")))
-    except ConfigError as exc:
-        assert TINY[family].kind in ("ssm", "hybrid") and "a skip-set draft needs one of each" in str(exc)
+    kinds = [set(lm.adapter.sublayers(i)) for i in range(lm.num_layers)]
+    # a set each family can name: the first layer's mixer or attention and the second's MLP or mixer
+    first = "s1" if "s" in kinds[0] and "a" not in kinds[0] else "a1"
+    second = "m2" if "m" in kinds[1] else "s2"
+    drafts.append(SkipDraft(lm, SkipSet.parse(f"{first}+{second}")))
+    if any("a" in k for k in kinds) and any("s" in k for k in kinds):  # a hybrid: its state-space path alone
+        drafts.append(SkipDraft(lm, SkipSet.parse("attention-free")))
     for draft in drafts:
         for draft_len in (1, 3):
             gen = SelfSpeculative(lm, draft, draft_len).generate(prompt, n)

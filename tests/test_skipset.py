@@ -473,3 +473,14 @@ def test_a_bad_published_skip_set_is_one_line(tmp_path, content, says):
     done = run_cli("bench", "model=tiny-llama", "gate=skip", f"gate.skip=file:{path}", "bench.mode=self_speculative")
     assert done.returncode == 2 and says in done.stderr and f"gate.skip=file:{path}" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_sublayer_a_layer_lacks_is_one_line_naming_what_it_has():
+    lm = load("model=tiny-jamba")  # layers 1 and 3: a state-space mixer and an MLP; 2 and 4: attention and MLP
+    with pytest.raises(ConfigError, match=r"layer 2 has no state-space mixer sublayer \(s2\); it has a \(attention\)"):
+        SkipDraft(lm, SkipSet.parse("s2"))
+    hybrid = load("model=tiny-falcon-h1")  # attention and a mixer side by side in one cache layer
+    with pytest.raises(ConfigError, match="runs attention and a state-space mixer side by side"):
+        SkipDraft(hybrid, SkipSet.parse("s1"))
+    assert SkipSet.parse("attention-free").text() == "attention-free"
+    assert SkipSet.parse("s3+a1-2+m2").text() == "a1-2+m2+s3"

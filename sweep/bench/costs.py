@@ -246,16 +246,24 @@ def _measure_kv(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> flo
 @torch.inference_mode()
 def _measure_speculation(lm: LoadedModel, prompt_ids: Sequence[int], costs: CostModel, positions: int, repeats: int):
     """Self-speculation's costs, interleaved in rounds from copies of one prefilled cache: a full-depth
-    decode step against the same step with every layer's attention (then every MLP) bypassed, for one
-    layer's sublayer costs; a verification pass over k = 2..``positions`` positions."""
+    decode step against the same step with every attention sublayer (then every MLP, every state-space mixer)
+    bypassed, for one sublayer's cost of each kind; a verification pass over k = 2..``positions`` positions."""
     from sweep.gates.skipset import SkipSet
 
     adapter, L, dev = lm.adapter, lm.num_layers, lm.device
     ids = torch.tensor([list(prompt_ids)], device=dev)
     cache = adapter.new_cache()
     token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
-    every = range(1, L + 1)
-    bypass = {"attn": SkipSet(attention=frozenset(every)), "mlp": SkipSet(mlp=frozenset(every))}
+    having = {k: frozenset(i + 1 for i in range(L) if k in adapter.sublayers(i)) for k in ("a", "m", "s")}
+    bypass = {
+        name: skip
+        for name, skip in (
+            ("attn", SkipSet(attention=having["a"])),
+            ("mlp", SkipSet(mlp=having["m"])),
+            ("mixer", SkipSet(mixer=having["s"])),
+        )
+        if len(skip)
+    }
 
     def step(skip=None):
         kv = copy.deepcopy(cache)
@@ -272,7 +280,7 @@ def _measure_speculation(lm: LoadedModel, prompt_ids: Sequence[int], costs: Cost
             adapter.forward(token.repeat(1, k), kv, logits_to_keep=0)[0].argmax(-1)
         return clock.seconds * 1000
 
-    jobs = {"full": step, "attn": lambda: step(bypass["attn"]), "mlp": lambda: step(bypass["mlp"])}
+    jobs = {"full": step, **{name: (lambda skip=skip: step(skip)) for name, skip in bypass.items()}}
     jobs.update({k: (lambda k=k: verify(k)) for k in range(2, positions + 1)})
     times: dict = {name: [] for name in jobs}
     names = list(jobs)
@@ -282,8 +290,13 @@ def _measure_speculation(lm: LoadedModel, prompt_ids: Sequence[int], costs: Cost
             if r >= 1:
                 times[name].append(ms)
     full = times["full"]
-    costs.attn_ms = max(statistics.median(f - a for f, a in zip(full, times["attn"])), 0.0) / L
-    costs.mlp_ms = max(statistics.median(f - m for f, m in zip(full, times["mlp"])), 0.0) / L
+
+    def each(name: str) -> float | None:  # one sublayer's ms: the step's saving over the layers that have it
+        if name not in bypass:
+            return None
+        return max(statistics.median(f - b for f, b in zip(full, times[name])), 0.0) / len(bypass[name])
+
+    costs.attn_ms, costs.mlp_ms, costs.mixer_ms = each("attn") or 0.0, each("mlp") or 0.0, each("mixer")
     costs.verify_ms = [statistics.median(full)] + [statistics.median(times[k]) for k in range(2, positions + 1)]
 
 

@@ -59,7 +59,8 @@ def _speculation_model(runs, costs: CostModel, gate: Gate, committed: int) -> di
     if gate.name == "skip":
         from sweep.gates.skipset import SkipSet
 
-        step = costs.skip_draft_ms(SkipSet.parse(gate.cfg.skip))
+        skip = SkipSet.parse(gate.cfg.skip)
+        step = costs.skip_draft_ms(skip.resolve(gate.adapter.attention_sublayers()) if skip.every_attention else skip)
     else:
         step = costs.prefix_draft_ms(gate.exit_layer)
     drafted = [k for run in runs for k in run.gated.drafted_lengths]

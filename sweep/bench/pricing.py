@@ -60,6 +60,7 @@ class CostModel:
     # attention and MLP sublayers of a decode step, and a verification pass of k positions (verify_ms[k - 1])
     attn_ms: float | None = None
     mlp_ms: float | None = None
+    mixer_ms: float | None = None  # a state-space mixer's (models that have one; None otherwise)
     verify_ms: list = field(default_factory=list)
     # fresh: measured in this process; cached: this machine's cost cache, after its check (``sweep.bench.costs_cache``)
     source: str = "fresh"
@@ -77,7 +78,8 @@ class CostModel:
         """ms of a draft step of the full model with the sublayers of ``skip`` bypassed."""
         if self.attn_ms is None or self.mlp_ms is None:
             raise KeyError("sublayer costs not measured: cost_model(..., verify_positions=...)")
-        return max(self.step_ms - len(skip.attention) * self.attn_ms - len(skip.mlp) * self.mlp_ms, 0.0)
+        mixers = len(getattr(skip, "mixer", ())) * (self.mixer_ms or 0.0)
+        return max(self.step_ms - len(skip.attention) * self.attn_ms - len(skip.mlp) * self.mlp_ms - mixers, 0.0)
 
     def prefix_draft_ms(self, exit_layer: int) -> float:
         """ms of a draft step of layers 1..K and the logit lens."""

@@ -112,7 +112,13 @@ def _skip_ratio(gate_cfg, gate: Gate | None) -> float | None:
         return None
     from sweep.gates.skipset import SkipSet
 
-    return SkipSet.parse(gate_cfg.skip).ratio(gate.num_layers)
+    skip = SkipSet.parse(gate_cfg.skip)
+    if skip.every_attention:  # attention-free: resolved on the model's own attention sublayers
+        adapter = getattr(gate, "adapter", None)
+        if adapter is None:
+            return None
+        skip = skip.resolve(adapter.attention_sublayers())
+    return skip.ratio(gate.num_layers)
 
 
 def readout_columns(gate: Gate | None) -> dict[str, Any]:
@@ -230,6 +236,11 @@ def format_row(row: dict[str, Any], costs=None) -> str:
         lines.append(costs.format())
     if row.get("task") is not None:
         lines.append(task_line(row))
+    if row.get("model_source") == "tiny" and row.get("mode") == "self_speculative":
+        lines.append(
+            "random weights (a tiny model built from a config): its acceptance shows the mechanics, not a draft's "
+            "quality"
+        )
     lines.append(f"status: {row['status']}")
     return "\n".join(lines)
 

@@ -87,9 +87,18 @@ class SkipDraft:
     def __init__(self, lm: LoadedModel, skip: SkipSet) -> None:
         if skip.max_layer > lm.num_layers:
             raise ConfigError(f"gate.skip={skip}: names layer {skip.max_layer}; layers are 1..{lm.num_layers}")
+        skip = skip.resolve(lm.adapter.attention_sublayers())  # attention-free: every attention sublayer
         self.adapter, self.skip, self.device = lm.adapter, skip, lm.device
-        for index in range(lm.num_layers):  # a model without one attention and one MLP per layer is refused here
-            self.adapter.sublayers(index)
+        for kind in ("a", "m", "s"):  # a sublayer the layer does not have is refused here, in one line
+            for layer in skip.layers_of(kind):
+                self.adapter.sublayer(layer - 1, kind)
+        shared = [layer for layer in sorted(skip.mixer) if "a" in self.adapter.sublayers(layer - 1)]
+        if shared:  # its cache layer holds both: a mixer bypassed alone would leave it out of step with the K/V
+            raise ConfigError(
+                f"gate.skip={skip}: model={lm.name}: layer {shared[0]} runs attention and a state-space mixer side by "
+                f"side in one cache layer; a skip set bypasses its attention (a{shared[0]}, attention-free) or its "
+                f"MLP, not its mixer alone"
+            )
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Draft]:

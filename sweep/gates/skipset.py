@@ -1,13 +1,15 @@
 """Skip sets: which sublayers a skip-set draft bypasses, and their one canonical text form.
 
-A skip set S is a set of (layer, sublayer) with layers 1-indexed and sublayer attention (``a``) or
-MLP (``m``). Its text is ``+``-separated items ``a<layers>`` / ``m<layers>``, where ``<layers>`` is
-one layer or a range ``i-j``: ``a3+m3+a5-9`` bypasses the attention of layers 3 and 5 to 9 and the
-MLP of layer 3 (``+``, not a comma, so that a Hydra override takes it unquoted; commas parse too).
-``none`` (or an empty text) is the empty set; ``file:PATH`` reads a set published the way Draft&Verify publishes
-one (JSON, 0-based indices: ``from_published``). The canonical form merges
-consecutive layers into ranges and orders items by their first layer, attention before MLP, so one
-set has one text (the ``skip`` column, the trial id's input). Its skip ratio is |S| / 2L.
+A skip set S is a set of (layer, sublayer) with layers 1-indexed and sublayer attention (``a``), MLP (``m``) or a
+state-space mixer (``s``: a hybrid's Mamba block, beside or instead of attention). Its text is ``+``-separated
+items ``a<layers>`` / ``m<layers>`` / ``s<layers>``, where ``<layers>`` is one layer or a range ``i-j``:
+``a3+m3+a5-9`` bypasses the attention of layers 3 and 5 to 9 and the MLP of layer 3 (``+``, not a comma, so that a
+Hydra override takes it unquoted; commas parse too). ``none`` (or an empty text) is the empty set;
+``attention-free`` every attention sublayer the model has (a hybrid's state-space path alone, resolved on the
+model); ``file:PATH`` reads a set published the way Draft&Verify publishes one (JSON, 0-based indices:
+``from_published``). The canonical form merges consecutive layers into ranges and orders items by their first
+layer, attention before MLP before mixer, so one set has one text (the ``skip`` column, the trial id's input). Its
+skip ratio is |S| / 2L.
 
 Torch-free: the config is validated with it before any model loads.
 """
@@ -18,9 +20,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Sequence
 
-KINDS = ("a", "m")  # attention, MLP
-GRAMMAR = "'+'-separated a<layers>/m<layers> items (attention/MLP of layers 'i' or 'i-j', 1-indexed), or 'none'"
-_ITEM = re.compile(r"^([am])(\d+)(?:-(\d+))?$")
+KINDS = ("a", "m", "s")  # attention, MLP, state-space mixer
+GRAMMAR = (
+    "'+'-separated a<layers>/m<layers>/s<layers> items (attention, MLP or state-space mixer of layers 'i' or 'i-j', "
+    "1-indexed), 'attention-free' (every attention sublayer), a published set 'file:PATH', or 'none'"
+)
+ATTENTION_FREE = "attention-free"  # every attention sublayer bypassed: a hybrid's state-space path alone
+_ITEM = re.compile(r"^([ams])(\d+)(?:-(\d+))?$")
 
 
 class Candidate(NamedTuple):
@@ -38,6 +44,15 @@ class SkipSet:
 
     attention: frozenset[int] = frozenset()
     mlp: frozenset[int] = frozenset()
+    mixer: frozenset[int] = frozenset()  # state-space mixers (a hybrid's beside or instead of attention)
+    every_attention: bool = False  # attention-free: every attention sublayer the model has (``resolve``)
+
+    def resolve(self, attention_layers: Iterable[int]) -> SkipSet:
+        """The concrete set on a model whose layers ``attention_layers`` (1-indexed) have an attention sublayer:
+        attention-free names them all; any other set is itself."""
+        if not self.every_attention:
+            return self
+        return SkipSet(frozenset(attention_layers), self.mlp, self.mixer)
 
     @classmethod
     def parse(cls, text: str) -> SkipSet:
@@ -49,7 +64,9 @@ class SkipSet:
         body = text.replace(" ", "").lower()
         if body in ("", "none"):
             return cls()
-        layers: dict[str, set[int]] = {"a": set(), "m": set()}
+        if body == ATTENTION_FREE:
+            return cls(every_attention=True)
+        layers: dict[str, set[int]] = {"a": set(), "m": set(), "s": set()}
         for item in body.replace(",", "+").split("+"):
             match = _ITEM.match(item)
             if match is None:
@@ -58,7 +75,7 @@ class SkipSet:
             if lo < 1 or hi < lo:
                 raise ValueError(f"'{item}': layers are 1-indexed and a range runs upwards")
             layers[kind].update(range(lo, hi + 1))
-        return cls(frozenset(layers["a"]), frozenset(layers["m"]))
+        return cls(frozenset(layers["a"]), frozenset(layers["m"]), frozenset(layers["s"]))
 
     @classmethod
     def from_published(cls, where: str) -> SkipSet:
@@ -120,19 +137,24 @@ class SkipSet:
         ]
 
     def __len__(self) -> int:
-        return len(self.attention) + len(self.mlp)
+        return len(self.attention) + len(self.mlp) + len(self.mixer)
 
     @property
     def max_layer(self) -> int:
-        return max([*self.attention, *self.mlp], default=0)
+        return max([*self.attention, *self.mlp, *self.mixer], default=0)
 
     def ratio(self, num_layers: int) -> float:
-        """|S| / 2L: the fraction of the model's sublayers bypassed."""
+        """|S| / 2L: the fraction of the model's sublayers bypassed (two per layer; a resolved set)."""
         return len(self) / (2 * num_layers)
+
+    def layers_of(self, kind: str) -> frozenset[int]:
+        return {"a": self.attention, "m": self.mlp, "s": self.mixer}[kind]
 
     def text(self) -> str:
         """The canonical text."""
-        items = [(lo, kind, hi) for kind in KINDS for lo, hi in _runs(self.attention if kind == "a" else self.mlp)]
+        if self.every_attention:
+            return ATTENTION_FREE
+        items = [(lo, kind, hi) for kind in KINDS for lo, hi in _runs(self.layers_of(kind))]
         items.sort(key=lambda t: (t[0], KINDS.index(t[1])))
         return "+".join(f"{kind}{lo}" if lo == hi else f"{kind}{lo}-{hi}" for lo, kind, hi in items) or "none"
 

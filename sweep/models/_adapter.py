@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
+from sweep.errors import ConfigError
 from sweep.config.families import FAST_KV, FastKV
 from sweep.models._kvfill import LayerKV, StackedKV
 from sweep.models._layerfill import filling
@@ -174,6 +175,22 @@ class Adapter:
 
         return self.derived(("sublayers", index), lambda: sublayers(self.layers[index], where=self.where, index=index))
 
+    def sublayer(self, index: int, kind: str):
+        """Layer ``index``'s (0-based) sublayer of ``kind`` (a, m, s), or a one-line refusal naming what it has."""
+        found = self.sublayers(index)
+        if kind not in found:
+            names = {"a": "attention", "m": "MLP", "s": "state-space mixer"}
+            has = ", ".join(f"{k} ({names[k]})" for k in found) or "none"
+            raise ConfigError(
+                f"gate.skip: {self.where}: layer {index + 1} has no {names[kind]} sublayer ({kind}{index + 1}); "
+                f"it has {has}"
+            )
+        return found[kind]
+
+    def attention_sublayers(self) -> list[int]:
+        """The layers (1-indexed) with an attention sublayer: what gate.skip=attention-free bypasses."""
+        return [i + 1 for i in range(self.num_layers) if "a" in self.sublayers(i)]
+
     @contextlib.contextmanager
     def bypassing(self, skip) -> Iterator[None]:
         """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.gates.skipset.SkipSet``,
@@ -181,11 +198,7 @@ class Adapter:
         unchanged; a bypassed attention appends zero K/V that nothing reads (``sweep.models._bypass``)."""
         from sweep.models._bypass import bypassing, output_shapes
 
-        chosen = [
-            self.sublayers(layer - 1)[kind]
-            for kind, layers in (("a", skip.attention), ("m", skip.mlp))
-            for layer in sorted(layers)
-        ]
+        chosen = [self.sublayer(layer - 1, kind) for kind in ("a", "m", "s") for layer in sorted(skip.layers_of(kind))]
         every = [m for i in range(self.num_layers) for m in self.sublayers(i).values()]
         shapes = self.derived(("sublayer_outputs",), lambda: output_shapes(self.model, every, self.embed.weight.device))
         with bypassing(chosen, shapes):

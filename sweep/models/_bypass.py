@@ -20,6 +20,7 @@ from sweep.errors import ConfigError
 
 _ATTENTION = ("attention", "attn")
 _MLP = ("mlp", "moe", "feedforward", "feed_forward", "experts", "ffn")
+_MIXER = ("mamba", "mixer")  # whole words of the class name: not "ssm" (GptOssMLP holds it)
 
 
 def _is(module_name: str, module: torch.nn.Module, words: tuple[str, ...]) -> bool:
@@ -28,17 +29,22 @@ def _is(module_name: str, module: torch.nn.Module, words: tuple[str, ...]) -> bo
 
 
 def sublayers(layer: torch.nn.Module, *, where: str, index: int) -> dict[str, torch.nn.Module]:
-    """``{"a": attention, "m": mlp}`` of one decoder layer, or a one-line refusal."""
+    """The sublayers a skip set can name in one decoder layer: ``a`` (attention), ``s`` (a state-space mixer) and
+    ``m`` (MLP or mixture of experts), those it has; more than one of a kind is a one-line refusal."""
     children = [(n, m) for n, m in layer.named_children() if "norm" not in type(m).__name__.lower()]
-    attention = [m for n, m in children if _is(n, m, _ATTENTION)]
-    mlp = [m for n, m in children if _is(n, m, _MLP) and not _is(n, m, _ATTENTION)]
-    if len(attention) != 1 or len(mlp) != 1:
+    found = {
+        "a": [m for n, m in children if _is(n, m, _ATTENTION)],
+        "s": [m for n, m in children if _is(n, m, _MIXER) and not _is(n, m, _ATTENTION)],
+        "m": [m for n, m in children if _is(n, m, _MLP) and not _is(n, m, _ATTENTION) and not _is(n, m, _MIXER)],
+    }
+    if any(len(v) > 1 for v in found.values()) or not any(found.values()):
         names = ", ".join(f"{n} ({type(m).__name__})" for n, m in layer.named_children())
         raise ConfigError(
-            f"gate=skip: {where}: decoder layer {index + 1} has {len(attention)} attention and {len(mlp)} MLP "
-            f"sublayers among its parts ({names}); a skip-set draft needs one of each"
+            f"gate=skip: {where}: decoder layer {index + 1} has {len(found['a'])} attention, {len(found['s'])} "
+            f"state-space and {len(found['m'])} MLP sublayers among its parts ({names}); a skip set names at most "
+            "one of each"
         )
-    return {"a": attention[0], "m": mlp[0]}
+    return {kind: v[0] for kind, v in found.items() if v}
 
 
 def _zeros_like_output(module: torch.nn.Module, shapes: dict):

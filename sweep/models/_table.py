@@ -46,7 +46,7 @@ def family_rows() -> list[dict]:
 
 
 def _skip_sets(adapter) -> bool:
-    """Whether every decoder layer has one attention and one MLP sublayer a skip set can name."""
+    """Whether every decoder layer has sublayers a skip set can name (attention, MLP, state-space mixer)."""
     from sweep.errors import ConfigError
 
     try:
@@ -69,7 +69,7 @@ def _why(adapter, fid) -> str:
     if not fid.rollback_ok:
         reasons.append(f"its cache does not roll back exactly ({fid.rollback_refusal or 'check (e)'})")
     elif not _skip_sets(adapter):
-        reasons.append("layers without one attention and one MLP: a skip set names neither")
+        reasons.append("layers whose sublayers a skip set cannot name")
     return "; ".join(reasons)
 
 
