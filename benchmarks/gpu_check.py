@@ -276,7 +276,7 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
         "speedup_model", "speedup_e2e_wall", "speedup_e2e_model", "exit_rate", "mean_exit_layer", "agreement",
         "acceptance_rate", "mean_accepted_length", "tokens_per_verification", "round_baseline_ms", "round_ms",
         "cost_layer_ms", "cost_head_ms", "cost_probe_ms", "cost_kv_ms", "skip", "skip_ratio", "acceptance_length",
-        "draft_ms_per_token", "verify_ms_per_token",
+        "draft_ms_per_token", "verify_ms_per_token", "acceptance_by_position", "accepted_length_hist",
     )  # fmt: skip
     for (label, _), row in zip(SETTINGS, rows):
         out["settings"].append({"label": label, **{k: row.get(k) for k in keep}})
@@ -342,7 +342,11 @@ def report(result: dict) -> list[str]:
                 (f"skip set {r['skip']} (ratio {r['skip_ratio']:.2f}); " if r.get("skip") else "")
                 + f"acceptance rate {r['acceptance_rate'] or 0:.2f}, acceptance length "
                 f"{r['acceptance_length']:.2f}, {r['tokens_per_verification']:.2f} tokens per verification; "
-                f"draft {r['draft_ms_per_token']:.2f} + verify {r['verify_ms_per_token']:.2f} ms per token",
+                f"draft {r['draft_ms_per_token']:.2f} + verify {r['verify_ms_per_token']:.2f} ms per token; "
+                "acceptance per position "
+                + ", ".join("n/a" if a is None else f"{a:.2f}" for a in r.get("acceptance_by_position") or [])
+                + "; verifications accepting 0, 1, ...: "
+                + ", ".join(str(h) for h in r.get("accepted_length_hist") or []),
                 indent="   " + " " * 24,
             )
     verify = result["verify_ms"]
@@ -393,8 +397,8 @@ def main() -> int:
         device, shapes, (run, rounds) = "cuda", SHAPES, RUNS["gpu"]
     settings = determinism_settings()
     major_minor = tuple(int(part) for part in settings["transformers"].split(".")[:2])
-    if major_minor < (5, 24):  # the adapter speaks transformers 5's cache API (pyproject.toml pins >= 5.24)
-        print(f"error: transformers {settings['transformers']}: this project needs >= 5.24", file=sys.stderr)
+    if major_minor < (5, 25):  # the cache API with past recording (pyproject.toml pins >= 5.25)
+        print(f"error: transformers {settings['transformers']}: this project needs >= 5.25", file=sys.stderr)
         return 2
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     mode = "--dry-run " if args.dry_run else ""
