@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import compose, load
+from conftest import compose, load, run_cli
 from helpers.waiting import finishes
 from sweep.errors import ConfigError, InputError
 from sweep.models import Adapter, load_model, model_loads
@@ -213,3 +213,19 @@ def test_derived_caches_follow_the_model_through_evictions():
             previous = [weakref.ref(gate.basis), weakref.ref(costs)]
             del lm, gate, ours, costs
     assert len(session.models.models) == 1 and model_loads() == before + 8 * len(models)  # every model really reloaded
+
+
+def test_a_checkpoint_that_does_not_fit_its_config_is_refused_in_one_line(tmp_path):
+    """A config naming one architecture beside another's weights would load with some weights randomly
+    initialised and others ignored: refused, naming the counts and a few keys."""
+    import shutil
+
+    llama, qwen = load("model=tiny-llama"), load("model=tiny-qwen3")
+    llama.model.save_pretrained(tmp_path / "m")
+    llama.tokenizer.save_pretrained(tmp_path / "m")
+    qwen.model.save_pretrained(tmp_path / "q")
+    shutil.copy(tmp_path / "q" / "model.safetensors", tmp_path / "m" / "model.safetensors")
+    with pytest.raises(InputError, match=r"the checkpoint does not fit its config \(weights \d+ unexpected \(model\."):
+        load("model=hf", f"model.path={tmp_path / 'm'}")
+    out = run_cli("bench", "model=hf", f"model.path={tmp_path / 'm'}", f"results.root={tmp_path / 'r'}")
+    assert out.returncode == 2 and "does not fit its config" in out.stderr and not (tmp_path / "r").exists()

@@ -280,3 +280,29 @@ def test_a_session_loads_one_file_once_and_again_when_it_changes(saved, tmp_path
     os.utime(src, ns=(1, 1))
     with pytest.raises(ConfigError, match="modified after it was written"):
         load_readouts(src, lm, cache=cache)
+
+
+def test_readouts_with_non_finite_weights_or_not_a_regular_file_are_refused(saved, tmp_path):
+    """A file whose digest was recomputed over NaN weights passes every content check but this one; a FIFO in
+    place of the file is refused without being opened (it would block a read)."""
+    import os
+
+    lm, readouts, path = saved
+
+    def poison(tensors):
+        tensors["translator.weight"][0, 0, 0] = float("nan")
+
+    def redigest(meta):
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        poison(tensors)
+        meta.pop("digest")
+        meta["digest"] = content_digest(tensors, meta)
+
+    target = rewrite(path, tmp_path / "nan.safetensors", poison, redigest)
+    with pytest.raises(ConfigError, match=r"non-finite weights \(NaN or inf\): translator.weight"):
+        load_readouts(target, lm)
+    fifo = tmp_path / "fifo.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_readouts(fifo, lm)

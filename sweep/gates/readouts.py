@@ -162,6 +162,8 @@ def _load_readouts(path, lm, key: str) -> Readouts:
     where = f"{key}={path}"
     p = Path(path).expanduser()
     if not p.is_file():
+        if p.exists():  # a FIFO, a directory, a device: never opened (a FIFO would block the read)
+            raise ConfigError(f"{where}: not a regular file; readouts are a safetensors file `sweep fit` writes")
         raise ConfigError(f"{where}: no such file (`sweep fit` writes readouts)")
     try:
         with safe_open(str(p), framework="pt") as f:
@@ -185,6 +187,9 @@ def _load_readouts(path, lm, key: str) -> Readouts:
     problem = _shape_problem(weights, meta, lm.num_layers, lm.adapter.config.hidden_size)
     if problem:
         raise ConfigError(f"{where}: {problem}")
+    nonfinite = sorted(k for k, t in weights.items() if t.is_floating_point() and not bool(t.isfinite().all()))
+    if nonfinite:
+        raise ConfigError(f"{where}: tensors with non-finite weights (NaN or inf): {', '.join(nonfinite)}")
     return Readouts(weights, meta, stored, path=p, final_norm=lm.adapter.norm).to(lm.device, lm.dtype)
 
 

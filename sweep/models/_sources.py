@@ -174,15 +174,36 @@ def _load_hf_from(
         config = AutoConfig.from_pretrained(ref, revision=revision, local_files_only=local_only)
         require_causal_lm(config, where)
         tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(
-            ref, revision=revision, local_files_only=local_only, dtype=torch_dtype
+        model, info = AutoModelForCausalLM.from_pretrained(
+            ref, revision=revision, local_files_only=local_only, dtype=torch_dtype, output_loading_info=True
         )
+        _require_fit(model, info, where)
     except InputError:
         raise
     except LOAD_ERRORS as exc:
         raise InputError(f"{where}: cannot load this model ({type(exc).__name__}: {_short(exc)})") from exc
     commit = getattr(model.config, "_commit_hash", None)
     return model, tokenizer, content_hash or f"hub:{ref}@{commit or revision or 'unknown'}", commit or revision
+
+
+def _require_fit(model, info: dict, where: str) -> None:
+    """A checkpoint whose weights are the config's model: no weight missing (it would be randomly initialised), none
+    left unused, none of another shape; else one line with their counts and a few names. Weights the model ties
+    (an output head that is the embedding) are not missing."""
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    missing = [k for k in info.get("missing_keys", ()) if k not in tied and not any(k.endswith(t) for t in tied)]
+    unexpected = list(info.get("unexpected_keys", ()))
+    mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())]
+    if missing or unexpected or mismatched:
+        parts = [
+            f"{n} {what} ({', '.join(sorted(keys)[:3])}{', ...' if n > 3 else ''})"
+            for what, keys in (("missing", missing), ("unexpected", unexpected), ("of another shape", mismatched))
+            if (n := len(keys))
+        ]
+        raise InputError(
+            f"{where}: the checkpoint does not fit its config (weights {'; '.join(parts)}): its config names another "
+            "model than its weights; fix config.json or the weights"
+        )
 
 
 def require_causal_lm(config, where: str) -> None:
