@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -94,8 +95,9 @@ def _read_owner(path: Path) -> dict | None:
 
 def _parse(path: Path) -> Any:
     """The JSON in ``path``, read up to ``_MAX_BYTES`` (a claim is a few hundred bytes)."""
-    with open(path, "rb") as f:
-        data = f.read(_MAX_BYTES + 1)
+    from sweep.store import read_regular
+
+    data = read_regular(path, _MAX_BYTES + 1)  # never blocks: a FIFO planted as a claim is refused, not opened
     if len(data) > _MAX_BYTES:
         raise ValueError(f"over {_MAX_BYTES} bytes")
     return json.loads(data)
@@ -145,9 +147,15 @@ def _try_create(path: Path, owner: Owner) -> bool:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
-        if path.parent.is_dir():
+        if not path.parent.is_dir():
+            raise Unusable(f"{path.parent} is not a directory") from None
+        try:
+            planted = not stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError:  # released meanwhile: try again
             return False
-        raise Unusable(f"{path.parent} is not a directory") from None
+        if planted:  # a FIFO, a directory, a link: no claim of ours; waiting on it would never end
+            raise Unusable(f"{path} is not a regular file (something planted in place of a claim)") from None
+        return False
     except OSError as exc:
         raise Unusable(f"{path.parent}: {exc.strerror or exc}") from None
     try:

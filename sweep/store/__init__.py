@@ -1,6 +1,6 @@
 """Results store: the declared Parquet schema, atomic writes, tolerant readers."""
 
-from sweep.store._atomic import atomic_write
+from sweep.store._atomic import NotRegular, atomic_write, is_regular, read_regular
 from sweep.store._guard import STALE_AFTER_S
 from sweep.store._io import (
     atomic_write_parquet,
@@ -17,7 +17,10 @@ from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Tabl
 from sweep.store._task_columns import TASK_COLUMNS
 
 __all__ = [
+    "NotRegular",
     "atomic_write",
+    "is_regular",
+    "read_regular",
     "STALE_AFTER_S",
     "PROVENANCE",
     "SCHEMA_VERSION",

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -104,6 +105,11 @@ def _schema(path: Path, arrow_schema: str | None) -> pl.Schema:
 
 def problem(table: Table, path: Path) -> str | None:
     """Why ``path`` cannot be read as a file of ``table``; None when it can."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read forever: never opened
+            return "not a regular file (a FIFO, a directory or a device planted in the results)"
+    except OSError as exc:
+        return f"cannot stat it ({exc.strerror or exc})"
     if partition_values(table, path) is None:
         layout = "/".join(f"{k}=<value>" for k in table.partition_by)
         return f"not in the layout of table '{table.name}' ({table.name}/{layout}/<file>.parquet)"

@@ -1,0 +1,65 @@
+"""A shared root where someone planted things that are not regular files: FIFOs and directories where rows and claims
+belong. No reader opens them (a FIFO would block it forever): `sweep analyze` skips them with a warning naming each,
+a claim in their place is not waited on (the trial runs unclaimed, said so), and readouts refuse in one line. Real
+FIFOs and directories, each command with a deadline only a hang reaches."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from tests.conftest import compose, run_cli
+
+pytestmark = pytest.mark.faults
+
+BENCH = ("model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0")
+
+
+def test_analyze_skips_a_fifo_and_a_directory_planted_as_rows(tmp_path):
+    from sweep.bench.command import run_bench
+
+    root = tmp_path / "results"
+    row = run_bench(compose(*BENCH, f"results.root={root}"))[1]
+    where = root / "trials" / "model=tiny-llama" / "gate=full"
+    os.mkfifo(where / "planted.parquet")
+    (where / "dir.parquet").mkdir()
+    done = run_cli("analyze", f"results.root={root}", timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name in ("planted.parquet", "dir.parquet"):
+        assert f"skipping {where / name}: not a regular file" in done.stderr.replace("\n         ", " ")
+    assert "1 trials" in (root / "report" / "report.md").read_text() and row["status"] == "ok"
+
+
+@pytest.mark.parametrize("plant", ["fifo", "directory"])
+def test_a_claim_planted_as_a_fifo_or_directory_is_not_waited_on(tmp_path, plant):
+    from sweep.orchestrate import claims
+
+    path = claims.claim_path(tmp_path, "abcdef0123456789")
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path) if plant == "fifo" else path.mkdir()
+    outcomes = []
+
+    def claim():
+        with claims.hold(tmp_path, "abcdef0123456789", claims.Owner.here("r1", "s1"), lambda: None) as held:
+            outcomes.append(held)
+
+    worker = threading.Thread(target=claim, daemon=True)
+    worker.start()
+    worker.join(timeout=60)  # a deadline only a hang reaches
+    assert not worker.is_alive(), "the claim waited on a planted path"
+    (held,) = outcomes
+    assert held.row is None and any("runs unclaimed" in n and "not a regular file" in n for n in held.notes)
+    assert path.exists()  # what was planted is left where it is
+
+
+def test_read_regular_never_opens_a_fifo(tmp_path):
+    from sweep.store import NotRegular, read_regular
+
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    with pytest.raises(NotRegular):
+        read_regular(fifo)
+    (tmp_path / "r").write_bytes(b"abc")
+    assert read_regular(tmp_path / "r", 2) == b"ab"
