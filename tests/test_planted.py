@@ -63,3 +63,34 @@ def test_read_regular_never_opens_a_fifo(tmp_path):
         read_regular(fifo)
     (tmp_path / "r").write_bytes(b"abc")
     assert read_regular(tmp_path / "r", 2) == b"ab"
+
+
+def test_a_file_planted_where_a_partition_belongs_is_refused_before_any_work(tmp_path):
+    root = tmp_path / "results"
+    (root / "trials" / "model=tiny-llama").mkdir(parents=True)
+    planted = root / "trials" / "model=tiny-llama" / "gate=saturation"
+    planted.write_text("not a directory")
+    for command in ("bench", "run"):
+        done = run_cli(command, *BENCH, "gate=saturation", "gate.eps=0.3", f"results.root={root}", "--quiet")
+        assert done.returncode == 2, (command, done.stderr)
+        assert f"results.root: {planted} is not a directory" in done.stderr, (command, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert planted.read_text() == "not a directory" and not list(root.rglob("*.parquet"))
+
+
+def test_a_sweeps_row_is_replaced_by_a_bench_only_with_consent(tmp_path):
+    import polars as pl
+
+    from sweep.bench.command import run_bench
+
+    root = tmp_path / "results"
+    path = run_bench(compose(*BENCH, f"results.root={root}"))[0]
+    frame = pl.read_parquet(path).with_columns(sweep_name=pl.lit("someone-elses-sweep"))
+    frame.write_parquet(path)  # as a sweep had written it
+    done = run_cli("bench", *BENCH, f"results.root={root}")
+    assert done.returncode == 2 and "already has a row from sweep someone-elses-sweep" in done.stderr
+    assert "sweep.rerun=true replaces it" in done.stderr
+    assert pl.read_parquet(path)["sweep_name"][0] == "someone-elses-sweep"  # untouched
+    done = run_cli("bench", *BENCH, f"results.root={root}", "sweep.rerun=true")
+    assert done.returncode == 0, done.stderr
+    assert pl.read_parquet(path)["sweep_name"][0] is None  # replaced, with consent

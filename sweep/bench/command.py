@@ -27,6 +27,8 @@ def prepare(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, G
 
 
 def _prepare(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    _check_row(cfg)
+
     def check(lm: LoadedModel) -> None:
         gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing
         speculative, exits = cfg.bench.mode == "self_speculative", bool(gate.probe_layers())
@@ -39,6 +41,30 @@ def _prepare(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Pro
 
     lm, prompts = session.workload(cfg, ("bench.gen_tokens", cfg.bench.gen_tokens), check=check)
     return lm, make_gate(cfg.gate, lm, gate_readouts(cfg.gate, lm, prompts, session)), prompts
+
+
+def _check_row(cfg: Config) -> None:
+    """Before any work: the row's path is free of planted files (one line naming it), and a row a sweep wrote
+    there is replaced only with consent (sweep.rerun=true), never silently."""
+    from sweep.config.identity import trial_columns
+    from sweep.errors import ConfigError
+    from sweep.store import check_row_path, read_file
+
+    tid = trial_columns(cfg)["trial_id"]
+    path = check_row_path("trials", cfg.results.root, {"model": cfg.model.name, "gate": cfg.gate.name}, tid)
+    if not path.exists() or cfg.sweep.rerun:
+        return
+    try:
+        earlier = read_file("trials", path).to_dicts()
+    except Exception:  # noqa: BLE001 - an unreadable row is replaced (the store skips it anyway)
+        return
+    owner = earlier[0].get("sweep_name") if earlier else None
+    if owner:
+        raise ConfigError(
+            f"sweep.rerun=false: trial {tid} already has a row from sweep {owner} ({path}); sweep.rerun=true "
+            "replaces it, or write elsewhere with results.root"
+        )
+    log.info("replacing the earlier row of trial %s (%s, a sweep bench run)", tid, path)
 
 
 def gate_readouts(gate_cfg, lm: LoadedModel, prompts: list[Prompt], session: Session, key: str = "gate.readouts"):

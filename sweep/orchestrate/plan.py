@@ -52,7 +52,25 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     claims.check_dir(root)
     base = base_overrides(overrides, run_id, root)
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
+    _check_row_paths(cfg, grid_trials)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
+
+
+def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
+    """Every row the sweep can foresee has a path nothing planted is in the way of (``check_row_path``); a search
+    that samples later has its own settings' partitions checked for the sweep's base setting."""
+    from sweep.config.identity import trial_identity, trial_device
+    from sweep.store import check_row_path
+
+    device = trial_device(cfg.device, 0 if cfg.resources.gpu == "auto" else float(cfg.resources.gpu))
+    seen = set()
+    for _, trial_cfg in grid_trials or [(None, cfg)]:
+        key = (trial_cfg.model.name, trial_cfg.gate.name)
+        if key in seen and grid_trials is not None:
+            continue
+        seen.add(key)
+        tid = trial_identity(trial_cfg, device).id
+        check_row_path("trials", cfg.results.root, {"model": key[0], "gate": key[1]}, tid)
 
 
 def _storage(cfg: Config, root: Path) -> Path:

@@ -4,6 +4,7 @@ from sweep.store._atomic import NotRegular, atomic_write, is_regular, read_regul
 from sweep.store._guard import STALE_AFTER_S
 from sweep.store._io import (
     atomic_write_parquet,
+    check_row_path,
     field_metadata,
     files,
     read,
@@ -29,6 +30,7 @@ __all__ = [
     "Column",
     "Table",
     "atomic_write_parquet",
+    "check_row_path",
     "field_metadata",
     "files",
     "markdown",

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sweep.errors import SweepError
+from sweep.errors import ConfigError, SweepError
 from sweep.config.paths import check_name, inside
 from sweep.store._atomic import atomic_write
 from sweep.store._cache import CACHE_FROM, read_cached
@@ -99,6 +99,38 @@ def table_path(name: str, root: str | Path, values: Mapping[str, Any], stem: str
             directory = directory / f"{key}={check_name(key, str(values[key]))}"
         path = directory / f"{check_name('stem', stem)}.parquet"
     inside(root, path)
+    return path
+
+
+def check_row_path(
+    name: str, root: str | Path, values: Mapping[str, Any], stem: str, key: str = "results.root"
+) -> Path:
+    """Before any work: the path a row of table ``name`` will be written to (``table_path``), refused in one line
+    naming the path where something is in its way: a directory of its partitions that is not a directory (a file
+    planted where ``gate=...`` belongs), or the row's own path that is not a regular file (a FIFO, a directory)."""
+    import stat
+
+    path = table_path(name, root, values, stem)
+    base = Path(root)
+    for parent in reversed(path.relative_to(base).parents):
+        at = base / parent
+        try:
+            mode = os.lstat(at).st_mode
+        except FileNotFoundError:
+            break  # nothing further down exists yet: the writer makes it
+        except OSError as exc:
+            raise ConfigError(f"{key}: cannot check {at} ({exc.strerror or exc})") from None
+        if not stat.S_ISDIR(mode):
+            raise ConfigError(
+                f"{key}: {at} is not a directory (planted where the {name} rows of "
+                f"{', '.join(f'{k}={v}' for k, v in values.items())} are written); remove it or use another {key}"
+            )
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{key}: {path} is not a regular file (planted where a row is written); remove it")
     return path
 
 
