@@ -105,3 +105,26 @@ def test_a_stored_rows_key_rebuilds_its_id(tmp_path):
     assert row["status"] == "failed" and row["trial_key"] is not None
     assert id_of_key(row["trial_key"]) == row["trial_id"]
     assert row["trial_id"] == trial_identity(p.grid_trials[0][1], "cpu").id  # the id the planner skips by
+
+
+def test_a_sweep_name_is_one_configuration(tmp_path):
+    """The first run records what defines the sweep; a new run under the name is refused (resume=true continues
+    it); a resume that changes the definition is refused naming what differs; raising search.n_trials is a resume
+    that searches further."""
+    from sweep.orchestrate.plan import DEFINITION, plan_sweep
+
+    base = ["model=tiny-llama", "search=optuna-mo", "search.n_trials=4", "prompts.n=2", f"results.root={tmp_path}"]
+    first = plan_sweep(compose(*base, "sweep.name=s1"), [*base, "sweep.name=s1"])
+    assert (first.storage / "s1" / DEFINITION).is_file()
+    with pytest.raises(ConfigError, match=r"sweep.name=s1: a sweep of that name exists .*; resume=true continues it"):
+        plan_sweep(compose(*base, "sweep.name=s1"), [])
+    resumed = [*base, "sweep.name=s1", "resume=true"]
+    plan_sweep(compose(*resumed, "search.n_trials=8"), [])  # searching further: the same sweep
+    with pytest.raises(
+        ConfigError, match=r"differs from the sweep's definition in prompts.n \(prompts.n: 2 there, 3 here\)"
+    ):
+        plan_sweep(compose(*resumed, "prompts.n=3"), [])
+    with pytest.raises(ConfigError, match=r"differs from the sweep's definition in bench.gen_tokens"):
+        plan_sweep(compose(*resumed, "bench.gen_tokens=8"), [])
+    with pytest.raises(ConfigError, match=r"differs from the sweep's definition in search.objectives"):
+        plan_sweep(compose(*resumed, "search.objectives.agreement=min"), [])

@@ -11,6 +11,7 @@ the planner skips by are the ids the workers' rows carry.
 from __future__ import annotations
 
 import dataclasses
+import os
 import logging
 from pathlib import Path
 
@@ -53,7 +54,77 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     base = base_overrides(overrides, run_id, root)
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
+    check_definition(cfg, storage / name)  # last: a run refused above leaves no sweep of its name behind
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
+
+
+DEFINITION = "sweep-definition.json"  # what defines a sweep, beside Tune's state in its directory
+
+
+def definition(cfg: Config) -> dict:
+    """What defines a sweep: its search (all but search.n_trials, which a resume may raise to search further),
+    model, gate, prompts, bench, task, dtype, device and seed. Two runs under one sweep name must share it."""
+    from sweep.config.identity import EVAL_KEYS
+
+    search = {k: v for k, v in dataclasses.asdict(cfg.search).items() if k != "n_trials"}
+    return {
+        "search": search,
+        "model": dataclasses.asdict(cfg.model),
+        "gate": dataclasses.asdict(cfg.gate),
+        "prompts": dataclasses.asdict(cfg.prompts),
+        "bench": {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"},
+        "eval": {k: v for k, v in dataclasses.asdict(cfg.eval).items() if k in EVAL_KEYS},
+        "dtype": cfg.dtype,
+        "device": cfg.device,
+        "seed": cfg.seed,
+    }
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and key not in ("objectives", "constraints"):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_definition(cfg: Config, directory: Path) -> None:
+    """A sweep name is one configuration. A new sweep under a name that exists is refused (resume=true continues it);
+    a resume whose definition differs from the one recorded is refused naming what differs. The definition is
+    recorded in the sweep's directory (``DEFINITION``) on its first run; a sweep from before it was recorded takes
+    this run's."""
+    import json
+
+    from sweep.store import atomic_write, read_regular
+
+    path = directory / DEFINITION
+    mine = json.loads(json.dumps(definition(cfg), sort_keys=True, default=str))
+    exists = directory.exists()
+    if exists and not cfg.resume:
+        raise ConfigError(
+            f"sweep.name={directory.name}: a sweep of that name exists under {directory.parent}; resume=true "
+            "continues it, or choose another sweep.name"
+        )
+    if exists and os.path.lexists(path):
+        try:
+            recorded = json.loads(read_regular(path, 1 << 20))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"sweep.name={directory.name}: its definition {path} cannot be read ({exc})") from None
+        differ = sorted(
+            k for k in set(_flat(recorded)) | set(_flat(mine)) if _flat(recorded).get(k) != _flat(mine).get(k)
+        )
+        if differ:
+            first = differ[0]
+            raise ConfigError(
+                f"sweep.name={directory.name}: this run differs from the sweep's definition in {', '.join(differ[:4])}"
+                f"{', ...' if len(differ) > 4 else ''} ({first}: {_flat(recorded).get(first)!r} there, "
+                f"{_flat(mine).get(first)!r} here); resume it unchanged, or start a new sweep under another sweep.name"
+            )
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(mine, sort_keys=True, indent=1)))
 
 
 def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
