@@ -18,3 +18,16 @@ class ConfigError(SweepError):
 
 class InputError(ConfigError):
     """Bad input that is a file or a model rather than a config value (exit code 2)."""
+
+
+def os_error(exc: OSError, path) -> str:
+    """``<path>: <what the system said>`` (``no space left on device``), in one line."""
+    import os
+    import re
+
+    code = exc.errno
+    if code is None:  # pyarrow's OSError names its errno only in the message ("[errno 28] ...")
+        found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
+        code = int(found.group(1)) if found else None
+    what = os.strerror(code) if code else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return f"{path}: {what[:1].lower()}{what[1:]}"

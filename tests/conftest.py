@@ -210,3 +210,26 @@ def llama_readouts(tmp_path_factory) -> Path:
     prompts = tokenize_prompts(read_prompts(cfg), cfg, lm.tokenizer)
     fit = fit_readouts(lm, prompts, gen_tokens=6, ridge=1.0, l2=1e-3, seed=0, prompt_set="chat", prompt_start=0)
     return save_readouts(fit, tmp_path_factory.mktemp("llama-readouts"))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs, filled to 16 KiB of free space (a claim fits, a row does not); unmounted after."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()}")
+    filler = mount / "filler"
+    try:
+        with open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError:
+        pass
+    os.truncate(filler, filler.stat().st_size - 16384)
+    try:
+        yield mount, filler
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

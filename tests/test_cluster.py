@@ -199,3 +199,18 @@ def test_jobs_submit_without_a_token_says_where_one_goes(tmp_path):
 def test_jobs_submit_to_nothing_fails_fast(tmp_path):
     res = _submit_to_nothing("model=tiny-llama", f"results.root={tmp_path}", RAY_AUTH_TOKEN_PATH=own_token(tmp_path))
     assert res.returncode == 2 and "--address http://127.0.0.1:9: no Ray job server answers there" in res.stderr
+
+
+def test_joining_a_token_protected_cluster_with_another_token_is_one_line(two_node_cluster, tmp_path):
+    """A client whose token is not the cluster's: refused by the cluster, said in one line naming the key."""
+    exe = Path(sys.executable).with_name("sweep")
+    (tmp_path / "other").mkdir()
+    wrong = env(RAY_AUTH_TOKEN_PATH=own_token(tmp_path / "other"))
+    res = subprocess.run(
+        [str(exe), "run", "cluster=existing", f"cluster.address={two_node_cluster['gcs']}", "model=tiny-llama",
+         f"results.root={tmp_path / 'r'}", "--quiet"],
+        env=wrong, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert f"cluster.address={two_node_cluster['gcs']}" in line and "unexpected" not in res.stderr

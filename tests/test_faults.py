@@ -84,29 +84,6 @@ def test_the_resume_hint_of_a_resumed_run_names_resume_once():
 # ---------------------------------------------------------------- 6. a full disk
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs, filled to 16 KiB of free space (a claim fits, a row does not); unmounted after."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()}")
-    filler = mount / "filler"
-    try:
-        with open(filler, "wb") as f:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-    except OSError:
-        pass
-    os.truncate(filler, filler.stat().st_size - 16384)
-    try:
-        yield mount, filler
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
 @pytest.mark.ray
 def test_a_full_disk_while_rows_are_written_stops_in_one_line_and_the_resume_completes(small_disk):
     root, filler = small_disk

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose
+from conftest import compose, run_cli
 from sweep.cli.commands import main
 from sweep.errors import ConfigError
 from sweep.config.paths import NAME_ALLOWED, check_writable_dir, is_name
@@ -533,3 +533,34 @@ def test_cluster_address_auto_joins_a_cluster_on_loopback(tmp_path):
     finally:
         helper.stdin.close()
         helper.wait(timeout=60)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["a" * 300 + "=1"], "a" * 40 + "...: not a config key (300 characters"),
+        (["run_id=a\nb"], r"cannot parse the override 'run_id=a\nb': it holds a control character"),
+    ],
+)
+def test_odd_overrides_are_one_whole_line(tmp_path, args, says):
+    done = run_cli("bench", "model=tiny-llama", f"results.root={tmp_path}", *args)
+    assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_odd_prompts_are_one_line_naming_the_prompt(tmp_path):
+    import json
+
+    surrogate = tmp_path / "s.jsonl"
+    surrogate.write_text('{"id": "s", "prompt": "bad \\ud800 here"}\n')
+    done = run_cli(
+        "bench", "model=tiny-llama", "prompts=jsonl", f"prompts.path={surrogate}", f"results.root={tmp_path}"
+    )
+    assert done.returncode == 2 and "prompt s: not valid Unicode" in done.stderr
+    long = tmp_path / "l.jsonl"
+    long.write_text(json.dumps({"id": "long", "prompt": "word " * 1000}) + "\n")  # 5000 byte tokens; context 4096
+    done = run_cli(
+        "bench", "model=tiny-llama", "prompts=jsonl", f"prompts.path={long}", "prompts.max_tokens=100000",
+        f"results.root={tmp_path}",
+    )  # fmt: skip
+    assert done.returncode == 2 and "prompt long: 5000 tokens, at or over the model's context of 4096" in done.stderr
+    assert "bench.gen_tokens" not in done.stderr  # the prompt is to blame, not the generation length

@@ -94,3 +94,25 @@ def test_a_sweeps_row_is_replaced_by_a_bench_only_with_consent(tmp_path):
     done = run_cli("bench", *BENCH, f"results.root={root}", "sweep.rerun=true")
     assert done.returncode == 0, done.stderr
     assert pl.read_parquet(path)["sweep_name"][0] is None  # replaced, with consent
+
+
+def test_analyze_on_a_full_disk_is_one_line_naming_the_path(small_disk):
+    from sweep.bench.command import run_bench
+
+    root, filler = small_disk
+    filler.unlink()  # room for the rows
+    results = root / "results"
+    for eps in (0.3, 0.6):
+        run_bench(compose(*BENCH, "gate=saturation", f"gate.eps={eps}", f"results.root={results}"))
+    try:
+        with open(filler, "wb") as f:  # the disk full again
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError:
+        pass
+    done = run_cli("analyze", f"results.root={results}", timeout=240)
+    assert done.returncode == 1, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "cannot write the report:" in line and str(results) in line and "no space left on device" in line
+    assert "unexpected" not in done.stderr and "Traceback" not in done.stderr

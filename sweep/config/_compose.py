@@ -60,6 +60,10 @@ def _hydra(overrides, *, hydra_config: bool = False):
     from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
+    for override in overrides:  # Hydra would look a long key up as a file name: "File name too long"
+        key = override.partition("=")[0].lstrip("+~")
+        if len(key) > 128:
+            raise ConfigError(f"{key[:40]}...: not a config key ({len(key)} characters; `sweep config` shows the keys)")
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             return compose(
@@ -303,6 +307,9 @@ def _first_line(exc: BaseException, cause: BaseException | None = None, override
         return f"+{m.group(1)}: already set; drop the '+'"
     first = text.splitlines()[0] if text else type(exc).__name__
     if isinstance(exc, _override_parse_error()):
+        bad = next((o for o in overrides if any(c in o for c in "\n\r\t\x00")), None)
+        if bad is not None:  # a control character would cut this line: the override is shown escaped
+            return f"cannot parse the override {bad!r}: it holds a control character (newline, tab, NUL)"
         return f"cannot parse the overrides ({first}); see Hydra's override grammar"
     m = re.search(r"Sweep parameters '([^'=]+)=(.*)' requires --multirun", first)
     if m:  # a sweep expression as a plain value: only quotes make it a string

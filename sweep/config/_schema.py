@@ -106,7 +106,9 @@ class PromptsConfig:
 class ProfileConfig:
     gen_tokens: int = field(check=in_range(1, 4096), allowed="an integer in 1..4096")
     topk: int = field(check=in_range(1, 1000), allowed="an integer in 1..1000")
-    pca_k: int = field(check=in_range(1, 65536), allowed="an integer >= 1")  # the pca signal's directions
+    pca_k: int = field(
+        check=in_range(1, 65536), allowed="an integer in 1..65536 (more than the hidden size is clipped to it)"
+    )  # the pca signal's directions
     # `sweep fit`'s readouts file: the trace adds the tuned lens's and the exit classifiers' columns
     readouts: str | None = field(None, check=lambda v: v.strip() != "" and "\0" not in v, allowed="a file path or null")
 

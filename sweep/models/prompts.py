@@ -79,6 +79,10 @@ def tokenize_prompts(
     limit = cfg.max_tokens if room is None else min(cfg.max_tokens, room)
     out = []
     for pid, text, *rest in items:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (\ud800): no tokenizer can read it
+            raise InputError(f"prompt {pid}: not valid Unicode ({exc.reason} at character {exc.start})") from None
         if use_template:
             rendered = tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
@@ -88,6 +92,11 @@ def tokenize_prompts(
             ids = tokenizer(text)["input_ids"]
         if not ids:
             raise InputError(f"prompt {pid}: tokenizes to nothing")
+        if gen is not None and room is not None and len(ids) >= room + gen[1]:  # the prompt alone fills the context
+            raise InputError(
+                f"prompt {pid}: {len(ids)} tokens, at or over the model's context of {room + gen[1]} positions by "
+                "itself; shorten it or use a model with a longer context"
+            )
         if gen is not None and room is not None and room < len(ids) <= cfg.max_tokens:
             key, value = gen
             raise ConfigError(

@@ -48,8 +48,17 @@ def start_ray(cluster: ClusterConfig) -> bool:
         address = _require_reachable(cluster.address)
         if is_loopback(address):  # `auto` found a cluster on 127.0.0.1: talk to it there, as for an explicit address
             _ray_private.single_node_mode()
+        from ray.exceptions import AuthenticationError
+
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except AuthenticationError as exc:  # a token-protected cluster, and no token (or another) here
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            raise ConfigError(
+                f"cluster.address={cluster.address}: the Ray cluster there refused this client's token ({first}); "
+                f"set cluster.auth to the cluster's mode (now {cluster.auth}) and give its token (RAY_AUTH_TOKEN or "
+                "RAY_AUTH_TOKEN_PATH; docs/cluster.md)"
+            ) from None
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConfigError(
                 f"cluster.address={cluster.address}: cannot join a Ray cluster there ({str(exc).splitlines()[0]})"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep import progress
-from sweep.errors import SweepError
+from sweep.errors import os_error, SweepError
 from sweep.gates import gate_text
 from sweep.config.identity import trial_identity
 from sweep.orchestrate.plan import tune_settings
@@ -301,19 +301,6 @@ def row_work(row: dict) -> float | None:
         return float(n * g)
     repeats, shared = row.get("repeats") or 1, row.get("baseline_shared") or 1
     return float(n * g * repeats * (1.0 + 2.0 / shared))
-
-
-def os_error(exc: OSError, path: str | Path) -> str:
-    """``<path>: <what the system said>`` (``no space left on device``), in one line."""
-    import os
-    import re
-
-    code = exc.errno
-    if code is None:  # pyarrow's OSError names its errno only in the message ("[errno 28] ...")
-        found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
-        code = int(found.group(1)) if found else None
-    what = os.strerror(code) if code else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return f"{path}: {what[:1].lower()}{what[1:]}"
 
 
 def last_error(path: str | None) -> str:

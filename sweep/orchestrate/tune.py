@@ -32,7 +32,8 @@ from sweep.orchestrate.plan import baseline_groups, done_settings, plan_sweep, s
 from sweep.orchestrate.progress_ray import Hub, cannot_start_workers, forwarding
 from sweep.orchestrate.ray_internals import embedded_session
 from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
-from sweep.orchestrate.rows import RowWriter, SweepOutcome, os_error
+from sweep.errors import os_error
+from sweep.orchestrate.rows import RowWriter, SweepOutcome
 from sweep.orchestrate.searches import SEARCHES, InWorker
 from sweep.orchestrate.searcher import reported_metrics
 from sweep.orchestrate.settings import Plan, trial_config

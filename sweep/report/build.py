@@ -79,7 +79,13 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
 
 
 def write(cfg, prepared, ctx: ReportContext) -> Path:
-    return write_report(ctx)
+    """The report and its tables; a write the system refuses (a full disk) is one line naming the path."""
+    from sweep.errors import SweepError, os_error
+
+    try:
+        return write_report(ctx)
+    except OSError as exc:
+        raise SweepError(f"cannot write the report: {os_error(exc, exc.filename or ctx.out)}") from exc
 
 
 def render(cfg, prepared, ctx: ReportContext, path: Path) -> tuple[list[str], int]:
