@@ -352,7 +352,7 @@ def run_trials(
             from sweep.config.identity import trial_columns
             from sweep.tasks.evaluate import evaluate
 
-            row.update(evaluate(cfg, lm, gated_engine(cfg, lm, gate), trial_columns(cfg)["trial_id"]))
+            row.update(evaluate(cfg, lm, gated_engine(cfg, lm, gate), trial_columns(cfg)["trial_id"], source.tasks))
     return rows
 
 

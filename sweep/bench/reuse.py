@@ -79,6 +79,8 @@ class ReuseCache:
     capacity: int = 4
     references: OrderedDict = field(default_factory=OrderedDict)  # ReferenceKey -> Reference
     warmed: set = field(default_factory=set)
+    # a task's full-depth side (``sweep.tasks.evaluate``), by its reference key: measured once per worker
+    tasks: OrderedDict = field(default_factory=OrderedDict)
     counts: dict = field(default_factory=lambda: {"self_checks": 0, "reused": 0, "warmups": 0, "dropped": 0})
 
     def get(self, key: ReferenceKey) -> Reference | None:

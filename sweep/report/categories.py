@@ -29,7 +29,8 @@ def _per_category(row: dict) -> dict[str, tuple[float | None, float | None, int]
 
 
 def category_lines(ctx: ReportContext) -> list[str]:
-    """Markdown lines: per model, its best setting and best draft, each category's speedup and acceptance."""
+    """Markdown lines: per model, its best setting and best draft, each category's speedup and acceptance (nothing
+    when every prompt shares one category)."""
     ok = ctx.ok
     if not ok.height or "prompt_categories" not in ok.columns:
         return []
@@ -41,9 +42,12 @@ def category_lines(ctx: ReportContext) -> list[str]:
         for frame, kind in ((best, "best setting"), (draft, "best draft")):
             if frame.height:
                 picks.append((model, kind, frame.row(0, named=True)))
+    split = [(model, kind, r, _per_category(r)) for model, kind, r in picks]
+    if len({cat for *_, cats in split for cat in cats}) < 2:  # one category: the tables above already say it all
+        return []
     lines = []
-    for model, kind, r in picks:
-        for cat, (speedup, acceptance, n) in _per_category(r).items():
+    for model, kind, r, cats in split:
+        for cat, (speedup, acceptance, n) in cats.items():
             what = f"{r['gate']} {r.get('params') or ''}".strip()
             lines.append(
                 f"| {model} | {kind}: {what} | {cat} | {n} | {'n/a' if speedup is None else f'{speedup:.3f}x'} | "

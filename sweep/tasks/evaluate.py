@@ -8,9 +8,9 @@ accuracy, their difference (``accuracy_loss``, full minus gated: positive is a l
 problems (problems resampled in pairs, the same estimator as the point), the per-problem scores (what an analysis
 resamples again) and how the completions' tokens agree with full depth.
 
-The full-depth side of a task depends on the model, the task's settings and the seed only: a process measures it
-once and every later trial of that model reuses it (``reference_source`` says so for the bench; here
-``task_reference`` does).
+The full-depth side of a task depends on the model, the task's settings and the seed only: a sweep's worker measures
+it once and its later trials of that model reuse it (kept in the worker's reuse cache, as the bench's references are;
+``task_reference`` says which).
 
 HumanEval (``sweep.tasks.humaneval``): completions are cut at the first stop sequence, run against the problem's
 tests in the sandbox (``sweep.tasks.sandbox``); the metric is pass@1 (pass@k for each ``eval.ks`` beside it).
@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, MutableMapping
 
 import numpy as np
 
@@ -38,9 +38,6 @@ log = logging.getLogger("sweep.tasks")
 # Chen et al. 2021 (arXiv 2107.03374), section 2.3: a completion ends where a new top-level statement begins
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 LEVEL = 0.95
-
-
-_REFERENCES: dict[str, Side] = {}
 
 
 def reference_key(cfg: Config, lm) -> str:
@@ -60,17 +57,21 @@ def reference_key(cfg: Config, lm) -> str:
     return json.dumps(key, sort_keys=True)
 
 
-def evaluate(cfg: Config, lm, engine, trial_id: str) -> dict[str, Any]:
-    """The task's columns of a trial's row: ``engine`` (the trial's decoder) against full depth."""
+def evaluate(cfg: Config, lm, engine, trial_id: str, memo: MutableMapping | None = None) -> dict[str, Any]:
+    """The task's columns of a trial's row: ``engine`` (the trial's decoder) against full depth. ``memo``: where the
+    full-depth sides are kept between trials (a worker's reuse cache, ``sweep.bench.reuse``; None: measured here)."""
     from sweep.decode.engine import Engine
 
     t0 = time.perf_counter()
     key = reference_key(cfg, lm)
     run = _RUNNERS[cfg.eval.task]
-    cached = key in _REFERENCES
+    memo = {} if memo is None else memo
+    cached = key in memo
     if not cached:
-        _REFERENCES[key] = run(cfg, lm, Engine(lm), "full depth")
-    full = _REFERENCES[key]
+        while len(memo) >= 4:  # a few tasks' sides, the oldest dropped
+            memo.pop(next(iter(memo)))
+        memo[key] = run(cfg, lm, Engine(lm), "full depth")
+    full = memo[key]
     gated = run(cfg, lm, engine, "gated")
     return task_columns(cfg, lm, gated, full, trial_id, time.perf_counter() - t0, cached)
 
