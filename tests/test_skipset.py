@@ -366,12 +366,12 @@ def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
     class Gate:  # what speculation() reads of a skip gate
         name, cfg = "skip", type("Cfg", (), {"skip": "a2+m3"})
 
-    row = speculation([PromptRun(Prompt("p", "", list(ids)), gen, gen)], costs, Gate)
+    row = speculation([PromptRun(Prompt("p", "", list(ids)), gen, gen)], costs, Gate, 3)
     assert row["speedup_model"] == pytest.approx(by_hand, rel=1e-9)
     # draft_stop=1 drops every draft: each round still pays one draft pass and verifies one position
     stopped = SelfSpeculative(lm, SkipDraft(lm, skip), 3, draft_stop=1.0).generate(ids, N)
     every_round = (N - 1) * costs.step_ms / ((N - 1) * (step + costs.verify_ms[0]))
-    row = speculation([PromptRun(Prompt("p", "", list(ids)), stopped, stopped)], costs, Gate)
+    row = speculation([PromptRun(Prompt("p", "", list(ids)), stopped, stopped)], costs, Gate, 3)
     assert row["speedup_model"] == pytest.approx(every_round, rel=1e-9) and every_round < 1
     rec = record(lm, [ids], N)
     screened = predict(first_drafts(lm, rec, skip), 3, 1.0, costs, skip)
