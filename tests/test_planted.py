@@ -116,3 +116,14 @@ def test_analyze_on_a_full_disk_is_one_line_naming_the_path(small_disk):
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert "cannot write the report:" in line and str(results) in line and "no space left on device" in line
     assert "unexpected" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_fifo_planted_as_the_optuna_study_is_refused_in_one_line(tmp_path):
+    from sweep.errors import ConfigError
+    from sweep.orchestrate.study import optuna_storage_url, remaining_trials
+
+    os.mkfifo(tmp_path / "optuna.db")
+    with pytest.raises(ConfigError, match=r"optuna.db: not a regular file \(planted in place of the sweep's Optuna"):
+        optuna_storage_url(tmp_path)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        remaining_trials(compose("search=optuna-mo").search, tmp_path, rows=set())

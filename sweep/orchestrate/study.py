@@ -101,7 +101,27 @@ class DefineByRun:
 
 
 def optuna_storage_url(path: Path) -> str:
-    return f"sqlite:///{path / 'optuna.db'}"
+    return f"sqlite:///{study_file(path)}"
+
+
+def study_file(path: Path) -> Path:
+    """The sweep's study file, refused in one line when something that is not a regular file is in its place (SQLite
+    would wait forever on a FIFO)."""
+    import os
+    import stat
+
+    from sweep.errors import ConfigError
+
+    db = path / "optuna.db"
+    try:
+        mode = os.stat(db).st_mode
+    except FileNotFoundError:
+        return db
+    except OSError as exc:
+        raise ConfigError(f"{db}: the sweep's Optuna study cannot be checked ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{db}: not a regular file (planted in place of the sweep's Optuna study); remove it")
+    return db
 
 
 def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: set[str] = frozenset()) -> int:
@@ -116,7 +136,7 @@ def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: s
     them as the sampler proposes them again, and only the settings they lack are drawn."""
     from optuna.trial import TrialState
 
-    study = open_study(search, path) if (path / "optuna.db").is_file() else None
+    study = open_study(search, path) if study_file(path).exists() else None
     if study is None:  # no study of that name (yet, or any more)
         return max(search.n_trials - len(own), 0)
     with _reading(path):
@@ -141,7 +161,7 @@ def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: s
 
 def open_study(search: SearchConfig, path: Path):
     """The sweep's study in ``path/optuna.db``, or None when it holds no study of that name (or no file)."""
-    if not (path / "optuna.db").is_file():
+    if not study_file(path).exists():
         return None
     with _reading(path):
         storage = optuna.storages.RDBStorage(optuna_storage_url(path))
