@@ -94,9 +94,18 @@ def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str
 
     row = complete_row(cfg, prepared[0], row, cfg.run_id or new_run_id())
     with progress.timed("writing"):
-        path = write_table(
-            "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance={}, stem=row["trial_id"]
-        )
+        try:
+            path = write_table(
+                "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance={}, stem=row["trial_id"]
+            )
+        except OSError as exc:  # nothing half-written (atomic); the row's figures are in the message's summary
+            from sweep.errors import SweepError, os_error
+
+            where = exc.filename or cfg.results.root
+            raise SweepError(
+                f"cannot write the row of trial {row['trial_id']} (status {row['status']}, agreement "
+                f"{row.get('agreement')}, speedup_wall {row.get('speedup_wall')}): {os_error(exc, where)}"
+            ) from exc
     return str(path), row
 
 
