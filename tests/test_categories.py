@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.conftest import compose, run_cli
+from conftest import compose, run_cli
 
 BENCH = ("bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0")
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from tests.conftest import compose, load, run_cli
+from conftest import compose, load, run_cli
 
 BENCH = ("prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0")
 

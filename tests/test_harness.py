@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import compose, load, subprocess_env
+from conftest import compose, load, run_cli, subprocess_env
 
 pytest.importorskip("lm_eval")
 
@@ -205,8 +205,6 @@ def test_model_args_name_what_they_may_be(tmp_path):
 
 
 def test_analyze_reports_accuracy_beside_agreement(tmp_path):
-    from tests.conftest import run_cli
-
     lm = load(f"model={MODEL}")
     _mc(tmp_path)
     eps = _median_delta(lm, 1)

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.conftest import compose, run_cli
+from conftest import compose, run_cli
 
 pytestmark = pytest.mark.faults
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import compose, load, run_cli, sweep
+from conftest import compose, load, run_cli, sweep
 
 if TYPE_CHECKING:
     import polars as pl
