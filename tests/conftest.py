@@ -11,6 +11,7 @@ every Ray started on its behalf leaves a session.
 from __future__ import annotations
 
 import glob
+import contextlib
 import os
 import shutil
 import subprocess
@@ -212,11 +213,11 @@ def llama_readouts(tmp_path_factory) -> Path:
     return save_readouts(fit, tmp_path_factory.mktemp("llama-readouts"))
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MiB tmpfs, filled to 16 KiB of free space (a claim fits, a row does not); unmounted after."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
+@contextlib.contextmanager
+def full_disk(mount: Path, free: int = 16384):
+    """A 1 MiB tmpfs mounted on the directory ``mount``, filled to ``free`` bytes of free space (16 KiB: a claim
+    fits, a row does not): yields its filler file; unmounted after. Skips where mounting needs a root we are not."""
+    mount.mkdir(parents=True, exist_ok=True)
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()}")
@@ -228,8 +229,15 @@ def small_disk(tmp_path):
                 f.flush()
     except OSError:
         pass
-    os.truncate(filler, filler.stat().st_size - 16384)
+    os.truncate(filler, filler.stat().st_size - free)
     try:
-        yield mount, filler
+        yield filler
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs, filled to 16 KiB of free space (a claim fits, a row does not): (its mount, its filler)."""
+    with full_disk(tmp_path / "disk") as filler:
+        yield filler.parent, filler

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.rows import wait_for_rows
-from conftest import load, subprocess_env
+from conftest import full_disk, load, subprocess_env
 from helpers.tiny_gguf import write_tiny_gguf
 from sweep.cli.commands import main
 from sweep.store import files, read
@@ -103,6 +103,29 @@ def test_a_full_disk_while_rows_are_written_stops_in_one_line_and_the_resume_com
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     df = read("trials", root)
     assert df.height == 4 and df["trial_id"].n_unique() == 4 and set(df["status"]) == {"ok"}  # rows lost: 0
+
+
+@pytest.mark.ray
+def test_a_row_its_partition_cannot_take_is_kept_and_the_resume_does_not_redo_it(tmp_path):
+    root = tmp_path / "results"
+    args = [SWEEP, "run", *TINY, f"results.root={root}", SPACE, *ONE_BY_ONE]
+    with full_disk(root / "trials" / "model=tiny-llama" / "gate=saturation"):
+        full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr and "unexpected" not in full.stderr, full.stderr[-3000:]
+    [line] = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+    [kept] = (root / "trials" / "kept").rglob("*.parquet")
+    assert "no space left on device" in line and f"kept it at {kept}" in line and "resume with `sweep run " in line
+    first = read("trials", root)
+    assert first["trial_id"].to_list() == [kept.stem]  # the computed row landed (rows lost: 0)
+    resumed = subprocess.run(
+        [SWEEP, "run", *_split(resume_line(full.stderr))], env=subprocess_env(), text=True, capture_output=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    df = read("trials", root)
+    assert df.height == 4 and df["trial_id"].n_unique() == 4 and set(df["status"]) == {"ok"}
+    again = df.filter(df["trial_id"] == kept.stem)
+    assert again["run_id"].to_list() == first["run_id"].to_list() and kept.exists()  # kept, not measured again
 
 
 # ---------------------------------------------------------------- 7. a trial that raises; 8. corrupt model files

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from conftest import compose, run_cli
+from conftest import compose, full_disk, run_cli
 
 pytestmark = pytest.mark.faults
 
@@ -76,6 +76,52 @@ def test_a_file_planted_where_a_partition_belongs_is_refused_before_any_work(tmp
         assert f"results.root: {planted} is not a directory" in done.stderr, (command, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1
     assert planted.read_text() == "not a directory" and not list(root.rglob("*.parquet"))
+
+
+def test_a_row_its_partition_cannot_take_is_kept_where_analyze_reads_it(tmp_path):
+    from sweep.store import read
+
+    root = tmp_path / "results"
+    own = root / "trials" / "model=tiny-llama" / "gate=saturation"
+    with full_disk(own):  # a directory, so the check before the work passes; full when the row is written
+        done = run_cli("bench", *BENCH, "gate=saturation", "gate.eps=0.3", f"results.root={root}", "--quiet")
+    assert done.returncode != 0, done.stderr
+    assert "unexpected" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    [kept] = (root / "trials" / "kept").rglob("*.parquet")
+    assert kept.parent == root / "trials" / "kept" / "model=tiny-llama" / "gate=saturation"
+    assert f"to {own}" in line and "no space left on device" in line and f"kept it at {kept}" in line, line
+    rows = read("trials", root)
+    assert rows.height == 1 and rows["trial_id"][0] == kept.stem and rows["gate"][0] == "saturation"
+    done = run_cli("analyze", f"results.root={root}", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "1 trials" in (root / "report" / "report.md").read_text()
+
+
+def test_a_kept_row_written_again_in_place_leaves_no_twin(tmp_path):
+    from sweep.store import KEPT, read, table_path, write_or_keep
+
+    row = {k: [v] for k, v in _row(tmp_path).items()}
+    values = {"model": row["model"][0], "gate": row["gate"][0]}
+    tid = row["trial_id"][0]
+    own = table_path("trials", tmp_path / "r", values, tid)
+    own.parent.parent.mkdir(parents=True)
+    own.parent.write_text("planted")  # a file where the gate's directory belongs
+    path, failure = write_or_keep("trials", row, root=tmp_path / "r", stem=tid)
+    assert path == table_path("trials", tmp_path / "r", values, tid, KEPT) and isinstance(failure, OSError)
+    assert read("trials", tmp_path / "r")["trial_id"].to_list() == [tid]
+    own.parent.unlink()  # the plant removed: the row written again lands in place, and its kept twin goes
+    assert write_or_keep("trials", row, root=tmp_path / "r", stem=tid) == (own, None)
+    assert not path.exists() and read("trials", tmp_path / "r")["trial_id"].to_list() == [tid]
+
+
+def _row(tmp_path) -> dict:
+    import polars as pl
+
+    from sweep.bench.command import run_bench
+
+    path = run_bench(compose(*BENCH, f"results.root={tmp_path / 'first'}"))[0]
+    return pl.read_parquet(path).to_dicts()[0] | {"model": "tiny-llama", "gate": "full"}
 
 
 def test_a_sweeps_row_is_replaced_by_a_bench_only_with_consent(tmp_path):

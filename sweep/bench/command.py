@@ -89,23 +89,25 @@ def measure(cfg: Config, prepared: tuple[LoadedModel, Gate, list[Prompt]]) -> di
 def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The whole row (``complete_row``: with its provenance), one Parquet file under results.root: (its path,
     the row)."""
-    from sweep.store import write_table
+    from sweep.errors import SweepError, os_error
+    from sweep.store import write_or_keep
     from sweep.store.run_info import new_run_id
 
     row = complete_row(cfg, prepared[0], row, cfg.run_id or new_run_id())
+    tid = row["trial_id"]
     with progress.timed("writing"):
         try:
-            path = write_table(
-                "trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, provenance={}, stem=row["trial_id"]
-            )
+            path, failure = write_or_keep("trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, stem=tid)
         except OSError as exc:  # nothing half-written (atomic); the row's figures are in the message's summary
-            from sweep.errors import SweepError, os_error
-
-            where = exc.filename or cfg.results.root
             raise SweepError(
-                f"cannot write the row of trial {row['trial_id']} (status {row['status']}, agreement "
-                f"{row.get('agreement')}, speedup_wall {row.get('speedup_wall')}): {os_error(exc, where)}"
+                f"cannot write the row of trial {tid} (status {row['status']}, agreement {row.get('agreement')}, "
+                f"speedup_wall {row.get('speedup_wall')}): {os_error(exc, exc.filename or cfg.results.root)}"
             ) from exc
+    if failure is not None:  # the row is safe elsewhere under results.root; the bench still fails
+        raise SweepError(
+            f"cannot write the row of trial {tid} to {os_error(failure, failure.filename or cfg.results.root)}; "
+            f"kept it at {path}, where sweep analyze reads it"
+        )
     return str(path), row
 
 

@@ -247,7 +247,7 @@ class RowWriter:
         from datetime import datetime
 
         from sweep.orchestrate import claims
-        from sweep.store import write_table
+        from sweep.store import write_or_keep
 
         tid = row["trial_id"]
         if tid in self._seen:
@@ -264,13 +264,8 @@ class RowWriter:
         # no-clobber unless rerun or replacing a failed row: a row that appeared meanwhile wins
         exclusive = not self.rerun and not path.exists()
         try:
-            write_table(
-                "trials",
-                {k: [v] for k, v in row.items()},
-                root=self.root,
-                provenance={},
-                stem=tid,
-                exclusive=exclusive,
+            written, failure = write_or_keep(
+                "trials", {k: [v] for k, v in row.items()}, root=self.root, stem=tid, exclusive=exclusive
             )
         except FileExistsError:
             log.warning("setting %s: a row appeared meanwhile (another sweep); kept it", tid)
@@ -282,9 +277,15 @@ class RowWriter:
             self.rows.remove(row)
             claims.release(self.root, tid, self.run_id)
             if self.fatal is None:
-                self.fatal = SweepError(f"cannot write the row of trial {tid} to {os_error(exc, path)}")
+                self.fatal = SweepError(f"cannot write the row of trial {tid} to {os_error(exc, exc.filename or path)}")
                 log.error("%s; stopping the sweep", self.fatal)
             return False
+        if failure is not None and self.fatal is None:  # the row is safe, elsewhere: the sweep stops all the same
+            self.fatal = SweepError(
+                f"cannot write the row of trial {tid} to {os_error(failure, failure.filename or path)}; kept it at "
+                f"{written}, where sweep analyze and a resume read it"
+            )
+            log.error("%s; stopping the sweep", self.fatal)
         claims.release(self.root, tid, self.run_id)
         self.written += 1
         return True

@@ -3,6 +3,7 @@
 from sweep.store._atomic import NotRegular, atomic_write, is_regular, read_regular
 from sweep.store._guard import STALE_AFTER_S
 from sweep.store._io import (
+    KEPT,
     atomic_write_parquet,
     check_row_path,
     field_metadata,
@@ -12,12 +13,14 @@ from sweep.store._io import (
     scan,
     table_path,
     table_spec,
+    write_or_keep,
     write_table,
 )
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
 from sweep.store._task_columns import TASK_COLUMNS
 
 __all__ = [
+    "KEPT",
     "NotRegular",
     "atomic_write",
     "is_regular",
@@ -39,5 +42,6 @@ __all__ = [
     "scan",
     "table_path",
     "table_spec",
+    "write_or_keep",
     "write_table",
 ]

@@ -23,6 +23,7 @@ from sweep.store._schema import SCHEMA_VERSION, TABLES, Table
 log = logging.getLogger("sweep.store")
 
 _DICTIONARY_FROM = 16  # rows from which a file's columns are dictionary-encoded
+KEPT = "kept"  # <root>/<table>/kept/<partitions>/<stem>.parquet: rows whose own path could not be written
 
 
 def table_spec(name: str) -> Table:
@@ -39,6 +40,7 @@ def write_table(
     provenance: Mapping[str, Any],
     stem: str = "",
     exclusive: bool = False,
+    under: str = "",
 ) -> Path:
     """Write one unit of work as ``<root>/<table>/<partitions>/<stem>.parquet``, atomically
     (a derived, single-file table as ``<root>/<table>/<table>.parquet``, replaced each time; the
@@ -52,7 +54,7 @@ def write_table(
     The stem and the partition values become path components: each must be a safe name
     (``sweep.config.paths.check_name``), and the final path must resolve inside ``root`` (symlinks
     included), else ConfigError and nothing is written. ``exclusive``: never replace an
-    existing file (FileExistsError).
+    existing file (FileExistsError). ``under``: a directory between the table's and its partitions' (``KEPT``).
     """
     table = table_spec(name)
     frame = data if isinstance(data, pl.DataFrame) else pl.DataFrame(dict(data))
@@ -73,7 +75,7 @@ def write_table(
         if len(unique) != 1:
             raise SweepError(f"table {name}: one file must hold one {key} (got {len(unique)})")
         values[key] = unique[0]
-    path = table_path(name, root, values, stem)
+    path = table_path(name, root, values, stem, under)
     written = atomic_write_parquet(
         frame.drop(table.partition_by),
         path,
@@ -86,12 +88,13 @@ def write_table(
     return written
 
 
-def table_path(name: str, root: str | Path, values: Mapping[str, Any], stem: str = "") -> Path:
+def table_path(name: str, root: str | Path, values: Mapping[str, Any], stem: str = "", under: str = "") -> Path:
     """Where table ``name`` keeps the file of one unit of work: ``<root>/<table>/<key>=<value>/.../<stem>.parquet``
-    for the partition values ``values`` (``<root>/<table>/<table>.parquet`` for a single-file table).
-    Each value and the stem must be a safe name, and the path must resolve inside ``root``."""
+    for the partition values ``values`` (``<root>/<table>/<table>.parquet`` for a single-file table;
+    ``<root>/<table>/<under>/<key>=<value>/...`` with ``under``). Each value and the stem must be a safe name, and
+    the path must resolve inside ``root``."""
     table = table_spec(name)
-    directory = Path(root) / name
+    directory = Path(root) / name / under if under else Path(root) / name
     if table.single_file:
         path = directory / f"{name}.parquet"
     else:
@@ -100,6 +103,44 @@ def table_path(name: str, root: str | Path, values: Mapping[str, Any], stem: str
         path = directory / f"{check_name('stem', stem)}.parquet"
     inside(root, path)
     return path
+
+
+def write_or_keep(
+    name: str, data: Mapping[str, Any], *, root: str | Path, stem: str, exclusive: bool = False
+) -> tuple[Path, OSError | None]:
+    """A row that work computed, written so that it lands: ``write_table`` to its own path; where that fails
+    (a file planted in place of a partition directory after the work began, a directory made read-only), the
+    same row under ``<root>/<table>/kept/<partitions>/<stem>.parquet``, where ``files``, ``scan`` and so
+    ``sweep analyze`` and a resume's plan find it. Returns (the path written, the error of its own path: None when
+    it landed there). A kept twin of a row written in place is removed. FileExistsError on the row's own file
+    (``exclusive``: a row another writer put there first) propagates, as does the first error when the kept path
+    fails too (a full disk). An error that names no file (pyarrow's) names the row's own path."""
+    table = table_spec(name)
+    values = {key: data[key][0] for key in table.partition_by}
+    own = table_path(name, root, values, stem)
+    kept = table_path(name, root, values, stem, KEPT)
+    try:
+        path = write_table(name, data, root=root, provenance={}, stem=stem, exclusive=exclusive)
+    except FileExistsError as exc:
+        if os.path.lexists(own):
+            raise  # the row's own file is there: another writer's row
+        failure = exc
+    except OSError as exc:
+        failure = exc
+    else:
+        if os.path.lexists(kept):
+            try:
+                kept.unlink()
+            except OSError as exc:
+                log.warning("cannot remove %s, the kept twin of %s: %s", kept, path, exc)
+        return path, None
+    if failure.filename is None:
+        failure.filename = str(own)
+    try:
+        return write_table(name, data, root=root, provenance={}, stem=stem, under=KEPT), failure
+    except OSError as exc:
+        log.warning("cannot keep the row at %s either: %s", kept, exc)
+        raise failure from None
 
 
 def check_row_path(
