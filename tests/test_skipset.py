@@ -30,7 +30,7 @@ def test_the_grammar_has_one_canonical_text():
     assert canonical("a5-9,m3,a3") == canonical("m3+a3+a5+a6+a7+a8+a9") == "a3+m3+a5-9"
     assert canonical("") == canonical("none") == "none"
     s = SkipSet.parse("a1-2+m2")
-    assert SkipSet.from_mask(s.mask(4), 4) == s and s.ratio(4) == 3 / 8 and len(s) == 3
+    assert s.ratio(4) == 3 / 8 and s.ratio(4, 6) == 3 / 6 and len(s) == 3
     for bad in ("x3", "a0", "a3-2", "a", "a1;m2", "m-1"):
         with pytest.raises(ValueError):
             SkipSet.parse(bad)
@@ -86,24 +86,28 @@ def test_the_bypass_equals_a_model_with_those_sublayers_removed(text):
     assert not any("forward" in m.__dict__ for m in lm.model.modules())  # the model comes out as it went in
 
 
-@pytest.mark.parametrize("family", ATTENTION)
+def _sets(lm) -> list[str]:
+    """SETS where each layer has an attention and an MLP; else sets of the model's own skippable sublayers (a
+    hybrid's or a state-space model's mixers among them), and its attention-free draft where it has attention."""
+    names = lm.adapter.skippable()
+    if all(f"{k}{layer}" in names for layer in range(1, lm.num_layers + 1) for k in "am"):
+        return SETS
+    free = ["attention-free"] if lm.adapter.attention_sublayers() else []
+    return ["none", names[0], names[1], "+".join(names[::2]), "+".join(names), *free]
+
+
+@pytest.mark.parametrize("family", ALL_TINY)
 def test_skip_set_drafts_are_lossless_and_the_screen_predicts_each_rounds_first_draft(family):
-    """On every family with one attention and one MLP per layer (sliding windows rolled back): output equals full
-    depth for every set and draft length, the empty set's drafts are all accepted, and the screen's first draft of
-    every round the closed loop ran is accepted exactly when the closed loop's was."""
+    """On every family (sliding windows and state-space layers rolled back): output equals full depth for every set
+    and draft length, the empty set's drafts are all accepted, and the screen's first draft of every round the closed
+    loop ran is accepted exactly when the closed loop's was (a model with state-space layers screened from its
+    rolled-back cache, one position at a time)."""
     lm = load(f"model=tiny-{family}")
     prompts = [p.input_ids for p in chat_prompts(lm, 2)]
-    if lm.adapter.kind != "attention":  # a hybrid: the closed loop is lossless, the screen refuses in one line
-        with pytest.raises(ConfigError, match="the skip-set screen: refused for model=tiny-.*recurrent state"):
-            record(lm, prompts, N)
-        for text in SETS:
-            for i, ids in enumerate(prompts):
-                gen = SelfSpeculative(lm, SkipDraft(lm, SkipSet.parse(text)), 3).generate(ids, N)
-                assert gen.tokens == Engine(lm).generate(ids, N).tokens, text
-        return
     rec = record(lm, prompts, N)
-    for text in SETS:
-        skip = SkipSet.parse(text)
+    assert (rec.caches is not None) == (lm.adapter.kind != "attention")
+    for text in _sets(lm):
+        skip = SkipSet.parse(text).resolve(lm.adapter.attention_sublayers())
         screen = first_drafts(lm, rec, skip)
         for draft_len in (1, 3):
             for i, ids in enumerate(prompts):
@@ -379,6 +383,40 @@ def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
     assert costs.verify_ms[0] > 0 and len(costs.verify_ms) >= 4 and costs.attn_ms >= 0 and costs.mlp_ms >= 0
 
 
+@pytest.mark.parametrize("family", ["jamba", "falcon-h1"])
+def test_a_skipset_sweep_searches_a_hybrids_own_sublayers(tmp_path, ray_session, family):
+    """On a hybrid the study searches the sublayers it has (Jamba: a state-space mixer or attention per layer, each
+    with an MLP; Falcon-H1: its attention, not the mixer beside it), screens from the rolled-back cache, and the
+    chosen sets run closed-loop, lossless."""
+    import optuna
+    import polars as pl
+
+    from sweep.store import scan
+
+    out = sweep(
+        tmp_path,
+        f"model=tiny-{family}",
+        "search=skipset-optuna",
+        "search.n_trials=8",
+        "search.closed_loop=2",
+        "search.skip_ratio=[0.1,0.6]",
+        "bench.gen_tokens=8",
+    )
+    skippable = load(f"model=tiny-{family}").adapter.skippable()
+    study = optuna.load_study(study_name="skipset-optuna", storage=f"sqlite:///{out.path}/optuna.db")
+    assert set(study.trials[0].params) == set(skippable)
+    assert any(n.startswith("s") for n in skippable) == (family == "jamba")
+    for t in study.trials:
+        drawn = [name for name in skippable if t.params[name]]
+        assert SkipSet.parse(t.user_attrs["skip"]) == SkipSet.parse("+".join(drawn) or "none")
+        assert t.user_attrs["skip_ratio"] == pytest.approx(len(drawn) / len(skippable))
+    rows = scan("trials", tmp_path).collect().filter(pl.col("gate") == "skip")
+    assert rows.height == 2 and rows["status"].to_list() == ["ok", "ok"]
+    assert (rows["agreement"] == 1.0).all() and rows["acceptance_length"].is_not_null().all()
+    for row in rows.iter_rows(named=True):  # the row's ratio is the study's: of the sublayers the model has
+        assert row["skip_ratio"] == pytest.approx(len(SkipSet.parse(row["skip"])) / len(skippable))
+
+
 def test_an_extended_study_screens_only_candidates_it_has_not(tmp_path):
     """A skip-set study of 4 candidates extended to 8 (the same storage, seed and sampler, as a resumed sweep's
     worker runs it): 8 distinct candidates, the first 4 kept; the resumed sampler does not draw its first 4
@@ -416,7 +454,7 @@ def test_an_extended_study_screens_only_candidates_it_has_not(tmp_path):
             assert t.value == next(o.value for o in trials if o.number == t.user_attrs["repeat_of"])
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "jamba", "falcon-h1", "mamba2"])
 def test_the_screen_predicts_position_one_and_the_histogram_of_the_closed_loop(family):
     """At draft_len 1 every round is one draft, so the screen's rounds are the closed loop's: its predicted
     acceptance at position 1 and its accepted-length histogram equal the closed loop's, computed by another path
@@ -426,7 +464,8 @@ def test_the_screen_predicts_position_one_and_the_histogram_of_the_closed_loop(f
     lm = load(f"model=tiny-{family}")
     prompts = [p.input_ids for p in chat_prompts(lm, 2)]
     rec = record(lm, prompts, N)
-    for text in ("a1", "m2", "a2+m3"):
+    names = lm.adapter.skippable()  # a hybrid's mixers among them
+    for text in (names[0], names[-1], f"{names[1]}+{names[-1]}"):
         skip = SkipSet.parse(text)
         predicted = predict(first_drafts(lm, rec, skip), 1)
         drafted, accepted = [], []

@@ -107,18 +107,18 @@ def trial_fields(cfg: Config, n_prompts: int, gate: Gate | None = None) -> dict[
 
 
 def _skip_ratio(gate_cfg, gate: Gate | None) -> float | None:
-    """|S| / 2L of a skip gate's set (null for other gates, and before the model's L is known)."""
+    """|S| / the model's skippable sublayers (2L on a model with an attention and an MLP per layer) of a skip gate's
+    set (null for other gates, and before the model's L is known)."""
     if gate_cfg.name != "skip" or gate is None:
         return None
     from sweep.gates.skipset import SkipSet
 
-    skip = SkipSet.parse(gate_cfg.skip)
+    skip, adapter = SkipSet.parse(gate_cfg.skip), getattr(gate, "adapter", None)
     if skip.every_attention:  # attention-free: resolved on the model's own attention sublayers
-        adapter = getattr(gate, "adapter", None)
         if adapter is None:
             return None
         skip = skip.resolve(adapter.attention_sublayers())
-    return skip.ratio(gate.num_layers)
+    return skip.ratio(gate.num_layers, len(adapter.skippable()) if adapter is not None else None)
 
 
 def readout_columns(gate: Gate | None) -> dict[str, Any]:

@@ -7,6 +7,12 @@ full-depth K/V of positions < P + r as its context (the rows left-padded to one 
 own attention mask and position), which is exactly what the closed loop's first draft of a round
 starting there computes. So the screen's first-draft match at a round's start is the closed loop's.
 
+A model with state-space layers (a hybrid, or Mamba alone) keeps one recurrent state per sequence, which a batch
+of left-padded rows cannot share: there ``record`` keeps the model's own recording cache instead, and each row starts
+from a copy of it rolled back to the row's position (``Adapter.crop_cache``: the state-space layers restore their
+recorded state, as the closed loop's verification does), one forward per decode position. Slower (a forward and a
+cache copy per position, not one batch per prompt) and the same first draft as the closed loop's.
+
 ``predict`` chains those matches into rounds (a round of up to N drafts accepts the consecutive
 matches from its start, as if each later draft were computed like a first one: the screen's one
 approximation, since a closed-loop round's later drafts see the earlier drafts' own K/V) and prices
@@ -23,7 +29,6 @@ from typing import Sequence
 import torch
 
 from sweep.decode.engine import Engine
-from sweep.errors import ConfigError
 from sweep.models import LoadedModel
 from sweep.gates.skipset import SkipSet
 
@@ -31,11 +36,13 @@ from sweep.gates.skipset import SkipSet
 @dataclass
 class Recorded:
     """Full-depth greedy decoding of each prompt: its token ids, its n greedy tokens, and the K/V every
-    attention layer holds after feeding prompt + tokens[:-1] (one (1, heads, positions, dim) pair per layer)."""
+    attention layer holds after feeding prompt + tokens[:-1] (one (1, heads, positions, dim) pair per layer); for a
+    model with state-space layers, the model's own recording cache after them instead (``caches``; ``kv`` empty)."""
 
     prompt_ids: list[list[int]]
     tokens: list[list[int]]
     kv: list[list[tuple[torch.Tensor, torch.Tensor]]]
+    caches: list | None = None
 
 
 @dataclass
@@ -51,25 +58,28 @@ class FirstDrafts:
 def record(lm: LoadedModel, prompt_ids: Sequence[Sequence[int]], n_tokens: int) -> Recorded:
     """Full-depth greedy decoding of each prompt (the engine's), with its final cache's K/V."""
     lm.require(crop=True)  # the closed loop this screens for crops its cache: refused where it cannot
-    if lm.adapter.kind != "attention":
-        raise ConfigError(
-            f"the skip-set screen: refused for model={lm.name}: its state-space layers keep one recurrent state per "
-            "sequence, so one batched pass cannot start a draft at every position; skip sets run closed-loop "
-            "(gate=skip bench.mode=self_speculative)"
-        )
-    engine, out = Engine(lm), Recorded([], [], [])
-    for ids in prompt_ids:  # a recording cache: a sliding-window layer keeps every position's K/V too
+    recurrent = lm.adapter.kind != "attention"
+    engine, out = Engine(lm), Recorded([], [], [], [] if recurrent else None)
+    for ids in prompt_ids:  # a recording cache: a sliding-window layer keeps every position's K/V too, and a
+        # state-space layer the state before each decode step
         gen = engine.generate(list(ids), n_tokens, keep_cache=True, cache=lm.adapter.new_cache(record=1))
         out.prompt_ids.append(list(ids))
         out.tokens.append(gen.tokens)
-        out.kv.append([(layer.keys, layer.values) for layer in gen.cache.layers])
+        if recurrent:
+            out.caches.append(gen.cache)
+            out.kv.append([])
+        else:
+            out.kv.append([(layer.keys, layer.values) for layer in gen.cache.layers])
     return out
 
 
 @torch.inference_mode()
 def first_drafts(lm: LoadedModel, rec: Recorded, skip: SkipSet) -> FirstDrafts:
     """The first draft of a round starting at every decode position of every recorded prompt, one
-    batched forward with ``skip`` bypassed per prompt."""
+    batched forward with ``skip`` bypassed per prompt (one forward per position from a rolled-back copy of the
+    model's own cache, where it has state-space layers)."""
+    if rec.caches is not None:
+        return _first_drafts_rolled_back(lm, rec, skip)
     adapter, dev = lm.adapter, lm.device
     match, confidence = [], []
     for ids, tokens, kv in zip(rec.prompt_ids, rec.tokens, rec.kv):
@@ -91,6 +101,32 @@ def first_drafts(lm: LoadedModel, rec: Recorded, skip: SkipSet) -> FirstDrafts:
         probs = torch.softmax(logits.float(), dim=-1)
         match.append((logits.argmax(-1) == torch.tensor(tokens[1:], device=dev)).cpu())
         confidence.append(probs.max(-1).values.cpu())
+    return FirstDrafts(match, confidence)
+
+
+def _first_drafts_rolled_back(lm: LoadedModel, rec: Recorded, skip: SkipSet) -> FirstDrafts:
+    """``first_drafts`` on a model with state-space layers: row r's draft fed token r from a copy of the recorded
+    cache rolled back to prompt + r positions (what the closed loop's cache holds after a verification there)."""
+    import copy
+
+    adapter, dev = lm.adapter, lm.device
+    match, confidence = [], []
+    for ids, tokens, recorded in zip(rec.prompt_ids, rec.tokens, rec.caches):
+        P, R = len(ids), len(tokens) - 1
+        logits = []
+        for r in range(R):
+            cache = copy.deepcopy(recorded)
+            adapter.crop_cache(cache, P + r)
+            fed = torch.tensor([[tokens[r]]], device=dev)
+            with adapter.bypassing(skip):
+                logits.append(adapter.forward(fed, cache, position_ids=torch.tensor([[P + r]], device=dev))[0, -1])
+        if not logits:
+            match.append(torch.zeros(0, dtype=torch.bool))
+            confidence.append(torch.zeros(0))
+            continue
+        stacked = torch.stack(logits)
+        match.append((stacked.argmax(-1) == torch.tensor(tokens[1:], device=dev)).cpu())
+        confidence.append(torch.softmax(stacked.float(), dim=-1).max(-1).values.cpu())
     return FirstDrafts(match, confidence)
 
 

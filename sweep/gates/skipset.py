@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple
 
 KINDS = ("a", "m", "s")  # attention, MLP, state-space mixer
 GRAMMAR = (
@@ -123,19 +123,6 @@ class SkipSet:
         """This set as Draft&Verify publishes one: 0-based attention and MLP layer indices."""
         return {"attention": sorted(i - 1 for i in self.attention), "mlp": sorted(i - 1 for i in self.mlp)}
 
-    @classmethod
-    def from_mask(cls, mask: Sequence[bool], num_layers: int) -> SkipSet:
-        """From 2L booleans: layer l's attention at index 2(l-1), its MLP at 2(l-1) + 1."""
-        if len(mask) != 2 * num_layers:
-            raise ValueError(f"a mask of {len(mask)} booleans for {num_layers} layers (needs {2 * num_layers})")
-        attention = frozenset(i // 2 + 1 for i, on in enumerate(mask) if on and i % 2 == 0)
-        return cls(attention, frozenset(i // 2 + 1 for i, on in enumerate(mask) if on and i % 2 == 1))
-
-    def mask(self, num_layers: int) -> list[bool]:
-        return [
-            layer in (self.attention if i % 2 == 0 else self.mlp) for layer in range(1, num_layers + 1) for i in (0, 1)
-        ]
-
     def __len__(self) -> int:
         return len(self.attention) + len(self.mlp) + len(self.mixer)
 
@@ -143,9 +130,10 @@ class SkipSet:
     def max_layer(self) -> int:
         return max([*self.attention, *self.mlp, *self.mixer], default=0)
 
-    def ratio(self, num_layers: int) -> float:
-        """|S| / 2L: the fraction of the model's sublayers bypassed (two per layer; a resolved set)."""
-        return len(self) / (2 * num_layers)
+    def ratio(self, num_layers: int, sublayers: int | None = None) -> float:
+        """|S| / the model's skippable sublayers (``Adapter.skippable``; 2L, an attention and an MLP per layer, where
+        not given): the fraction of them bypassed (a resolved set)."""
+        return len(self) / (sublayers or 2 * num_layers)
 
     def layers_of(self, kind: str) -> frozenset[int]:
         return {"a": self.attention, "m": self.mlp, "s": self.mixer}[kind]

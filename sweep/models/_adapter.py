@@ -191,6 +191,16 @@ class Adapter:
         """The layers (1-indexed) with an attention sublayer: what gate.skip=attention-free bypasses."""
         return [i + 1 for i in range(self.num_layers) if "a" in self.sublayers(i)]
 
+    def skippable(self) -> list[str]:
+        """The sublayers a skip set may bypass, as skip-set items, layer by layer (a, m, s within a layer): every
+        attention and MLP, and each state-space mixer that has its cache layer to itself (one beside attention
+        would leave that layer's K/V out of step: ``sweep.decode.speculative.SkipDraft`` refuses it)."""
+        names = []
+        for i in range(self.num_layers):
+            found = self.sublayers(i)
+            names += [f"{k}{i + 1}" for k in ("a", "m", "s") if k in found and not (k == "s" and "a" in found)]
+        return names
+
     @contextlib.contextmanager
     def bypassing(self, skip) -> Iterator[None]:
         """Decode steps inside the block run with the sublayers of ``skip`` (a ``sweep.gates.skipset.SkipSet``,

@@ -1,12 +1,13 @@
 """`search=skipset-optuna` and `search=skipset-random`: skip sets searched on the fast screen, the best
 few then measured closed-loop.
 
-An Optuna study over 2L booleans (``a1..aL``, ``m1..mL``: bypass layer l's attention / MLP) maximises
+An Optuna study over one boolean per sublayer the model lets a skip set bypass (``Adapter.skippable``: ``a1``,
+``m1``, ``a2``, ...: bypass layer l's attention / MLP; a hybrid's ``s<l>``, a state-space mixer) maximises
 the screen's predicted speedup (``sweep.decode.skipscreen``) of a skip-set draft at the search's draft_len and
 draft_stop (or, with ``search.draft_stops`` / ``search.draft_lens``, at the draft_stop / draft_len each
-candidate draws from that list: categorical parameters beside the booleans), with the skip ratio |S| / 2L kept in
-``search.skip_ratio`` (TPE's constraint; a random sampler's out-of-range sets are recorded and never chosen).
-Both samplers are seeded: on the same recorded decodes and cost model the study is the same twice. Each
+candidate draws from that list: categorical parameters beside the booleans), with the skip ratio |S| / (those
+sublayers) kept in ``search.skip_ratio`` (TPE's constraint; a random sampler's out-of-range sets are recorded and
+never chosen). Both samplers are seeded: on the same recorded decodes and cost model the study is the same twice. Each
 candidate's screen figures, and the trial id of its closed-loop setting (the join key with the Parquet
 ``trials`` table), are user attributes of its study trial; the cost model the screen used is a user
 attribute of the study. The best ``search.closed_loop`` distinct candidates (set, draft_stop, draft_len) in
@@ -54,11 +55,13 @@ def search(
     study_name: str = "skipset",
     trial_id: Callable[[Candidate], str] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    names: Sequence[str] | None = None,
 ) -> optuna.Study:
     """Run the screen study: ``screen(S)`` gives a candidate's first drafts; returns the study. With
     ``draft_stops`` / ``draft_lens``, each candidate also draws its draft_stop / draft_len from that list
     (``draft_stop`` / ``draft_len`` is then unused; ``costs`` must price a verification of max(draft_lens) + 1
-    positions)."""
+    positions). ``names``: the sublayers searched, as skip-set items (``Adapter.skippable``; an attention and an
+    MLP per layer, ``param_names``, where not given)."""
     lo, hi = ratio
     study = optuna.create_study(
         storage=storage, study_name=study_name, direction="maximize", load_if_exists=storage is not None
@@ -68,7 +71,7 @@ def search(
     _check_resumed(study, {"draft_stop": draft_stops, "draft_len": draft_lens})
     study.set_user_attr("costs", {k: v for k, v in dataclasses.asdict(costs).items()})
     study.set_user_attr("skip_ratio", [lo, hi])
-    names = param_names(num_layers)
+    names = list(names) if names is not None else param_names(num_layers)
     # n_trials counts distinct candidates: one drawn again is told its earlier figure and not counted
     seen = {
         candidate(t, draft_stop, draft_len): t
@@ -79,10 +82,10 @@ def search(
             break
         trial = study.ask()
         mask = [trial.suggest_categorical(name, [False, True]) for name in names]
-        skip = SkipSet.from_mask(mask, num_layers)
+        skip = SkipSet.parse("+".join(name for name, on in zip(names, mask) if on) or "none")
         stop = trial.suggest_categorical("draft_stop", list(draft_stops)) if draft_stops is not None else draft_stop
         n = trial.suggest_categorical("draft_len", list(draft_lens)) if draft_lens is not None else draft_len
-        r = skip.ratio(num_layers)
+        r = skip.ratio(num_layers, len(names))
         violation = max(lo - r, r - hi, 0.0)
         trial.set_constraint("skip_ratio", violation)  # TPE keeps to feasible sets (Optuna 5's constraints)
         trial.set_user_attr("ratio_violation", violation)

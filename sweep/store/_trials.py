@@ -83,7 +83,8 @@ TRIALS = Table(
             "skip_ratio",
             pl.Float64(),
             "fraction",
-            "gate=skip: |skip| / 2L, the fraction of the model's sublayers the draft bypasses; null otherwise",
+            "gate=skip: |skip| / the model's skippable sublayers (2L where each layer has an attention and an MLP; a "
+            "hybrid's mixers beside attention are not skippable), the fraction the draft bypasses; null otherwise",
             nullable=True,
         ),
         Column(

@@ -165,6 +165,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         study_name=study_name,
         trial_id=trial_id,
         progress=lambda done, _total: shown.advance(done - shown.done),  # a resumed study starts where it was
+        names=lm.adapter.skippable(),
     )
     shown.close()
     best = best_trials(study, s.closed_loop, b.draft_stop, b.draft_len)
