@@ -8,12 +8,16 @@ the working tree. Trained weights do not fit the 64 MiB that travel with it, and
 the same shape decode exactly as fast, so the models are built from their configs with seeded
 random weights: SmolLM2-135M's (Llama, 30 layers, hidden 576, 9 heads, 3 KV heads, intermediate
 1536, vocab 49152, tied embeddings) in float32, and Llama-3-8B's (32 layers, hidden 4096, 32 heads,
-8 KV heads, intermediate 14336, vocab 128256) in bfloat16, built on the GPU.
+8 KV heads, intermediate 14336, vocab 128256) in bfloat16, and a hybrid of Falcon-H1-0.5B's shape (36 layers, each
+running attention and a Mamba2 mixer side by side: hidden 1024, 8 heads, 2 KV heads, 24 mixer heads of 64, state
+128, as transformers' FalconH1 page tabulates; intermediate 2048, mixer width 1536) in bfloat16, built on the GPU.
 
 Per model it runs the bench (``sweep.bench.protocol.run_trials``: warm-up, the cost model, the
 determinism self-check, interleaved timed rounds) on one group of settings timed against one
 full-depth baseline per round: gate=full (the A/A control), fixed at half depth under both KV
-policies, saturation, and self-speculation drafting with half the layers. It prints ms/token,
+policies, saturation, and self-speculation drafting with half the layers and with a skip set (on the hybrid: full
+depth, drafting with half the layers, and the attention-free draft, its state-space path alone, with acceptance per
+draft position and the histogram of accepted lengths). It prints ms/token,
 each setting's measured speedup beside the cost model's prediction, the A/A floor (the spread of
 full depth against full depth in the same rounds), the bench loop against a bare forward loop
 (``decode_loop.compare``), the determinism self-check, and a check of SDPA on a left-padded batch
@@ -52,7 +56,8 @@ AGREEMENT_NOTE = "agreement means nothing on random weights (their tokens are ar
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """A Llama-family model's shape and the dtype it is checked in."""
+    """A model's shape and the dtype it is checked in: a Llama, or (``family="falcon-h1"``) a Falcon-H1 hybrid whose
+    every layer runs attention and a Mamba2 mixer of ``mamba_heads`` heads side by side."""
 
     name: str
     layers: int
@@ -65,22 +70,41 @@ class Shape:
     tied: bool
     dtype: str
     rope_theta: float
+    family: str = "llama"
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state: int = 0
+    mamba_width: int = 0
 
     def describe(self) -> str:
         tied = "tied embeddings" if self.tied else "untied embeddings"
-        return (
-            f"llama, {self.layers} layers, hidden {self.hidden}, {self.heads} heads ({self.kv_heads} KV), "
-            f"intermediate {self.intermediate}, vocab {self.vocab}, {tied}"
+        mixer = (
+            f", beside each attention a Mamba2 mixer ({self.mamba_heads} heads of {self.mamba_head_dim}, state "
+            f"{self.mamba_state}, width {self.mamba_width})"
+            if self.family == "falcon-h1"
+            else ""
         )
+        return (
+            f"{self.family}, {self.layers} layers, hidden {self.hidden}, {self.heads} heads ({self.kv_heads} KV)"
+            f"{mixer}, intermediate {self.intermediate}, vocab {self.vocab}, {tied}"
+        )
+
+    @property
+    def settings(self) -> tuple:
+        return HYBRID_SETTINGS if self.family == "falcon-h1" else SETTINGS
 
 
 SHAPES = (
     Shape("smollm2-135m-shape", 30, 576, 9, 3, 64, 1536, 49152, True, "float32", 100_000.0),
     Shape("llama-3-8b-shape", 32, 4096, 32, 8, 128, 14336, 128256, False, "bfloat16", 500_000.0),
+    Shape(
+        "falcon-h1-0.5b-shape", 36, 1024, 8, 2, 64, 2048, 32768, False, "bfloat16", 1e11, "falcon-h1", 24, 64, 128, 1536
+    ),
 )
 DRY_SHAPES = (
     Shape("tiny-smollm2-shape", 4, 64, 4, 2, 16, 128, 512, True, "float32", 100_000.0),
     Shape("tiny-llama-3-shape", 4, 64, 4, 2, 16, 128, 1024, False, "bfloat16", 500_000.0),
+    Shape("tiny-falcon-h1-shape", 4, 64, 4, 2, 16, 128, 512, False, "float32", 1e11, "falcon-h1", 4, 16, 8, 64),
 )
 # one group, timed against one shared full-depth baseline per round; fixed exits at min_depth 0.5 (L/2)
 SETTINGS = (
@@ -90,6 +114,12 @@ SETTINGS = (
     ("saturation", ["gate=saturation"]),
     ("self-speculation L/2", ["gate=fixed", "bench.mode=self_speculative"]),
     ("self-spec, skip set", ["gate=skip", "gate.skip={skip}", "bench.mode=self_speculative"]),
+)
+# the hybrid: no exits under kv_policy=propagate (a recurrent state takes no K/V fill); the attention-free draft
+HYBRID_SETTINGS = (
+    ("full (A/A)", ["gate=full"]),
+    ("self-speculation L/2", ["gate=fixed", "bench.mode=self_speculative"]),
+    ("self-spec, attention-free", ["gate=skip", "gate.skip=attention-free", "bench.mode=self_speculative"]),
 )
 
 
@@ -110,7 +140,9 @@ def overrides(shape: Shape, device: str, run: list[str]) -> list[list[str]]:
     """Every setting's overrides (the model section only names the model: it is built here)."""
     base = ["model=hf", f"model.path={shape.name}", f"model.name={shape.name}", f"device={device}"]
     skip = skip_set(shape.layers)
-    return [[*base, f"dtype={shape.dtype}", *run, *(o.format(skip=skip) for o in setting)] for _, setting in SETTINGS]
+    return [
+        [*base, f"dtype={shape.dtype}", *run, *(o.format(skip=skip) for o in setting)] for _, setting in shape.settings
+    ]
 
 
 def configs(shape: Shape, device: str, run: list[str]) -> list:
@@ -121,10 +153,19 @@ def configs(shape: Shape, device: str, run: list[str]) -> list:
 def build_model(shape: Shape, device: str, seed: int = 0) -> LoadedModel:
     """A seeded random model of ``shape``, built on ``device`` in its dtype, with the byte-level
     tokenizer of the tiny models (the prompts are real text; their ids fit any vocabulary)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM, FalconH1Config, LlamaConfig
 
     tokenizer = byte_tokenizer()
-    config = LlamaConfig(
+    hybrid = {}
+    if shape.family == "falcon-h1":
+        hybrid = {
+            "mamba_n_heads": shape.mamba_heads,
+            "mamba_d_head": shape.mamba_head_dim,
+            "mamba_d_state": shape.mamba_state,
+            "mamba_d_ssm": shape.mamba_width,
+        }
+    config = (FalconH1Config if hybrid else LlamaConfig)(
+        **hybrid,
         vocab_size=shape.vocab,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
@@ -258,7 +299,12 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
     costs = cost_model(lm, prompts[0].input_ids, verify_positions=cfgs[0].bench.draft_len + 1)
     out = {
         "verify_ms": costs.verify_ms,  # a verification pass of k = 1, 2, ... positions
-        "sublayer_ms": {"attention": costs.attn_ms, "mlp": costs.mlp_ms, "layer": costs.layer_ms},
+        "sublayer_ms": {
+            "attention": costs.attn_ms,
+            "mlp": costs.mlp_ms,
+            "layer": costs.layer_ms,
+            "mixer": getattr(costs, "mixer_ms", None),
+        },
         "shape": dataclasses.asdict(shape),
         "device": lm.provenance()["device"],
         "build_seconds": lm.load_seconds,
@@ -268,6 +314,7 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
         "repeats": cfgs[0].bench.repeats,
         "loop_ms_per_token": loop,
         "sdpa": sdpa,
+        "mixer_kernels": {name: _installed(name) for name in ("mamba_ssm", "causal_conv1d")},
         "settings": [],
     }
     keep = (
@@ -278,12 +325,18 @@ def check_shape(shape: Shape, device: str, run: list[str], loop_rounds: int) -> 
         "cost_layer_ms", "cost_head_ms", "cost_probe_ms", "cost_kv_ms", "skip", "skip_ratio", "acceptance_length",
         "draft_ms_per_token", "verify_ms_per_token", "acceptance_by_position", "accepted_length_hist",
     )  # fmt: skip
-    for (label, _), row in zip(SETTINGS, rows):
+    for (label, _), row in zip(shape.settings, rows):
         out["settings"].append({"label": label, **{k: row.get(k) for k in keep}})
     del lm
     if device == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 WIDTH = 120  # every printed line fits a 120-column terminal
@@ -355,6 +408,7 @@ def report(result: dict) -> list[str]:
         "verification of k positions against one decode step (what self-speculation's saving rests on): "
         + ", ".join(f"k={k} {ms / verify[0]:.2f}x" for k, ms in enumerate(verify, start=1))
         + f"; one layer {subs['layer']:.3f} ms, its attention {subs['attention']:.3f} ms, its MLP {subs['mlp']:.3f} ms"
+        + (f", its state-space mixer {subs['mixer']:.3f} ms" if subs.get("mixer") else "")
     )
     lines += wrap(
         f"A/A floor (full against full, same rounds): median {_x(aa['speedup_wall'])}, per round {lo:.3f}x.."
@@ -373,6 +427,17 @@ def report(result: dict) -> list[str]:
         f"determinism self-check and timed repeats: {'ok' if det else 'NOT reproduced'} (max |logit diff| "
         f"between the two full-depth baselines {diff:.3g})"
     )
+    if shape.family == "falcon-h1":
+        kernels = result["mixer_kernels"]
+        lines += wrap(
+            "state-space kernels: "
+            + ", ".join(f"{name} {'installed' if there else 'absent'}" for name, there in kernels.items())
+            + (
+                ""
+                if all(kernels.values())
+                else " (transformers runs its reference PyTorch implementation where one is absent: correct, slower)"
+            )
+        )
     q = result["sdpa"]
     lines += wrap(
         f"SDPA, left-padded batch of {q['rows']} (lengths {min(q['lengths'])}..{max(q['lengths'])}, "
@@ -395,6 +460,9 @@ def main() -> int:
         return 2
     else:
         device, shapes, (run, rounds) = "cuda", SHAPES, RUNS["gpu"]
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # its kernel fall-back notes: one line of the report per hybrid
     settings = determinism_settings()
     major_minor = tuple(int(part) for part in settings["transformers"].split(".")[:2])
     if major_minor < (5, 25):  # the cache API with past recording (pyproject.toml pins >= 5.25)

@@ -68,6 +68,43 @@ def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_onc
     assert len(files("trials", root)) == 4  # rows lost: 0
 
 
+@pytest.mark.ray
+def test_sigterm_while_a_sweep_waits_on_another_sweeps_claim_ends_it_with_a_resume_line(tmp_path):
+    """The one wait a sweep has by design (a trial another live sweep holds): SIGTERM there ends the sweep as it does
+    mid-trial, with rc 143 and the resume line, and leaves the other sweep's claim alone."""
+    import socket
+    import threading
+
+    from conftest import compose
+    from helpers.waiting import wait_for
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate import claims
+    from sweep.orchestrate.plan import plan_sweep
+
+    root = tmp_path / "r"
+    overrides = [*TINY, f"results.root={root}", "search.spaces=[{gate: full}]"]
+    [(_, cfg)] = plan_sweep(compose(*overrides), overrides).grid_trials
+    tid = trial_identity(cfg, "cpu").id
+    other = claims.Owner("other-run", "other-sweep", socket.gethostname(), os.getpid())  # alive: this process
+    with claims.hold(root, tid, other, lambda: None):
+        proc = subprocess.Popen(
+            [SWEEP, "run", *overrides], env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        err: list[str] = []
+        reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+        reader.start()
+        wait_for(lambda: any("waiting for its row" in line for line in err), "the sweep to wait on the claim", 240)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)  # a deadline only a hang reaches
+        reader.join(timeout=30)
+        text = "".join(err)
+        assert proc.returncode == 143, text[-3000:]
+        assert "Traceback" not in text and "unexpected" not in text, text[-3000:]
+        assert resume_line(text).count("resume=true") == 1
+        held = json.loads(claims.claim_path(root, tid).read_text())
+        assert held["run_id"] == "other-run"  # the other sweep's claim stays
+
+
 def _split(command: str) -> list[str]:
     import shlex
 

@@ -34,7 +34,11 @@ def every_setting():
 
 def test_the_plain_composition_is_hydras_for_every_setting():
     settings = list(every_setting())
-    assert len(settings) == 4 * len(gpu_check.SETTINGS)
+    shapes = [*gpu_check.SHAPES, *gpu_check.DRY_SHAPES]
+    assert len(settings) == sum(len(shape.settings) for shape in shapes) and {s.family for s in shapes} == {
+        "llama",
+        "falcon-h1",
+    }
     for overrides in settings:
         plain = plain_compose(overrides)
         assert plain == compose_dict(overrides), overrides
@@ -99,25 +103,35 @@ def test_the_dry_run_runs_end_to_end_without_the_cluster_packages(tmp_path):
     prose = " ".join(text.split())  # (long lines wrap)
     for shape in gpu_check.DRY_SHAPES:
         assert f"== {shape.name}: {shape.describe()}" in prose
-    for label, _ in gpu_check.SETTINGS:
-        assert text.count(f"   {label} ") == 2  # a line per shape
+    for label in {label for shape in gpu_check.DRY_SHAPES for label, _ in shape.settings}:
+        having = sum(label in dict(shape.settings) for shape in gpu_check.DRY_SHAPES)
+        assert text.count(f"   {label} ") == having, label  # a line per shape that runs it
     for line in ("A/A floor (full against full, same rounds)", "decode loop vs bare forward: bench loop",
                  "determinism self-check and timed repeats: ok", "non-finite values at real positions 0, at padding 0",
                  "CUDA determinism settings: ", gpu_check.AGREEMENT_NOTE):  # fmt: skip
         assert line in prose, line
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["dry_run"] and "cudnn.deterministic" in result["determinism_settings"]
+    assert [s["shape"]["name"] for s in result["shapes"]] == [s.name for s in gpu_check.DRY_SHAPES]
     for shape in result["shapes"]:
         rows = {r["label"]: r for r in shape["settings"]}
-        assert [r["status"] for r in rows.values()] == ["ok"] * len(gpu_check.SETTINGS)
+        assert [r["status"] for r in rows.values()] == ["ok"] * len(gpu_check.Shape(**shape["shape"]).settings)
         assert shape["sdpa"]["padded_positions"] > 0 and shape["sdpa"]["rows_equal_alone"] == shape["sdpa"]["rows"]
+        for r in rows.values():
+            assert r["ms_per_token"] > 0 and r["speedup_wall"] > 0
+        if shape["shape"]["family"] == "falcon-h1":  # the hybrid's state-space path alone drafts, losslessly
+            free = rows["self-spec, attention-free"]
+            assert free["skip"] == "attention-free" and free["skip_ratio"] == 0.5 and free["agreement"] == 1.0
+            n = free["draft_len"]
+            assert len(free["acceptance_by_position"]) == n and len(free["accepted_length_hist"]) == n + 1
+            assert shape["sublayer_ms"]["mixer"] > 0 and "its state-space mixer" in prose
+            continue
         half = shape["shape"]["layers"] // 2
         assert (
             rows["fixed L/2, kv propagate"]["exit_layer"] == half and rows["fixed L/2, kv full"]["kv_policy"] == "full"
         )
         assert rows["self-speculation L/2"]["mode"] == "self_speculative" and rows["full (A/A)"]["speedup_model"] == 1.0
         for r in rows.values():
-            assert r["ms_per_token"] > 0 and r["speedup_wall"] > 0
             if r["mode"] == "early_exit":
                 assert r["speedup_model"] > 0
 
