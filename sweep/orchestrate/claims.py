@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from sweep import progress
 from sweep.errors import ConfigError
 from sweep.config.paths import check_name, inside
 
@@ -288,7 +289,8 @@ def hold(
             else:  # another waiter is breaking it, or it came back to life
                 time.sleep(POLL_S)
             continue
-        if not announced and held is not None:
+        if not announced and held is not None:  # said on the driver too (a worker's log stays in the worker)
+            progress.note(f"trial {trial_id} is being run by sweep {held.get('sweep_name')}; waiting for its row")
             log.info("trial %s is being run by sweep %s; waiting for its row", trial_id, held.get("sweep_name"))
             announced = True
         time.sleep(POLL_S)
