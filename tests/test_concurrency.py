@@ -226,15 +226,15 @@ def test_resume_loads_no_pickle_and_rewrites_no_row(tmp_path):
 
 
 def test_a_row_that_appears_while_the_writer_writes_is_kept(tmp_path, monkeypatch):
-    import sweep.store
+    import sweep.store._io
 
-    real = sweep.store.write_table
+    real = sweep.store._io.write_table
 
     def racing(*args, **kwargs):  # another sweep's driver wins the race to the same file
         _fake_row(tmp_path, "t1", run_id="first")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep.store, "write_table", racing)
+    monkeypatch.setattr(sweep.store._io, "write_table", racing)  # the store's own write, under write_or_keep
     writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
     assert writer.write(_row("t1", run_id="second")) is False
     assert (writer.written, writer.existing) == (0, 1)
