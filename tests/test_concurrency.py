@@ -148,7 +148,7 @@ def _row(tid: str, status: str = "ok", run_id: str = "r1") -> dict:
 
 def _fake_row(tmp_path, tid, status="ok", run_id="r0"):
     """A row written through the store, as another sweep's driver writes it."""
-    from sweep.store._io import write_table  # the store's own, even where a test wraps sweep.store's
+    from sweep.store import write_table  # the store's own, even where a test wraps the one write_or_keep calls
 
     row = _row(tid, status, run_id)
     return write_table("trials", {k: [v] for k, v in row.items()}, root=tmp_path, provenance={}, stem=tid)
