@@ -90,7 +90,7 @@ def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str
     """The whole row (``complete_row``: with its provenance), one Parquet file under results.root: (its path,
     the row)."""
     from sweep.errors import SweepError, os_error
-    from sweep.store import write_or_keep
+    from sweep.store import kept_line, write_or_keep
     from sweep.store.run_info import new_run_id
 
     row = complete_row(cfg, prepared[0], row, cfg.run_id or new_run_id())
@@ -104,10 +104,7 @@ def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str
                 f"speedup_wall {row.get('speedup_wall')}): {os_error(exc, exc.filename or cfg.results.root)}"
             ) from exc
     if failure is not None:  # the row is safe elsewhere under results.root; the bench still fails
-        raise SweepError(
-            f"cannot write the row of trial {tid} to {os_error(failure, failure.filename or cfg.results.root)}; "
-            f"kept it at {path}, where sweep analyze reads it"
-        )
+        raise SweepError(kept_line(tid, failure, path))
     return str(path), row
 
 

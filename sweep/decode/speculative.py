@@ -92,7 +92,8 @@ class SkipDraft:
         for kind in ("a", "m", "s"):  # a sublayer the layer does not have is refused here, in one line
             for layer in skip.layers_of(kind):
                 self.adapter.sublayer(layer - 1, kind)
-        shared = [layer for layer in sorted(skip.mixer) if "a" in self.adapter.sublayers(layer - 1)]
+        skippable = set(self.adapter.skippable())  # a mixer beside attention is not: they share one cache layer
+        shared = [layer for layer in sorted(skip.mixer) if f"s{layer}" not in skippable]
         if shared:  # its cache layer holds both: a mixer bypassed alone would leave it out of step with the K/V
             raise ConfigError(
                 f"gate.skip={skip}: model={lm.name}: layer {shared[0]} runs attention and a state-space mixer side by "

@@ -290,8 +290,9 @@ def hold(
                 time.sleep(POLL_S)
             continue
         if not announced and held is not None:  # said on the driver too (a worker's log stays in the worker)
-            progress.note(f"trial {trial_id} is being run by sweep {held.get('sweep_name')}; waiting for its row")
-            log.info("trial %s is being run by sweep %s; waiting for its row", trial_id, held.get("sweep_name"))
+            said = f"trial {trial_id} is being run by sweep {held.get('sweep_name')}; waiting for its row"
+            progress.note(said)
+            log.info("%s", said)
             announced = True
         time.sleep(POLL_S)
     beat = _Heartbeat(path, heartbeat_s)

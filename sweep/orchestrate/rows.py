@@ -247,7 +247,7 @@ class RowWriter:
         from datetime import datetime
 
         from sweep.orchestrate import claims
-        from sweep.store import write_or_keep
+        from sweep.store import kept_line, write_or_keep
 
         tid = row["trial_id"]
         if tid in self._seen:
@@ -281,10 +281,7 @@ class RowWriter:
                 log.error("%s; stopping the sweep", self.fatal)
             return False
         if failure is not None and self.fatal is None:  # the row is safe, elsewhere: the sweep stops all the same
-            self.fatal = SweepError(
-                f"cannot write the row of trial {tid} to {os_error(failure, failure.filename or path)}; kept it at "
-                f"{written}, where sweep analyze and a resume read it"
-            )
+            self.fatal = SweepError(kept_line(tid, failure, written))
             log.error("%s; stopping the sweep", self.fatal)
         claims.release(self.root, tid, self.run_id)
         self.written += 1

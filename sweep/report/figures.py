@@ -312,14 +312,16 @@ def batching_figure(series: dict[str, pl.DataFrame], sizes: list[int], out: Path
     return _save(fig, out, "batching.png")
 
 
-def skip_map_figure(maps: list[tuple[str, str, int]], out: Path) -> str:
+def skip_map_figure(maps: list[tuple[str, str, int, float | None]], out: Path) -> str:
     """Each model's best skip set as a layer map: attention and MLP (rows) of layers 1..L (columns), the
-    bypassed sublayers filled. ``maps``: (model, canonical skip text, L)."""
+    bypassed sublayers filled. ``maps``: (model, canonical skip text, L, the row's skip_ratio: over the model's own
+    skippable sublayers, |S| / 2L where the row has none)."""
     from sweep.gates.skipset import SkipSet
 
     fig, axes = _figure(len(maps), 1, figsize=(10, 1.1 + 1.0 * len(maps)), squeeze=False)
-    for ax, (model, text, L) in zip(axes[:, 0], maps):
+    for ax, (model, text, L, ratio) in zip(axes[:, 0], maps):
         skip = SkipSet.parse(text)
+        ratio = skip.ratio(L) if ratio is None else ratio
         grid = [
             [layer in skip.attention for layer in range(1, L + 1)],
             [layer in skip.mlp for layer in range(1, L + 1)],
@@ -332,7 +334,7 @@ def skip_map_figure(maps: list[tuple[str, str, int]], out: Path) -> str:
         ax.set_yticks([-0.5, 0.5, 1.5], minor=True)
         ax.grid(which="minor", color="white", lw=1)
         ax.tick_params(which="minor", length=0)
-        ax.set_title(f"{model}: skip {text} (ratio {skip.ratio(L):.2f}; dark: bypassed)", fontsize=9, loc="left")
+        ax.set_title(f"{model}: skip {text} (ratio {ratio:.2f}; dark: bypassed)", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("layer")
     fig.tight_layout()
     return _save(fig, out, "skip_sets.png")

@@ -308,7 +308,7 @@ def speculation_section(ctx: ReportContext) -> Section:
                 f"{num(r['baseline_ms_per_token'])} | {num(r['speedup_wall'])}x | {num(r['speedup_model'])}x |"
             )
             if kind == "skip":
-                maps.append((model, r["skip"], int(r["num_layers"])))
+                maps.append((model, r["skip"], int(r["num_layers"]), r.get("skip_ratio")))
             positions.append((model, draft, r.get("acceptance_by_position"), r.get("accepted_length_hist")))
     lines.append("")
     lines += position_lines(positions)

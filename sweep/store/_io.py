@@ -143,6 +143,16 @@ def write_or_keep(
         raise failure from None
 
 
+def kept_line(trial_id: str, failure: OSError, kept: Path) -> str:
+    """The one line a row ``write_or_keep`` kept says: where its own path failed, why, and where it is."""
+    from sweep.errors import os_error
+
+    return (
+        f"cannot write the row of trial {trial_id} to {os_error(failure, failure.filename)}; kept it at {kept}, "
+        "where sweep analyze and a resume read it"
+    )
+
+
 def check_row_path(
     name: str, root: str | Path, values: Mapping[str, Any], stem: str, key: str = "results.root"
 ) -> Path:
