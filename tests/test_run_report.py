@@ -88,3 +88,45 @@ def test_the_end_names_the_fronts_knee_or_why_there_is_none():
     assert none.startswith(
         "no knee on m's front: 1 point(s) at agreement >= 0.9 (full depth among them), a knee needs 3"
     )
+
+
+def test_without_a_knee_the_end_gives_the_replays_fastest_setting_at_the_bar():
+    """A sweep that replayed its settings on a trace (a bracket, a screen) says, beside "no knee", the fastest the
+    cost model predicts among those settings at the knee's agreement bar: whether any could have beaten full depth."""
+    import polars as pl
+
+    from sweep.report.run_report import knee_lines
+
+    front = pl.DataFrame(
+        {
+            "model": ["m", "m"],
+            "gate": ["full", "saturation"],
+            "min_layer": [None, 8],
+            "eps": [None, 0.5],
+            "speedup": [1.0, 2.9],
+            "agreement": [1.0, 0.0],
+            "trial_id": ["f", "t"],
+        }
+    )
+    simulated = pl.DataFrame(
+        {
+            "model": ["m"] * 4 + ["other"],
+            "gate": ["saturation"] * 5,
+            "min_layer": [8] * 5,
+            "eps": [0.1, 0.15, 0.2, 0.5, 0.1],
+            "agreement_tf": [1.0, 0.93, 0.85, 0.1, 1.0],
+            "exit_rate": [0.01, 0.05, 0.2, 1.0, 0.5],
+            "speedup_model": [1.004, 1.012, 1.09, 2.8, 3.0],
+        }
+    )
+    text = " ".join(line.strip() for line in knee_lines(front, 0.9, simulated))
+    assert text.startswith("no knee on m's front")
+    assert (
+        "the fastest of the sweep's 2 settings at agreement >= 0.9 (teacher-forced; a closed loop's errors "
+        "cascade, so it usually keeps less) is saturation eps=0.15 min_layer=8: 1.012x by the cost model, exit "
+        "rate 0.050" in text
+    )
+    none = " ".join(line.strip() for line in knee_lines(front, 0.99, simulated.with_columns(agreement_tf=0.5)))
+    assert "none of the sweep's 4 settings keeps agreement >= 0.99 (teacher-forced)" in none
+    # a sweep that replayed nothing (a grid) says nothing more
+    assert len(knee_lines(front, 0.9, None)) == len(knee_lines(front, 0.9))

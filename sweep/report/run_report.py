@@ -73,14 +73,16 @@ def sweep_report(outcome, analysis=None) -> str:
     )
     lines += table(front, keys=("gate",)) if front.height else ["(no ok settings)"]
     if analysis is not None:
-        lines += knee_lines(front, analysis.knee_min_agreement)
+        lines += knee_lines(front, analysis.knee_min_agreement, outcome.simulated)
         lines += verdict_lines(outcome, analysis)
     return "\n".join(lines)
 
 
-def knee_lines(front, min_agreement: float) -> list[str]:
+def knee_lines(front, min_agreement: float, simulated=None) -> list[str]:
     """The knee of each model's front (the chord method over its points at agreement >= ``min_agreement``, as
-    `sweep analyze` takes it), or why there is none."""
+    `sweep analyze` takes it), or why there is none; where the sweep replayed its settings on a trace
+    (``simulated``: a screen's or a bracket's table), also the fastest the cost model predicts among them at that
+    agreement, so a user sees whether any could have beaten full depth by more than a timing floor."""
     import polars as pl
 
     from sweep.analysis import KNEE_MIN_POINTS, chord_knees, params_text
@@ -100,7 +102,35 @@ def knee_lines(front, min_agreement: float) -> list[str]:
                 f"no knee on {model}'s front: {points.height} point(s) at agreement >= {min_agreement} (full depth "
                 f"among them), a knee needs {KNEE_MIN_POINTS}; a setting ranks on it only where it beats full depth"
             )
+            lines += replay_bound(simulated, model, min_agreement)
     return lines
+
+
+def replay_bound(simulated, model: str, min_agreement: float) -> list[str]:
+    """The replay's fastest setting of ``model`` at agreement >= ``min_agreement`` (its teacher-forced
+    agreement) and its cost-model speedup, or that none reaches it."""
+    import polars as pl
+
+    from sweep.analysis import params_text
+
+    if simulated is None or not {"speedup_model", "agreement_tf"} <= set(simulated.columns):
+        return []
+    mine = simulated.filter((pl.col("model") == model) & pl.col("speedup_model").is_not_null())
+    if not mine.height:
+        return []
+    able = mine.filter(pl.col("agreement_tf") >= min_agreement).sort("speedup_model", descending=True)
+    if not able.height:
+        return wrap(
+            f"replayed on the trace, none of the sweep's {mine.height} settings keeps agreement >= {min_agreement} "
+            f"(teacher-forced)"
+        )
+    r = able.row(0, named=True)
+    what = f"{r['gate']} {params_text(r)}".strip()
+    return wrap(
+        f"replayed on the trace, the fastest of the sweep's {able.height} settings at agreement >= {min_agreement} "
+        f"(teacher-forced; a closed loop's errors cascade, so it usually keeps less) is {what}: "
+        f"{r['speedup_model']:.3f}x by the cost model, exit rate {r['exit_rate']:.3f}"
+    )
 
 
 def failures(outcome) -> int:
