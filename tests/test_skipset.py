@@ -523,3 +523,20 @@ def test_a_sublayer_a_layer_lacks_is_one_line_naming_what_it_has():
         SkipDraft(hybrid, SkipSet.parse("s1"))
     assert SkipSet.parse("attention-free").text() == "attention-free"
     assert SkipSet.parse("s3+a1-2+m2").text() == "a1-2+m2+s3"
+
+
+def test_the_skip_map_draws_a_hybrids_bypassed_mixers_and_an_attention_free_set(tmp_path):
+    """The report's skip-set map has a mixer row where a set bypasses state-space mixers (a hybrid's best set),
+    fills the attention row of an attention-free set, and draws the figure from both."""
+    from sweep.gates.skipset import SkipSet
+    from sweep.report.figures import skip_map_figure, skip_map_rows
+
+    plain = skip_map_rows(SkipSet.parse("a2+m3-4"), 5)
+    assert plain == [("attention", [False, True, False, False, False]), ("MLP", [False, False, True, True, False])]
+    hybrid = dict(skip_map_rows(SkipSet.parse("s1+s4+m2"), 4))
+    assert list(hybrid) == ["attention", "MLP", "mixer"] and hybrid["mixer"] == [True, False, False, True]
+    assert hybrid["attention"] == [False] * 4 and hybrid["MLP"] == [False, True, False, False]
+    free = skip_map_rows(SkipSet.parse("attention-free"), 3)
+    assert free[0] == ("attention (all it has)", [True] * 3) and free[1] == ("MLP", [False] * 3)
+    name = skip_map_figure([("hyb", "s1+s4+m2", 4, 0.5), ("dense", "a2+m3-4", 5, None)], tmp_path)
+    assert (tmp_path / name).stat().st_size > 0

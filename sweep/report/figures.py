@@ -312,26 +312,38 @@ def batching_figure(series: dict[str, pl.DataFrame], sizes: list[int], out: Path
     return _save(fig, out, "batching.png")
 
 
+def skip_map_rows(skip, L: int) -> list[tuple[str, list[bool]]]:
+    """The skip-set figure's rows for one set on a model of ``L`` layers: (label, bypassed per layer 1..L).
+    Attention and MLP always; a row of state-space mixers where the set bypasses any (a hybrid's); an
+    attention-free set fills its attention row, labelled as every attention sublayer the model has."""
+    layers = range(1, L + 1)
+    attention = (
+        ("attention (all it has)", [True] * L)
+        if skip.every_attention
+        else ("attention", [i in skip.attention for i in layers])
+    )
+    rows = [attention, ("MLP", [i in skip.mlp for i in layers])]
+    if skip.mixer:
+        rows.append(("mixer", [i in skip.mixer for i in layers]))
+    return rows
+
+
 def skip_map_figure(maps: list[tuple[str, str, int, float | None]], out: Path) -> str:
-    """Each model's best skip set as a layer map: attention and MLP (rows) of layers 1..L (columns), the
-    bypassed sublayers filled. ``maps``: (model, canonical skip text, L, the row's skip_ratio: over the model's own
+    """Each model's best skip set as a layer map: attention, MLP and, where bypassed, state-space mixers (rows,
+    ``skip_map_rows``) of layers 1..L (columns), the bypassed sublayers filled. ``maps``: (model, canonical skip text, L, the row's skip_ratio: over the model's own
     skippable sublayers, |S| / 2L where the row has none)."""
     from sweep.gates.skipset import SkipSet
 
-    fig, axes = _figure(len(maps), 1, figsize=(10, 1.1 + 1.0 * len(maps)), squeeze=False)
-    for ax, (model, text, L, ratio) in zip(axes[:, 0], maps):
-        skip = SkipSet.parse(text)
-        ratio = skip.ratio(L) if ratio is None else ratio
-        grid = [
-            [layer in skip.attention for layer in range(1, L + 1)],
-            [layer in skip.mlp for layer in range(1, L + 1)],
-        ]
-        ax.imshow(grid, cmap="Greys", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
-        ax.set_yticks([0, 1], ["attention", "MLP"])
+    rows = [skip_map_rows(SkipSet.parse(text), L) for _, text, L, _ in maps]
+    fig, axes = _figure(len(maps), 1, figsize=(10, 0.8 + 0.5 * sum(len(r) for r in rows)), squeeze=False)
+    for ax, (model, text, L, ratio), named in zip(axes[:, 0], maps, rows):
+        ratio = SkipSet.parse(text).ratio(L) if ratio is None else ratio
+        ax.imshow([cells for _, cells in named], cmap="Greys", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
+        ax.set_yticks(range(len(named)), [label for label, _ in named])
         step = max(1, L // 15)
         ax.set_xticks(range(0, L, step), [str(i + 1) for i in range(0, L, step)])  # layers are 1-indexed
         ax.set_xticks([i - 0.5 for i in range(L + 1)], minor=True)
-        ax.set_yticks([-0.5, 0.5, 1.5], minor=True)
+        ax.set_yticks([i - 0.5 for i in range(len(named) + 1)], minor=True)
         ax.grid(which="minor", color="white", lw=1)
         ax.tick_params(which="minor", length=0)
         ax.set_title(f"{model}: skip {text} (ratio {ratio:.2f}; dark: bypassed)", fontsize=9, loc="left")
