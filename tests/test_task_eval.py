@@ -142,14 +142,18 @@ def test_sampled_completions_give_pass_at_k(tmp_path):
 def test_loss_interval_matches_an_exact_enumeration_of_the_bootstrap():
     """Problems resampled with replacement: for 3 problems every one of the 27 ordered resamples is equally likely,
     so the interval's ends are quantiles of that exact distribution."""
-    from sweep.tasks.evaluate import bootstrap_mean
+    from sweep.bench.estimators import task_intervals
 
     diffs = np.array([0.0, 1.0, 1.0])
     means = sorted(float(np.mean(diffs[list(pick)])) for pick in itertools.product(range(3), repeat=3))
     exact_lo, exact_hi = means[int(0.025 * 27)], means[int(np.ceil(0.975 * 27)) - 1]
-    lo, hi = bootstrap_mean(diffs, "trial", 4000, 0)
+    got = task_intervals([1.0, 0.0, 0.0], [1.0, 1.0, 1.0], "trial", 4000, 0)  # full minus gated: diffs
+    lo, hi = got["accuracy_loss_lo"], got["accuracy_loss_hi"]
     assert (lo, hi) == (pytest.approx(exact_lo), pytest.approx(exact_hi))
-    assert bootstrap_mean(diffs, "trial", 4000, 0) == (lo, hi)  # the same trial: the same interval
+    # accuracy's own interval: the exact distribution of the gated scores' mean (1 - diffs here)
+    assert (got["accuracy_lo"], got["accuracy_hi"]) == (pytest.approx(1 - exact_hi), pytest.approx(1 - exact_lo))
+    assert task_intervals([1.0, 0.0, 0.0], [1.0, 1.0, 1.0], "trial", 4000, 0) == got  # the same trial: the same
+    assert task_intervals([], [], "trial", 4000, 0) == dict.fromkeys(got)  # no problems: null intervals
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import hashlib
 import numpy as np
 import polars as pl
 
-from sweep.bench.estimators import FLOOR_OF, inside_floor, mean_agreement, pooled_speedup, ranked_speedup, skips_compute
+from sweep.bench.estimators import FLOOR_OF, inside_floor, mean_interval, pooled_speedup, ranked_speedup, skips_compute
 
 LEVEL = 0.95
 SPEEDUPS = ("speedup_wall", "speedup_e2e_wall")
@@ -105,24 +105,12 @@ def bootstrap_speedup(base: np.ndarray, gated: np.ndarray, rng: np.random.Genera
     return pooled_speedup(base[r, u], gated[r, u])
 
 
-def bootstrap_agreement(per_prompt: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.ndarray:
-    """``n_boot`` values of ``mean_agreement`` on resamples of prompts, with replacement."""
-    idx = rng.integers(0, len(per_prompt), size=(n_boot, len(per_prompt)))
-    return mean_agreement(per_prompt[idx])
-
-
-def _agreement_interval(agree, rng: np.random.Generator, n_boot: int, tail: float) -> tuple[float, float]:
-    boot = bootstrap_agreement(np.asarray(agree, float), rng, n_boot)
-    lo, hi = np.quantile(boot, [tail, 1 - tail])
-    return float(lo), float(hi)
-
-
 def agreement_interval(
     agree: list[float], trial_id: str, *, seed: int = 0, n_boot: int = 1000, level: float = LEVEL
 ) -> tuple[float, float]:
     """The bootstrap interval of a trial's agreement from its per-prompt agreement: the one ``with_confidence``
     gives its row (``agreement_lo``, ``agreement_hi``), on whatever prompts it has so far (a sweep's early stop)."""
-    return _agreement_interval(agree, trial_rng(trial_id, seed), n_boot, (1.0 - level) / 2.0)
+    return mean_interval(agree, trial_rng(trial_id, seed), n_boot, level)
 
 
 def with_confidence(
@@ -166,7 +154,7 @@ def with_confidence(
         agree = row["prompt_agreement"]
         lo = hi = None
         if agree:
-            lo, hi = _agreement_interval(agree, rng, n_boot, tail)
+            lo, hi = mean_interval(agree, rng, n_boot, level)
         out["agreement_lo"].append(lo)
         out["agreement_hi"].append(hi)
         s_lo, s_hi = _speedup_interval(row, metric, rng, n_boot, tail)

@@ -11,6 +11,7 @@ resamples at once.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,32 @@ def mean_agreement(per_prompt: np.ndarray) -> np.ndarray | float:
     number of tokens, so this equals the fraction of all generated positions that agree."""
     out = np.asarray(per_prompt, dtype=float).mean(axis=-1)
     return float(out) if np.ndim(out) == 0 else out
+
+
+def mean_interval(values, rng: np.random.Generator, n_boot: int, level: float) -> tuple[float, float]:
+    """The percentile interval at ``level`` of ``mean_agreement`` (a mean over units: prompts, problems) on
+    ``n_boot`` resamples of the units with replacement, drawn from ``rng``: agreement's interval and a task's."""
+    values = np.asarray(values, dtype=float)
+    boot = mean_agreement(values[rng.integers(0, len(values), size=(n_boot, len(values)))])
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(boot, [tail, 1.0 - tail])
+    return float(lo), float(hi)
+
+
+def task_intervals(scores, scores_full, trial_id: str, n_boot: int, seed: int, level: float = 0.95) -> dict:
+    """A task row's intervals (``sweep.tasks.evaluate`` gives the per-problem scores): accuracy's and
+    accuracy_loss's (full minus gated per problem), problems resampled, each from a stream fixed by the trial and
+    ``seed`` (the same trial always gets the same intervals). Null without problems."""
+    gated = np.asarray(scores, dtype=float)
+    loss = np.asarray(scores_full, dtype=float) - gated
+    out = {}
+    for name, values in (("accuracy", gated), ("accuracy_loss", loss)):
+        lo = hi = None
+        if len(values):
+            digest = int.from_bytes(hashlib.sha256(f"{trial_id}:{seed}:task".encode()).digest()[:8], "little")
+            lo, hi = mean_interval(values, np.random.default_rng(digest), n_boot, level)
+        out |= {f"{name}_lo": lo, f"{name}_hi": hi}
+    return out
 
 
 def skips_compute(mode, step_layers_saved, exit_rate, kv_policy) -> np.ndarray | bool:

@@ -349,10 +349,14 @@ def run_trials(
         )
     for cfg, gate, row in zip(cfgs, gates, rows):
         if cfg.eval.task is not None:  # the task's accuracy, gated and at full depth (sweep.tasks.evaluate)
+            from sweep.bench.estimators import task_intervals
             from sweep.config.identity import trial_columns
             from sweep.tasks.evaluate import evaluate
 
-            row.update(evaluate(cfg, lm, gated_engine(cfg, lm, gate), trial_columns(cfg)["trial_id"], source.tasks))
+            trial_id = trial_columns(cfg)["trial_id"]
+            row.update(evaluate(cfg, lm, gated_engine(cfg, lm, gate), source.tasks))
+            n_boot, seed = cfg.analysis.n_boot, cfg.analysis.seed
+            row.update(task_intervals(row["task_scores"], row["task_scores_full"], trial_id, n_boot, seed))
     return rows
 
 

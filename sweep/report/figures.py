@@ -330,8 +330,8 @@ def skip_map_rows(skip, L: int) -> list[tuple[str, list[bool]]]:
 
 def skip_map_figure(maps: list[tuple[str, str, int, float | None]], out: Path) -> str:
     """Each model's best skip set as a layer map: attention, MLP and, where bypassed, state-space mixers (rows,
-    ``skip_map_rows``) of layers 1..L (columns), the bypassed sublayers filled. ``maps``: (model, canonical skip text, L, the row's skip_ratio: over the model's own
-    skippable sublayers, |S| / 2L where the row has none)."""
+    ``skip_map_rows``) of layers 1..L (columns), the bypassed sublayers filled. ``maps``: (model, canonical skip
+    text, L, the row's skip_ratio: over the model's own skippable sublayers, |S| / 2L where the row has none)."""
     from sweep.gates.skipset import SkipSet
 
     rows = [skip_map_rows(SkipSet.parse(text), L) for _, text, L, _ in maps]

@@ -4,9 +4,9 @@ A trial with ``eval.task`` set measures, after its timed rounds, the task on ``e
 the trial's own decoder (early exit under the gate, or self-speculation) and at full depth. Both decode the same
 prompts the same way (greedy, or ``eval.samples`` samples at ``eval.temperature`` from the same seeds), so the
 difference is the gate's alone. The row gains the task's columns (``TASK_COLUMNS``): the accuracy, the full-depth
-accuracy, their difference (``accuracy_loss``, full minus gated: positive is a loss) and its bootstrap interval over
-problems (problems resampled in pairs, the same estimator as the point), the per-problem scores (what an analysis
-resamples again) and how the completions' tokens agree with full depth.
+accuracy, their difference (``accuracy_loss``, full minus gated: positive is a loss), the per-problem scores (what
+the bench bootstraps both intervals from, problems resampled in pairs: ``sweep.bench.estimators.task_intervals``, the
+same estimator as the point) and how the completions' tokens agree with full depth.
 
 The full-depth side of a task depends on the model, the task's settings and the seed only: a sweep's worker measures
 it once and its later trials of that model reuse it (kept in the worker's reuse cache, as the bench's references are;
@@ -19,7 +19,6 @@ lm-evaluation-harness tasks (``sweep.tasks.harness``): the task's own metric, pe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -37,7 +36,6 @@ log = logging.getLogger("sweep.tasks")
 
 # Chen et al. 2021 (arXiv 2107.03374), section 2.3: a completion ends where a new top-level statement begins
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
-LEVEL = 0.95
 
 
 def reference_key(cfg: Config, lm) -> str:
@@ -57,7 +55,7 @@ def reference_key(cfg: Config, lm) -> str:
     return json.dumps(key, sort_keys=True)
 
 
-def evaluate(cfg: Config, lm, engine, trial_id: str, memo: MutableMapping | None = None) -> dict[str, Any]:
+def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dict[str, Any]:
     """The task's columns of a trial's row: ``engine`` (the trial's decoder) against full depth. ``memo``: where the
     full-depth sides are kept between trials (a worker's reuse cache, ``sweep.bench.reuse``; None: measured here)."""
     from sweep.decode.engine import Engine
@@ -73,14 +71,13 @@ def evaluate(cfg: Config, lm, engine, trial_id: str, memo: MutableMapping | None
         memo[key] = run(cfg, lm, Engine(lm), "full depth")
     full = memo[key]
     gated = run(cfg, lm, engine, "gated")
-    return task_columns(cfg, lm, gated, full, trial_id, time.perf_counter() - t0, cached)
+    return task_columns(cfg, lm, gated, full, time.perf_counter() - t0, cached)
 
 
-def task_columns(cfg: Config, lm, gated: Side, full: Side, trial_id: str, seconds: float, cached: bool) -> dict:
-    """The row's task columns from both sides (``sweep.store``'s trials table documents each)."""
+def task_columns(cfg: Config, lm, gated: Side, full: Side, seconds: float, cached: bool) -> dict:
+    """The row's task columns from both sides (``sweep.store``'s trials table documents each), all but the
+    intervals, which the bench adds (``sweep.bench.estimators.task_intervals``)."""
     loss = np.asarray(full.scores) - np.asarray(gated.scores)
-    lo, hi = bootstrap_mean(loss, trial_id, cfg.analysis.n_boot, cfg.analysis.seed)
-    acc_lo, acc_hi = bootstrap_mean(np.asarray(gated.scores), trial_id, cfg.analysis.n_boot, cfg.analysis.seed)
     L = lm.num_layers
     exits = gated.exit_layers
     return {
@@ -89,12 +86,8 @@ def task_columns(cfg: Config, lm, gated: Side, full: Side, trial_id: str, second
         "task_problems": len(gated.scores),
         "task_samples": cfg.eval.samples,
         "accuracy": gated.accuracy,
-        "accuracy_lo": acc_lo,
-        "accuracy_hi": acc_hi,
         "accuracy_full": full.accuracy,
         "accuracy_loss": float(loss.mean()) if len(loss) else float("nan"),
-        "accuracy_loss_lo": lo,
-        "accuracy_loss_hi": hi,
         "task_scores": [float(x) for x in gated.scores],
         "task_scores_full": [float(x) for x in full.scores],
         "completions": [c for texts in gated.completions for c in texts] or None,
@@ -125,19 +118,6 @@ def completion_agreement(gated: list[list[list[int]]], full: list[list[list[int]
             total += len(f)
             same += sum(a == b for a, b in zip(g, f))
     return same / total if total else None
-
-
-def bootstrap_mean(values: np.ndarray, trial_id: str, n_boot: int, seed: int, level: float = LEVEL):
-    """The percentile interval of the mean of ``values`` (one per problem), problems resampled with replacement;
-    its random stream is fixed by the trial and ``seed`` (the same trial always gets the same interval)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) == 0:
-        return None, None
-    digest = int.from_bytes(hashlib.sha256(f"{trial_id}:{seed}:task".encode()).digest()[:8], "little")
-    rng = np.random.default_rng(digest)
-    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
 
 
 def complete(cfg: Config, lm, engine, prompt: str, stops: tuple[str, ...], seed: int) -> tuple[str, list[int], list]:
