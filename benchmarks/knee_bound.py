@@ -49,6 +49,7 @@ def main() -> None:
     from sweep.analysis import oracle_bound
     from sweep.bench.costs import CostModel
     from sweep.config import compose
+    from sweep.config.identity import trial_device
     from sweep.gates import GATES as SPECS
     from sweep.orchestrate.searches._bracket import candidates
     from sweep.orchestrate.searches.screening import screen_trace
@@ -57,7 +58,7 @@ def main() -> None:
     cfg = compose(args.overrides)
     t0 = time.perf_counter()
     probes = [compose([*args.overrides, f"gate={name}"]).gate for name in GATES]  # each gate's probe, timed in situ
-    traced = screen_trace(args.overrides, "knee-bound", cfg.device if cfg.device != "auto" else "cpu", probes)
+    traced = screen_trace(args.overrides, "knee-bound", trial_device(cfg.device), probes)
     costs = CostModel(**traced["costs"])
     signals = signals_from_trace(traced["trace"])
     L = signals.num_layers

@@ -103,3 +103,11 @@ def test_a_bracket_sweep_plans_runs_its_front_and_resumes_without_tracing(ray_se
     again = sweep(tmp_path, *args, "resume=true", f"sweep.name={first.name}")
     assert again.written == 0 and len(again.rows) == first.written  # what it selected, from its rows
     assert read("profile", tmp_path).height == traced  # no second trace
+    # the end of both runs: the screen's comparison, the oracle bound of the trace beside the verdict
+    from sweep.report.run_report import sweep_report
+
+    for outcome in (first, again):
+        text = " ".join(line.strip() for line in sweep_report(outcome, compose().analysis).splitlines())
+        assert f"screen: {simulated.height} settings simulated" in text
+        assert "tiny-llama: at best " in text and "of layers could be skipped at agreement 1.0 (oracle:" in text
+        assert ("no knee on tiny-llama's front" in text) == ("replayed on the trace, " in text)

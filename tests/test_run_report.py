@@ -117,6 +117,7 @@ def test_without_a_knee_the_end_gives_the_replays_fastest_setting_at_the_bar():
             "agreement_tf": [1.0, 0.93, 0.85, 0.1, 1.0],
             "exit_rate": [0.01, 0.05, 0.2, 1.0, 0.5],
             "speedup_model": [1.004, 1.012, 1.09, 2.8, 3.0],
+            "trial_id": ["a", "b", "c", "d", "e"],
         }
     )
     text = " ".join(line.strip() for line in knee_lines(front, 0.9, simulated))
@@ -128,5 +129,10 @@ def test_without_a_knee_the_end_gives_the_replays_fastest_setting_at_the_bar():
     )
     none = " ".join(line.strip() for line in knee_lines(front, 0.99, simulated.with_columns(agreement_tf=0.5)))
     assert "none of the sweep's 4 settings keeps agreement >= 0.99 (teacher-forced)" in none
-    # a sweep that replayed nothing (a grid) says nothing more
-    assert len(knee_lines(front, 0.9, None)) == len(knee_lines(front, 0.9))
+    # a setting written twice (the same gate under two texts) counts once
+    twice = " ".join(line.strip() for line in knee_lines(front, 0.9, pl.concat([simulated, simulated.head(2)])))
+    assert "the fastest of the sweep's 2 settings at agreement >= 0.9" in twice
+    # a table without the replay's columns (nothing replayed) adds nothing to the no-knee line
+    plain = knee_lines(front, 0.9, simulated.drop("speedup_model", "agreement_tf"))
+    assert plain == knee_lines(front, 0.9) and plain[0].startswith("no knee on m's front")
+    assert "replayed" not in " ".join(plain)

@@ -116,6 +116,7 @@ def replay_bound(simulated, model: str, min_agreement: float) -> list[str]:
     if simulated is None or not {"speedup_model", "agreement_tf"} <= set(simulated.columns):
         return []
     mine = simulated.filter((pl.col("model") == model) & pl.col("speedup_model").is_not_null())
+    mine = mine.unique("trial_id", keep="first", maintain_order=True)  # one per setting (two texts, one gate: one)
     if not mine.height:
         return []
     able = mine.filter(pl.col("agreement_tf") >= min_agreement).sort("speedup_model", descending=True)

@@ -5,8 +5,9 @@ the trial's own decoder (early exit under the gate, or self-speculation) and at 
 prompts the same way (greedy, or ``eval.samples`` samples at ``eval.temperature`` from the same seeds), so the
 difference is the gate's alone. The row gains the task's columns (``TASK_COLUMNS``): the accuracy, the full-depth
 accuracy, their difference (``accuracy_loss``, full minus gated: positive is a loss), the per-problem scores (what
-the bench bootstraps both intervals from, problems resampled in pairs: ``sweep.bench.estimators.task_intervals``, the
-same estimator as the point) and how the completions' tokens agree with full depth.
+the bench bootstraps the intervals from, ``sweep.bench.estimators.task_intervals``: accuracy's over problems,
+accuracy_loss's over problems resampled in pairs, each the same estimator as its point) and how the completions'
+tokens agree with full depth.
 
 The full-depth side of a task depends on the model, the task's settings and the seed only: a sweep's worker measures
 it once and its later trials of that model reuse it (kept in the worker's reuse cache, as the bench's references are;
@@ -56,8 +57,9 @@ def reference_key(cfg: Config, lm) -> str:
 
 
 def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dict[str, Any]:
-    """The task's columns of a trial's row: ``engine`` (the trial's decoder) against full depth. ``memo``: where the
-    full-depth sides are kept between trials (a worker's reuse cache, ``sweep.bench.reuse``; None: measured here)."""
+    """The task's columns of a trial's row, all but the intervals (the bench adds them): ``engine`` (the trial's
+    decoder) against full depth. ``memo``: where the full-depth sides are kept between trials (a worker's reuse
+    cache, ``sweep.bench.reuse``; None: measured here)."""
     from sweep.decode.engine import Engine
 
     t0 = time.perf_counter()

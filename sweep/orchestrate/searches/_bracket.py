@@ -62,9 +62,9 @@ class Bracket(Search):
         if plan.cfg.resume:  # the earlier run's trace gives the same thresholds: run what it selected
             trace = earlier_trace(plan)
             if trace is not None:
-                chosen = screened_before(plan, bracketed(plan, trace), worker.device)
-                if chosen is not None:
-                    return Selection(chosen)
+                earlier = screened_before(plan, bracketed(plan, trace), worker.device)
+                if earlier is not None:
+                    return earlier
         t0 = time.perf_counter()
         traced = trace_for(plan, plan.grid_trials, worker)
         settings = bracketed(plan, traced["trace"])

@@ -23,7 +23,7 @@ class Screen(Search):
 
     def select(self, plan: Plan, worker: InWorker) -> Selection:
         if plan.cfg.resume:
-            chosen = screened_before(plan, plan.grid_trials, worker.device)
-            if chosen is not None:
-                return Selection(chosen)
+            earlier = screened_before(plan, plan.grid_trials, worker.device)
+            if earlier is not None:
+                return earlier
         return screen(plan, plan.grid_trials, worker)

@@ -120,28 +120,25 @@ def select(table: pl.DataFrame, neighbours: int) -> pl.DataFrame:
     ).drop("_first")
 
 
-def screened_before(plan: Plan, settings, device: str):
-    """A resumed screen: the settings its earlier run selected for closed-loop trials (from
-    its rows in the `simulated` table), or None when it never got that far."""
+def screened_before(plan: Plan, settings, device: str) -> Selection | None:
+    """A resumed screen: the settings its earlier run selected for closed-loop trials, with that run's simulated
+    table (its rows in the `simulated` table: the end of the run compares and bounds as the first run's did), or
+    None when it never got that far."""
     import polars as pl
 
     from sweep.store import scan
 
-    chosen = (
-        scan("simulated", plan.root)
-        .filter((pl.col("sweep_name") == plan.name) & pl.col("selected"))
-        .select("trial_id")
-        .collect()["trial_id"]
-    )
-    if chosen.len() == 0:
+    table = scan("simulated", plan.root).filter(pl.col("sweep_name") == plan.name).collect()
+    table = table.unique("trial_id", keep="first", maintain_order=True)
+    keep = set(table.filter(pl.col("selected"))["trial_id"].to_list())
+    if not keep:
         return None
-    keep = set(chosen.to_list())
-    return [s for s in settings if trial_identity(s[1], device).id in keep]
+    return Selection([s for s in settings if trial_identity(s[1], device).id in keep], table)
 
 
 def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], device: str, seconds: float):
     """`search=screen`, once the trace is in: write it, replay every setting on it, write the
-    simulated rows, and return the settings to run closed-loop with the simulated table."""
+    simulated rows, and return the settings to run closed-loop with the simulated table as written."""
     import polars as pl
 
     from sweep.bench.costs import CostModel
@@ -186,7 +183,7 @@ def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], d
         len(chosen),
         len(settings),
     )
-    return chosen, table
+    return chosen, rows  # as written: the trace's run id and the sweep's name with it
 
 
 def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
