@@ -59,11 +59,11 @@ def task_intervals(scores, scores_full, trial_id: str, n_boot: int, seed: int, l
     ``seed`` (the same trial always gets the same intervals). Null without problems."""
     gated = np.asarray(scores, dtype=float)
     loss = np.asarray(scores_full, dtype=float) - gated
+    digest = int.from_bytes(hashlib.sha256(f"{trial_id}:{seed}:task".encode()).digest()[:8], "little")
     out = {}
     for name, values in (("accuracy", gated), ("accuracy_loss", loss)):
         lo = hi = None
-        if len(values):
-            digest = int.from_bytes(hashlib.sha256(f"{trial_id}:{seed}:task".encode()).digest()[:8], "little")
+        if len(values):  # each interval from a fresh generator on the trial's stream
             lo, hi = mean_interval(values, np.random.default_rng(digest), n_boot, level)
         out |= {f"{name}_lo": lo, f"{name}_hi": hi}
     return out

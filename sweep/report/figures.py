@@ -334,10 +334,11 @@ def skip_map_figure(maps: list[tuple[str, str, int, float | None]], out: Path) -
     text, L, the row's skip_ratio: over the model's own skippable sublayers, |S| / 2L where the row has none)."""
     from sweep.gates.skipset import SkipSet
 
-    rows = [skip_map_rows(SkipSet.parse(text), L) for _, text, L, _ in maps]
+    sets = [SkipSet.parse(text) for _, text, _, _ in maps]
+    rows = [skip_map_rows(skip, L) for skip, (_, _, L, _) in zip(sets, maps)]
     fig, axes = _figure(len(maps), 1, figsize=(10, 0.8 + 0.5 * sum(len(r) for r in rows)), squeeze=False)
-    for ax, (model, text, L, ratio), named in zip(axes[:, 0], maps, rows):
-        ratio = SkipSet.parse(text).ratio(L) if ratio is None else ratio
+    for ax, (model, text, L, ratio), skip, named in zip(axes[:, 0], maps, sets, rows):
+        ratio = skip.ratio(L) if ratio is None else ratio
         ax.imshow([cells for _, cells in named], cmap="Greys", vmin=0, vmax=1.4, aspect="auto", interpolation="nearest")
         ax.set_yticks(range(len(named)), [label for label, _ in named])
         step = max(1, L // 15)

@@ -129,7 +129,6 @@ def screened_before(plan: Plan, settings, device: str) -> Selection | None:
     from sweep.store import scan
 
     table = scan("simulated", plan.root).filter(pl.col("sweep_name") == plan.name).collect()
-    table = table.unique("trial_id", keep="first", maintain_order=True)
     keep = set(table.filter(pl.col("selected"))["trial_id"].to_list())
     if not keep:
         return None
