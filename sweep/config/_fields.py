@@ -46,6 +46,8 @@ def _describe(tp: Any) -> str:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
     if dataclasses.is_dataclass(tp):
         return "a mapping"
+    if typing.get_origin(tp) is tuple:
+        return "a list"
     return str(tp)
 
 
@@ -74,6 +76,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return build(tp, value, key + ".")
+    if typing.get_origin(tp) is tuple:  # tuple[X, ...]: a YAML list, each item an X
+        (item, *_rest) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return tuple(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
     if typing.get_origin(tp) is Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{key}={value}: must be {_describe(tp)}")

@@ -42,6 +42,23 @@ class TinyConfig:
     init_std: float = field(check=lambda v: v > 0, allowed="a number > 0 (finite)")
 
 
+_SHA256 = "64 lowercase hex digits"
+
+
+def _is_sha256(v: str) -> bool:
+    return len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartConfig:
+    """One part of a model file shipped as several packages' data files (``model.parts``)."""
+
+    path: str = field(check=lambda v: v.strip() != "", allowed="PACKAGE/PATH, a file inside a top-level package")
+    size: int = field(check=at_least(1), allowed="the part's size in bytes, an integer >= 1")
+    sha256: str = field(check=_is_sha256, allowed=f"the part's sha256, {_SHA256}")
+    version: str | None = None  # the package's version, named in the install hint
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Where a model comes from. ``name`` labels every row written for it."""
@@ -54,6 +71,10 @@ class ModelConfig:
     package: str | None = None
     file: str | None = None
     tiny: TinyConfig | None = None
+    # a file shipped in parts (conf/model/qwen2.5-coder-0.5b.yaml): concatenated in order into model.file, whose
+    # sha256 is model.sha256 (sweep.models._split checks every part before any use)
+    parts: tuple[PartConfig, ...] | None = None
+    sha256: str | None = field(None, check=_is_sha256, allowed=f"the whole file's sha256, {_SHA256}, or null")
 
 
 def _gate_param(name: str):

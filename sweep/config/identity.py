@@ -50,7 +50,7 @@ def trial_identity(cfg: Config, device: str) -> TrialIdentity:
     if device not in DEVICES:
         raise ValueError(f"trial_identity: device must be one of {DEVICES} (resolved by trial_device), not {device!r}")
     key: dict[str, Any] = {
-        "model": dataclasses.asdict(cfg.model),
+        "model": _without_later_nulls("model", dataclasses.asdict(cfg.model)),
         "gate": _without_later_nulls("gate", dataclasses.asdict(cfg.gate)),
         "bench": _without_later_nulls(
             "bench", {k: v for k, v in dataclasses.asdict(cfg.bench).items() if k != "cost_model"}
@@ -71,7 +71,7 @@ EVAL_KEYS = ("task", "problems", "max_tokens", "samples", "temperature", "ks", "
 
 # config keys added after trial ids were first written: left out of a trial's key while null (their
 # default), so every trial that does not use one keeps the id it always had (resume, dedupe, joins)
-LATER_KEYS = {"gate": ("skip",), "bench": ("draft_stop",)}
+LATER_KEYS = {"model": ("parts", "sha256"), "gate": ("skip",), "bench": ("draft_stop",)}
 
 
 def _without_later_nulls(section: str, values: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,8 @@ def _load_tiny(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
 
 
 def _load_packaged(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
+    if mcfg.parts is not None:
+        return _load_parts(mcfg, torch_dtype)
     assert mcfg.package is not None and mcfg.file is not None
     pip_name = mcfg.package.replace("_", "-")
     spec = importlib.util.find_spec(mcfg.package)
@@ -60,20 +62,36 @@ def _load_gguf(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
     return _load_gguf_file(path, mcfg, torch_dtype)
 
 
+def _load_parts(mcfg: ModelConfig, torch_dtype: torch.dtype):
+    """A GGUF shipped in parts (``sweep.models._split``): every part checked at every load; assembled, in the cache
+    directory, only when the conversion cache has no verified copy of it, and removed once converted."""
+    from sweep.models import _split
+
+    paths = _split.verify(mcfg)
+    content_hash = _split.content_hash(mcfg)
+    converted = _converted_dir(content_hash)
+    label = mcfg.file or str(mcfg.name)
+    cached = _from_cache(converted, label, content_hash, torch_dtype) if os.path.lexists(converted) else None
+    if cached is not None:
+        return *cached, content_hash, None
+    work = cache_dir() / "assembling" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        path = _split.assemble(mcfg, paths, work)
+        _require_gguf(path, f"model={mcfg.name}")
+        model, tokenizer = _dequantize(path, f"model={mcfg.name}", torch_dtype)
+        _save_converted(model, tokenizer, converted)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return model, tokenizer, content_hash, None
+
+
 def _load_gguf_file(path: Path, mcfg: ModelConfig, torch_dtype: torch.dtype):
     """Dequantize a GGUF once per machine: later loads read the converted copy in the cache."""
-    import transformers
-
-    if importlib.util.find_spec("gguf") is None:
-        raise InputError("model.path: loading a GGUF file needs the 'gguf' package; install it with `pip install gguf`")
     where = f"model.path={path}"
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise InputError(f"{where}: not a GGUF file (bad magic bytes)")
+    _require_gguf(path, where)
     content_hash = fingerprint_file(path)
-    key = hashlib.sha256(f"{content_hash}|{transformers.__version__}".encode()).hexdigest()[:24]
-    converted = cache_dir() / "converted" / key
-    cached = _from_cache(converted, path, content_hash, torch_dtype) if os.path.lexists(converted) else None
+    converted = _converted_dir(content_hash)
+    cached = _from_cache(converted, path.name, content_hash, torch_dtype) if os.path.lexists(converted) else None
     if cached is not None:
         return *cached, content_hash, None
     model, tokenizer = _dequantize(path, where, torch_dtype)
@@ -81,19 +99,35 @@ def _load_gguf_file(path: Path, mcfg: ModelConfig, torch_dtype: torch.dtype):
     return model, tokenizer, content_hash, None
 
 
-def _from_cache(converted: Path, path: Path, content_hash: str, torch_dtype: torch.dtype):
+def _require_gguf(path: Path, where: str) -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise InputError(f"{where}: loading a GGUF file needs the 'gguf' package; install it with `pip install gguf`")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise InputError(f"{where}: not a GGUF file (bad magic bytes)")
+
+
+def _converted_dir(content_hash: str) -> Path:
+    """The conversion cache entry of a GGUF of ``content_hash`` under this transformers release."""
+    import transformers
+
+    key = hashlib.sha256(f"{content_hash}|{transformers.__version__}".encode()).hexdigest()[:24]
+    return cache_dir() / "converted" / key
+
+
+def _from_cache(converted: Path, label: str, content_hash: str, torch_dtype: torch.dtype):
     """The model and tokenizer of a verified conversion cache entry (``_cache.entry_problem``: every
     file's size and sha256 as written); None after removing an entry that fails the check or the load,
     so it is rebuilt from the GGUF file."""
     problem = _cache.entry_problem(converted, COMPLETE)
     if problem is None:
-        log.info("loading %s from the conversion cache %s", path.name, converted)
+        log.info("loading %s from the conversion cache %s", label, converted)
         try:
             model, tokenizer, _, _ = _load_hf_from(str(converted), None, content_hash, torch_dtype, local_only=True)
             return model, tokenizer
         except InputError as exc:
             problem = str(exc)
-    log.warning("the conversion cache entry %s cannot be used (%s); rebuilding it from %s", converted, problem, path)
+    log.warning("the conversion cache entry %s cannot be used (%s); rebuilding it from %s", converted, problem, label)
     trash = converted.with_name(f".{converted.name}.corrupt.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     try:
         converted.rename(trash)  # atomic: a concurrent loader sees the entry or nothing
