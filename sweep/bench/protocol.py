@@ -356,7 +356,9 @@ def run_trials(
             trial_id = trial_columns(cfg)["trial_id"]
             row.update(evaluate(cfg, lm, gated_engine(cfg, lm, gate), source.tasks))
             n_boot, seed = cfg.analysis.n_boot, cfg.analysis.seed
-            row.update(task_intervals(row["task_scores"], row["task_scores_full"], trial_id, n_boot, seed))
+            stopped = row["accuracy_loss_min"] is not None  # intervals over its first problems would mislead
+            scores = [] if stopped else row["task_scores"]
+            row.update(task_intervals(scores, row["task_scores_full"][: len(scores)], trial_id, n_boot, seed))
     return rows
 
 

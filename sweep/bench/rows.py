@@ -280,6 +280,12 @@ def task_line(row: dict[str, Any]) -> str:
         extra = f"; completions agree with full depth on {row['task_agreement']:.3f} of tokens"
     if row.get("pass_at_k") and len(json.loads(row["pass_at_k"])) > 1:
         extra += "; pass@k " + ", ".join(f"@{k} {v:.3f}" for k, v in json.loads(row["pass_at_k"]).items())
+    if row.get("accuracy_loss_min") is not None:
+        return (
+            f"task {row['task']}: the gated side stopped after {row['task_problems']} problems (full depth "
+            f"{row['accuracy_full']:.3f}): its loss over all problems is at least {row['accuracy_loss_min']:+.3f}, "
+            "above search.max_accuracy_loss"
+        )
     return (
         f"task {row['task']} on {row['task_problems']} problems: {row['task_metric']} {row['accuracy']:.3f} "
         f"[{row['accuracy_lo']:.3f}, {row['accuracy_hi']:.3f}] against {row['accuracy_full']:.3f} at full depth; "

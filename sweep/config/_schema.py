@@ -179,6 +179,8 @@ class SearchConfig:
     # hopeless settings stopped early: a setting whose agreement's bootstrap interval ends below this after its
     # first rung_prompts prompts (then twice as many, ...) stops there, a row of status `stopped` (null: none stops)
     min_agreement: float | None = field(None, check=in_range(0, 1), allowed="a number in [0, 1] or null")
+    # a task's gated side stops once its accuracy loss over all problems is certain to exceed this
+    max_accuracy_loss: float | None = field(None, check=in_range(0, 1), allowed="a number in [0, 1] or null")
     rung_prompts: int = field(check=in_range(1, 100000), allowed="an integer in 1..100000")
     # skipset: bench.draft_stop values searched jointly with the set, e.g. [null, 0.3, 0.6, 0.9] (null: the set alone)
     draft_stops: list | None = field(
@@ -310,6 +312,8 @@ class EvalConfig:
     allow_code_execution: bool  # humaneval runs code the model wrote: opt-in
     workers: int = field(check=in_range(1, 64), allowed="an integer in 1..64")  # programs the sandbox runs at once
     timeout_s: float = field(check=lambda v: 0 < v <= 3600, allowed="a number in (0, 3600]")  # per program
+    # completions decoded together (greedy early exit and full depth; sweep.tasks.evaluate.batching), both sides
+    batch_size: int = field(check=in_range(1, 64), allowed="an integer in 1..64")
     harness_tasks: list | None = field(
         None,
         check=lambda v: len(v) > 0 and all(isinstance(t, str) and t.strip() for t in v),

@@ -61,13 +61,30 @@ def trial_identity(cfg: Config, device: str) -> TrialIdentity:
         "seed": cfg.seed,
     }
     if cfg.eval.task is not None:  # a trial that also measures a task's accuracy (left out otherwise: ids unchanged)
-        key["eval"] = {k: v for k, v in dataclasses.asdict(cfg.eval).items() if k in EVAL_KEYS}
+        key["eval"] = eval_key(dataclasses.asdict(cfg.eval))
     text = _canonical(key)
     return TrialIdentity(text, _digest(text))
 
 
-# what defines an evaluation's result (not the sandbox's opt-in, pool size or timeout)
-EVAL_KEYS = ("task", "problems", "max_tokens", "samples", "temperature", "ks", "harness_tasks", "harness_include")
+# what defines an evaluation's result (not the sandbox's opt-in, pool size or timeout); batch_size only where it
+# batches (1, the default, decodes one sequence at a time, as every trial did before it existed: their ids stand)
+EVAL_KEYS = (
+    "task",
+    "problems",
+    "max_tokens",
+    "samples",
+    "temperature",
+    "ks",
+    "harness_tasks",
+    "harness_include",
+    "batch_size",
+)
+
+
+def eval_key(values: dict[str, Any]) -> dict[str, Any]:
+    """The eval settings that define a task's result, from ``asdict(cfg.eval)``."""
+    return {k: v for k, v in values.items() if k in EVAL_KEYS and not (k == "batch_size" and v == 1)}
+
 
 # config keys added after trial ids were first written: left out of a trial's key while null (their
 # default), so every trial that does not use one keeps the id it always had (resume, dedupe, joins)

@@ -22,7 +22,7 @@ bench's one protocol (reference runs, interleaved timed rounds), as it does sing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -105,7 +105,15 @@ class BatchEngine(Engine):
     """Greedy decoding of a batch of prompts (any lengths: left-padded) under one gate (None = full depth)."""
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: Sequence[Sequence[int]], n_tokens: int) -> BatchGeneration:
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n_tokens: int,
+        stop: Callable[[list[int]], bool] | None = None,
+    ) -> BatchGeneration:
+        """Up to ``n_tokens`` greedy tokens per prompt. ``stop(tokens)``, asked of each row after each of its tokens,
+        ends that row; the batch ends once every row has (a row decoded past its stop keeps those tokens: the caller
+        cuts them, as it cuts a single sequence at its stop)."""
         adapter, gate, L = self.adapter, self.gate, self.adapter.num_layers
         cache = adapter.new_cache()
         dev = self.lm.device
@@ -125,8 +133,12 @@ class BatchEngine(Engine):
             token = logits.argmax(-1, keepdim=True)
         tokens, exit_rows = [token], [exits]
         out = BatchGeneration(tokens=[], exit_layers=[], prefill_seconds=prefill.seconds)
+        so_far = [[t] for t in token[:, 0].tolist()] if stop is not None else []
+        ended = [stop(ids) for ids in so_far]
         with self.stepping(BatchStep(B, L)) as stepper, Timer(dev) as decode:
             for step in range(1, n_tokens):
+                if stop is not None and all(ended):
+                    break
                 if gate is not None:
                     stepper.state.at = Decoding(step, n_tokens, at.calibration)
                 inputs = {
@@ -137,6 +149,11 @@ class BatchEngine(Engine):
                 token = logits.argmax(-1, keepdim=True)
                 tokens.append(token)
                 exit_rows.append(exits)
+                if stop is not None:
+                    for row, t in enumerate(token[:, 0].tolist()):
+                        if not ended[row]:
+                            so_far[row].append(t)
+                            ended[row] = stop(so_far[row])
                 out.step_layers.append(ran)
                 out.probes.append(probes)
         out.decode_seconds = decode.seconds

@@ -33,6 +33,13 @@ TASK_COLUMNS = (
     ),
     metric("accuracy_loss_hi", "fraction", "upper end of accuracy_loss's 95% bootstrap interval"),
     metric(
+        "accuracy_loss_min",
+        "fraction",
+        "a gated side stopped early (search.max_accuracy_loss): the certain lower bound on its accuracy_loss over all "
+        "problems (each problem not run counted as passed), above search.max_accuracy_loss; then accuracy, "
+        "accuracy_loss and their intervals are null and task_problems counts the problems it ran; null otherwise",
+    ),
+    metric(
         "task_scores",
         "fraction",
         "per problem, its score under the trial's decoder (pass@1: the fraction of its "
@@ -84,7 +91,8 @@ TASK_COLUMNS = (
         "task_reference",
         "",
         "fresh: the full-depth side was measured in this trial; cached: this process "
-        "measured it for an earlier trial of the same model and task settings",
+        "measured it for an earlier trial of the same model and task settings; stored: read from this machine's "
+        "store of full-depth sides ($SWEEP_CACHE_DIR/tasks, sweep.tasks.reference), measured by an earlier process",
         pl.String(),
     ),
 )

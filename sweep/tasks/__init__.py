@@ -18,6 +18,7 @@ COLUMNS = (
     "accuracy_loss",
     "accuracy_loss_lo",
     "accuracy_loss_hi",
+    "accuracy_loss_min",
     "task_scores",
     "task_scores_full",
     "completions",

@@ -21,6 +21,10 @@ class Side:
     pass_at: dict[int, float]
     metric: str
     isolation: str | None = None
+    # problems scored before the side stopped (search.max_accuracy_loss: its loss over all problems was already
+    # certain to exceed it); None when every problem ran
+    stopped_at: int | None = None
+    loss_min: float | None = None  # then: the certain lower bound on the loss over all problems
 
     @property
     def accuracy(self) -> float:

@@ -40,10 +40,14 @@ HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 
 def reference_key(cfg: Config, lm) -> str:
-    """What the full-depth side depends on: the model's weights, dtype and device, the task's settings, the seed."""
-    from sweep.config.identity import EVAL_KEYS
-
+    """What the full-depth side depends on: the model's weights, dtype and device, the task's settings, the seed, the
+    torch threads and the code that decodes and scores it (``sweep.tasks.reference``)."""
     import dataclasses
+
+    import torch
+
+    from sweep.config.identity import eval_key
+    from sweep.tasks.reference import scorer_hash
 
     key = {
         "model": lm.content_hash,
@@ -51,35 +55,64 @@ def reference_key(cfg: Config, lm) -> str:
         "dtype": str(lm.dtype),
         "device": str(lm.device),
         "seed": cfg.seed,
-        "eval": {k: v for k, v in dataclasses.asdict(cfg.eval).items() if k in EVAL_KEYS},
+        "eval": eval_key(dataclasses.asdict(cfg.eval)),
+        "threads": torch.get_num_threads(),
+        "scorer": scorer_hash(),
     }
     return json.dumps(key, sort_keys=True)
 
 
 def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dict[str, Any]:
     """The task's columns of a trial's row, all but the intervals (the bench adds them): ``engine`` (the trial's
-    decoder) against full depth. ``memo``: where the full-depth sides are kept between trials (a worker's reuse
-    cache, ``sweep.bench.reuse``; None: measured here)."""
+    decoder) against full depth. The full-depth side comes from ``memo`` (a worker's reuse cache,
+    ``sweep.bench.reuse``: this process measured it for an earlier trial), else from this machine's store
+    (``sweep.tasks.reference``), else it is measured here and stored. With ``search.max_accuracy_loss`` set, the
+    gated side stops once its loss over all problems is certain to exceed it (``loss_stop``)."""
     from sweep.decode.engine import Engine
+    from sweep.tasks import reference
 
     t0 = time.perf_counter()
     key = reference_key(cfg, lm)
     run = _RUNNERS[cfg.eval.task]
     memo = {} if memo is None else memo
-    cached = key in memo
-    if not cached:
+    source = "cached"
+    if key not in memo:
         while len(memo) >= 4:  # a few tasks' sides, the oldest dropped
             memo.pop(next(iter(memo)))
-        memo[key] = run(cfg, lm, Engine(lm), "full depth")
+        memo[key] = reference.load(key)
+        source = "stored"
+        if memo[key] is None:
+            memo[key] = run(cfg, lm, Engine(lm), "full depth", None)
+            reference.save(key, memo[key])
+            source = "fresh"
     full = memo[key]
-    gated = run(cfg, lm, engine, "gated")
-    return task_columns(cfg, lm, gated, full, time.perf_counter() - t0, cached)
+    gated = run(cfg, lm, engine, "gated", loss_stop(cfg.search.max_accuracy_loss, full.scores))
+    return task_columns(cfg, lm, gated, full, time.perf_counter() - t0, source)
 
 
-def task_columns(cfg: Config, lm, gated: Side, full: Side, seconds: float, cached: bool) -> dict:
+def loss_stop(max_loss: float | None, full: list[float]) -> Callable[[list[float]], float | None] | None:
+    """The accuracy analogue of ``search.min_agreement``: given the gated side's scores on the first problems, the
+    lower bound on its loss over all ``len(full)`` problems (each problem not yet run counted as passed: a score is
+    at most 1) when that bound already exceeds ``max_loss``, else None. A certain bound, not an estimate: a setting
+    that stops could not have ended within ``max_loss``."""
+    if max_loss is None:
+        return None
+    total, n = float(np.sum(full)), len(full)
+
+    def bound(done: list[float]) -> float | None:
+        rest = n - len(done)
+        lowest = (total - float(np.sum(done)) - rest) / n
+        return lowest if lowest > max_loss + 1e-12 else None
+
+    return bound
+
+
+def task_columns(cfg: Config, lm, gated: Side, full: Side, seconds: float, source: str) -> dict:
     """The row's task columns from both sides (``sweep.store``'s trials table documents each), all but the
-    intervals, which the bench adds (``sweep.bench.estimators.task_intervals``)."""
-    loss = np.asarray(full.scores) - np.asarray(gated.scores)
+    intervals, which the bench adds (``sweep.bench.estimators.task_intervals``). A stopped side has no accuracy or
+    loss (they would be over its first problems only): its certain lower bound on the loss stands instead."""
+    stopped = gated.stopped_at is not None
+    loss = np.asarray(full.scores[: len(gated.scores)]) - np.asarray(gated.scores)
     L = lm.num_layers
     exits = gated.exit_layers
     return {
@@ -87,9 +120,10 @@ def task_columns(cfg: Config, lm, gated: Side, full: Side, seconds: float, cache
         "task_metric": gated.metric,
         "task_problems": len(gated.scores),
         "task_samples": cfg.eval.samples,
-        "accuracy": gated.accuracy,
+        "accuracy": None if stopped else gated.accuracy,
         "accuracy_full": full.accuracy,
-        "accuracy_loss": float(loss.mean()) if len(loss) else float("nan"),
+        "accuracy_loss": None if stopped else float(loss.mean()) if len(loss) else float("nan"),
+        "accuracy_loss_min": gated.loss_min,
         "task_scores": [float(x) for x in gated.scores],
         "task_scores_full": [float(x) for x in full.scores],
         "completions": [c for texts in gated.completions for c in texts] or None,
@@ -101,7 +135,7 @@ def task_columns(cfg: Config, lm, gated: Side, full: Side, seconds: float, cache
         "task_layers_saved": sum(L - e for e in exits) / (L * len(exits)) if exits else None,
         "sandbox": gated.isolation,
         "task_seconds": seconds,
-        "task_reference": "cached" if cached else "fresh",
+        "task_reference": source,
     }
 
 
@@ -125,21 +159,39 @@ def completion_agreement(gated: list[list[list[int]]], full: list[list[list[int]
 def complete(cfg: Config, lm, engine, prompt: str, stops: tuple[str, ...], seed: int) -> tuple[str, list[int], list]:
     """One completion of ``prompt``: its text cut at the first stop sequence, the token ids it kept, and their exit
     layers (full depth for a decoder that never exits early)."""
-    ids = lm.tokenizer(prompt)["input_ids"]
-    if not ids:
-        raise InputError(f"eval.task={cfg.eval.task}: a prompt tokenizes to nothing")
-    eos = getattr(lm.tokenizer, "eos_token_id", None)
-    stop = stop_at(lm.tokenizer, stops, eos)
+    ids = _prompt_ids(cfg, lm, prompt)
+    stop = stop_at(lm.tokenizer, stops, getattr(lm.tokenizer, "eos_token_id", None))
     if cfg.eval.temperature > 0:
         out = engine.generate(ids, cfg.eval.max_tokens, stop=stop, pick=sampler(cfg.eval.temperature, seed))
     else:
         out = engine.generate(ids, cfg.eval.max_tokens, stop=stop)
-    tokens = list(out.tokens)
+    return _finish(lm.tokenizer, list(out.tokens), list(out.exit_layers), stops)
+
+
+def complete_batch(cfg: Config, lm, engine, prompts: list[str], stops: tuple[str, ...]) -> list[tuple]:
+    """Greedy completions of ``prompts`` decoded as one batch (``sweep.decode.batching``: left-padded, each row's own
+    exits), each cut as ``complete`` cuts one; a row that stopped waits, decoding on, until every row has."""
+    stop = stop_at(lm.tokenizer, stops, getattr(lm.tokenizer, "eos_token_id", None))
+    out = engine.generate_batch([_prompt_ids(cfg, lm, p) for p in prompts], cfg.eval.max_tokens, stop=stop)
+    return [_finish(lm.tokenizer, t, e, stops) for t, e in zip(out.tokens, out.exit_layers)]
+
+
+def _prompt_ids(cfg: Config, lm, prompt: str) -> list[int]:
+    ids = lm.tokenizer(prompt)["input_ids"]
+    if not ids:
+        raise InputError(f"eval.task={cfg.eval.task}: a prompt tokenizes to nothing")
+    return ids
+
+
+def _finish(tokenizer, tokens: list[int], exits: list[int], stops: tuple[str, ...]) -> tuple[str, list[int], list]:
+    """A generation's completion: up to its end-of-sequence token, its text cut at the first stop sequence, the
+    tokens that text spans and their exit layers."""
+    eos = getattr(tokenizer, "eos_token_id", None)
     if eos is not None and eos in tokens:
         tokens = tokens[: tokens.index(eos)]
-    text = cut(lm.tokenizer.decode(tokens, skip_special_tokens=True), stops)
-    kept = _kept_tokens(lm.tokenizer, tokens, text)
-    return text, tokens[:kept], list(out.exit_layers[:kept])
+    text = cut(tokenizer.decode(tokens, skip_special_tokens=True), stops)
+    kept = _kept_tokens(tokenizer, tokens, text)
+    return text, tokens[:kept], list(exits[:kept])
 
 
 def _kept_tokens(tokenizer, tokens: list[int], text: str) -> int:
@@ -150,36 +202,65 @@ def _kept_tokens(tokenizer, tokens: list[int], text: str) -> int:
     return len(tokens)
 
 
-def _humaneval(cfg: Config, lm, engine, label: str) -> Side:
+def _humaneval(cfg: Config, lm, engine, label: str, stop: Callable | None) -> Side:
+    """HumanEval's side for ``engine``: problems decoded in batches of ``eval.batch_size`` where the decoder allows
+    (greedy early exit or full depth; ``batching``), each batch's completions run against their tests before the
+    next, so that ``stop`` (``loss_stop``) can end the side between batches."""
     from sweep.tasks import humaneval
     from sweep.tasks.sandbox import Limits
 
     problems = humaneval.problems(cfg.eval.problems)
-    completions, tokens, exits, samples = [], [], [], []
+    limits = Limits(timeout_s=cfg.eval.timeout_s, cpu_s=max(1, math.ceil(cfg.eval.timeout_s)))
+    batch = batching(cfg, lm, engine)
+    # problems decoded, then scored, at a time: a batch; one where a stop rule asks after each; else all of them
+    size = cfg.eval.batch_size if batch is not None else 1 if stop is not None else len(problems)
+    completions, tokens, exits, scores, passed = [], [], [], [], {}
+    isolation, stopped, bound = None, None, None
     n = cfg.eval.samples
     with progress.phase(f"humaneval {label}", len(problems) * n, part="eval") as ph:
-        for i, problem in enumerate(problems):
-            texts, ids = [], []
-            for s in range(n):
-                text, kept, layers = complete(
-                    cfg, lm, engine, problem["prompt"], HUMANEVAL_STOP, cfg.seed + 1000 * i + s
+        for start in range(0, len(problems), size):
+            chunk = problems[start : start + size]
+            if batch is not None:
+                done = [[c] for c in complete_batch(cfg, lm, batch, [p["prompt"] for p in chunk], HUMANEVAL_STOP)]
+                ph.advance(len(chunk))
+            else:
+                done = []
+                for i, problem in enumerate(chunk, start=start):
+                    seeds = [cfg.seed + 1000 * i + s for s in range(n)]
+                    done.append([complete(cfg, lm, engine, problem["prompt"], HUMANEVAL_STOP, s) for s in seeds])
+                    ph.advance(n)
+            samples = [(p["task_id"], text) for p, sides in zip(chunk, done) for text, _, _ in sides]
+            scored = humaneval.score(samples, {p["task_id"]: p for p in chunk}, limits=limits, workers=cfg.eval.workers)
+            isolation = isolation or scored.isolation
+            passed.update(scored.passed)
+            scores.extend(scored.per_problem(1))
+            for sides in done:
+                completions.append([text for text, _, _ in sides])
+                tokens.append([kept for _, kept, _ in sides])
+                exits.extend(layer for _, _, layers in sides for layer in layers)
+            if stop is not None and (bound := stop(scores)) is not None:
+                stopped = len(scores)
+                log.info(
+                    "humaneval %s: stopped after %d of %d problems (loss >= %.3f)", label, stopped, len(problems), bound
                 )
-                texts.append(text)
-                ids.append(kept)
-                exits.extend(layers)
-                samples.append((problem["task_id"], text))
-                ph.advance()
-            completions.append(texts)
-            tokens.append(ids)
-    limits = Limits(timeout_s=cfg.eval.timeout_s, cpu_s=max(1, math.ceil(cfg.eval.timeout_s)))
-    with progress.phase(f"humaneval {label}: tests", None, part="eval"):
-        scored = humaneval.score(
-            samples, {p["task_id"]: p for p in problems}, limits=limits, workers=cfg.eval.workers, ks=cfg.eval.ks
-        )
-    return Side(scored.per_problem(1), completions, tokens, exits, scored.pass_at, "pass@1", scored.isolation)
+                break
+    pass_at = humaneval.pass_at(passed, cfg.eval.ks) if stopped is None else {}
+    return Side(scores, completions, tokens, exits, pass_at, "pass@1", isolation, stopped, bound)
 
 
-def _harness(cfg: Config, lm, engine, label: str) -> Side:
+def batching(cfg: Config, lm, engine):
+    """The batch decoder of ``engine``'s rule (``sweep.decode.batching.BatchEngine``) when its completions can be
+    decoded in batches (``eval.batch_size`` > 1, greedy, early exit or full depth); else None."""
+    from sweep.decode.batching import BatchEngine
+    from sweep.decode.engine import Engine
+
+    if cfg.eval.batch_size <= 1 or cfg.eval.temperature > 0 or type(engine) is not Engine:
+        return None
+    lm.require(batch_size=cfg.eval.batch_size)
+    return BatchEngine(lm, engine.gate, engine.kv_policy)
+
+
+def _harness(cfg: Config, lm, engine, label: str, stop: Callable | None) -> Side:
     from sweep.tasks.harness import run_tasks
 
     return run_tasks(cfg, lm, engine, label)

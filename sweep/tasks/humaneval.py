@@ -54,12 +54,16 @@ def score(samples: list[tuple[str, str]], by_id: dict[str, dict], *, limits: Lim
     passed: dict[str, list[bool]] = defaultdict(list)
     for (task, _), outcome in zip(samples, outcomes):
         passed[task].append(outcome.passed)
-    counts = [(len(v), sum(v)) for v in passed.values()]
-    pass_at = {
-        k: sum(pass_at_k(n, c, k) for n, c in counts) / len(counts) for k in ks if all(n >= k for n, _ in counts)
-    }
     isolation = outcomes[0].isolation if outcomes else ""
-    return Scored(dict(passed), pass_at, isolation)
+    return Scored(dict(passed), pass_at(passed, ks), isolation)
+
+
+def pass_at(passed: dict[str, list[bool]], ks=(1,)) -> dict[int, float]:
+    """pass@k over problems (each problem's samples' verdicts), for each k in ``ks`` every problem has samples for."""
+    counts = [(len(v), sum(v)) for v in passed.values()]
+    if not counts:
+        return {}
+    return {k: sum(pass_at_k(n, c, k) for n, c in counts) / len(counts) for k in ks if all(n >= k for n, _ in counts)}
 
 
 def _task_number(item) -> int:

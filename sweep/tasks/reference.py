@@ -1,0 +1,158 @@
+"""The full-depth side of a task, kept on disk once per machine (``$SWEEP_CACHE_DIR/tasks/``): every later trial,
+sweep or process with the same key reads it instead of decoding and scoring every problem again.
+
+The key is what the side depends on: the model's content hash, dtype and device, the seed, the task's settings
+(``sweep.config.identity.EVAL_KEYS``), the torch threads (a CPU matmul may sum in another order), and the source of
+the code that scores it (the sandbox and the task's own modules: a change there measures the side again). An entry
+holds its key and is read only from a regular file of bounded size whose fields have the types and lengths a side
+has; anything else is measured over, with a warning, and replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import stat
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+from sweep.tasks.completions import Side
+
+log = logging.getLogger("sweep.tasks")
+
+VERSION = 1
+MAX_BYTES = 64 * 2**20  # an entry of 164 problems x 256 tokens is about 1 MB; anything far larger is not one
+_SCORERS = ("sandbox.py", "_jail.py", "humaneval.py", "harness.py", "completions.py", "evaluate.py")
+
+
+def scorer_hash() -> str:
+    """A hash of the source that decodes and scores a side (this package's modules), computed once per process."""
+    global _SCORER
+    if _SCORER is None:
+        h = hashlib.sha256()
+        here = Path(__file__).parent
+        for name in _SCORERS:
+            path = here / name
+            h.update(name.encode())
+            h.update(path.read_bytes() if path.is_file() else b"")
+        _SCORER = h.hexdigest()[:16]
+    return _SCORER
+
+
+_SCORER: str | None = None
+
+
+def entry_path(key: str) -> Path:
+    from sweep.models import cache_dir
+
+    return cache_dir() / "tasks" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def load(key: str) -> Side | None:
+    """The side stored under ``key``; None when there is none, or the entry cannot be trusted (said in a warning)."""
+    path = entry_path(key)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("the stored full-depth side %s cannot be read (%s); measuring it again", path, exc)
+        return None
+    problem = _read_problem(path, st)
+    if problem is None:
+        try:
+            with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
+                record = json.loads(f.read(MAX_BYTES + 1))
+            side = _side(record, key)
+            if isinstance(side, Side):
+                log.info("the full-depth side of this task comes from %s (measured earlier on this machine)", path)
+                return side
+            problem = side
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = f"not an entry ({type(exc).__name__})"
+    log.warning("the stored full-depth side %s cannot be used (%s); measuring it again", path, problem)
+    return None
+
+
+def save(key: str, side: Side) -> Path | None:
+    """Store ``side`` under ``key``: written under a temporary name and renamed into place (atomic); None where the
+    cache directory cannot take it (the trial goes on: the next one measures the side again)."""
+    path = entry_path(key)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    record = {"version": VERSION, "key": key, "side": asdict(side)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record, allow_nan=True))
+        os.replace(tmp, path)
+        return path
+    except OSError as exc:
+        log.warning("the full-depth side was not stored (%s: %s); later trials measure it again", path, exc)
+        return None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_problem(path: Path, st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_size > MAX_BYTES:
+        return f"{st.st_size} bytes, over the {MAX_BYTES} an entry may have"
+    return None
+
+
+def _side(record, key: str) -> Side | str:
+    """The Side an entry holds, or why it holds none (its key, version or a field's type or length)."""
+    if not isinstance(record, dict) or record.get("version") != VERSION or record.get("key") != key:
+        return "another key or version"
+    s = record.get("side")
+    if not isinstance(s, dict):
+        return "no side"
+    scores, completions, tokens = s.get("scores"), s.get("completions"), s.get("tokens")
+    exits, pass_at, metric = s.get("exit_layers"), s.get("pass_at"), s.get("metric")
+    n = len(scores) if isinstance(scores, list) else -1
+    checks = (
+        n >= 1 and all(_number(x) for x in scores),
+        completions == [] or _nested(completions, n, str, depth=2),  # a harness task keeps no completions
+        tokens == [] or _nested(tokens, n, int, depth=3),
+        isinstance(exits, list) and all(_int(x) for x in exits),
+        isinstance(pass_at, dict) and all(k.isdigit() and _number(v) for k, v in pass_at.items()),
+        isinstance(metric, str),
+        s.get("isolation") is None or isinstance(s.get("isolation"), str),
+        s.get("stopped_at") is None,
+    )
+    if not all(checks):
+        return "a field of the wrong type or length"
+    return Side(
+        scores=[float(x) for x in scores],
+        completions=completions,
+        tokens=tokens,
+        exit_layers=exits,
+        pass_at={int(k): float(v) for k, v in pass_at.items()},
+        metric=metric,
+        isolation=s.get("isolation"),
+    )
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _nested(value, n: int, leaf: type, depth: int) -> bool:
+    """A list of ``n`` lists (of lists ...) ``depth`` deep, ending in ``leaf`` values; empty inner lists allowed."""
+    if not isinstance(value, list) or len(value) != n:
+        return False
+
+    def ok(v, d: int) -> bool:  # v: lists d deep, then leaves
+        if d == 0:
+            return isinstance(v, leaf) and not isinstance(v, bool)
+        return isinstance(v, list) and all(ok(x, d - 1) for x in v)
+
+    return all(ok(v, depth - 1) for v in value)

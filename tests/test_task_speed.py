@@ -1,0 +1,148 @@
+"""An accuracy answer made cheap (``sweep.tasks.evaluate``): the full-depth side measured once per machine (stored,
+read by later processes, measured over when the entry cannot be trusted), a gated side stopped once its loss is
+certain to exceed ``search.max_accuracy_loss`` (checked against a brute force), and completions decoded in batches
+equal to one at a time."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import compose, load, run_cli
+from sweep import progress
+
+MODEL = "tiny-llama"
+BENCH = ("prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0")
+TASK = ("eval.task=humaneval", "eval.problems=3", "eval.max_tokens=12", "eval.allow_code_execution=true")
+
+
+def _bench(tmp_path, *overrides):
+    from sweep.bench.command import run_bench
+
+    cfg = compose(f"model={MODEL}", *BENCH, f"results.root={tmp_path / 'results'}", *TASK, *overrides)
+    return run_bench(cfg)[1]
+
+
+def _cli_row(tmp_path, name: str, *overrides) -> tuple[dict, str]:
+    import polars as pl
+
+    root = tmp_path / name
+    done = run_cli(
+        "bench", f"model={MODEL}", *BENCH, *TASK, f"results.root={root}", "gate=full", *overrides,
+        env={"SWEEP_CACHE_DIR": os.environ["SWEEP_CACHE_DIR"]},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = list(root.rglob("*.parquet"))
+    assert len(files) == 1
+    return pl.read_parquet(files[0]).to_dicts()[0], done.stderr
+
+
+def _stored() -> list:
+    from sweep.models import cache_dir
+
+    return sorted((cache_dir() / "tasks").glob("*.json"))
+
+
+@pytest.mark.faults  # runs the model's programs in the sandbox
+def test_the_full_depth_side_is_measured_once_per_machine(tmp_path):
+    first, _ = _cli_row(tmp_path, "a")
+    assert first["task_reference"] == "fresh" and len(_stored()) == 1
+    second, _ = _cli_row(tmp_path, "b", "gate=saturation", "gate.eps=0.5", "gate.min_layer=1")
+    assert second["task_reference"] == "stored"  # another process read what the first one measured
+    assert second["completions_full"] == first["completions_full"]
+    assert second["task_scores_full"] == first["task_scores_full"]
+    other, _ = _cli_row(tmp_path, "c", "eval.max_tokens=8")  # another setting of the task: its own side
+    assert other["task_reference"] == "fresh" and len(_stored()) == 2
+
+    entry = next(p for p in _stored() if json.loads(p.read_text())["side"]["completions"] == [
+        [c] for c in first["completions_full"]
+    ])  # fmt: skip
+    record = json.loads(entry.read_text())
+    for bad in ("not json {", json.dumps({**record, "side": {**record["side"], "scores": ["1"] * 3}})):
+        entry.write_text(bad)
+        again, err = _cli_row(tmp_path, f"bad{len(bad)}")
+        assert again["task_reference"] == "fresh" and "cannot be used" in err and str(entry) in err
+        assert again["task_scores_full"] == first["task_scores_full"]
+        assert json.loads(entry.read_text())["side"]["scores"] == first["task_scores_full"]  # replaced
+    entry.unlink()
+    os.mkfifo(entry)  # read, it would block: it is measured over without being opened
+    again, err = _cli_row(tmp_path, "fifo")
+    assert again["task_reference"] == "fresh" and "not a regular file" in err
+
+
+def test_the_loss_bound_against_a_brute_force():
+    """``loss_stop``'s bound is the least loss any outcome of the problems not yet run could give, and it stops
+    exactly when every such outcome ends above the bar."""
+    from sweep.tasks.evaluate import loss_stop
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 7))
+        full = [float(x) for x in rng.integers(0, 2, n)]
+        done = [float(x) for x in rng.integers(0, 2, int(rng.integers(0, n + 1)))]
+        bar = float(rng.choice([0.0, 0.1, 0.2, 0.34, 0.5]))
+        losses = [
+            float(np.mean(np.asarray(full) - np.asarray(done + list(rest))))
+            for rest in itertools.product((0.0, 1.0), repeat=n - len(done))
+        ]
+        bound = loss_stop(bar, full)(done)
+        if min(losses) > bar + 1e-12:
+            assert bound == pytest.approx(min(losses))
+        else:
+            assert bound is None
+    assert loss_stop(None, [1.0]) is None
+
+
+@pytest.mark.faults
+def test_a_setting_certain_to_lose_more_than_the_bar_stops(tmp_path):
+    """A stored full-depth side that passes every problem, a tiny random model that passes none: with
+    search.max_accuracy_loss=0.5 the gated side stops after 2 of 3 problems (after 2 failures the loss is at least
+    2/3 whatever the third gives), with its bound and no accuracy; without the bar it runs all 3."""
+    from sweep.tasks import reference
+    from sweep.tasks.completions import Side
+    from sweep.tasks.evaluate import reference_key
+
+    lm = load(f"model={MODEL}")
+    cfg = compose(f"model={MODEL}", *BENCH, *TASK)
+    reference.save(reference_key(cfg, lm), Side([1.0] * 3, [["x"]] * 3, [[[1]]] * 3, [4], {1: 1.0}, "pass@1"))
+    events: list[progress.Event] = []
+    with progress.listen(events.append):
+        row = _bench(tmp_path, "search.max_accuracy_loss=0.5")
+    assert row["task_reference"] == "stored" and row["task_problems"] == 2
+    assert row["accuracy_loss_min"] == pytest.approx(2 / 3)
+    assert row["accuracy"] is None and row["accuracy_loss"] is None and row["accuracy_loss_lo"] is None
+    gated = [e for e in events if e.phase == "humaneval gated" and e.kind == "step"]
+    assert gated[-1].done == 2  # the third problem was never decoded
+    full = _bench(tmp_path / "all")
+    assert full["task_problems"] == 3 and full["accuracy_loss_min"] is None and full["accuracy_loss"] == 1.0
+
+
+@pytest.mark.faults
+def test_batched_completions_equal_one_at_a_time(tmp_path):
+    from sweep.tasks.humaneval import problems
+
+    lm = load(f"model={MODEL}")
+    from test_task_eval import _eps  # the saturation threshold at which the gate exits on some tokens
+
+    gate = ("gate=saturation", f"gate.eps={_eps(lm)}", "gate.min_layer=1")
+    one = _bench(tmp_path / "one", *gate)
+    events: list[progress.Event] = []
+    with progress.listen(events.append):
+        two = _bench(tmp_path / "two", *gate, "eval.batch_size=2")
+    assert 0 < one["task_exit_rate"] < 1  # the gate exits on some tokens
+    for column in ("completions", "completions_full", "task_scores", "task_scores_full", "task_exit_rate"):
+        assert two[column] == one[column], column
+    steps = [e.done for e in events if e.phase == "humaneval gated" and e.kind == "step"]
+    assert steps == [2, 3], steps  # two problems decoded together, then the third
+    assert len(problems(3)) == 3 and two["trial_id"] != one["trial_id"]
+
+
+def test_the_batch_size_of_one_keeps_every_trial_id():
+    from sweep.config.identity import trial_identity
+
+    keys = {n: json.loads(trial_identity(compose(*TASK, f"eval.batch_size={n}"), "cpu").key) for n in (1, 2)}
+    assert "batch_size" not in keys[1]["eval"] and keys[2]["eval"]["batch_size"] == 2
