@@ -38,7 +38,7 @@ def _cli_row(tmp_path, name: str, *overrides) -> tuple[dict, str]:
     assert done.returncode == 0, done.stderr[-2000:]
     files = list(root.rglob("*.parquet"))
     assert len(files) == 1
-    return pl.read_parquet(files[0]).to_dicts()[0], done.stderr
+    return pl.read_parquet(files[0]).to_dicts()[0], " ".join(done.stderr.split())  # log lines wrap at 120 columns
 
 
 def _stored() -> list:
@@ -111,13 +111,13 @@ def test_a_setting_certain_to_lose_more_than_the_bar_stops(tmp_path):
     reference.save(reference_key(cfg, lm), Side([1.0] * 3, [["x"]] * 3, [[[1]]] * 3, [4], {1: 1.0}, "pass@1"))
     events: list[progress.Event] = []
     with progress.listen(events.append):
-        row = _bench(tmp_path, "search.max_accuracy_loss=0.5")
+        row = _bench(tmp_path, "gate=fixed", "gate.exit_layer=2", "search.max_accuracy_loss=0.5")
     assert row["task_reference"] == "stored" and row["task_problems"] == 2
     assert row["accuracy_loss_min"] == pytest.approx(2 / 3)
     assert row["accuracy"] is None and row["accuracy_loss"] is None and row["accuracy_loss_lo"] is None
     gated = [e for e in events if e.phase == "humaneval gated" and e.kind == "step"]
     assert gated[-1].done == 2  # the third problem was never decoded
-    full = _bench(tmp_path / "all")
+    full = _bench(tmp_path / "all", "gate=fixed", "gate.exit_layer=2")
     assert full["task_problems"] == 3 and full["accuracy_loss_min"] is None and full["accuracy_loss"] == 1.0
 
 
@@ -146,3 +146,25 @@ def test_the_batch_size_of_one_keeps_every_trial_id():
 
     keys = {n: json.loads(trial_identity(compose(*TASK, f"eval.batch_size={n}"), "cpu").key) for n in (1, 2)}
     assert "batch_size" not in keys[1]["eval"] and keys[2]["eval"]["batch_size"] == 2
+
+
+@pytest.mark.faults
+def test_gate_full_takes_the_full_depth_side_without_decoding_it_twice(tmp_path):
+    from sweep.decode.engine import Engine
+    from sweep.gates import make_gate
+    from sweep.tasks.evaluate import HUMANEVAL_STOP, complete
+    from sweep.tasks.humaneval import problems
+
+    events: list[progress.Event] = []
+    with progress.listen(events.append):
+        row = _bench(tmp_path, "gate=full")
+    assert {e.phase for e in events if e.phase.startswith("humaneval")} == {"humaneval full depth"}
+    assert row["completions"] == row["completions_full"] and row["accuracy_loss"] == 0.0
+    # what it saves is a pass that decodes the same tokens: gate=full's engine against the plain one
+    cfg = compose(f"model={MODEL}", *TASK, "gate=full")
+    lm = load(f"model={MODEL}")
+    gated, plain = Engine(lm, make_gate(cfg.gate, lm), cfg.bench.kv_policy), Engine(lm)
+    for p in problems(3):
+        assert complete(cfg, lm, gated, p["prompt"], HUMANEVAL_STOP, 0) == complete(
+            cfg, lm, plain, p["prompt"], HUMANEVAL_STOP, 0
+        )

@@ -86,8 +86,18 @@ def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dic
             reference.save(key, memo[key])
             source = "fresh"
     full = memo[key]
+    if never_exits(cfg, engine):  # gate=full decodes the full-depth side itself: no second pass over the problems
+        return task_columns(cfg, lm, full, full, time.perf_counter() - t0, source)
     gated = run(cfg, lm, engine, "gated", loss_stop(cfg.search.max_accuracy_loss, full.scores))
     return task_columns(cfg, lm, gated, full, time.perf_counter() - t0, source)
+
+
+def never_exits(cfg: Config, engine) -> bool:
+    """The trial's decoder is full depth itself: early exit under gate=full, which never exits (its gated side would
+    be the full-depth side token for token: tests/test_task_speed.py decodes both and compares)."""
+    from sweep.decode.engine import Engine
+
+    return cfg.gate.name == "full" and type(engine) is Engine
 
 
 def loss_stop(max_loss: float | None, full: list[float]) -> Callable[[list[float]], float | None] | None:
