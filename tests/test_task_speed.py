@@ -168,3 +168,29 @@ def test_gate_full_takes_the_full_depth_side_without_decoding_it_twice(tmp_path)
         assert complete(cfg, lm, gated, p["prompt"], HUMANEVAL_STOP, 0) == complete(
             cfg, lm, plain, p["prompt"], HUMANEVAL_STOP, 0
         )
+
+
+def test_a_task_sweep_ends_with_its_accuracy_table_and_verdicts():
+    import polars as pl
+
+    from sweep.report.tasks import run_task_lines
+
+    base = {"model": "m", "task": "humaneval", "task_metric": "pass@1", "accuracy_full": 0.6, "agreement": 0.9}
+    ok = pl.DataFrame(
+        [
+            {**base, "trial_id": "a", "gate": "saturation", "speedup": 1.08, "accuracy": 0.58, "accuracy_lo": 0.45,
+             "accuracy_hi": 0.7, "accuracy_loss": 0.02, "accuracy_loss_lo": 0.0, "accuracy_loss_hi": 0.05,
+             "task_problems": 40, "task_layers_saved": 0.06, "layers_saved": 0.05},
+            {**base, "trial_id": "b", "gate": "saturation", "speedup": 1.2, "accuracy": 0.3, "accuracy_lo": 0.18,
+             "accuracy_hi": 0.43, "accuracy_loss": 0.3, "accuracy_loss_lo": 0.2, "accuracy_loss_hi": 0.4,
+             "task_problems": 40, "task_layers_saved": 0.2, "layers_saved": 0.2},
+        ]
+    )  # fmt: skip
+    stopped = {"gate": "saturation", "trial_id": "c", "task_problems": 25, "accuracy_loss_min": 0.55}
+    text = " ".join(" ".join(run_task_lines(ok, [*ok.to_dicts(), stopped])).split())  # lines wrap at 120 columns
+    assert "0.450" in text and "0.700" in text  # accuracy with its interval
+    assert "within 5% loss: saturation" in text and "1.080x" in text  # a: 2% loss; b loses 30%
+    assert "within 1% loss: full depth, 1.000x" in text
+    assert "stopped: saturation c after 25 problems" in text and "+55.0%" in text
+    assert "6.0% of the completions' layers skipped at <= 5% loss (a)" in text
+    assert run_task_lines(pl.DataFrame(), [{"gate": "full", "trial_id": "x"}]) == []

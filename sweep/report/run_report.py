@@ -149,11 +149,41 @@ def verdict_lines(outcome, analysis) -> list[str]:
     lines += [line for v in verdicts(root, [r["trial_id"] for r in outcome.rows], analysis) for line in wrap(f"  {v}")]
     for bound in oracle_lines(outcome):
         lines += wrap(f"  {bound}")
+    lines += task_lines(outcome, analysis)
     lines += wrap(
         f"next: `sweep analyze results.root={root}` analyses every row under {root} (fronts, knees, targets with "
         f"intervals, EAS) and writes the report: {report / 'report.md'}"
     )
     return lines
+
+
+def task_lines(outcome, analysis) -> list[str]:
+    """Where the sweep's settings measured a task: their accuracy table and the accuracy verdicts
+    (``sweep.report.tasks.run_task_lines``), ranked as `sweep analyze` ranks them."""
+    import polars as pl
+
+    from sweep.analysis import load_trials, ok_trials, oracle_bound
+    from sweep.report.tasks import run_task_lines
+
+    if not any(r.get("task") for r in outcome.rows):
+        return []
+    ids = [r["trial_id"] for r in outcome.rows]
+    trials = load_trials(Path(outcome.root)).filter(pl.col("trial_id").is_in(ids)).collect()
+    ok = ok_trials(trials, analysis.speedup).collect()
+    return run_task_lines(ok, outcome.rows, _trace_bound(outcome, oracle_bound))
+
+
+def _trace_bound(outcome, oracle_bound):
+    """The oracle bound of the sweep's own trace (a screen's, a bracket's), or None."""
+    import polars as pl
+
+    from sweep.store import scan
+
+    if outcome.simulated is None or "trace_run_id" not in outcome.simulated.columns:
+        return None
+    runs = outcome.simulated["trace_run_id"].unique().to_list()
+    trace = scan("profile", outcome.root).filter(pl.col("run_id").is_in(runs)).collect()
+    return oracle_bound(trace) if trace.height else None
 
 
 def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
@@ -179,21 +209,15 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
 def oracle_lines(outcome) -> list[str]:
     """For a sweep that traced its model (a screen, a bracket): per model, the most any exit rule could save at
     agreement 1.0 on that trace (``sweep.analysis.oracle_bound``)."""
-    import polars as pl
-
     from sweep.analysis import oracle_bound
-    from sweep.store import scan
 
-    if outcome.simulated is None or "trace_run_id" not in outcome.simulated.columns:
-        return []
-    runs = outcome.simulated["trace_run_id"].unique().to_list()
-    trace = scan("profile", outcome.root).filter(pl.col("run_id").is_in(runs)).collect()
-    if trace.height == 0:
+    bound = _trace_bound(outcome, oracle_bound)
+    if bound is None:
         return []
     return [
         f"{r['model']}: at best {100 * r['skippable']:.1f}% of layers could be skipped at agreement 1.0 (oracle: "
         f"each of the trace's {r['positions']} decisions exits at the first layer whose top-1 is the final one)"
-        for r in oracle_bound(trace).iter_rows(named=True)
+        for r in bound.iter_rows(named=True)
     ]
 
 

@@ -100,3 +100,52 @@ def task_section(ctx: ReportContext) -> list[str]:
             f"{get('eas_logits')} | {get('eas_topk')} |"
         )
     return lines + [""]
+
+
+def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | None = None) -> list[str]:
+    """What `sweep run` ends with where its settings measured a task: each setting's accuracy and loss with their
+    intervals beside its ranked speedup (a stopped setting with its certain bound), the best speedup within 1% and
+    5% loss, and the layers skipped at <= 5% loss beside the oracle bound at agreement 1.0 (the EAS paper's table)."""
+    from sweep.textfit import table, wrap
+
+    measured = task_trials(ok)
+    stopped = [r for r in rows if r.get("accuracy_loss_min") is not None]
+    if not measured.height and not stopped:
+        return []
+    lines = wrap(
+        "task accuracy (loss = full depth minus the setting, its 95% interval over problems resampled in pairs; "
+        "speedup: the ranked one):"
+    )
+    if measured.height:
+        df = measured.sort("model", "task", "speedup", descending=[False, False, True]).select(
+            "model",
+            "task",
+            setting=pl.struct("gate", "trial_id").map_elements(lambda r: f"{r['gate']} {r['trial_id']}", pl.String),
+            problems=pl.col("task_problems"),
+            speedup=pl.col("speedup"),
+            agreement=pl.col("agreement"),
+            accuracy=pl.col("accuracy"),
+            acc_lo=pl.col("accuracy_lo"),
+            acc_hi=pl.col("accuracy_hi"),
+            full_depth=pl.col("accuracy_full"),
+            loss=pl.col("accuracy_loss"),
+            loss_lo=pl.col("accuracy_loss_lo"),
+            loss_hi=pl.col("accuracy_loss_hi"),
+            layers_skipped=pl.col("task_layers_saved"),
+        )
+        lines += table(df, keys=("setting",))
+    for r in stopped:
+        lines += wrap(
+            f"  stopped: {r['gate']} {r['trial_id']} after {r['task_problems']} problems: its loss over all of them "
+            f"is at least {_pct(r['accuracy_loss_min'])} (above search.max_accuracy_loss)"
+        )
+    lines += [line for v in task_verdict_lines(ok) for line in wrap(f"  {v}")]
+    eas = task_eas(ok, None, oracle)
+    for r in eas.iter_rows(named=True) if eas.height else []:
+        bound = r.get("oracle_skippable")
+        beside = f", beside an oracle bound of {100 * bound:.1f}% at agreement 1.0" if bound is not None else ""
+        lines += wrap(
+            f"  {r['model']} on {r['task']}: {100 * r['layers_skipped_5pct']:.1f}% of the completions' layers skipped "
+            f"at <= 5% loss ({'full depth' if r['setting'] == FULL_DEPTH_ID else r['setting']}){beside}"
+        )
+    return lines
