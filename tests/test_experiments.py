@@ -28,6 +28,10 @@ REPLACED = {
     "humaneval-cpu": "model=smollm2-135m search=bracket search.n_trials=3 search.neighbours=0 "
     "'search.spaces=[{gate: saturation, gate.min_depth: 0.5}]' prompts.n=2 bench.gen_tokens=16 bench.repeats=1 "
     "resources.cpu=2 eval.task=humaneval eval.max_tokens=128",
+    "qwen-coder": "model=qwen2.5-coder-0.5b search=saturation-grid search.name=qwen-coder search.neighbours=0 "
+    "search.max_accuracy_loss=0.25 'search.spaces=[{gate: fixed, gate.exit_layer: \"choice(21, 22, 23)\"}]' "
+    "prompts=humaneval prompts.start=162 prompts.n=2 bench.gen_tokens=16 bench.repeats=2 resources.cpu=2 "
+    "eval.task=humaneval eval.problems=40 eval.max_tokens=128 eval.batch_size=8",
     "cluster-gpu": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1",
     "cluster-gpu-humaneval": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1 "
     "resources.cpu=4 prompts=humaneval prompts.n=16 bench.gen_tokens=64 bench.repeats=5",
@@ -35,7 +39,7 @@ REPLACED = {
 
 
 # what the command line adds to an experiment: a consent no shipped file gives (eval.allow_code_execution)
-CONSENT = {"humaneval-cpu": ("eval.allow_code_execution=true",)}
+CONSENT = {"humaneval-cpu": ("eval.allow_code_execution=true",), "qwen-coder": ("eval.allow_code_execution=true",)}
 
 
 def test_every_experiment_is_described_here():
