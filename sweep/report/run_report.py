@@ -150,6 +150,12 @@ def verdict_lines(outcome, analysis) -> list[str]:
     for bound in oracle_lines(outcome):
         lines += wrap(f"  {bound}")
     lines += task_lines(outcome, analysis)
+    if any(r.get("model") == "smollm2-135m" for r in outcome.rows) and not any(r.get("task") for r in outcome.rows):
+        lines += wrap(
+            "at what accuracy cost? SmolLM2-135M solves none of HumanEval's problems, so it cannot say; "
+            "`sweep run experiment=qwen-coder eval.allow_code_execution=true` measures Qwen2.5-Coder-0.5B-Instruct's "
+            "HumanEval pass@1 under three exits beside full depth, with intervals (docs/tasks.md)"
+        )
     lines += wrap(
         f"next: `sweep analyze results.root={root}` analyses every row under {root} (fronts, knees, targets with "
         f"intervals, EAS) and writes the report: {report / 'report.md'}"
