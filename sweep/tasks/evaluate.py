@@ -40,14 +40,12 @@ HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 
 def prepare(cfg: Config) -> None:
-    """What the trial's task needs, checked before any work (call it before timing anything): for HumanEval, the
-    opt-in and that the sandbox runs programs on this machine (``sweep.tasks.sandbox.prepare``: probed once per
-    process; a SweepError, one line, where it cannot)."""
+    """What the trial's task needs, checked before any work (call it before timing anything): for HumanEval, that
+    the sandbox runs programs on this machine (``sweep.tasks.sandbox.prepare``: probed once per process; a
+    SweepError, one line, where it cannot)."""
     if cfg.eval.task == "humaneval":
         from sweep.tasks.sandbox import prepare as sandbox_ready
-        from sweep.tasks.sandbox import require_allowed
 
-        require_allowed(cfg.eval.allow_code_execution)
         sandbox_ready()
 
 

@@ -27,8 +27,18 @@ from sweep.errors import ConfigError, SweepError
 from sweep.tasks import _bwrap, _slots
 from sweep.tasks._slots import FIRST_UID, UIDS, pids_of
 
-__all__ = ["FIRST_UID", "UIDS", "Limits", "Outcome", "Program", "pids_of", "prepare", "require_allowed"]
-__all__ += ["run_program", "run_programs"]
+__all__ = [
+    "FIRST_UID",
+    "UIDS",
+    "Limits",
+    "Outcome",
+    "Program",
+    "pids_of",
+    "prepare",
+    "require_allowed",
+    "run_program",
+    "run_programs",
+]
 
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
 PROBE = "import collections, copy, functools, hashlib, heapq, itertools, json, math, random, re, string, typing\n"
@@ -113,12 +123,13 @@ def _find_plan() -> _bwrap.Plan:
             if outcome.passed:
                 return plan
             tried.append(python)
-            why = why or next((line for line in outcome.stderr.splitlines() if line.strip()), "")
-    who = "an unprivileged user" if root else "this user"
+            why = why or next((line for line in reversed(outcome.stderr.splitlines()) if line.strip()), "")
+    who = "an unprivileged user of its own" if root else "this user"
+    hint = "it needs a Python others may read, and the right to switch users" if root else "run it as root, or "
+    hint += "" if root else "where unprivileged user namespaces are allowed"
     raise SweepError(
         f"sandbox: bubblewrap {version} could not run a program as {who} with {' or '.join(tried) or 'no Python'}"
-        f" ({why or 'no message'}); "
-        + ("make a Python readable by others" if root else "run as root, or allow unprivileged user namespaces")
+        f" ({why or 'no message'}); {hint}"
     )
 
 
@@ -132,6 +143,8 @@ def run_programs(programs: list[str | Program], limits: Limits = Limits(), worke
     as root, each slot under a user of its own on this machine while the call lasts."""
     plan = _plan()
     items = [p if isinstance(p, Program) else Program(p) for p in programs]
+    if not items:
+        return []
     workers = max(1, min(workers, len(items)))
     with _slots.lease(workers if plan.root else 0) as uids:
         free = list(uids) or [None] * workers
@@ -156,7 +169,7 @@ def _execute(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | Non
     try:
         return _run(program, limits, plan, uid)
     except Exception as exc:  # noqa: BLE001 - one program's broken cleanup fails that program, not the batch
-        left = _clean(None, uid)
+        left = _clean(None, uid, cgroup=False)
         return Outcome("failed", None, "", f"sandbox: {type(exc).__name__}: {exc}{left}", time.perf_counter() - t0,
                        plan.describe(False), uid)  # fmt: skip
 
@@ -205,7 +218,7 @@ def _started(program, limits, plan, uid, nonce, verdict_r, verdict_w) -> Outcome
         os.close(job)
         os.close(verdict_w)
     status, out, err = _watch(proc, limits, t0)
-    left = _clean(proc, uid)
+    left = _clean(proc, uid, cgroup=procs is not None)
     os.set_blocking(verdict_r, False)
     try:
         lines = os.read(verdict_r, 1 << 16).decode(errors="replace").splitlines()
@@ -279,16 +292,16 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _clean(proc: subprocess.Popen | None, uid: int | None) -> str:
-    """After the program: its cgroup emptied and removed, nothing left under its slot's user; what could not be
-    cleaned, as a line for its stderr ('' when all is clean)."""
+def _clean(proc: subprocess.Popen | None, uid: int | None, cgroup: bool) -> str:
+    """After the program: its cgroup emptied and removed (every process of its tree was in it: nothing in the
+    sandbox can leave it), else whatever still runs under its slot's user killed; what could not be cleaned, as a
+    line for its stderr ('' when all is clean)."""
     if proc is not None and proc.poll() is None:
         _kill(proc)
     if uid is None:
         return ""
-    problems = []
     if not _slots.remove_cgroup(uid):
-        problems.append("its memory cgroup could not be removed")
-    if not _slots.kill_all(lambda: pids_of(uid)):
-        problems.append(f"processes of uid {uid} outlived it")
-    return "".join(f"\nsandbox: {p}" for p in problems)
+        return "\nsandbox: its memory cgroup could not be emptied and removed"
+    if not cgroup and not _slots.kill_all(lambda: pids_of(uid)):
+        return f"\nsandbox: processes of uid {uid} outlived it"
+    return ""
