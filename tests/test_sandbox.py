@@ -166,6 +166,38 @@ def test_a_script_passes_only_when_it_ran_to_its_end(machine):
     assert machine(run_program("raise SystemExit(0)\n", LIMITS)).status == "failed"
 
 
+FORGER = WRONG + (
+    "import os, re\n"
+    "tokens = set()\n"
+    "for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+    "    try:\n"
+    "        fds = os.listdir(f'/proc/{pid}/fd')\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    for fd in fds:\n"
+    "        try:\n"
+    "            handle = os.open(f'/proc/{pid}/fd/{fd}', os.O_RDONLY | os.O_NONBLOCK)\n"
+    "            tokens |= set(re.findall(rb'[0-9a-f]{32}', os.read(handle, 1 << 20)))\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "for fd in range(3, 64):\n"
+    "    for token in tokens:\n"
+    "        try:\n"
+    "            os.write(fd, token + b'\\n')\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+
+
+def test_the_nonce_is_out_of_reach_of_the_programs_other_processes(machine):
+    """What came through the launcher's descriptors (the job, with the nonce) cannot be read again through /proc;
+    the harness's own memory is the limit docs/tasks.md states."""
+    from sweep.tasks.humaneval import problems, program
+
+    outcome = machine(run_program(program(problems(1)[0], FORGER), LIMITS))
+    assert outcome.status == "failed" and outcome.stderr.strip().endswith("AssertionError"), outcome
+
+
 # 2. one program's failure is its own
 
 

@@ -169,27 +169,19 @@ def _execute(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | Non
     try:
         return _run(program, limits, plan, uid)
     except Exception as exc:  # noqa: BLE001 - one program's broken cleanup fails that program, not the batch
-        left = _clean(None, uid, cgroup=False)
+        left = _clean(None, uid)
         return Outcome("failed", None, "", f"sandbox: {type(exc).__name__}: {exc}{left}", time.perf_counter() - t0,
                        plan.describe(False), uid)  # fmt: skip
 
 
 def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -> Outcome:
     nonce = secrets.token_hex(16)
+    job = json.dumps({"source": program.source, "entry_point": program.entry_point, "nonce": nonce}).encode()
+    job_r, job_w = os.pipe()  # the job, read to its end and closed by the launcher before any of the program runs
     verdict_r, verdict_w = os.pipe()
-    try:
-        return _started(program, limits, plan, uid, nonce, verdict_r, verdict_w)
-    finally:
-        os.close(verdict_r)
-
-
-def _started(program, limits, plan, uid, nonce, verdict_r, verdict_w) -> Outcome:
-    job = os.memfd_create("sweep-program")  # the program, and the nonce: read and closed before the program runs
+    ours = {job_r, job_w, verdict_r, verdict_w}  # closed here, whatever happens
     procs = None
     try:
-        os.write(job, json.dumps({"source": program.source, "entry_point": program.entry_point, "nonce": nonce})
-                 .encode())  # fmt: skip
-        os.lseek(job, 0, os.SEEK_SET)
         spec = {
             "cpu_s": int(limits.cpu_s),
             "memory_bytes": int(limits.memory_bytes),
@@ -199,7 +191,7 @@ def _started(program, limits, plan, uid, nonce, verdict_r, verdict_w) -> Outcome
             "user_processes": 0 if uid is not None else len(pids_of(os.getuid())),
             "output_bytes": int(limits.output_bytes),
             "uid": uid,
-            "job_fd": job,
+            "job_fd": job_r,
             "verdict_fd": verdict_w,
         }
         procs = _slots.make_cgroup(uid, limits.memory_bytes) if uid is not None else None
@@ -209,21 +201,26 @@ def _started(program, limits, plan, uid, nonce, verdict_r, verdict_w) -> Outcome
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(job, verdict_w),
+            pass_fds=(job_r, verdict_w),
             env=ENV,
             cwd="/",
             start_new_session=True,
         )
+        for fd in (job_r, verdict_w):
+            os.close(fd)
+            ours.discard(fd)
+        ours.discard(job_w)  # the sender closes it once the job is written (a pipe: once read, nobody reads it again)
+        threading.Thread(target=_send, args=(job_w, job), daemon=True).start()
+        status, out, err = _watch(proc, limits, t0)
+        left = _clean(proc, uid)
+        os.set_blocking(verdict_r, False)
+        try:
+            lines = os.read(verdict_r, 1 << 16).decode(errors="replace").splitlines()
+        except BlockingIOError:  # nothing written, and a writer still open (cleanup failed: reported below)
+            lines = []
     finally:
-        os.close(job)
-        os.close(verdict_w)
-    status, out, err = _watch(proc, limits, t0)
-    left = _clean(proc, uid, cgroup=procs is not None)
-    os.set_blocking(verdict_r, False)
-    try:
-        lines = os.read(verdict_r, 1 << 16).decode(errors="replace").splitlines()
-    except BlockingIOError:  # nothing written, and a writer still open (cleanup failed: reported below)
-        lines = []
+        for fd in ours:
+            os.close(fd)
     if nonce in lines[1:]:
         status = "passed"  # its check returned: whatever happened after
     elif status is None or status == "passed":
@@ -238,6 +235,17 @@ def _started(program, limits, plan, uid, nonce, verdict_r, verdict_w) -> Outcome
         f"{plan.describe(procs is not None)}, {jail}",
         uid,
     )
+
+
+def _send(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:  # the launcher ended before it read it all: it fails without it
+        pass
+    finally:
+        os.close(fd)
 
 
 def _watch(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | None, bytearray, bytearray]:
@@ -292,16 +300,16 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _clean(proc: subprocess.Popen | None, uid: int | None, cgroup: bool) -> str:
-    """After the program: its cgroup emptied and removed (every process of its tree was in it: nothing in the
-    sandbox can leave it), else whatever still runs under its slot's user killed; what could not be cleaned, as a
-    line for its stderr ('' when all is clean)."""
+def _clean(proc: subprocess.Popen | None, uid: int | None) -> str:
+    """After the program: its cgroup emptied and removed, and nothing left under its slot's user (the kernel reaps
+    a dead namespace's processes a moment after its first one); what could not be cleaned, as a line for its
+    stderr ('' when all is clean)."""
     if proc is not None and proc.poll() is None:
         _kill(proc)
     if uid is None:
         return ""
     if not _slots.remove_cgroup(uid):
         return "\nsandbox: its memory cgroup could not be emptied and removed"
-    if not cgroup and not _slots.kill_all(lambda: pids_of(uid)):
+    if not _slots.kill_all(lambda: pids_of(uid)):
         return f"\nsandbox: processes of uid {uid} outlived it"
     return ""
