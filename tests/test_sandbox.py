@@ -469,3 +469,55 @@ def test_where_a_slot_cannot_switch_user_the_sandbox_refuses_in_one_line():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("sandbox: bubblewrap ") and done.stdout.count("\n") == 1
     assert "could not run a program as an unprivileged user of its own" in done.stdout
+
+
+AS_NOBODY = """
+import json, sys
+try:
+    from sweep.tasks.humaneval import problems, program
+    from sweep.tasks.sandbox import Limits, run_program
+except ImportError as exc:
+    print(json.dumps({"skip": str(exc)}))
+    raise SystemExit(0)
+limits = Limits(timeout_s=5.0, cpu_s=5, memory_bytes=512 << 20, output_bytes=4096)
+problem = problems(1)[0]
+cases = {name: completion or problem["canonical_solution"] for name, completion in json.loads(sys.argv[1]).items()}
+runs = {name: run_program(program(problem, completion), limits) for name, completion in cases.items()}
+runs["caller's file"] = run_program(f"print(open({sys.argv[2]!r}).read())", limits)
+print(json.dumps({name: [o.status, o.isolation] for name, o in runs.items()}))
+"""
+
+
+@as_root
+def test_without_root_the_sandbox_isolates_all_but_the_user_and_the_cgroup():
+    """Run as an unprivileged user (nobody, through the system's Python): bubblewrap makes a user namespace; the
+    verdict, the mounts and the namespaces hold as they do for root."""
+    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    system = "/usr/bin/python3"
+    if not os.path.exists(system) or os.path.realpath(system) == os.path.realpath(sys.executable):
+        pytest.skip("needs a system Python beside the test's own")
+    readable = Path(tempfile.mkdtemp(prefix="sweep-test-", dir="/run"))  # nobody may read it, outside the sandbox
+    try:
+        readable.chmod(0o755)
+        (readable / "secret.txt").write_text("s3cr3t")
+        (readable / "secret.txt").chmod(0o644)
+        cases = json.dumps({"canonical": None, "os._exit": CHEATS["os._exit"], "forger": FORGER})
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", system, "-c", AS_NOBODY, cases,
+             str(readable / "secret.txt")],
+            capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{site}"},
+        )  # fmt: skip
+    finally:
+        subprocess.run(["rm", "-rf", str(readable)], check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in runs:
+        pytest.skip(f"the project does not import under the system's Python: {runs['skip']}")
+    assert {name: status for name, (status, _) in runs.items()} == {
+        "canonical": "passed",
+        "os._exit": "failed",
+        "forger": "failed",
+        "caller's file": "failed",
+    }
+    isolation = runs["canonical"][1]
+    assert "no memory cgroup" in isolation and "unprivileged uid" not in isolation
