@@ -54,8 +54,9 @@ class Plan:
     prefix: str | None
     root: bool
 
-    def argv(self, spec: str, tmp_bytes: int, procs: Path | None) -> list[str]:
-        """The command that runs the launcher with ``spec`` (``procs``: the cgroup to join first, or None)."""
+    def argv(self, fds: tuple[int, int], tmp_bytes: int, procs: Path | None) -> list[str]:
+        """The command that runs the launcher with its job's and verdict's descriptors (``procs``: the cgroup to
+        join first, or None)."""
         args = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
         if self.root:  # no user namespace: its root is root; only what the switch to the slot's user needs
@@ -76,7 +77,7 @@ class Plan:
         args += ["--ro-bind", str(JAIL), INSIDE, "--dev", "/dev", "--proc", "/proc"]
         for path in PRIVATE:
             args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", path]
-        args += ["--remount-ro", "/", "--chdir", "/tmp", "--", self.python, "-I", "-S", "-B", INSIDE, spec]
+        args += ["--remount-ro", "/", "--chdir", "/tmp", "--", self.python, "-I", "-S", "-B", INSIDE, *map(str, fds)]
         return args if procs is None else [*FIRST_LINE, str(procs), *args]
 
     def describe(self, cgroup: bool) -> str:

