@@ -3,7 +3,7 @@ system's /usr and /etc, its own /tmp, /var/tmp and /dev/shm, a fresh /proc; netw
 its own), under limits on CPU seconds, address space, file size, open files and processes, as root a memory cgroup
 on its whole process tree and an unprivileged user that no other evaluation on the machine has at the time; its
 output is capped and its whole tree is killed at its timeout. A program passes only when the harness inside says
-so with a nonce the program never sees (``sweep/tasks/_jail.py``): exit statuses count for nothing.
+so with a nonce the program is never handed (``sweep/tasks/_jail.py``): exit statuses count for nothing.
 
 Opt-in: the caller checks ``eval.allow_code_execution`` first (``require_allowed``). ``prepare`` checks, once per
 process, that programs can run here, before any work. docs/tasks.md says what each measure stops and what not.
@@ -54,8 +54,7 @@ class Limits:
     file_bytes: int = 16 << 20  # the largest file it may write
     open_files: int = 64
     processes: int = 16
-    output_bytes: int = 64 << 10  # stdout and stderr each: the program's prints past it are dropped; beyond it
-    # (written past the harness) the program is killed
+    output_bytes: int = 64 << 10  # stdout and stderr each: prints past it are dropped, raw writes past it kill it
     tmp_bytes: int = 64 << 20  # each of its /tmp, /var/tmp and /dev/shm (memory, counted in its cgroup)
 
 
@@ -125,8 +124,11 @@ def _find_plan() -> _bwrap.Plan:
             tried.append(python)
             why = why or next((line for line in reversed(outcome.stderr.splitlines()) if line.strip()), "")
     who = "an unprivileged user of its own" if root else "this user"
-    hint = "it needs a Python others may read, and the right to switch users" if root else "run it as root, or "
-    hint += "" if root else "where unprivileged user namespaces are allowed"
+    hint = (
+        "it needs a Python others may read, and the right to switch users"
+        if root
+        else "run it as root, or where unprivileged user namespaces are allowed"
+    )
     raise SweepError(
         f"sandbox: bubblewrap {version} could not run a program as {who} with {' or '.join(tried) or 'no Python'}"
         f" ({why or 'no message'}); {hint}"
@@ -269,8 +271,10 @@ def _watch(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | Non
             break
         over.wait(0.005)
     _kill(proc)
-    for r in readers:
+    for r, stream in zip(readers, (proc.stdout, proc.stderr)):
         r.join(timeout=5)
+        if not r.is_alive():
+            stream.close()
     return status, out, err
 
 
@@ -289,10 +293,11 @@ def _drain(stream, buf: bytearray, cap: int, over: threading.Event) -> None:
 def _kill(proc: subprocess.Popen) -> None:
     """bubblewrap's session; its sandbox dies with it (``--die-with-parent``: the PID namespace's first process,
     and with it every process in the namespace)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if proc.returncode is None:  # not reaped yet: its pid, and so its group's, are still its own
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         proc.wait(timeout=_slots.KILL_S)
     except subprocess.TimeoutExpired:
