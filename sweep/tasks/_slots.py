@@ -1,0 +1,190 @@
+"""What a sandbox slot holds on the machine (as root): an unprivileged user no other evaluation on the machine has
+while it is leased (an exclusive lock on a file under ``/run/lock/sweep-sandbox``, released by the kernel when its
+process ends, however it ends), and per program a memory cgroup of its own that limits the whole process tree.
+
+Whatever a dead holder of a user left (processes, a cgroup) is removed when the user is next leased: the lock says
+nobody else has it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import os
+import pwd
+import signal
+import stat
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from sweep.errors import SweepError
+
+FIRST_UID = 61000  # the first of the sandbox's users; each slot of every evaluation on the machine has its own
+UIDS = 1024
+LOCK_DIRS = ("/run/lock", "/var/lock")
+CGROUP_NAME = "sweep-sandbox"  # under the memory hierarchy's root, beside whatever else is there
+KILL_S = 10.0  # the kernel reaps a killed tree in milliseconds; past this, cleanup has failed
+
+
+@contextmanager
+def lease(n: int) -> Iterator[list[int]]:
+    """``n`` users (uids) that no other evaluation on this machine holds until the block ends."""
+    held: list[tuple[int, int]] = []
+    try:
+        if n:
+            where = _lock_dir()
+            for uid in range(FIRST_UID, FIRST_UID + UIDS):
+                if len(held) == n:
+                    break
+                fd = _try_lock(where / str(uid), uid)
+                if fd is not None:
+                    held.append((uid, fd))
+                    reclaim(uid)
+            if len(held) < n:
+                raise SweepError(
+                    f"sandbox: {n} users wanted, {len(held)} of uids {FIRST_UID}..{FIRST_UID + UIDS - 1} free "
+                    f"(each sandbox slot on this machine holds one); lower eval.workers or wait for other evaluations"
+                )
+        yield [uid for uid, _ in held]
+    finally:
+        for _, fd in held:
+            os.close(fd)  # the lock goes with the descriptor
+
+
+def _lock_dir() -> Path:
+    base = next((Path(d) for d in LOCK_DIRS if os.path.isdir(d)), None) or Path("/tmp")
+    where = base / "sweep-sandbox"
+    try:
+        where.mkdir(mode=0o755, exist_ok=True)
+        st = os.lstat(where)
+    except OSError as exc:
+        raise SweepError(f"sandbox: {where}: {exc.strerror}; the sandbox keeps its users' locks there") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise SweepError(f"sandbox: {where} is not a directory of root's that only root can write; remove it")
+    return where
+
+
+def _try_lock(path: Path, uid: int) -> int | None:
+    try:
+        pwd.getpwuid(uid)
+        return None  # a real user of this machine: never the sandbox's
+    except KeyError:
+        pass
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def reclaim(uid: int) -> None:
+    """Whatever a dead holder of ``uid`` left: its processes, its cgroup."""
+    kill_all(lambda: pids_of(uid))
+    remove_cgroup(uid)
+
+
+def pids_of(uid: int) -> list[int]:
+    """The pids of every process whose real user is ``uid`` (from /proc)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/status", "rb") as f:
+                    for line in f:
+                        if line.startswith(b"Uid:"):
+                            if int(line.split()[1]) == uid:
+                                out.append(int(entry.name))
+                            break
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def kill_all(pids, deadline_s: float = KILL_S) -> bool:
+    """SIGKILL every pid ``pids()`` names until it names none: False if some are still there at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        left = pids()
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.005)
+
+
+# -- the memory cgroup (cgroup v1's memory controller, mounted writable)
+
+
+@functools.cache
+def memory_root() -> Path | None:
+    """The writable cgroup v1 memory hierarchy, or None."""
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                _, where, kind, options = line.split()[:4]
+                if kind == "cgroup" and "memory" in options.split(","):
+                    root = Path(where.replace("\\040", " "))
+                    return root if os.access(root, os.W_OK) else None
+    except OSError:
+        pass
+    return None
+
+
+def make_cgroup(uid: int, memory_bytes: int) -> Path | None:
+    """A fresh memory cgroup for one program of ``uid``, its limit (memory and swap) on the whole tree: its
+    ``cgroup.procs``, to move the program's first process into. None where none can be made."""
+    root = memory_root()
+    if root is None or os.geteuid() != 0:
+        return None
+    group = root / CGROUP_NAME / str(uid)
+    try:
+        remove_cgroup(uid)
+        group.mkdir(parents=True)
+        (group / "memory.limit_in_bytes").write_text(str(memory_bytes))
+        swap = group / "memory.memsw.limit_in_bytes"
+        if swap.exists():
+            swap.write_text(str(memory_bytes))
+    except OSError:
+        remove_cgroup(uid)
+        return None
+    return group / "cgroup.procs"
+
+
+def cgroup_pids(uid: int) -> list[int]:
+    root = memory_root()
+    try:
+        text = (root / CGROUP_NAME / str(uid) / "cgroup.procs").read_text() if root else ""
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def remove_cgroup(uid: int) -> bool:
+    """Kill what is in ``uid``'s cgroup and remove it: False if it is still there."""
+    root = memory_root()
+    if root is None:
+        return True
+    group = root / CGROUP_NAME / str(uid)
+    if not group.exists():
+        return True
+    deadline = time.monotonic() + KILL_S
+    while True:
+        kill_all(lambda: cgroup_pids(uid))
+        try:
+            group.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:  # EBUSY while the kernel finishes its last task
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
