@@ -299,3 +299,30 @@ def test_partly_exited_steps_pay_a_second_head_in_the_cost_model():
         prompts, N
     )
     assert set(fixed.extra_heads) == {0} and set(fixed.extra_fill_layers) == {0}
+
+
+def _ends_at(lengths: dict[int, int]):
+    """A stop rule that ends the row whose first token is k after lengths[k] tokens (rows end at different steps)."""
+    return lambda ids: len(ids) >= lengths.get(ids[0], 3)
+
+
+@pytest.mark.parametrize("key", [None, NAMES[0], "conformal"])
+def test_rows_that_stop_leave_the_batch_and_the_rest_decode_as_alone(tiny, batch, settings, key):
+    """With a stop rule, each row ends at its own stop (its tokens and exits as its single run with the same rule),
+    and where the cache allows, the ended rows leave: later steps decode fewer rows (state-space caches keep them)."""
+    gate_cfg = None if key is None else (CONFORMAL[1] if key == "conformal" else settings[key])
+    gate = None if gate_cfg is None else make_gate(gate_cfg, tiny)
+    policy = "full" if tiny.adapter.path == "none" else "propagate"
+    firsts = [Engine(tiny, gate, policy).generate(ids, 1).tokens[0] for ids in batch]
+    stop = _ends_at({t: 2 + 3 * i for i, t in enumerate(firsts)})  # a row per length where first tokens differ
+    alone = [Engine(tiny, gate, policy).generate(ids, 3 * N, stop=stop) for ids in batch]
+    together = BatchEngine(tiny, gate, policy).generate_batch(batch, 3 * N, stop=stop)
+    assert together.tokens == [a.tokens for a in alone]
+    assert together.exit_layers == [a.exit_layers for a in alone]
+    lengths = sorted({len(a.tokens) for a in alone})
+    leaves = tiny.adapter.keep_rows(tiny.adapter.new_cache(), torch.tensor([0]))
+    if len(lengths) > 1 and leaves:
+        assert together.step_rows[-1] < together.step_rows[0] == len(batch)
+        assert len(together.step_rows) == lengths[-1] - 1
+    else:
+        assert set(together.step_rows) == {len(batch)}

@@ -45,6 +45,7 @@ class BatchGeneration:
     extra_fill_layers: list[int] = field(default_factory=list)
     decode_seconds: float = 0.0
     prefill_seconds: float = 0.0  # prefill, calibration and the first token's decision, as Generation's
+    step_rows: list[int] = field(default_factory=list)  # per decode step, the rows decoded (ended rows leave)
 
     def rows(self) -> list[Decoded]:
         """Each sequence's own record: its tokens and exit layers, and the batch's probes per
@@ -112,8 +113,8 @@ class BatchEngine(Engine):
         stop: Callable[[list[int]], bool] | None = None,
     ) -> BatchGeneration:
         """Up to ``n_tokens`` greedy tokens per prompt. ``stop(tokens)``, asked of each row after each of its tokens,
-        ends that row; the batch ends once every row has (a row decoded past its stop keeps those tokens: the caller
-        cuts them, as it cuts a single sequence at its stop)."""
+        ends that row: its tokens end there, and where the cache allows (``Adapter.keep_rows``) the row leaves the
+        batch, so the steps after it decode only the rows still running; the batch ends once every row has."""
         adapter, gate, L = self.adapter, self.gate, self.adapter.num_layers
         cache = adapter.new_cache()
         dev = self.lm.device
@@ -133,14 +134,21 @@ class BatchEngine(Engine):
             token = logits.argmax(-1, keepdim=True)
         tokens, exit_rows = [token], [exits]
         out = BatchGeneration(tokens=[], exit_layers=[], prefill_seconds=prefill.seconds)
-        so_far = [[t] for t in token[:, 0].tolist()] if stop is not None else []
-        ended = [stop(ids) for ids in so_far]
+        rows = _Rows(B, token, exits, stop)
+        calibration = None if gate is None else at.calibration
         with self.stepping(BatchStep(B, L)) as stepper, Timer(dev) as decode:
             for step in range(1, n_tokens):
-                if stop is not None and all(ended):
+                if rows.all_ended():
                     break
+                keep = rows.leaving()
+                if keep is not None and self.adapter.keep_rows(cache, keep.to(dev)):
+                    token, next_pos = token[keep.to(dev)], next_pos[keep.to(dev)]
+                    mask = None if mask is None else mask[keep.to(dev)]
+                    calibration = _select(calibration, keep)
+                    stepper.state.batch_size = len(keep)
+                    rows.drop(keep)
                 if gate is not None:
-                    stepper.state.at = Decoding(step, n_tokens, at.calibration)
+                    stepper.state.at = Decoding(step, n_tokens, calibration)
                 inputs = {
                     "attention_mask": None if mask is None else mask[:, : P + step],
                     "position_ids": next_pos + (step - 1),
@@ -149,16 +157,16 @@ class BatchEngine(Engine):
                 token = logits.argmax(-1, keepdim=True)
                 tokens.append(token)
                 exit_rows.append(exits)
-                if stop is not None:
-                    for row, t in enumerate(token[:, 0].tolist()):
-                        if not ended[row]:
-                            so_far[row].append(t)
-                            ended[row] = stop(so_far[row])
+                rows.add(token, exits)
+                out.step_rows.append(len(token))
                 out.step_layers.append(ran)
                 out.probes.append(probes)
         out.decode_seconds = decode.seconds
-        out.tokens = torch.cat(tokens, dim=1).tolist()
-        out.exit_layers = torch.stack(exit_rows, dim=1).tolist()
+        if stop is None:
+            out.tokens = torch.cat(tokens, dim=1).tolist()
+            out.exit_layers = torch.stack(exit_rows, dim=1).tolist()
+        else:
+            out.tokens, out.exit_layers = rows.tokens, rows.exits
         self._extra_work(out, exit_rows[1:])
         return out
 
@@ -220,3 +228,43 @@ class BatchEngine(Engine):
         if len(early):
             dev = early.to(self.lm.device)
             adapter.overwrite_kv(h_rows[dev], dev, exits[early].to(self.lm.device), cache, ran, rope)
+
+
+class _Rows:
+    """The rows of a batch decoded with a stop rule: each original row's tokens and exit layers up to its stop, which
+    rows still run (``alive``: original indices, in the batch's current order) and which have ended."""
+
+    def __init__(self, B: int, token: torch.Tensor, exits: torch.Tensor, stop) -> None:
+        self.stop = stop
+        self.alive = list(range(B))
+        self.tokens = [[t] for t in token[:, 0].tolist()]
+        self.exits = [[e] for e in exits.tolist()]
+        self.ended = [stop(ids) for ids in self.tokens] if stop is not None else [False] * B
+
+    def all_ended(self) -> bool:
+        return self.stop is not None and all(self.ended[i] for i in self.alive)
+
+    def leaving(self) -> torch.Tensor | None:
+        """The current batch positions of the rows still running, when some row has ended; else None."""
+        if self.stop is None or not any(self.ended[i] for i in self.alive):
+            return None
+        return torch.tensor([k for k, i in enumerate(self.alive) if not self.ended[i]])
+
+    def drop(self, keep: torch.Tensor) -> None:
+        self.alive = [self.alive[k] for k in keep.tolist()]
+
+    def add(self, token: torch.Tensor, exits: torch.Tensor) -> None:
+        if self.stop is None:
+            return
+        for i, t, e in zip(self.alive, token[:, 0].tolist(), exits.tolist()):
+            if not self.ended[i]:
+                self.tokens[i].append(t)
+                self.exits[i].append(e)
+                self.ended[i] = self.stop(self.tokens[i])
+
+
+def _select(calibration, keep: torch.Tensor):
+    """A gate's per-prompt calibration for the rows kept (a tensor with a row per sequence; None stays None)."""
+    if isinstance(calibration, torch.Tensor) and calibration.dim() > 0:
+        return calibration[keep.to(calibration.device)]
+    return calibration

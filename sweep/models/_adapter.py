@@ -223,6 +223,16 @@ class Adapter:
         """The layers (0-based) that cache K/V (every layer of an attention model; none of a state-space one)."""
         return [i for i, entry in enumerate(self.new_cache().layers) if hasattr(entry, "keys")]
 
+    def keep_rows(self, cache, rows: torch.Tensor) -> bool:
+        """Keep only ``rows`` of a batch's cache (sequences that ended dropped); False, and the cache as it was,
+        where a layer holds more than K/V per row (a state-space layer's recurrent state): the batch keeps them."""
+        from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin as Recurrent
+
+        if not all(isinstance(x, DynamicLayer) and not isinstance(x, Recurrent) for x in cache.layers):
+            return False
+        cache.batch_select_indices(rows)
+        return True
+
     def crop_cache(self, cache, length: int) -> None:
         """Roll every layer back to ``length`` positions: K/V beyond them dropped, a sliding window and a state-space
         layer's state restored from its recorded past (a cache made with ``new_cache(record=...)``); a recording layer
