@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--gate", default=None, help="NAME:key=value:... (e.g. fixed:exit_layer=22)")
     args = ap.parse_args()
     base = args.overrides or ["model=qwen2.5-coder-0.5b"]
-    cfg = compose([*base, "eval.task=humaneval", f"eval.max_tokens={args.max_tokens}"])
+    cfg = compose([*base, f"eval.max_tokens={args.max_tokens}"])  # decoding only: no program runs here
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
     sides = {"full depth": None}
     if args.gate:
