@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from sweep.store._guard import temp_path
+from sweep.userfiles import NotRegular, kind
 
 
 def atomic_write(path: Path, write: Callable[[Path], object], *, exclusive: bool = False, durable: bool = True) -> Path:
@@ -38,13 +39,13 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, exclusive: bool
     return path
 
 
-class NotRegular(OSError):
-    """A path that exists but is not a regular file (a FIFO, a directory, a device): never read."""
-
-
 def read_regular(path, limit: int | None = None) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``limit``), opened without blocking (``O_NONBLOCK``, then
-    ``fstat``): a FIFO or device planted there is ``NotRegular``, never waited on."""
+    """The bytes of the regular file ``path`` (at most ``limit``): what a ``stat`` shows is not a regular file (a
+    FIFO, a device, a directory) is ``NotRegular`` and never opened for reading; the open itself does not block
+    (``O_NONBLOCK``, then ``fstat``), should a FIFO replace the file meanwhile."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegular(f"{path}: {kind(mode)}, not a regular file")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
