@@ -54,7 +54,7 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     base = base_overrides(overrides, run_id, root)
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
-    check_definition(cfg, storage / name)  # last: a run refused above leaves no sweep of its name behind
+    check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
 
 
@@ -92,39 +92,66 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def check_definition(cfg: Config, directory: Path) -> None:
     """A sweep name is one configuration. A new sweep under a name that exists is refused (resume=true continues it);
-    a resume whose definition differs from the one recorded is refused naming what differs. The definition is
-    recorded in the sweep's directory (``DEFINITION``) on its first run; a sweep from before it was recorded takes
-    this run's."""
-    import json
-
-    from sweep.store import atomic_write, read_regular
-
-    path = directory / DEFINITION
-    mine = json.loads(json.dumps(definition(cfg), sort_keys=True, default=str))
+    a resume whose definition differs from the one recorded is refused naming what differs; a recorded definition
+    that is not one (not a regular file of at most ``userfiles.CAP`` bytes, not a JSON object, nested too deep) is
+    one line naming it. Nothing is written here: ``record_definition`` records it once the sweep starts its work."""
     exists = directory.exists()
     if exists and not cfg.resume:
         raise ConfigError(
             f"sweep.name={directory.name}: a sweep of that name exists under {directory.parent}; resume=true "
             "continues it, or choose another sweep.name"
         )
-    if exists and os.path.lexists(path):
-        try:
-            recorded = json.loads(read_regular(path, 1 << 20))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"sweep.name={directory.name}: its definition {path} cannot be read ({exc})") from None
-        differ = sorted(
-            k for k in set(_flat(recorded)) | set(_flat(mine)) if _flat(recorded).get(k) != _flat(mine).get(k)
+    path = directory / DEFINITION
+    if not (exists and os.path.lexists(path)):
+        return  # a new sweep, or one from before definitions were recorded: this run's is recorded when it starts
+    recorded, mine = _recorded(directory.name, path), _flat(_definition_json(cfg))
+    differ = sorted(k for k in set(recorded) | set(mine) if recorded.get(k) != mine.get(k))
+    if differ:
+        first = differ[0]
+        raise ConfigError(
+            f"sweep.name={directory.name}: this run differs from the sweep's definition in {', '.join(differ[:4])}"
+            f"{', ...' if len(differ) > 4 else ''} ({first}: {recorded.get(first)!r} there, "
+            f"{mine.get(first)!r} here); resume it unchanged, or start a new sweep under another sweep.name"
         )
-        if differ:
-            first = differ[0]
-            raise ConfigError(
-                f"sweep.name={directory.name}: this run differs from the sweep's definition in {', '.join(differ[:4])}"
-                f"{', ...' if len(differ) > 4 else ''} ({first}: {_flat(recorded).get(first)!r} there, "
-                f"{_flat(mine).get(first)!r} here); resume it unchanged, or start a new sweep under another sweep.name"
-            )
+
+
+def _definition_json(cfg: Config) -> dict:
+    import json
+
+    return json.loads(json.dumps(definition(cfg), sort_keys=True, default=str))
+
+
+def _recorded(name: str, path: Path) -> dict:
+    """The definition recorded at ``path``, flattened; one line naming the file when it is not one."""
+    from sweep.userfiles import read_json
+
+    try:
+        recorded = read_json(path)
+        if not isinstance(recorded, dict):
+            raise ValueError(f"a JSON {type(recorded).__name__}, not an object")
+        return _flat(recorded)
+    except (OSError, ValueError) as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(
+            f"sweep.name={name}: its definition {path} cannot be read ({why}); move it away to resume with this "
+            "run's definition"
+        ) from None
+
+
+def record_definition(plan: Plan) -> None:
+    """Record the sweep's definition (``DEFINITION``) in its directory, once its work starts (Ray up, the cluster's
+    resources checked): a run refused before that leaves no sweep of its name behind. Kept as it is when recorded
+    already (``check_definition`` compared it)."""
+    import json
+
+    from sweep.store import atomic_write
+
+    path = plan.path / DEFINITION
+    if os.path.lexists(path):
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(mine, sort_keys=True, indent=1)))
+    plan.path.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_definition_json(plan.cfg), sort_keys=True, indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
