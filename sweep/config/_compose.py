@@ -18,7 +18,7 @@ from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
 from sweep.errors import ConfigError
 from sweep.gates import check_gate, check_k
-from sweep.config.paths import is_name
+from sweep.config.paths import is_name, read_paths
 from sweep.config.search import check_ladder, check_search
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
@@ -163,6 +163,7 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         )
     if cfg.prompts.name == "jsonl" and cfg.prompts.path is None:
         raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
+    cfg = read_paths(cfg)  # every path read once: what every command checks and writes (and names a model by)
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
     if cfg.search.draft_stops is not None:  # 0 and 0.0 are one draft_stop, as bench.draft_stop reads them: one trial

@@ -146,8 +146,15 @@ def as_override(key: str, value: Any) -> str:
     if isinstance(value, bool):
         return f"{key}={str(value).lower()}"
     if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_./-]+", value):
-        return f"{key}='{value}'"
+        return f"{key}={quoted(value)}"
     return f"{key}={value}"
+
+
+def quoted(text: str) -> str:
+    """``text`` as a quoted string of Hydra's override grammar, which reads back as ``text``: quotes escaped, and
+    the backslashes before a quote or the end doubled."""
+    body = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
+    return "'" + body.replace("'", "\\'") + "'"
 
 
 def grid(search: SearchConfig) -> list[list[str]]:
