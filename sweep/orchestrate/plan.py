@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from sweep.orchestrate import claims
-from sweep.config import Config
+from sweep.config import Config, read_overrides
 from sweep.errors import ConfigError
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
@@ -51,7 +51,7 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     else:
         check_tree(root, storage / name, key="results.root")
     claims.check_dir(root)
-    base = base_overrides(overrides, run_id, root)
+    base = base_overrides(read_overrides(overrides, cfg), run_id, root)  # the paths as read, for every worker
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
     check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
@@ -181,8 +181,10 @@ def _storage(cfg: Config, root: Path) -> Path:
 
 def base_overrides(overrides: list[str], run_id: str, root: Path) -> list[str]:
     """The command line's overrides, less the driver's own, plus this run's id and root."""
+    from sweep.config.search import as_override
+
     kept = [o for o in overrides if o.split("=", 1)[0] not in DRIVER_KEYS]
-    return [*kept, f"run_id={run_id}", f"results.root={root}"]
+    return [*kept, f"run_id={run_id}", as_override("results.root", str(root))]
 
 
 def sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
