@@ -202,8 +202,20 @@ def sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
     return earlier[-1].name
 
 
+def counts_as_done(row: dict, search) -> bool:
+    """Whether ``row`` counts as done for a sweep under ``search``: an ok or nondeterministic row always; a row
+    stopped early only when it stopped under this sweep's own stopping rule (``search.min_agreement`` and
+    ``search.rung_prompts``, which a stopped row records): another sweep's bar is not this one's, so a sweep under
+    another rule, or none, measures that setting itself (and its row replaces the stopped one). Failed rows never."""
+    if row.get("status") == "stopped":
+        rule = (row.get("stop_min_agreement"), row.get("stop_rung_prompts"))
+        return rule[0] is not None and rule == (search.min_agreement, search.rung_prompts)
+    return row.get("status") in DONE_STATUSES
+
+
 def done_rows(cfg: Config) -> dict[str, dict]:
-    """Rows already under results.root that count as done, by trial id (unless sweep.rerun)."""
+    """Rows already under results.root that count as done for this sweep (``counts_as_done``), by trial id (unless
+    sweep.rerun)."""
     import polars as pl
 
     from sweep.store import scan
@@ -211,7 +223,8 @@ def done_rows(cfg: Config) -> dict[str, dict]:
     if cfg.sweep.rerun:
         return {}
     rows = scan("trials", cfg.results.root).filter(pl.col("status").is_in(DONE_STATUSES)).collect()
-    return {r["trial_id"]: r for r in rows.sort("created_at").iter_rows(named=True)}
+    done = (r for r in rows.sort("created_at").iter_rows(named=True) if counts_as_done(r, cfg.search))
+    return {r["trial_id"]: r for r in done}
 
 
 def select_trials(

@@ -179,7 +179,9 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
         )
         log.info("sweep %s: %s", plan.name, why)
         return outcome
-    writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
+    writer = RowWriter(
+        str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun, search=cfg.search
+    )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     try:
         interrupted = False
