@@ -93,7 +93,7 @@ def trial_rows(
     rows: list = [None] * len(cfgs)
     for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
         try:
-            prepared[i] = prepare(cfg, session)
+            prepared[i] = prepare(cfg, session, in_sweep=True)  # the driver's writer decides what a row replaces
         except Exception as exc:  # noqa: BLE001
             rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
     ready = [i for i, p in enumerate(prepared) if p is not None]
