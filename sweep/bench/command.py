@@ -32,6 +32,10 @@ def prepare(
 
 def _prepare(cfg: Config, session: Session, in_sweep: bool = False) -> tuple[LoadedModel, Gate, list[Prompt]]:
     _check_row(cfg, in_sweep)
+    if cfg.eval.task is not None:  # the task's problems and files, before the model loads
+        from sweep.tasks.evaluate import check_inputs
+
+        check_inputs(cfg)
 
     def check(lm: LoadedModel) -> None:
         gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing

@@ -56,6 +56,24 @@ def reference_key(cfg: Config, lm) -> str:
     return json.dumps(key, sort_keys=True)
 
 
+def check_inputs(cfg: Config) -> None:
+    """Before any work (before the model loads): the task's problems can be read, or one line naming them (rc 2),
+    instead of an error after the timed rounds that loses the row. HumanEval's data file; each harness task loaded
+    as lm-evaluation-harness loads it (its YAML, its dataset's files: ``sweep.tasks.harness.check_tasks``)."""
+    if cfg.eval.task == "humaneval":
+        from sweep.tasks import humaneval
+
+        try:
+            humaneval.problems(1)
+        except (OSError, ValueError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise InputError(f"eval.task=humaneval: its problems cannot be read ({first})") from None
+    elif cfg.eval.task == "harness":
+        from sweep.tasks.harness import check_tasks
+
+        check_tasks(tuple(cfg.eval.harness_tasks or ()), cfg.eval.harness_include)
+
+
 def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dict[str, Any]:
     """The task's columns of a trial's row, all but the intervals (the bench adds them): ``engine`` (the trial's
     decoder) against full depth. ``memo``: where the full-depth sides are kept between trials (a worker's reuse
