@@ -54,6 +54,7 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     base = base_overrides(read_overrides(overrides, cfg), run_id, root)  # the paths as read, for every worker
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
+    _check_task_inputs(cfg, grid_trials)
     check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
 
@@ -169,6 +170,20 @@ def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
         seen.add(key)
         tid = trial_identity(trial_cfg, device).id
         check_row_path("trials", cfg.results.root, {"model": key[0], "gate": key[1]}, tid)
+
+
+def _check_task_inputs(cfg: Config, grid_trials: GridTrials | None) -> None:
+    """Before Ray starts: each task the sweep's settings evaluate can read its problems and files
+    (``sweep.tasks.evaluate.check_inputs``), one line otherwise, instead of a failed row per setting."""
+    from sweep.tasks.evaluate import check_inputs
+
+    seen = set()
+    for _, trial_cfg in grid_trials or [(None, cfg)]:
+        e = trial_cfg.eval
+        key = (e.task, tuple(e.harness_tasks or ()), e.harness_include)
+        if e.task is not None and key not in seen:
+            seen.add(key)
+            check_inputs(trial_cfg)
 
 
 def _storage(cfg: Config, root: Path) -> Path:
