@@ -180,3 +180,38 @@ def test_an_unexpected_error_line_is_escaped_too(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "SWEEP_DEBUG"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 1 and "unexpected RuntimeError" in done.stderr and "a\\x1b[31mb" in done.stderr
+
+
+def _model_dir(tmp_path):
+    from transformers import LlamaConfig
+
+    where = tmp_path / "model"
+    config = LlamaConfig(
+        num_hidden_layers=2, hidden_size=16, num_attention_heads=2, num_key_value_heads=2, intermediate_size=32
+    )
+    config.save_pretrained(where)
+    return where
+
+
+def test_a_fifo_among_a_models_files_is_refused_without_opening_it(tmp_path):
+    """Before: the model's fingerprint opened it and waited for a writer forever."""
+    where = _model_dir(tmp_path)
+    os.mkfifo(where / "model.safetensors")
+    done = run_cli("bench", "model=hf", f"model.path={where}", f"results.root={tmp_path / 'r'}", timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: model.path: {where / 'model.safetensors'} is a FIFO, not a regular file (a model's files are read)"
+    )
+
+
+def test_a_safetensors_header_nested_deep_is_one_line(tmp_path):
+    """Before: "unexpected RecursionError" from the header check."""
+    import struct
+
+    where = _model_dir(tmp_path)
+    header = ('{"t": {"x": ' + "[" * 5000 + "]" * 5000 + "}}").encode()
+    (where / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    done = run_cli("bench", "model=hf", f"model.path={where}", f"results.root={tmp_path / 'r'}", timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "is truncated or corrupt (its header is JSON nested more than 32 deep: not safetensors)" in line, line
