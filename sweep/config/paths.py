@@ -97,8 +97,6 @@ def read_overrides(overrides: list[str] | tuple[str, ...], cfg: Config) -> list[
     """``overrides`` with each path key they set (``PATH_KEYS``) set to the path ``cfg`` read from it
     (``read_paths``), quoted for Hydra: what a sweep's driver hands its workers, so that a worker reads the very path
     the driver checked, whatever its working directory, home or environment."""
-    from sweep.config.search import as_override
-
     out = []
     for o in overrides:
         key, eq, _ = str(o).partition("=")
@@ -106,9 +104,16 @@ def read_overrides(overrides: list[str] | tuple[str, ...], cfg: Config) -> list[
         if eq and not key.startswith("~") and bare in PATH_KEYS:
             section, _, leaf = bare.partition(".")
             value = getattr(getattr(cfg, section), leaf)
-            o = as_override(key, value) if value is not None else o
+            o = f"{key}={quoted(value)}" if value is not None else o
         out.append(o)
     return out
+
+
+def quoted(text: str) -> str:
+    """``text`` as a quoted string of Hydra's override grammar, which reads back as ``text``: quotes escaped, and
+    the backslashes before a quote or the end doubled."""
+    body = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
+    return "'" + body.replace("'", "\\'") + "'"
 
 
 def _local(model) -> bool:

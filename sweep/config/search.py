@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweep.errors import ConfigError
 from sweep.gates import GATES, PARAMS, check_value
-from sweep.config.paths import check_name
+from sweep.config.paths import check_name, quoted
 
 if TYPE_CHECKING:
     from sweep.config import SearchConfig
@@ -148,13 +148,6 @@ def as_override(key: str, value: Any) -> str:
     if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_./-]+", value):
         return f"{key}={quoted(value)}"
     return f"{key}={value}"
-
-
-def quoted(text: str) -> str:
-    """``text`` as a quoted string of Hydra's override grammar, which reads back as ``text``: quotes escaped, and
-    the backslashes before a quote or the end doubled."""
-    body = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
-    return "'" + body.replace("'", "\\'") + "'"
 
 
 def grid(search: SearchConfig) -> list[list[str]]:
