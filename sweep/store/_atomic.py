@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Callable
 
 from sweep.store._guard import temp_path
-from sweep.userfiles import NotRegular, kind
 
 
 def atomic_write(path: Path, write: Callable[[Path], object], *, exclusive: bool = False, durable: bool = True) -> Path:
@@ -37,24 +36,6 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, exclusive: bool
         finally:
             os.close(dir_fd)
     return path
-
-
-def read_regular(path, limit: int | None = None) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``limit``): what a ``stat`` shows is not a regular file (a
-    FIFO, a device, a directory) is ``NotRegular`` and never opened for reading; the open itself does not block
-    (``O_NONBLOCK``, then ``fstat``), should a FIFO replace the file meanwhile."""
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise NotRegular(f"{path}: {kind(mode)}, not a regular file")
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegular(f"{path}: not a regular file")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read() if limit is None else f.read(limit)
-    finally:
-        os.close(fd)
 
 
 def is_regular(path) -> bool:
