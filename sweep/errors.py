@@ -1,10 +1,27 @@
-"""Errors a user can act on. The CLI prints their message as one line and exits."""
+"""Errors a user can act on. The CLI prints their message as one line and exits.
+
+A message quotes values from anywhere (the command line, a file, the system): whatever it quotes, its control
+characters are escaped as ``repr`` writes them (``\\n``, ``\\t``, ``\\x00``), here and only here, so that a
+newline in a ``run_id`` or a skip set shows whole instead of cutting the line.
+"""
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every character that is not printable (newlines, tabs, NUL, other control and separator
+    characters) written as ``repr`` writes it; printable text, non-ASCII letters included, as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class SweepError(Exception):
-    """A failure with a message fit to show a user as it is (exit code 1)."""
+    """A failure with a message fit to show a user as it is (exit code 1). The message's control characters are
+    escaped (``escape_controls``): it is one line whatever values it quotes."""
 
     exit_code = 1
+
+    def __init__(self, *args) -> None:
+        super().__init__(*(escape_controls(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(SweepError):

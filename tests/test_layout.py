@@ -16,6 +16,7 @@ TOP = {
     "errors.py",
     "progress.py",
     "textfit.py",
+    "userfiles.py",
     "analysis",
     "bench",
     "tasks",

@@ -111,10 +111,12 @@ def test_a_sweep_name_is_one_configuration(tmp_path):
     """The first run records what defines the sweep; a new run under the name is refused (resume=true continues
     it); a resume that changes the definition is refused naming what differs; raising search.n_trials is a resume
     that searches further."""
-    from sweep.orchestrate.plan import DEFINITION, plan_sweep
+    from sweep.orchestrate.plan import DEFINITION, plan_sweep, record_definition
 
     base = ["model=tiny-llama", "search=optuna-mo", "search.n_trials=4", "prompts.n=2", f"results.root={tmp_path}"]
     first = plan_sweep(compose(*base, "sweep.name=s1"), [*base, "sweep.name=s1"])
+    assert not (first.storage / "s1").exists()  # planned only: recorded once the sweep starts its work
+    record_definition(first)
     assert (first.storage / "s1" / DEFINITION).is_file()
     with pytest.raises(ConfigError, match=r"sweep.name=s1: a sweep of that name exists .*; resume=true continues it"):
         plan_sweep(compose(*base, "sweep.name=s1"), [])

@@ -54,17 +54,6 @@ def test_a_claim_planted_as_a_fifo_or_directory_is_not_waited_on(tmp_path, plant
     assert path.exists()  # what was planted is left where it is
 
 
-def test_read_regular_never_opens_a_fifo(tmp_path):
-    from sweep.store import NotRegular, read_regular
-
-    fifo = tmp_path / "f"
-    os.mkfifo(fifo)
-    with pytest.raises(NotRegular):
-        read_regular(fifo)
-    (tmp_path / "r").write_bytes(b"abc")
-    assert read_regular(tmp_path / "r", 2) == b"ab"
-
-
 def test_a_file_planted_where_a_partition_belongs_is_refused_before_any_work(tmp_path):
     root = tmp_path / "results"
     (root / "trials" / "model=tiny-llama").mkdir(parents=True)

@@ -20,16 +20,20 @@ from sweep.models.prompts import Prompt
 log = logging.getLogger("sweep.bench.command")
 
 
-def prepare(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate, list[Prompt]]:
+def prepare(
+    cfg: Config, session: Session | None = None, *, in_sweep: bool = False
+) -> tuple[LoadedModel, Gate, list[Prompt]]:
     """Load and check everything a trial needs, from ``session`` (default: this process's); bad input
-    fails here, before any work. The gate comes complete: its model and the readouts it reads."""
+    fails here, before any work. The gate comes complete: its model and the readouts it reads. ``in_sweep``: a
+    sweep's worker, whose row the sweep's driver writes under the sweep's rules (``sweep.orchestrate.rows``), so
+    `sweep bench`'s consent to replace a sweep's row is not asked."""
     with progress.phase("load", part="load"):
-        return _prepare(cfg, process_session() if session is None else session)
+        return _prepare(cfg, process_session() if session is None else session, in_sweep)
 
 
-def _prepare(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
-    _check_row(cfg)
-    prepare_task(cfg)  # the sandbox a task's programs run in, probed before any timed work
+def _prepare(cfg: Config, session: Session, in_sweep: bool = False) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    _check_row(cfg, in_sweep)
+    prepare_task(cfg)  # the task's problems and files, and the sandbox its programs run in, before the model loads
 
     def check(lm: LoadedModel) -> None:
         gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing
@@ -45,28 +49,42 @@ def _prepare(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Pro
     return lm, make_gate(cfg.gate, lm, gate_readouts(cfg.gate, lm, prompts, session)), prompts
 
 
-def _check_row(cfg: Config) -> None:
-    """Before any work: the row's path is free of planted files (one line naming it), and a row a sweep wrote
-    there is replaced only with consent (sweep.rerun=true), never silently."""
+def _check_row(cfg: Config, in_sweep: bool = False) -> None:
+    """Before any work: the row's path and the path it is kept at should its own fail are free of planted files (one
+    line naming it), and (`sweep bench`, not ``in_sweep``) a row a sweep wrote at either is replaced only with
+    consent (sweep.rerun=true), never silently: a kept row under the same rule as a row in place."""
     from sweep.config.identity import trial_columns
     from sweep.errors import ConfigError
-    from sweep.store import check_row_path, read_file
+    from sweep.store import KEPT, check_row_path, table_path
 
     tid = trial_columns(cfg)["trial_id"]
-    path = check_row_path("trials", cfg.results.root, {"model": cfg.model.name, "gate": cfg.gate.name}, tid)
-    if not path.exists() or cfg.sweep.rerun:
+    values = {"model": cfg.model.name, "gate": cfg.gate.name}
+    path = check_row_path("trials", cfg.results.root, values, tid)
+    if cfg.sweep.rerun or in_sweep:
         return
+    for where in (path, table_path("trials", cfg.results.root, values, tid, KEPT)):
+        owner = _sweep_of(where)
+        if owner:
+            raise ConfigError(
+                f"sweep.rerun=false: trial {tid} already has a row from sweep {owner} ({where}); sweep.rerun=true "
+                "replaces it, or write elsewhere with results.root"
+            )
+    if path.exists():
+        log.info("replacing the earlier row of trial %s (%s, a sweep bench run)", tid, path)
+
+
+def _sweep_of(path) -> str | None:
+    """The sweep that wrote the row at ``path``; None when there is none, it is a bench's, or it cannot be read
+    (an unreadable row is replaced: the store skips it anyway)."""
+    from sweep.store import read_file
+
+    if not path.is_file():
+        return None
     try:
         earlier = read_file("trials", path).to_dicts()
-    except Exception:  # noqa: BLE001 - an unreadable row is replaced (the store skips it anyway)
-        return
-    owner = earlier[0].get("sweep_name") if earlier else None
-    if owner:
-        raise ConfigError(
-            f"sweep.rerun=false: trial {tid} already has a row from sweep {owner} ({path}); sweep.rerun=true "
-            "replaces it, or write elsewhere with results.root"
-        )
-    log.info("replacing the earlier row of trial %s (%s, a sweep bench run)", tid, path)
+    except Exception:  # noqa: BLE001
+        return None
+    return earlier[0].get("sweep_name") if earlier else None
 
 
 def gate_readouts(gate_cfg, lm: LoadedModel, prompts: list[Prompt], session: Session, key: str = "gate.readouts"):

@@ -366,7 +366,7 @@ def _snapshot(costs: CostModel) -> str:
 def _kept_or_measured(lm: LoadedModel, prompt_ids, repeats: int, gates, path, key) -> CostModel:
     """This machine's cached cost model of ``lm`` at this prompt length when its check holds
     (``sweep.bench.costs_cache``), else the model measured now."""
-    cached = costs_cache.load(path, key)
+    cached = costs_cache.load(path, key, lm.num_layers)
     if cached is not None:
         holds, now, floor = costs_cache.still_holds(cached, _check_steps(lm, prompt_ids))
         if holds:

@@ -6,7 +6,8 @@ The check times full-depth decode steps in two interleaved halves, A and B: thei
 larger of the halves' median ratio and the 95% quantile of the round-by-round ratios, as a |log|). The cached
 costs stand while the check's median step lies within that floor of the cached step; otherwise the model is
 measured afresh and the file replaced. A file that is not a cost model of this key (unreadable, not JSON, the
-wrong fields, planted as something other than a file) is named in one warning and measured over, never trusted.
+wrong fields, a figure of the wrong type, not finite, zero or negative, planted as something other than a
+regular file) is named in one warning and measured over before any work, never trusted.
 """
 
 from __future__ import annotations
@@ -66,25 +67,71 @@ def path_for(cache: Path, lm: LoadedModel, prompt_tokens: int) -> Path:
     return cache / "costs" / f"{digest[:24]}.json"
 
 
-def load(path: Path, want: dict[str, str]) -> CostModel | None:
-    """The cost model in ``path`` when it is one of key ``want``; None (with one warning naming the file when it
-    exists but is not) otherwise."""
+def load(path: Path, want: dict[str, str], num_layers: int | None = None) -> CostModel | None:
+    """The cost model in ``path`` when it is one of key ``want`` (and of a model of ``num_layers`` layers), every
+    figure of the type, sign and range a measurement gives (``problem``); None otherwise, with one warning naming
+    the file when it exists but is not one. Read as data: a regular file of at most ``MAX_BYTES``, JSON of bounded
+    depth (``sweep.userfiles``)."""
+    from sweep.userfiles import read_json
+
     try:
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
-        if not path.is_file() or path.stat().st_size > MAX_BYTES:
-            raise ValueError("not a regular file of a cost model's size")
-        data = json.loads(path.read_text())
+        data = read_json(path, MAX_BYTES)
+        if not isinstance(data, dict) or not isinstance(data.get("costs"), dict):
+            raise ValueError("not a cost model's JSON object")
         if data.get("key") != want:
             raise ValueError("another model's or machine's")
-        costs = CostModel(**data["costs"])
-        numbers = [costs.layer_ms, costs.head_ms, costs.overhead_ms, costs.step_ms]
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in numbers) or costs.step_ms <= 0:
-            raise ValueError("impossible figures")
-        return costs
+        why = problem(data["costs"], int(want["prompt_tokens"]), num_layers)
+        if why is not None:
+            raise ValueError(why)
+        return CostModel(**data["costs"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        log.warning("cost model cache %s: not used (%s); measuring afresh", path, str(exc).splitlines()[0][:120])
+        log.warning("cost model cache %s: not used (%s); measuring afresh", path, _one_line(exc))
         return None
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+
+
+POSITIVE = ("layer_ms", "head_ms", "step_ms")  # every measured step, layer and head takes time
+NON_NEGATIVE = ("overhead_ms", "prefill_ms", "prefill_lens_ms")  # differences of medians, clamped at 0
+OPTIONAL = ("lens_probe_ms", "hidden_probe_ms", "kv_ms", "attn_ms", "mlp_ms", "mixer_ms")  # null until measured
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def problem(costs: dict, prompt_tokens: int, num_layers: int | None = None) -> str | None:
+    """Why ``costs`` (a cache entry's figures) is not a cost model a measurement of a ``num_layers``-layer model at
+    ``prompt_tokens`` could give: a field missing or unknown, a figure not a finite number, zero or negative where
+    time passes, a count that is not this model's; None when it is one. Checked before the figures are taken, so a
+    planted entry is measured over before the work, never divided by after it."""
+    fields = dataclasses.fields(CostModel)
+    required = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    unknown = sorted(set(costs) - {f.name for f in fields})
+    missing = sorted(required - set(costs))
+    if unknown or missing:
+        return f"field(s) {', '.join(unknown)} unknown" if unknown else f"field(s) {', '.join(missing)} missing"
+    for name in POSITIVE:
+        if not _number(costs[name]) or costs[name] <= 0:
+            return f"{name}={costs[name]!r}: not a positive finite number of ms"
+    for name in NON_NEGATIVE + OPTIONAL:
+        value = costs.get(name, 0.0 if name in NON_NEGATIVE else None)
+        if not (value is None and name in OPTIONAL) and (not _number(value) or value < 0):
+            return f"{name}={value!r}: not a finite number of ms >= 0"
+    for name, want in (("num_layers", num_layers), ("prompt_tokens", prompt_tokens)):
+        value = costs.get(name, 1 if name == "prompt_tokens" else None)
+        if type(value) is not int or value < 1 or (want is not None and value != want):
+            return f"{name}={value!r}: not {want if want is not None else 'a count >= 1'}"
+    extra, verify = costs.get("extra_probe_ms", {}), costs.get("verify_ms", [])
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and _number(v) and v >= 0 for k, v in extra.items()):
+        return "extra_probe_ms: not a mapping of probe names to finite ms >= 0"
+    if not isinstance(verify, list) or not all(_number(v) and v > 0 for v in verify):
+        return "verify_ms: not a list of positive finite ms"
+    return None
 
 
 def save(path: Path, want: dict[str, str], costs: CostModel) -> None:

@@ -60,6 +60,8 @@ def measured_row(
         setup_seconds=seconds[1],
         stopped_at_prompts=None,  # measured to the end
         stop_agreement_hi=None,
+        stop_min_agreement=None,
+        stop_rung_prompts=None,
     )
     row.update(dict.fromkeys(TASK_COLUMNS))  # a task's columns: the trial's evaluation fills them
     return {**trial_fields(cfg, len(runs), gate), **row}
@@ -149,7 +151,8 @@ def failed_row(cfg: Config, n_prompts: int, exc: BaseException, gate: Gate | Non
 def stopped_row(cfg: Config, gate: Gate, agreement: list[float], bound: float, seconds: float) -> dict[str, Any]:
     """A setting stopped after its first prompts (``agreement``: theirs, per prompt): its agreement's bootstrap
     interval ends at ``bound``, below ``search.min_agreement``. Its agreement there and nothing timed; status
-    ``stopped``: never ranked, never on a front, not run again on a resume."""
+    ``stopped``: never ranked, never on a front, not run again on a resume, nor by another sweep under the same
+    stopping rule, which the row records (``sweep.orchestrate.plan.counts_as_done``)."""
     from sweep.bench.estimators import mean_agreement
     from sweep.store import PROVENANCE, TABLES
 
@@ -162,6 +165,8 @@ def stopped_row(cfg: Config, gate: Gate, agreement: list[float], bound: float, s
         prompt_agreement=list(agreement),
         stopped_at_prompts=len(agreement),
         stop_agreement_hi=bound,
+        stop_min_agreement=cfg.search.min_agreement,  # the rule it stopped under: done only for a sweep under it
+        stop_rung_prompts=cfg.search.rung_prompts,
         bench_seconds=seconds,
     )
     return row

@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from sweep.cli.help import HELP_FLAGS, QUIET_FLAGS, USAGE, flag_error, show_help
-from sweep.errors import SweepError
+from sweep.errors import SweepError, escape_controls
 from sweep import progress
 from sweep.textfit import WrappingFormatter, fit_lines
 
@@ -204,7 +204,7 @@ def _main(args: list[str]) -> int:
     except Exception as exc:  # a bug: one line plus where, the traceback on request
         if os.environ.get("SWEEP_DEBUG"):
             raise
-        first = (str(exc).strip().splitlines() or [""])[0]
+        first = escape_controls((str(exc).strip().splitlines() or [""])[0])
         print(
             f"error: unexpected {type(exc).__name__} at {_where(exc)}: {first} (set SWEEP_DEBUG=1 for the traceback)",
             file=sys.stderr,

@@ -11,6 +11,7 @@ from sweep.config._compose import (
     validate,
 )
 from sweep.config._fields import build
+from sweep.config.paths import read_overrides
 from sweep.config._schema import (
     AnalysisConfig,
     BenchConfig,
@@ -57,5 +58,6 @@ __all__ = [
     "compose_dict",
     "config_dir",
     "group_choices",
+    "read_overrides",
     "validate",
 ]

@@ -18,7 +18,7 @@ from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
 from sweep.errors import ConfigError
 from sweep.gates import check_gate, check_k
-from sweep.config.paths import is_name
+from sweep.config.paths import is_name, read_paths
 from sweep.config.search import check_ladder, check_search
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
@@ -163,11 +163,13 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         )
     if cfg.prompts.name == "jsonl" and cfg.prompts.path is None:
         raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
+    cfg = read_paths(cfg)  # every path read once: what every command checks and writes (and names a model by)
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
     if cfg.search.draft_stops is not None:  # 0 and 0.0 are one draft_stop, as bench.draft_stop reads them: one trial
         stops = [None if x is None else float(x) for x in cfg.search.draft_stops]
         cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, draft_stops=stops))
+    cfg = _mode_defaults(cfg)
     if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
         from sweep.gates.skipset import canonical
 
@@ -213,6 +215,19 @@ def _check_model(cfg: Config) -> None:
         raise ConfigError(f"model.tiny.kv_heads={m.tiny.kv_heads}: must divide model.tiny.heads={m.tiny.heads}")
     if m.source == "tiny" and m.tiny is not None:  # its hidden size is known before any weights exist
         check_k(cfg.gate, m.tiny.hidden, f"model.tiny.hidden={m.tiny.hidden}, the hidden size of model={m.name}")
+
+
+def _mode_defaults(cfg: Config) -> Config:
+    """What a mode needs, whatever the keys only the other mode reads say. Self-speculation's cache holds the full
+    model's K/V at every kept position (its drafts' entries are cropped to what the full model verified), which is
+    ``bench.kv_policy=full``: a self-speculative trial reads and records that, ignoring the early-exit setting
+    (propagate, the default, would ask state-space families for a K/V fill they cannot have), so it is one trial
+    whatever kv_policy says. Early exit ignores ``bench.draft_len`` the same way; the mode-only keys whose default
+    means "off" (``bench.draft_stop``, ``bench.batch_size``) are refused when set for the other mode
+    (``_check_bench``)."""
+    if cfg.bench.mode == "self_speculative" and cfg.bench.kv_policy != "full":
+        cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, kv_policy="full"))
+    return cfg
 
 
 def _check_bench(cfg: Config) -> None:

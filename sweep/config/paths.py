@@ -7,7 +7,10 @@ read back), never ``.`` or ``..``. ``inside`` is the one check that a path the t
 to write resolves under its root (symlinks included), and ``check_tree`` the same for a directory
 another program writes (Ray Tune's experiment, the Optuna study). ``check_writable_dir`` is the one
 check, before any work and creating nothing, that an output directory (``results.root``,
-``sweep.storage``, ``analysis.out``) is a directory the tool can write into or create.
+``sweep.storage``, ``analysis.out``) is a directory the tool can write into or create. ``read_path`` is the one
+reading of a path a user wrote (``PATH_KEYS``): ``~`` and environment variables expanded once, made absolute and
+resolved once (a root that is itself a symbolic link is read as the directory it names), at validation; every
+command then checks and writes that one path.
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sweep.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sweep.config import Config
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 NAME_ALLOWED = "1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -33,6 +40,86 @@ def check_name(key: str, value: str) -> str:
     if not is_name(value):
         raise ConfigError(f"{key}={value!r}: must be {NAME_ALLOWED} (it becomes a file or directory name)")
     return value
+
+
+# every config key that holds a path (the gate's published skip set, ``gate.skip=file:PATH``, is read once, at
+# validation, by ``sweep.gates.skipset``): read by ``read_path`` when the config is validated
+PATH_KEYS = (
+    "results.root",
+    "sweep.storage",
+    "analysis.out",
+    "fit.out",
+    "model.path",
+    "prompts.path",
+    "gate.readouts",
+    "profile.readouts",
+    "eval.harness_include",
+)
+
+
+def read_path(key: str, text: str) -> str:
+    """The one reading of the path ``text`` that config key ``key`` holds: ``~`` and environment variables
+    expanded once (a variable that is not set is a ConfigError naming it), made absolute against the working
+    directory and resolved (symbolic links followed; a dangling one is a ConfigError). What every command then
+    checks and writes, and what a sweep's driver hands its workers, wherever they run."""
+    from sweep.userfiles import expand, unset
+
+    check_dir_path(key, text)
+    missing = unset(text)
+    if missing:
+        raise ConfigError(f"{key}={text}: the environment variable {missing[0]} is not set")
+    path = Path(expand(text)).absolute()
+    probe = path
+    while not os.path.exists(probe) and probe != probe.parent:  # (False for a path too long to be a file)
+        if os.path.islink(probe):
+            raise ConfigError(f"{key}={text}: {probe} is a dangling symbolic link; point {key} at what exists")
+        probe = probe.parent
+    return str(path.resolve())
+
+
+def read_paths(cfg: Config) -> Config:
+    """``cfg`` with every path it holds (``PATH_KEYS``) read once (``read_path``: expanded, absolute, resolved), the
+    path every command then checks and writes; ``model.path`` only where it names a local file or directory, not a
+    hub id (org/name). Reading a path already read gives it back unchanged."""
+    import dataclasses
+
+    for key in PATH_KEYS:
+        section, _, leaf = key.partition(".")
+        part = getattr(cfg, section)
+        value = getattr(part, leaf)
+        if value is None or (key == "model.path" and not _local(cfg.model)):
+            continue
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(part, **{leaf: read_path(key, value)})})
+    return cfg
+
+
+def read_overrides(overrides: list[str] | tuple[str, ...], cfg: Config) -> list[str]:
+    """``overrides`` with each path key they set (``PATH_KEYS``) set to the path ``cfg`` read from it
+    (``read_paths``), quoted for Hydra: what a sweep's driver hands its workers, so that a worker reads the very path
+    the driver checked, whatever its working directory, home or environment."""
+    out = []
+    for o in overrides:
+        key, eq, _ = str(o).partition("=")
+        bare = key.lstrip("+")
+        if eq and not key.startswith("~") and bare in PATH_KEYS:
+            section, _, leaf = bare.partition(".")
+            value = getattr(getattr(cfg, section), leaf)
+            o = f"{key}={quoted(value)}" if value is not None else o
+        out.append(o)
+    return out
+
+
+def quoted(text: str) -> str:
+    """``text`` as a quoted string of Hydra's override grammar, which reads back as ``text``: quotes escaped, and
+    the backslashes before a quote or the end doubled."""
+    body = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
+    return "'" + body.replace("'", "\\'") + "'"
+
+
+def _local(model) -> bool:
+    """Whether ``model.path`` names a local path (always for a GGUF file), not a hub id (``sweep.models``' rule)."""
+    text = model.path
+    return model.source != "hf" or text.startswith((".", "/", "~", "$")) or text.count("/") > 1 or os.path.exists(text)
 
 
 def inside(root: str | Path, path: str | Path, *, key: str = "results.root") -> Path:

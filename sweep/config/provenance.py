@@ -137,8 +137,16 @@ def _fingerprint_cached(path: str, size: int, mtime_ns: int) -> str:
 
 
 def fingerprint_file(path: str | Path) -> str:
-    """Content hash of a weights file (sampled above 256 MiB; cached per size and mtime)."""
+    """Content hash of a weights file (sampled above 256 MiB; cached per size and mtime); a path that is not a
+    regular file (a FIFO planted among a model's files would block the read) is an InputError, never opened."""
+    import stat
+
     st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        from sweep.errors import InputError
+        from sweep.userfiles import kind
+
+        raise InputError(f"model.path: {path} is {kind(st.st_mode)}, not a regular file (a model's files are read)")
     return _fingerprint_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
 

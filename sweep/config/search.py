@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweep.errors import ConfigError
 from sweep.gates import GATES, PARAMS, check_value
-from sweep.config.paths import check_name
+from sweep.config.paths import check_name, quoted
 
 if TYPE_CHECKING:
     from sweep.config import SearchConfig
@@ -146,7 +146,7 @@ def as_override(key: str, value: Any) -> str:
     if isinstance(value, bool):
         return f"{key}={str(value).lower()}"
     if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_./-]+", value):
-        return f"{key}='{value}'"
+        return f"{key}={quoted(value)}"
     return f"{key}={value}"
 
 

@@ -81,20 +81,21 @@ class SkipSet:
     def from_published(cls, where: str) -> SkipSet:
         """A skip set as Draft&Verify (arXiv 2309.08168) publishes one: a JSON file of 0-based layer indices,
         ``{"attention": [...], "mlp": [...]}``, or a mapping of model names to such sets (``PATH@NAME`` picks one;
-        a file of one needs no name). A file that cannot be read or does not hold that is one ConfigError line."""
-        import json
-        from pathlib import Path
-
+        a file of one needs no name). The path is read as every path a user names (``~`` and environment variables
+        expanded once), and only a regular file of at most ``userfiles.CAP`` bytes nested at most
+        ``userfiles.MAX_DEPTH`` deep is read (a FIFO or a device is never opened). A file that cannot be read or does
+        not hold a skip set is one ConfigError line."""
         from sweep.errors import ConfigError
+        from sweep.userfiles import expand, read_json
 
         path, _, name = where.partition("@")
         key = f"gate.skip=file:{where}"
         try:
-            data = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+            data = read_json(expand(path))
         except FileNotFoundError:
             raise ConfigError(f"{key}: no such file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{key}: cannot read a JSON skip set ({(str(exc).splitlines() or [''])[0]})") from None
+        except (OSError, ValueError) as exc:  # not a regular file, over the cap, too deep, not UTF-8 JSON
+            raise ConfigError(f"{key}: cannot read a JSON skip set ({_first_line(exc)})") from None
         if isinstance(data, dict) and not ({"attention", "mlp"} & set(data)):
             names = sorted(data)
             if name:
@@ -159,6 +160,10 @@ def _runs(layers: Iterable[int]) -> list[tuple[int, int]]:
         else:
             runs.append((layer, layer))
     return runs
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def canonical(text: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 import struct
 from pathlib import Path
 
@@ -22,8 +23,13 @@ _HEADER_MAX = 100 * 2**20  # safetensors' own bound on the JSON header
 def safetensors_problem(path: Path) -> str | None:
     """Why ``path`` is not a whole safetensors file (cut short, padded, garbage); None when its
     header is readable and its tensors' byte ranges cover the file exactly."""
+    from sweep.userfiles import NotData, kind, parse_json
+
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO planted among the weights would block the read: never opened
+            return f"{kind(st.st_mode)}, not a regular file"
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -31,9 +37,11 @@ def safetensors_problem(path: Path) -> str | None:
             (n,) = struct.unpack("<Q", head)
             if n > min(_HEADER_MAX, size - 8):
                 return f"its header claims {n} bytes, the file has {size}: cut short or not safetensors"
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n))
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
+    except NotData as exc:
+        return f"its header is {exc}: not safetensors"
     except (ValueError, UnicodeDecodeError):
         return "its header is not JSON: corrupt or not safetensors"
     if not isinstance(header, dict):
@@ -81,8 +89,10 @@ def write_manifest(directory: Path, marker: str) -> None:
 def entry_problem(directory: Path, marker: str) -> str | None:
     """Why the cache entry ``directory`` cannot be trusted (no marker, an older unverified marker, a
     file missing, of another size or another hash); None when every recorded file matches."""
+    from sweep.userfiles import read_json
+
     try:
-        record = json.loads((directory / marker).read_text())
+        record = read_json(directory / marker)  # a regular file of a capped size, JSON of bounded depth
     except FileNotFoundError:
         return f"no {marker}: the entry was never completed"
     except (OSError, ValueError):

@@ -129,22 +129,26 @@ def _humaneval() -> list[tuple[str, str]]:
 
 
 def _jsonl(path: Path) -> list[tuple[str, str, str]]:
+    """The prompts of a JSONL file: a regular file of at most ``userfiles.PROMPTS_CAP`` bytes (a FIFO or a device is
+    never opened), each line JSON of bounded depth (``sweep.userfiles``)."""
+    from sweep.userfiles import PROMPTS_CAP, NotData, parse_json, read_capped
+
     where = f"prompts.path={path}"
-    if not path.is_file():
-        raise InputError(f"{where}: no such file")
     items: list[tuple[str, str, str]] = []
     seen: set[str] = set()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{where}: cannot read ({exc})") from exc
+        lines = read_capped(path, PROMPTS_CAP).decode("utf-8").splitlines()
+    except FileNotFoundError:
+        raise InputError(f"{where}: no such file") from None
+    except (OSError, ValueError) as exc:  # not a regular file, over the cap, not UTF-8
+        raise InputError(f"{where}: cannot read ({(str(exc).strip().splitlines() or [''])[0][:200]})") from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where} line {number}: not valid JSON ({exc.msg})") from None
+            row = parse_json(line)
+        except (json.JSONDecodeError, NotData) as exc:
+            raise InputError(f"{where} line {number}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
         if not isinstance(row, dict) or "id" not in row or "prompt" not in row:
             raise InputError(f'{where} line {number}: expected an object with "id" and "prompt"')
         pid, text = row["id"], row["prompt"]

@@ -95,13 +95,11 @@ def _read_owner(path: Path) -> dict | None:
 
 
 def _parse(path: Path) -> Any:
-    """The JSON in ``path``, read up to ``_MAX_BYTES`` (a claim is a few hundred bytes)."""
-    from sweep.store import read_regular
+    """The JSON in ``path``, a regular file of at most ``_MAX_BYTES`` (a claim is a few hundred bytes), nested at
+    most ``userfiles.MAX_DEPTH`` deep; a FIFO planted as a claim is refused, never opened for reading."""
+    from sweep.userfiles import read_json
 
-    data = read_regular(path, _MAX_BYTES + 1)  # never blocks: a FIFO planted as a claim is refused, not opened
-    if len(data) > _MAX_BYTES:
-        raise ValueError(f"over {_MAX_BYTES} bytes")
-    return json.loads(data)
+    return read_json(path, _MAX_BYTES)
 
 
 def _not_a_claim(held: Any) -> str | None:

@@ -156,11 +156,13 @@ def stop_leftover_sessions(grace_s: float = 2.0) -> list[dict]:
     open files is inside the session's directory; a reused pid never matches. Never by process
     name. SIGTERM, then SIGKILL after ``grace_s``. Returns one dict per session cleaned up
     (``session_dir``, ``driver_pid``, ``stopped``: the pids stopped)."""
+    from sweep.userfiles import read_json
+
     directory = state_dir()
     cleaned = []
     for path in sorted(directory.glob("*.session.json")):
         try:
-            record = json.loads(path.read_text())
+            record = read_json(path)  # a regular file of a capped size, JSON of bounded depth (sweep.userfiles)
             driver, session_dir = int(record["driver_pid"]), str(record["session_dir"])
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("%s: unreadable record of an embedded Ray session; removed", path)

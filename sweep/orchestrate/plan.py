@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from sweep.orchestrate import claims
-from sweep.config import Config
+from sweep.config import Config, read_overrides
 from sweep.errors import ConfigError
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
@@ -51,10 +51,11 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     else:
         check_tree(root, storage / name, key="results.root")
     claims.check_dir(root)
-    base = base_overrides(overrides, run_id, root)
+    base = base_overrides(read_overrides(overrides, cfg), run_id, root)  # the paths as read, for every worker
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
-    check_definition(cfg, storage / name)  # last: a run refused above leaves no sweep of its name behind
+    _check_task_inputs(cfg, grid_trials)
+    check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
 
 
@@ -92,39 +93,66 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def check_definition(cfg: Config, directory: Path) -> None:
     """A sweep name is one configuration. A new sweep under a name that exists is refused (resume=true continues it);
-    a resume whose definition differs from the one recorded is refused naming what differs. The definition is
-    recorded in the sweep's directory (``DEFINITION``) on its first run; a sweep from before it was recorded takes
-    this run's."""
-    import json
-
-    from sweep.store import atomic_write, read_regular
-
-    path = directory / DEFINITION
-    mine = json.loads(json.dumps(definition(cfg), sort_keys=True, default=str))
+    a resume whose definition differs from the one recorded is refused naming what differs; a recorded definition
+    that is not one (not a regular file of at most ``userfiles.CAP`` bytes, not a JSON object, nested too deep) is
+    one line naming it. Nothing is written here: ``record_definition`` records it once the sweep starts its work."""
     exists = directory.exists()
     if exists and not cfg.resume:
         raise ConfigError(
             f"sweep.name={directory.name}: a sweep of that name exists under {directory.parent}; resume=true "
             "continues it, or choose another sweep.name"
         )
-    if exists and os.path.lexists(path):
-        try:
-            recorded = json.loads(read_regular(path, 1 << 20))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"sweep.name={directory.name}: its definition {path} cannot be read ({exc})") from None
-        differ = sorted(
-            k for k in set(_flat(recorded)) | set(_flat(mine)) if _flat(recorded).get(k) != _flat(mine).get(k)
+    path = directory / DEFINITION
+    if not (exists and os.path.lexists(path)):
+        return  # a new sweep, or one from before definitions were recorded: this run's is recorded when it starts
+    recorded, mine = _recorded(directory.name, path), _flat(_definition_json(cfg))
+    differ = sorted(k for k in set(recorded) | set(mine) if recorded.get(k) != mine.get(k))
+    if differ:
+        first = differ[0]
+        raise ConfigError(
+            f"sweep.name={directory.name}: this run differs from the sweep's definition in {', '.join(differ[:4])}"
+            f"{', ...' if len(differ) > 4 else ''} ({first}: {recorded.get(first)!r} there, "
+            f"{mine.get(first)!r} here); resume it unchanged, or start a new sweep under another sweep.name"
         )
-        if differ:
-            first = differ[0]
-            raise ConfigError(
-                f"sweep.name={directory.name}: this run differs from the sweep's definition in {', '.join(differ[:4])}"
-                f"{', ...' if len(differ) > 4 else ''} ({first}: {_flat(recorded).get(first)!r} there, "
-                f"{_flat(mine).get(first)!r} here); resume it unchanged, or start a new sweep under another sweep.name"
-            )
+
+
+def _definition_json(cfg: Config) -> dict:
+    import json
+
+    return json.loads(json.dumps(definition(cfg), sort_keys=True, default=str))
+
+
+def _recorded(name: str, path: Path) -> dict:
+    """The definition recorded at ``path``, flattened; one line naming the file when it is not one."""
+    from sweep.userfiles import read_json
+
+    try:
+        recorded = read_json(path)
+        if not isinstance(recorded, dict):
+            raise ValueError(f"a JSON {type(recorded).__name__}, not an object")
+        return _flat(recorded)
+    except (OSError, ValueError) as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ConfigError(
+            f"sweep.name={name}: its definition {path} cannot be read ({why}); move it away to resume with this "
+            "run's definition"
+        ) from None
+
+
+def record_definition(plan: Plan) -> None:
+    """Record the sweep's definition (``DEFINITION``) in its directory, once its work starts (Ray up, the cluster's
+    resources checked): a run refused before that leaves no sweep of its name behind. Kept as it is when recorded
+    already (``check_definition`` compared it)."""
+    import json
+
+    from sweep.store import atomic_write
+
+    path = plan.path / DEFINITION
+    if os.path.lexists(path):
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(mine, sort_keys=True, indent=1)))
+    plan.path.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_definition_json(plan.cfg), sort_keys=True, indent=1)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
@@ -144,6 +172,20 @@ def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
         check_row_path("trials", cfg.results.root, {"model": key[0], "gate": key[1]}, tid)
 
 
+def _check_task_inputs(cfg: Config, grid_trials: GridTrials | None) -> None:
+    """Before Ray starts: each task the sweep's settings evaluate can read its problems and files
+    (``sweep.tasks.evaluate.check_inputs``), one line otherwise, instead of a failed row per setting."""
+    from sweep.tasks.evaluate import check_inputs
+
+    seen = set()
+    for _, trial_cfg in grid_trials or [(None, cfg)]:
+        e = trial_cfg.eval
+        key = (e.task, tuple(e.harness_tasks or ()), e.harness_include)
+        if e.task is not None and key not in seen:
+            seen.add(key)
+            check_inputs(trial_cfg)
+
+
 def _storage(cfg: Config, root: Path) -> Path:
     """Tune's storage resolved: ``sweep.storage``, else ``<results.root>/ray``, which must then resolve
     inside results.root (a link planted there would take Tune's files elsewhere)."""
@@ -154,8 +196,10 @@ def _storage(cfg: Config, root: Path) -> Path:
 
 def base_overrides(overrides: list[str], run_id: str, root: Path) -> list[str]:
     """The command line's overrides, less the driver's own, plus this run's id and root."""
+    from sweep.config.search import as_override
+
     kept = [o for o in overrides if o.split("=", 1)[0] not in DRIVER_KEYS]
-    return [*kept, f"run_id={run_id}", f"results.root={root}"]
+    return [*kept, f"run_id={run_id}", as_override("results.root", str(root))]
 
 
 def sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
@@ -173,8 +217,20 @@ def sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
     return earlier[-1].name
 
 
+def counts_as_done(row: dict, search) -> bool:
+    """Whether ``row`` counts as done for a sweep under ``search``: an ok or nondeterministic row always; a row
+    stopped early only when it stopped under this sweep's own stopping rule (``search.min_agreement`` and
+    ``search.rung_prompts``, which a stopped row records): another sweep's bar is not this one's, so a sweep under
+    another rule, or none, measures that setting itself (and its row replaces the stopped one). Failed rows never."""
+    if row.get("status") == "stopped":
+        rule = (row.get("stop_min_agreement"), row.get("stop_rung_prompts"))
+        return rule[0] is not None and rule == (search.min_agreement, search.rung_prompts)
+    return row.get("status") in DONE_STATUSES
+
+
 def done_rows(cfg: Config) -> dict[str, dict]:
-    """Rows already under results.root that count as done, by trial id (unless sweep.rerun)."""
+    """Rows already under results.root that count as done for this sweep (``counts_as_done``), by trial id (unless
+    sweep.rerun)."""
     import polars as pl
 
     from sweep.store import scan
@@ -182,7 +238,8 @@ def done_rows(cfg: Config) -> dict[str, dict]:
     if cfg.sweep.rerun:
         return {}
     rows = scan("trials", cfg.results.root).filter(pl.col("status").is_in(DONE_STATUSES)).collect()
-    return {r["trial_id"]: r for r in rows.sort("created_at").iter_rows(named=True)}
+    done = (r for r in rows.sort("created_at").iter_rows(named=True) if counts_as_done(r, cfg.search))
+    return {r["trial_id"]: r for r in done}
 
 
 def select_trials(

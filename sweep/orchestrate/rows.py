@@ -38,18 +38,20 @@ class SweepOutcome:
     simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
 
 
-def row_path(root: str | Path, model: str, gate: str, trial_id: str) -> Path:
-    """Where the trials table keeps a trial's row (``sweep.store.table_path``)."""
+def row_path(root: str | Path, model: str, gate: str, trial_id: str, under: str = "") -> Path:
+    """Where the trials table keeps a trial's row (``sweep.store.table_path``; ``under=KEPT``: where it is kept when
+    its own path cannot be written)."""
     from sweep.store import table_path
 
-    return table_path("trials", root, {"model": model, "gate": gate}, trial_id)
+    return table_path("trials", root, {"model": model, "gate": gate}, trial_id, under)
 
 
-def finished_row(path: Path) -> dict | None:
-    """The row in ``path`` if it counts as done (ok or nondeterministic), else None."""
+def finished_row(path: Path, search=None) -> dict | None:
+    """The row in ``path`` if it counts as done: for a sweep under ``search``, ``counts_as_done`` (a row stopped
+    under another stopping rule does not); without one, any done status."""
     import polars as pl
 
-    from sweep.orchestrate.plan import DONE_STATUSES
+    from sweep.orchestrate.plan import DONE_STATUSES, counts_as_done
     from sweep.store import read_file
 
     if not path.is_file():
@@ -58,15 +60,34 @@ def finished_row(path: Path) -> dict | None:
         rows = read_file("trials", path).to_dicts()
     except (OSError, SweepError, pl.exceptions.PolarsError):
         return None
-    return rows[0] if len(rows) == 1 and rows[0].get("status") in DONE_STATUSES else None
+    if len(rows) != 1:
+        return None
+    done = counts_as_done(rows[0], search) if search is not None else rows[0].get("status") in DONE_STATUSES
+    return rows[0] if done else None
+
+
+def finished_row_of(root: str | Path, model: str, gate: str, trial_id: str, search=None) -> dict | None:
+    """A trial's finished row (``finished_row``) at its own path, else where it was kept (``KEPT``): a kept row
+    counts, and is replaced, under the same rules as a row in place."""
+    from sweep.store import KEPT
+
+    for under in ("", KEPT):
+        try:
+            path = row_path(root, model, gate, trial_id, under)
+        except SweepError:  # a link planted on the way leads out of the root: no row of ours there
+            continue
+        row = finished_row(path, search)
+        if row is not None:
+            return row
+    return None
 
 
 class RowWriter:
     """The single writer of trial rows, and the progress lines.
 
     Fed by ``sweep.orchestrate.callbacks.Progress``; also writes the rows Tune holds at the end that a
-    callback never saw, and failed rows for trials that errored. A finished row (ok or
-    nondeterministic) is never replaced unless ``rerun``: a trial whose row exists (from an
+    callback never saw, and failed rows for trials that errored. A finished row (``finished_row_of``: in place or
+    kept, done under the sweep's ``search``) is never replaced unless ``rerun``: a trial whose row exists (from an
     earlier run, or computed meanwhile by a concurrent sweep into the same root) is counted
     as skipped, not written. Once a row is written its claim (``sweep.orchestrate.claims``) is released.
 
@@ -86,10 +107,12 @@ class RowWriter:
         device: str,
         *,
         rerun: bool = False,
+        search=None,
     ) -> None:
         self.root, self.total, self.base, self.run_id, self.sweep_name = root, total, base, run_id, sweep_name
         self.device = device  # the trials' device, as the driver resolved it
         self.rerun = rerun
+        self.search = search  # the sweep's search: whose stopping rule says whether a stopped row is done
         self.rows: list[dict] = []  # every trial's row this run reported (written or existing)
         self._overheads: dict[str, float] = {}  # per Tune trial: its wall time less its rows' bench_seconds
         self._bench: dict[str, float] = {}
@@ -255,7 +278,7 @@ class RowWriter:
         self._seen.add(tid)
         self.rows.append(row)
         path = row_path(self.root, row["model"], row["gate"], tid)
-        if cached or (not self.rerun and finished_row(path) is not None):
+        if cached or (not self.rerun and finished_row_of(self.root, row["model"], row["gate"], tid, self.search)):
             self.existing += 1
             claims.release(self.root, tid, self.run_id)
             return False

@@ -28,7 +28,14 @@ from sweep.config.identity import trial_device, trial_identity
 from sweep.errors import SweepError
 from sweep.orchestrate import claims, interrupt
 from sweep.orchestrate.callbacks import Progress, StopHopeless, StopWhenRowsCannotBeWritten
-from sweep.orchestrate.plan import baseline_groups, done_settings, plan_sweep, select_trials, tune_settings
+from sweep.orchestrate.plan import (
+    baseline_groups,
+    done_settings,
+    plan_sweep,
+    record_definition,
+    select_trials,
+    tune_settings,
+)
 from sweep.orchestrate.progress_ray import Hub, cannot_start_workers, forwarding
 from sweep.orchestrate.ray_internals import embedded_session
 from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
@@ -147,6 +154,7 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
     """The search's own pass (``Search.select``: a screen, a profile, in a worker), pick the trials still to run,
     fit, reconcile."""
     cfg = plan.cfg
+    record_definition(plan)  # the work starts here: a run refused before leaves no sweep of its name
     search = SEARCHES.get(cfg.search.kind, key="search.kind")
     worker = InWorker(lambda fn, label, *args: _in_worker(fn, label, resources, hub, *args), device)
     selection = search.select(plan, worker)
@@ -171,7 +179,9 @@ def _run_trials(plan: Plan, resources: dict, device: str, hub: Hub) -> SweepOutc
         )
         log.info("sweep %s: %s", plan.name, why)
         return outcome
-    writer = RowWriter(str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun)
+    writer = RowWriter(
+        str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun, search=cfg.search
+    )
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; progress is ours
     try:
         interrupted = False

@@ -27,7 +27,7 @@ def run_claimed(
     raises is the failed row of each setting not yet reported, never an error out of the worker:
     Tune retries only workers that died, not a deterministic error. ``on_rung``: ``trial_rows``'s."""
     from sweep.orchestrate import claims
-    from sweep.orchestrate.rows import finished_row, row_path
+    from sweep.orchestrate.rows import finished_row_of
 
     sweep_name = context.get("sweep_name")
     owner = claims.Owner.here(context["run_id"], sweep_name or "")
@@ -37,8 +37,8 @@ def run_claimed(
         with contextlib.ExitStack() as stack:
             compute = []
             for tid, cfg in sorted(todo, key=lambda t: t[0]):  # one order of claims for every sweep: no deadlock
-                path = row_path(cfg.results.root, cfg.model.name, cfg.gate.name, tid)
-                ready = (lambda: None) if cfg.sweep.rerun else (lambda path=path: finished_row(path))
+                at = (cfg.results.root, cfg.model.name, cfg.gate.name, tid, cfg.search)  # done under this sweep's rule
+                ready = (lambda: None) if cfg.sweep.rerun else (lambda at=at: finished_row_of(*at))
                 held = stack.enter_context(claims.hold(cfg.results.root, tid, owner, ready))
                 notes[tid] = held.notes
                 if held.row is not None:  # a concurrent sweep into the same root computed it
@@ -93,7 +93,7 @@ def trial_rows(
     rows: list = [None] * len(cfgs)
     for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
         try:
-            prepared[i] = prepare(cfg, session)
+            prepared[i] = prepare(cfg, session, in_sweep=True)  # the driver's writer decides what a row replaces
         except Exception as exc:  # noqa: BLE001
             rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
     ready = [i for i, p in enumerate(prepared) if p is not None]

@@ -1,6 +1,6 @@
 """Results store: the declared Parquet schema, atomic writes, tolerant readers."""
 
-from sweep.store._atomic import NotRegular, atomic_write, is_regular, read_regular
+from sweep.store._atomic import atomic_write, is_regular
 from sweep.store._guard import STALE_AFTER_S
 from sweep.store._io import (
     KEPT,
@@ -22,10 +22,8 @@ from sweep.store._task_columns import TASK_COLUMNS
 
 __all__ = [
     "KEPT",
-    "NotRegular",
     "atomic_write",
     "is_regular",
-    "read_regular",
     "STALE_AFTER_S",
     "PROVENANCE",
     "SCHEMA_VERSION",

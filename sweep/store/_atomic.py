@@ -38,24 +38,6 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, exclusive: bool
     return path
 
 
-class NotRegular(OSError):
-    """A path that exists but is not a regular file (a FIFO, a directory, a device): never read."""
-
-
-def read_regular(path, limit: int | None = None) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``limit``), opened without blocking (``O_NONBLOCK``, then
-    ``fstat``): a FIFO or device planted there is ``NotRegular``, never waited on."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegular(f"{path}: not a regular file")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read() if limit is None else f.read(limit)
-    finally:
-        os.close(fd)
-
-
 def is_regular(path) -> bool:
     """Whether ``path`` (its link followed) is a regular file; a stat only, nothing opened."""
     try:

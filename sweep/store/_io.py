@@ -93,16 +93,20 @@ def table_path(name: str, root: str | Path, values: Mapping[str, Any], stem: str
     for the partition values ``values`` (``<root>/<table>/<table>.parquet`` for a single-file table;
     ``<root>/<table>/<under>/<key>=<value>/...`` with ``under``). Each value and the stem must be a safe name, and
     the path must resolve inside ``root``."""
+    path = _layout(name, root, values, stem, under)
+    inside(root, path)
+    return path
+
+
+def _layout(name: str, root: str | Path, values: Mapping[str, Any], stem: str = "", under: str = "") -> Path:
+    """``table_path`` as laid out, before the check that it resolves inside ``root``."""
     table = table_spec(name)
     directory = Path(root) / name / under if under else Path(root) / name
     if table.single_file:
-        path = directory / f"{name}.parquet"
-    else:
-        for key in table.partition_by:
-            directory = directory / f"{key}={check_name(key, str(values[key]))}"
-        path = directory / f"{check_name('stem', stem)}.parquet"
-    inside(root, path)
-    return path
+        return directory / f"{name}.parquet"
+    for key in table.partition_by:
+        directory = directory / f"{key}={check_name(key, str(values[key]))}"
+    return directory / f"{check_name('stem', stem)}.parquet"
 
 
 def write_or_keep(
@@ -114,11 +118,12 @@ def write_or_keep(
     ``sweep analyze`` and a resume's plan find it. Returns (the path written, the error of its own path: None when
     it landed there). A kept twin of a row written in place is removed. FileExistsError on the row's own file
     (``exclusive``: a row another writer put there first) propagates, as does the first error when the kept path
-    fails too (a full disk). An error that names no file (pyarrow's) names the row's own path."""
+    fails too (a full disk, a link planted there). An error that names no file (pyarrow's) names the row's own
+    path. The kept path is only looked at once it is needed: what is planted there never stops a row whose own
+    path is free."""
     table = table_spec(name)
     values = {key: data[key][0] for key in table.partition_by}
     own = table_path(name, root, values, stem)
-    kept = table_path(name, root, values, stem, KEPT)
     try:
         path = write_table(name, data, root=root, provenance={}, stem=stem, exclusive=exclusive)
     except FileExistsError as exc:
@@ -128,19 +133,26 @@ def write_or_keep(
     except OSError as exc:
         failure = exc
     else:
-        if os.path.lexists(kept):
-            try:
-                kept.unlink()
-            except OSError as exc:
-                log.warning("cannot remove %s, the kept twin of %s: %s", kept, path, exc)
+        _remove_kept_twin(name, root, values, stem, path)
         return path, None
     if failure.filename is None:
         failure.filename = str(own)
     try:
         return write_table(name, data, root=root, provenance={}, stem=stem, under=KEPT), failure
-    except OSError as exc:
-        log.warning("cannot keep the row at %s either: %s", kept, exc)
+    except (OSError, ConfigError) as exc:
+        log.warning("cannot keep the row at %s either: %s", Path(root) / name / KEPT, exc)
         raise failure from None
+
+
+def _remove_kept_twin(name: str, root: str | Path, values: Mapping[str, Any], stem: str, written: Path) -> None:
+    """Remove the kept twin of a row just written in place (``write_or_keep``); a kept path that cannot be used
+    (a link planted there) is left alone, said once."""
+    try:
+        kept = table_path(name, root, values, stem, KEPT)
+        if os.path.lexists(kept):
+            kept.unlink()
+    except (OSError, ConfigError) as exc:
+        log.warning("cannot remove the kept twin of %s: %s", written, exc)
 
 
 def kept_line(trial_id: str, failure: OSError, kept: Path) -> str:
@@ -156,15 +168,25 @@ def kept_line(trial_id: str, failure: OSError, kept: Path) -> str:
 def check_row_path(
     name: str, root: str | Path, values: Mapping[str, Any], stem: str, key: str = "results.root"
 ) -> Path:
-    """Before any work: the path a row of table ``name`` will be written to (``table_path``), refused in one line
-    naming the path where something is in its way: a directory of its partitions that is not a directory (a file
-    planted where ``gate=...`` belongs), or the row's own path that is not a regular file (a FIFO, a directory)."""
+    """Before any work: the path a row of table ``name`` will be written to (``table_path``) and the path it is kept
+    at should its own fail (``KEPT``, ``write_or_keep``), each refused in one line naming the path where something
+    is in its way: a directory of its partitions that is not a directory (a file or a symbolic link planted where
+    ``gate=...`` or ``kept`` belongs), or the row's file that is not a regular file (a FIFO, a directory). The
+    row's own path, as it will be written."""
+    path = _free_path(name, root, values, stem, "", key)
+    _free_path(name, root, values, stem, KEPT, key)
+    return path
+
+
+def _free_path(name: str, root: str | Path, values: Mapping[str, Any], stem: str, under: str, key: str) -> Path:
     import stat
 
-    path = table_path(name, root, values, stem)
-    base = Path(root)
+    where = f"{'kept ' if under else ''}{name} rows of {', '.join(f'{k}={v}' for k, v in values.items())}"
+    path, base = _layout(name, root, values, stem, under), Path(root)
     for parent in reversed(path.relative_to(base).parents):
         at = base / parent
+        if at == base:
+            continue  # the root itself: read once (sweep.config.paths.read_path), a link to a directory is the user's
         try:
             mode = os.lstat(at).st_mode
         except FileNotFoundError:
@@ -172,9 +194,9 @@ def check_row_path(
         except OSError as exc:
             raise ConfigError(f"{key}: cannot check {at} ({exc.strerror or exc})") from None
         if not stat.S_ISDIR(mode):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
             raise ConfigError(
-                f"{key}: {at} is not a directory (planted where the {name} rows of "
-                f"{', '.join(f'{k}={v}' for k, v in values.items())} are written); remove it or use another {key}"
+                f"{key}: {at} is {what} (planted where the {where} are written); remove it or use another {key}"
             )
     try:
         mode = os.lstat(path).st_mode
@@ -182,7 +204,7 @@ def check_row_path(
         return path
     if not stat.S_ISREG(mode):
         raise ConfigError(f"{key}: {path} is not a regular file (planted where a row is written); remove it")
-    return path
+    return table_path(name, root, values, stem, under)  # (inside the root: every directory above was checked)
 
 
 def _metadata(name: str) -> dict[str, str]:

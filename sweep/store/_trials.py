@@ -9,6 +9,10 @@ from sweep.store._task_columns import SPECULATION_COLUMNS, TASK_COLUMNS
 
 STOPPED_AT = "a stopped setting's prompts when it stopped (search.rung_prompts, doubling); null otherwise"
 STOP_HI = "a stopped setting's agreement_hi over those prompts, below search.min_agreement; null otherwise"
+STOP_RULE = (
+    "a stopped setting's stopping rule: the sweep's search.{}; it counts as done only for a sweep under the same "
+    "rule (another sweep measures it); null otherwise, and in stopped rows written before it was recorded"
+)
 
 TRIALS = Table(
     name="trials",
@@ -318,6 +322,8 @@ TRIALS = Table(
         Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
         Column("stopped_at_prompts", pl.Int32(), "prompts", STOPPED_AT, nullable=True),
         Column("stop_agreement_hi", pl.Float64(), "fraction", STOP_HI, nullable=True),
+        Column("stop_min_agreement", pl.Float64(), "fraction", STOP_RULE.format("min_agreement"), nullable=True),
+        Column("stop_rung_prompts", pl.Int32(), "prompts", STOP_RULE.format("rung_prompts"), nullable=True),
         Column(
             "prompt_prefix_agreement", pl.List(pl.Float64()), "fraction", "prefix agreement per prompt", nullable=True
         ),

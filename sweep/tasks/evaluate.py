@@ -40,9 +40,10 @@ HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 
 def prepare(cfg: Config) -> None:
-    """What the trial's task needs, checked before any work (call it before timing anything): for HumanEval, that
-    the sandbox runs programs on this machine (``sweep.tasks.sandbox.prepare``: probed once per process; a
-    SweepError, one line, where it cannot)."""
+    """What the trial's task needs, checked before any work (before the model loads; nothing without a task): its
+    problems and files (``check_inputs``) and, for HumanEval, that the sandbox runs programs on this machine
+    (``sweep.tasks.sandbox.prepare``: probed once per process; a SweepError, one line, where it cannot)."""
+    check_inputs(cfg)
     if cfg.eval.task == "humaneval":
         from sweep.tasks.sandbox import prepare as sandbox_ready
 
@@ -70,6 +71,24 @@ def reference_key(cfg: Config, lm) -> str:
         "scorer": scorer_hash(),
     }
     return json.dumps(key, sort_keys=True)
+
+
+def check_inputs(cfg: Config) -> None:
+    """Before any work (before the model loads): the task's problems can be read, or one line naming them (rc 2),
+    instead of an error after the timed rounds that loses the row. HumanEval's data file; each harness task loaded
+    as lm-evaluation-harness loads it (its YAML, its dataset's files: ``sweep.tasks.harness.check_tasks``)."""
+    if cfg.eval.task == "humaneval":
+        from sweep.tasks import humaneval
+
+        try:
+            humaneval.problems(1)
+        except (OSError, ValueError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise InputError(f"eval.task=humaneval: its problems cannot be read ({first})") from None
+    elif cfg.eval.task == "harness":
+        from sweep.tasks.harness import check_tasks
+
+        check_tasks(tuple(cfg.eval.harness_tasks or ()), cfg.eval.harness_include)
 
 
 def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ hands its arguments to lm-eval's own command line)::
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
@@ -206,6 +207,28 @@ def _load(model: str, gate: str, device, args: dict[str, Any]) -> tuple[Decoders
     if cfg.bench.mode == "self_speculative":
         engine = SelfSpeculative(lm, drafter_for(lm, g), cfg.bench.draft_len, cfg.bench.draft_stop)
     return Decoders.of(lm, g, cfg.bench.mode, engine), cfg.eval.max_tokens
+
+
+@functools.lru_cache(maxsize=16)
+def check_tasks(tasks: tuple[str, ...], include: str | None) -> None:
+    """Before any work: ``tasks`` load as lm-evaluation-harness loads them for ``run_tasks`` (the task YAMLs under
+    ``include`` and the harness's own, each task's dataset and its data files), or one line (rc 2) naming the tasks
+    and what failed: a missing data file is refused here, not after the timed rounds. Once per process for a set
+    of tasks (a sweep's worker checks them for its first trial)."""
+    _lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    try:
+        loaded = TaskManager(include_path=include).load(list(tasks))
+    except Exception as exc:  # noqa: BLE001 - whatever stops a task loading now would stop it after the work
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise InputError(
+            f"eval.harness_tasks={list(tasks)}: cannot load them ({type(exc).__name__}: {first})"
+            + (f"; tasks are looked up in eval.harness_include={include} and the harness's own" if include else "")
+        ) from None
+    missing = [t for t in tasks if t not in loaded.get("tasks", {}) and t not in loaded.get("groups", {})]
+    if missing:
+        raise InputError(f"eval.harness_tasks={list(tasks)}: no task named {missing[0]!r} loaded")
 
 
 def run_tasks(cfg, lm, engine, label: str):
