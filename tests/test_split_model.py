@@ -211,3 +211,21 @@ def test_the_packaged_qwen_loads_and_decodes_as_transformers_does():
         theirs = lm.model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids) :].tolist()
     assert ours == theirs
     assert "return a + b" in lm.tokenizer.decode(ours)
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["model.sha256=null"], "model.parts: a model in parts needs model.source=packaged and model.sha256"),
+        (["model.parts=[]"], "model.package and model.file, or model.parts: required"),
+        (["model.source=gguf", "model.path=x.gguf"], "model.parts: a model in parts needs model.source=packaged"),
+        (["model.sha256=ABC"], "model.sha256=ABC: must be the whole file's sha256, 64 lowercase hex digits"),
+        (["model.parts=[{path: a/b, size: 0, sha256: x}]"], "model.parts[0].size=0: must be the part's size"),
+    ],
+)
+def test_a_model_in_parts_is_described_whole_or_refused_in_one_line(overrides, says):
+    from sweep.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        compose("model=qwen2.5-coder-0.5b", *overrides)
+    assert says in str(info.value) and "\n" not in str(info.value)

@@ -202,15 +202,10 @@ def _check_model(cfg: Config) -> None:
         raise ConfigError(f"model.path: required for model={m.source} (model.path={example})")
     if m.source == "tiny" and (m.family is None or m.tiny is None):
         raise ConfigError("model.family and model.tiny: required for a tiny model (see conf/model/tiny-llama.yaml)")
-    if m.source == "packaged" and m.parts is None and (m.package is None or m.file is None):
-        raise ConfigError(
-            "model.package and model.file (or model.parts and model.sha256): required for a packaged model"
-        )
-    if m.parts is not None and (m.source != "packaged" or m.sha256 is None or not m.parts):
-        raise ConfigError(
-            "model.parts: a packaged model's parts need model.source=packaged, at least one part and model.sha256 (the "
-            "whole file's)"
-        )
+    if m.source == "packaged" and (m.parts is None and (m.package is None or m.file is None)) or m.parts == ():
+        raise ConfigError("model.package and model.file, or model.parts: required for a packaged model")
+    if m.parts is not None and (m.source != "packaged" or m.sha256 is None):
+        raise ConfigError("model.parts: a model in parts needs model.source=packaged and model.sha256 (the whole's)")
     if m.tiny is not None and m.tiny.heads % m.tiny.kv_heads != 0:
         raise ConfigError(f"model.tiny.kv_heads={m.tiny.kv_heads}: must divide model.tiny.heads={m.tiny.heads}")
     if m.source == "tiny" and m.tiny is not None:  # its hidden size is known before any weights exist

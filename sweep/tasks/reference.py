@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import stat
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -63,27 +62,19 @@ def entry_path(key: str) -> Path:
 
 def load(key: str) -> Side | None:
     """The side stored under ``key``; None when there is none, or the entry cannot be trusted (said in a warning)."""
+    from sweep.userfiles import read_json
+
     path = entry_path(key)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as exc:
-        log.warning("the stored full-depth side %s cannot be read (%s); measuring it again", path, exc)
-        return None
-    problem = _read_problem(path, st)
-    if problem is None:
-        try:
-            with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as f:
-                record = json.loads(f.read(MAX_BYTES + 1))
-            side = _side(record, key)
-            if isinstance(side, Side):
-                log.info("the full-depth side of this task comes from %s (measured earlier on this machine)", path)
-                return side
-            problem = side
-        except (OSError, ValueError, RecursionError) as exc:
-            problem = f"not an entry ({type(exc).__name__})"
-    log.warning("the stored full-depth side %s cannot be used (%s); measuring it again", path, problem)
+    try:  # only a regular file of bounded size and JSON depth is read (sweep.userfiles)
+        side = _side(read_json(path, MAX_BYTES), key)
+    except (OSError, ValueError) as exc:
+        side = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    if isinstance(side, Side):
+        log.info("the full-depth side of this task comes from %s (measured earlier on this machine)", path)
+        return side
+    log.warning("the stored full-depth side %s cannot be used (%s); measuring it again", path, side)
     return None
 
 
@@ -103,14 +94,6 @@ def save(key: str, side: Side) -> Path | None:
         return None
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _read_problem(path: Path, st: os.stat_result) -> str | None:
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_size > MAX_BYTES:
-        return f"{st.st_size} bytes, over the {MAX_BYTES} an entry may have"
-    return None
 
 
 def _side(record, key: str) -> Side | str:
