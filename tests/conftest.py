@@ -164,7 +164,7 @@ def ray_session():
 
     cluster = compose([]).cluster  # conf/cluster/local.yaml
     ray_environment(cluster)
-    from sweep.orchestrate import tune as sweep_tune
+    from sweep.orchestrate import ray as sweep_tune
 
     started = sweep_tune.start_ray(cluster)
     yield sweep_tune
@@ -177,7 +177,7 @@ TINY_SWEEP = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.re
 
 def sweep(tmp_path, *overrides):
     """Run `sweep run` in-process on the session's embedded Ray."""
-    from sweep.orchestrate.tune import run_sweep
+    from sweep.orchestrate.ray.tuner import run_sweep
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", *overrides]
     return run_sweep(compose(*args), args)

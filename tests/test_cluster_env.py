@@ -28,7 +28,7 @@ from sweep.orchestrate.cluster_env import ray_environment
 from sweep.config import compose
 cluster = compose([]).cluster
 ray_environment(cluster)  # as sweep run does, before Ray is imported
-from sweep.orchestrate import tune
+from sweep.orchestrate import ray as tune
 tune.start_ray(cluster)
 import ray
 print("TOKEN_PATH", os.environ.get("RAY_AUTH_TOKEN_PATH"), flush=True)
@@ -149,7 +149,7 @@ def test_a_running_clusters_token_stays_while_other_state_directories_come_and_g
 @pytest.fixture(scope="module")
 def embedded_driver(tmp_path_factory):
     """A `sweep run`-like driver in a child process: its embedded cluster started through
-    ray_environment and sweep.orchestrate.ray_start.start_ray, with a private HOME and state dir."""
+    ray_environment and sweep.orchestrate.ray.start.start_ray, with a private HOME and state dir."""
     tmp = tmp_path_factory.mktemp("driver")
     home, state = tmp / "home", tmp / "state"
     home.mkdir()

@@ -271,8 +271,8 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
     from conftest import TINY_SWEEP, compose
     from sweep.config.identity import trial_identity
     from sweep.orchestrate.plan import plan_sweep, select_trials
-    from sweep.orchestrate.progress_ray import Hub
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.ray.hub import Hub
+    from sweep.orchestrate.writer import RowWriter
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=saturation-grid", "sweep.max_failures=2"]
     p = plan_sweep(compose(*args), args)
@@ -298,7 +298,7 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
 def test_a_bundle_given_up_within_max_failures_runs_again_only_its_settings_without_a_row(tmp_path):
     from conftest import TINY_SWEEP, compose
     from sweep.orchestrate.plan import plan_sweep, select_trials
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=saturation-grid", "sweep.max_failures=2"]
     p = plan_sweep(compose(*args), args)

@@ -143,7 +143,7 @@ def test_multi_objective_study_names_both_metrics(ray_session, tmp_path):
 
 
 def test_parameter_names_are_config_paths_unless_distributions_differ(ray_session):
-    from sweep.orchestrate.study import param_names, subspace_labels
+    from sweep.orchestrate.searches.study import param_names, subspace_labels
 
     for name in ("optuna-mo", "optuna-constrained"):
         parsed = spaces(compose(f"search={name}").search)
@@ -170,7 +170,7 @@ def test_parameter_names_are_config_paths_unless_distributions_differ(ray_sessio
 def test_a_name_keeps_one_distribution_per_study(ray_session):
     """Sub-spaces that give one config path different distributions (even different kinds)
     run in one study without Optuna refusing a parameter."""
-    from sweep.orchestrate.study import DefineByRun
+    from sweep.orchestrate.searches.study import DefineByRun
 
     cfg = compose(
         "search=optuna-mo",
@@ -196,7 +196,7 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     from conftest import TINY_SWEEP
     from sweep.config.identity import trial_identity
     from sweep.orchestrate.settings import trial_config
-    from sweep.orchestrate.searcher import optuna_search
+    from sweep.orchestrate.ray.searcher import optuna_search
 
     base = [*TINY_SWEEP, "search=optuna-mo"]
     search = optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)

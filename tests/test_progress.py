@@ -265,7 +265,7 @@ def test_a_sweeps_eta_comes_from_the_work_left_and_steps_down_evenly_through_a_b
     time of the rows so far, would read near zero here: they took no wall time in this test), a setting with
     twice the work left counts twice, and the last row leaves nothing."""
     from sweep.bench.command import run_bench
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
 
     cfg = compose("model=tiny-llama", "gate=margin", "gate.theta=1", "prompts.n=2", f"results.root={tmp_path / 'b'}")
     _, real, _ = run_bench(cfg)

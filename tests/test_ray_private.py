@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.orchestrate import ray_internals as _ray_private
+from sweep.orchestrate.ray import internals as _ray_private
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +84,8 @@ def test_a_node_that_cannot_start_workers_stops_the_sweep(ray):
     apart from other refusals, and it stops every trial: they would wait for a worker forever."""
     from types import SimpleNamespace
 
-    from sweep.orchestrate.callbacks import StopWhenRowsCannotBeWritten
-    from sweep.orchestrate.progress_ray import cannot_start_workers
+    from sweep.orchestrate.ray.callbacks import StopWhenRowsCannotBeWritten
+    from sweep.orchestrate.ray.hub import cannot_start_workers
 
     startup = (
         "The actor is not schedulable: Could not create the actor because worker startup repeatedly failed.\n"

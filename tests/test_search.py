@@ -59,7 +59,7 @@ def test_one_function_maps_every_kind_to_tune_and_optuna(ray_session):
     import optuna
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from sweep.orchestrate.study import distributions as d
+    from sweep.orchestrate.searches.study import distributions as d
 
     domain, dist = d(Param("k", "choice", (1, 2)))
     assert isinstance(domain, Categorical) and dist == optuna.distributions.CategoricalDistribution([1, 2])
@@ -74,7 +74,7 @@ def test_define_by_run_suggests_composable_overrides(ray_session):
     import optuna
 
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
-    from sweep.orchestrate.study import DefineByRun
+    from sweep.orchestrate.searches.study import DefineByRun
 
     space = DefineByRun(spaces(compose("search=optuna-mo").search))
     seen = set()

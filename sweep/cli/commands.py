@@ -68,9 +68,9 @@ def _run(overrides: list[str]) -> int:
     check_sweep_name(cfg)
     ray_environment(cfg.cluster)  # before Ray is imported
     from sweep.orchestrate import interrupt
-    from sweep.orchestrate.rows import overhead_summary
+    from sweep.orchestrate.writer import overhead_summary
     from sweep.report.run_report import failures, sweep_report
-    from sweep.orchestrate.tune import run_sweep
+    from sweep.orchestrate.ray.tuner import run_sweep
 
     with progress.breakdown() as times:
         outcome = run_sweep(cfg, overrides)

@@ -41,7 +41,7 @@ def trial_config(base: list[str], trial: list[str], device: str) -> Config:
 
 def row_ids(root: str | Path) -> set[str]:
     """The trial ids with a row under ``root``, whatever its status (a resumed Optuna sweep counts
-    a study trial done only when its row exists: ``sweep.orchestrate.study.remaining_trials``)."""
+    a study trial done only when its row exists: ``sweep.orchestrate.searches.study.remaining_trials``)."""
     from sweep.store import scan
 
     return set(scan("trials", root).select("trial_id").collect()["trial_id"].to_list())

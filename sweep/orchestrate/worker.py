@@ -1,7 +1,7 @@
 """What a sweep's Ray workers compute, Ray-free: a Tune trial's rows (a search's own pass in a worker is the
 search's: ``sweep.orchestrate.searches``).
 
-``sweep.orchestrate.tune`` runs these in its workers and reports the results to Tune or the driver.
+``sweep.orchestrate.ray.tuner`` runs these in its workers and reports the results to Tune or the driver.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def run_claimed(
     raises is the failed row of each setting not yet reported, never an error out of the worker:
     Tune retries only workers that died, not a deterministic error. ``on_rung``: ``trial_rows``'s."""
     from sweep.orchestrate import claims
-    from sweep.orchestrate.rows import finished_row, row_path
+    from sweep.orchestrate.writer import finished_row, row_path
 
     sweep_name = context.get("sweep_name")
     owner = claims.Owner.here(context["run_id"], sweep_name or "")

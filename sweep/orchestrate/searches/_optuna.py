@@ -1,5 +1,5 @@
 """`kind: optuna`: Optuna, seeded, as Ray Tune's searcher over the sub-spaces (its study in SQLite beside the
-sweep: ``sweep.orchestrate.study``)."""
+sweep: ``sweep.orchestrate.searches.study``)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class Optuna(Search):
     def searcher(self, plan, device):
         from ray.tune.search import ConcurrencyLimiter
 
-        from sweep.orchestrate.searcher import optuna_search
+        from sweep.orchestrate.ray.searcher import optuna_search
 
         cfg = plan.cfg
         found = optuna_search(cfg.search, plan.path, base=plan.base, device=device, root=plan.root, known=plan.done)
@@ -86,7 +86,7 @@ class Optuna(Search):
         import optuna
 
         from sweep.bench.noise import rounds_for_floor
-        from sweep.orchestrate.study import DefineByRun, open_study
+        from sweep.orchestrate.searches.study import DefineByRun, open_study
 
         cfg = plan.cfg
         study = open_study(cfg.search, plan.path)
@@ -108,8 +108,8 @@ class Optuna(Search):
 
     def trials(self, plan) -> int:
         """``search.n_trials``, or on a resume those the study still lacks (a trial counts only with its row:
-        ``sweep.orchestrate.study.remaining_trials``)."""
-        from sweep.orchestrate.study import remaining_trials
+        ``sweep.orchestrate.searches.study.remaining_trials``)."""
+        from sweep.orchestrate.searches.study import remaining_trials
 
         if not plan.cfg.resume:
             return plan.cfg.search.n_trials

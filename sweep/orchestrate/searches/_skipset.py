@@ -1,5 +1,5 @@
 """`kind: skipset` (`search=skipset-optuna`, `search=skipset-random`): skip sets searched on the fast screen in a
-worker (``sweep.orchestrate.skipsearch``: an Optuna study over the sublayers, persisted beside the sweep and
+worker (``sweep.orchestrate.searches.skipstudy``: an Optuna study over the sublayers, persisted beside the sweep and
 resumed from there), then the best few, with what the study drew with them, measured closed-loop as a grid."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class SkipSetSearch(Search):
         """The screen study in a worker with the trials' resources (resumed from its SQLite study when one is
         there), its progress shown on the driver, then the chosen candidates (skip set, draft_stop, draft_len) as
         grid settings, composed here."""
-        from sweep.orchestrate.study import optuna_storage_url
+        from sweep.orchestrate.searches.study import optuna_storage_url
 
         plan.path.mkdir(parents=True, exist_ok=True)
         storage = optuna_storage_url(plan.path)
@@ -124,14 +124,14 @@ def drawn_overrides(cfg: Config, candidate: Candidate) -> list[str]:
 
 def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
     """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
-    self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the
+    self-speculation's costs, then the screen study (``sweep.orchestrate.searches.skipstudy``) in ``storage``; the
     candidates (skip set, draft_stop, draft_len) to run closed-loop, best first."""
     from sweep.bench.command import prepare
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
     from sweep.config.identity import trial_identity
     from sweep.decode.skipscreen import first_drafts, record
-    from sweep.orchestrate.skipsearch import best_trials, candidate, search
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
 
     probe = trial_config(base, [], device)
     lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification

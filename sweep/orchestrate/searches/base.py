@@ -4,7 +4,7 @@ A search (``search.kind``) says what it plans (``foresee``: every setting it can
 bad value fails there), what it runs before the trials (``select``: an optional pass in a worker, a profile or a
 screen, and on a resume what its earlier run chose), what it hands Ray Tune (the settings of ``select``, run as a
 grid, or for a search that samples while Tune runs its ``searcher`` and how many trials it draws) and the rules of
-its own config keys (``check``). ``sweep.orchestrate.tune`` only drives Ray Tune with what a search hands it.
+its own config keys (``check``). ``sweep.orchestrate.ray.tuner`` only drives Ray Tune with what a search hands it.
 """
 
 from __future__ import annotations

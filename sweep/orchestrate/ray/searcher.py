@@ -1,6 +1,7 @@
-"""Ray Tune's searcher for an Optuna sweep: OptunaSearch over the define-by-run space (``sweep.orchestrate.study``),
-whose study stands on its own (each trial's row identity, measured figures and constraints where optuna-dashboard
-and Optuna's samplers read them) and whose trials are settings the sweep has not measured."""
+"""Ray Tune's searcher for an Optuna sweep: OptunaSearch over the define-by-run space
+(``sweep.orchestrate.searches.study``), whose study stands on its own (each trial's row identity, measured figures
+and constraints where optuna-dashboard and Optuna's samplers read them) and whose trials are settings the sweep has
+not measured."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from sweep.config import SearchConfig
 from sweep.config.identity import trial_identity
 from sweep.config.search import METRICS, spaces
 from sweep.errors import SweepError
-from sweep.orchestrate import ray_internals as _ray_private
+from sweep.orchestrate.ray import internals as _ray_private
 from sweep.orchestrate.settings import trial_config
-from sweep.orchestrate.study import DefineByRun, _reading, describe_study, optuna_storage_url
+from sweep.orchestrate.searches.study import DefineByRun, _reading, describe_study, optuna_storage_url
 
 
 class ConstrainedOptunaSearch(OptunaSearch):
@@ -178,7 +179,7 @@ def reported_metrics(row: dict) -> dict:
     """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed).
     ``speedup_wall`` is the ranked speedup the analysis ranks by (``sweep.bench.estimators.row_speedup``:
     capped at 1.0 from above where no compute was skipped, 1.0 inside the trial's A/A noise floor);
-    the study keeps the measured ratio as a user attribute (``sweep.orchestrate.study``)."""
+    the study keeps the measured ratio as a user attribute (``sweep.orchestrate.searches.study``)."""
     ok = row.get("status") == "ok"
     metrics = {m: (row.get(m) if ok else None) for m in METRICS}
     if ok:

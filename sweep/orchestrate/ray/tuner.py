@@ -1,12 +1,12 @@
-"""Executing a sweep: the Ray side of `sweep run` (its Optuna side is ``sweep.orchestrate.study``).
+"""Executing a sweep: the Ray side of `sweep run` (its Optuna side is ``sweep.orchestrate.searches.study``).
 
 `sweep run` plans on the driver (``sweep.orchestrate.plan``: what to run, what is done, names), starts
 an embedded Ray bound to 127.0.0.1 (or joins a cluster), and runs bench trials through Ray
 Tune: a grid, or Optuna as the search algorithm (its study persisted in SQLite beside
 Tune's experiment). Each trial is a list of Hydra overrides; a worker composes it on the
 device the driver resolved, reuses its process's model (one load per worker), runs the
-bench and reports the row; the driver is the single writer of the rows (``sweep.orchestrate.rows``).
-Ray Jobs submission is ``sweep.orchestrate.submit``; private Ray attributes are ``sweep.orchestrate.ray_internals``.
+bench and reports the row; the driver is the single writer of the rows (``sweep.orchestrate.writer``).
+Ray Jobs submission is ``sweep.orchestrate.submit``; private Ray attributes are ``sweep.orchestrate.ray.internals``.
 
 Importing this module imports Ray: call ``sweep.orchestrate.cluster_env.ray_environment`` first, since
 Ray reads its auth mode and single-node mode when it is imported.
@@ -27,19 +27,19 @@ from sweep.config import ClusterConfig, Config
 from sweep.config.identity import trial_device, trial_identity
 from sweep.errors import SweepError
 from sweep.orchestrate import claims, interrupt
-from sweep.orchestrate.callbacks import Progress, StopHopeless, StopWhenRowsCannotBeWritten
+from sweep.orchestrate.ray.callbacks import Progress, StopHopeless, StopWhenRowsCannotBeWritten
 from sweep.orchestrate.plan import baseline_groups, done_settings, plan_sweep, select_trials, tune_settings
-from sweep.orchestrate.progress_ray import Hub, cannot_start_workers, forwarding
-from sweep.orchestrate.ray_internals import embedded_session
-from sweep.orchestrate.ray_start import start_ray, stop_ray, trial_resources
+from sweep.orchestrate.ray.hub import Hub, cannot_start_workers, forwarding
+from sweep.orchestrate.ray.internals import embedded_session
+from sweep.orchestrate.ray.start import start_ray, stop_ray, trial_resources
 from sweep.errors import os_error
-from sweep.orchestrate.rows import RowWriter, SweepOutcome
+from sweep.orchestrate.writer import RowWriter, SweepOutcome
 from sweep.orchestrate.searches import SEARCHES, InWorker
-from sweep.orchestrate.searcher import reported_metrics
+from sweep.orchestrate.ray.searcher import reported_metrics
 from sweep.orchestrate.settings import Plan, trial_config
 from sweep.orchestrate.worker import run_claimed
 
-log = logging.getLogger("sweep.orchestrate.tune")
+log = logging.getLogger("sweep.orchestrate.ray.tuner")
 
 
 # ---------------------------------------------------------------- Ray
@@ -84,7 +84,7 @@ def _settings_trial(config: dict, base: list[str] = (), context: dict | None = N
 def _report_rung(row: dict) -> None:
     """A lone setting's agreement after its first prompts, to Tune: the row it ends with if it stops there
     (status ``stopped``), with the upper end of its agreement's interval, on which Tune's stopper decides
-    (``sweep.orchestrate.callbacks.StopHopeless``). Tune stops the trial inside this call, or it returns and the
+    (``sweep.orchestrate.ray.callbacks.StopHopeless``). Tune stops the trial inside this call, or it returns and the
     bench goes on."""
     metrics = {**reported_metrics(row), "row_json": json.dumps(row, default=str), "cached": False}
     check = {"rung": row["stopped_at_prompts"], "agreement_hi": row["stop_agreement_hi"]}

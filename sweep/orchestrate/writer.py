@@ -1,6 +1,6 @@
 """On the driver: the single writer of a sweep's trial rows, and its progress lines.
 
-Ray-free: ``sweep.orchestrate.callbacks.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
+Ray-free: ``sweep.orchestrate.ray.callbacks.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sweep.config.identity import trial_identity
 from sweep.orchestrate.plan import tune_settings
 from sweep.orchestrate.settings import trial_config
 
-log = logging.getLogger("sweep.orchestrate.rows")
+log = logging.getLogger("sweep.orchestrate.writer")
 
 
 @dataclass
@@ -64,7 +64,7 @@ def finished_row(path: Path) -> dict | None:
 class RowWriter:
     """The single writer of trial rows, and the progress lines.
 
-    Fed by ``sweep.orchestrate.callbacks.Progress``; also writes the rows Tune holds at the end that a
+    Fed by ``sweep.orchestrate.ray.callbacks.Progress``; also writes the rows Tune holds at the end that a
     callback never saw, and failed rows for trials that errored. A finished row (ok or
     nondeterministic) is never replaced unless ``rerun``: a trial whose row exists (from an
     earlier run, or computed meanwhile by a concurrent sweep into the same root) is counted
@@ -72,7 +72,7 @@ class RowWriter:
 
     A row that cannot be written (a full disk, a read-only mount: any OSError of the store) is
     never half-written (``sweep.store`` writes atomically); the first such error is kept in
-    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.orchestrate.tune``), and
+    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.orchestrate.ray.tuner``), and
     a resume computes that trial again.
     """
 

@@ -9,7 +9,7 @@ import ray
 
 from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
-from sweep.orchestrate import ray_internals as _ray_private
+from sweep.orchestrate.ray import internals as _ray_private
 
 
 def start_ray(cluster: ClusterConfig) -> bool:

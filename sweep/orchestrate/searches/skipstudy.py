@@ -27,7 +27,7 @@ from sweep.decode.skipscreen import FirstDrafts, predict
 from sweep.gates.skipset import Candidate, SkipSet
 from sweep.errors import ConfigError
 
-log = logging.getLogger("sweep.orchestrate.skipsearch")
+log = logging.getLogger("sweep.orchestrate.searches.skipstudy")
 
 SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
 ASKS = 20  # proposals per distinct candidate at most: a space with fewer candidates than n_trials ends the study

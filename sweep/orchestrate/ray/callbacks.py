@@ -12,10 +12,10 @@ from sweep import progress
 from sweep.orchestrate.plan import (
     tune_settings,
 )
-from sweep.orchestrate.progress_ray import Hub
-from sweep.orchestrate.rows import RowWriter, last_error
+from sweep.orchestrate.ray.hub import Hub
+from sweep.orchestrate.writer import RowWriter, last_error
 
-log = logging.getLogger("sweep.orchestrate.callbacks")
+log = logging.getLogger("sweep.orchestrate.ray.callbacks")
 
 
 class StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
