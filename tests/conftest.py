@@ -177,7 +177,7 @@ TINY_SWEEP = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.re
 
 def sweep(tmp_path, *overrides):
     """Run `sweep run` in-process on the session's embedded Ray."""
-    from sweep.orchestrate.ray.tuner import run_sweep
+    from sweep.orchestrate.driver import run_sweep
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", *overrides]
     return run_sweep(compose(*args), args)

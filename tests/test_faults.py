@@ -270,6 +270,7 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
     again, one per Tune trial, on the real embedded Ray; only a trial past the allowance gets failed rows."""
     from conftest import TINY_SWEEP, compose
     from sweep.config.identity import trial_identity
+    from sweep.orchestrate.driver import run_again
     from sweep.orchestrate.plan import plan_sweep, select_trials
     from sweep.orchestrate.ray.hub import Hub
     from sweep.orchestrate.writer import RowWriter
@@ -284,7 +285,7 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
     assert read("trials", tmp_path)["status"].to_list() == ["failed"]
     hub = Hub()
     try:
-        interrupted = ray_session.run_again(p, {"cpu": 1, "gpu": 0}, "cpu", writer, hub, False)
+        interrupted = run_again(p, ray_session.TuneCluster({"cpu": 1, "gpu": 0}, "cpu", hub), writer, False)
     finally:
         hub.close()
         writer.close()

@@ -4,7 +4,6 @@ names its metrics, its parameters readably, links every trial to its Parquet row
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -205,7 +204,7 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     search.on_trial_complete("stopped")
     # a row without its partition columns (read from one Parquet file): gate and model composed
     ok = {"status": "ok", "speedup_wall": 1.5, "speedup_model": 1.4, "agreement": 0.9}
-    search.on_trial_complete("partial", result={**ok, "row_json": json.dumps({**ok, "trial_id": "abc"})})
+    search.on_trial_complete("partial", result={**ok, "row": {**ok, "trial_id": "abc"}})
     study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     first, second, third = study.trials
     assert third.state == optuna.trial.TrialState.COMPLETE and third.values == [1.4, 0.9]  # speedup_model

@@ -3,7 +3,6 @@ nothing under --quiet or CI; the time breakdown a bench ends with; workers' prog
 
 from __future__ import annotations
 
-import json
 import os
 import pty
 import re
@@ -274,7 +273,7 @@ def test_a_sweeps_eta_comes_from_the_work_left_and_steps_down_evenly_through_a_b
     def result(i: int, **changes) -> dict:
         row = {**real, "trial_id": f"{i:016x}", "bench_seconds": 10.0, "trial_seconds": 10.0, "baseline_shared": 4}
         row.update(changes)
-        return {"row_json": json.dumps(row, default=str), "cached": False, "status": "ok"}
+        return {"row": row, "cached": False, "status": "ok"}
 
     writer = RowWriter(str(tmp_path / "r"), 6, [], "run", "eta", "cpu")
     etas = []

@@ -59,7 +59,7 @@ def test_one_function_maps_every_kind_to_tune_and_optuna(ray_session):
     import optuna
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from sweep.orchestrate.searches.study import distributions as d
+    from sweep.orchestrate.ray.searcher import distributions as d
 
     domain, dist = d(Param("k", "choice", (1, 2)))
     assert isinstance(domain, Categorical) and dist == optuna.distributions.CategoricalDistribution([1, 2])

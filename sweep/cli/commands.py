@@ -70,7 +70,7 @@ def _run(overrides: list[str]) -> int:
     from sweep.orchestrate import interrupt
     from sweep.orchestrate.writer import overhead_summary
     from sweep.report.run_report import failures, sweep_report
-    from sweep.orchestrate.ray.tuner import run_sweep
+    from sweep.orchestrate.driver import run_sweep
 
     with progress.breakdown() as times:
         outcome = run_sweep(cfg, overrides)

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from sweep.orchestrate import claims
+from sweep.orchestrate.done import done_rows
 from sweep.config import Config
 from sweep.errors import ConfigError
 from sweep.config.identity import trial_identity
@@ -26,7 +27,6 @@ from sweep.orchestrate.settings import GridTrials, Plan
 
 log = logging.getLogger("sweep.orchestrate.plan")
 
-DONE_STATUSES = ("ok", "nondeterministic", "stopped")  # rows that count as done; failed trials are redone
 DRIVER_KEYS = ("resume", "sweep.name", "run_id", "results.root")  # overrides the driver sets for every trial
 
 
@@ -173,18 +173,6 @@ def sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
     return earlier[-1].name
 
 
-def done_rows(cfg: Config) -> dict[str, dict]:
-    """Rows already under results.root that count as done, by trial id (unless sweep.rerun)."""
-    import polars as pl
-
-    from sweep.store import scan
-
-    if cfg.sweep.rerun:
-        return {}
-    rows = scan("trials", cfg.results.root).filter(pl.col("status").is_in(DONE_STATUSES)).collect()
-    return {r["trial_id"]: r for r in rows.sort("created_at").iter_rows(named=True)}
-
-
 def select_trials(
     grid_trials: GridTrials | None, done: dict, device: str, root: str
 ) -> tuple[list[list[str]] | None, int]:
@@ -214,12 +202,6 @@ def done_settings(grid_trials: GridTrials | None, done: dict, device: str) -> li
             seen.add(tid)
             rows.append(done[tid])
     return rows
-
-
-def tune_settings(config: dict) -> list[list[str]]:
-    """The settings (override lists) a Tune trial's config holds: one (``trial``) or a bundle
-    timed against one shared baseline (``trials``, ``baseline_groups``)."""
-    return config.get("trials") or [config["trial"]]
 
 
 def baseline_groups(grid_trials: GridTrials, todo: list[list[str]], size: int) -> list[list[list[str]]]:

@@ -1,7 +1,9 @@
-"""What a sweep's Ray workers compute, Ray-free: a Tune trial's rows (a search's own pass in a worker is the
-search's: ``sweep.orchestrate.searches``).
+"""What a sweep's workers compute, Ray-free: a Tune trial's settings, each claimed, computed (``trial_rows``, one
+path for one setting or a bundle against one shared baseline) and reported once (a search's own pass in a worker is
+the search's: ``sweep.orchestrate.searches``).
 
-``sweep.orchestrate.ray.tuner`` runs these in its workers and reports the results to Tune or the driver.
+Whatever carries the reports is handed in: ``sweep.orchestrate.ray`` runs ``tune_trial`` in its workers with
+Ray Tune's ``tune.report``; the reports are ``sweep.orchestrate.report``'s.
 """
 
 from __future__ import annotations
@@ -11,6 +13,52 @@ import time
 from typing import Any, Callable
 
 from sweep.config import Config
+from sweep.config.identity import trial_identity
+
+from sweep.orchestrate.report import failed_report, trial_report
+from sweep.orchestrate.settings import trial_config, tune_settings
+
+Report = Callable[[dict], None]  # hands one report to the driver (Ray Tune's ``tune.report`` in a sweep)
+
+
+def tune_trial(config: dict, base: list[str], context: dict, report: Report) -> None:
+    """One Tune trial in a worker: one setting (``config["trial"]``) or a bundle of settings timed against one
+    shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose on the driver's device
+    (``context["device"]``), report again the rows an earlier run left (``context["done"]``), claim the others in
+    the results root and compute them (``run_claimed``), each setting reported once. A trial that raises reports
+    its failed rows, once: Tune retries only a worker that died (``sweep.max_failures``), never a deterministic
+    error."""
+    t0 = time.perf_counter()
+    try:
+        cfgs = [trial_config(list(base), t, context["device"]) for t in tune_settings(config)]
+        tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
+    except Exception as exc:  # noqa: BLE001 - a value the driver's checks could not foresee: no config, no row
+        report(failed_report(_one_line(exc)))
+        return
+    done = context.get("done", {})
+    todo = []
+    left = iter(range(len(cfgs) - 1, -1, -1))  # every setting is reported once: cached, another sweep's, or computed
+    for cfg, tid in zip(cfgs, tids):
+        if tid in done:  # a row from an earlier run: report it again, do not redo the work
+            report(trial_report(done[tid], next(left), cached=True))
+        else:
+            todo.append((tid, cfg))
+
+    def computed(row: dict, **how) -> None:
+        report(trial_report(row, next(left), **how))
+
+    run_claimed(todo, context, t0, computed, on_rung=lambda row: report(rung_report(row)))
+
+
+def rung_report(row: dict) -> dict:
+    """A lone setting's agreement after its first prompts: the row it ends with if it stops there (status
+    ``stopped``), with the upper end of its agreement's interval, on which the driver's stopper decides."""
+    check = {"rung": row["stopped_at_prompts"], "agreement_hi": row["stop_agreement_hi"]}
+    return {**trial_report(row, 0, cached=False), **check}
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:500]
 
 
 def run_claimed(
@@ -27,7 +75,7 @@ def run_claimed(
     raises is the failed row of each setting not yet reported, never an error out of the worker:
     Tune retries only workers that died, not a deterministic error. ``on_rung``: ``trial_rows``'s."""
     from sweep.orchestrate import claims
-    from sweep.orchestrate.writer import finished_row, row_path
+    from sweep.orchestrate.done import finished_row, row_path
 
     sweep_name = context.get("sweep_name")
     owner = claims.Owner.here(context["run_id"], sweep_name or "")

@@ -5,20 +5,20 @@ Ray-free: ``sweep.orchestrate.ray.callbacks.Progress`` (a Tune callback) hands t
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sweep import progress
 from sweep.errors import os_error, SweepError
 from sweep.gates import gate_text
 from sweep.config.identity import trial_identity
-from sweep.orchestrate.plan import tune_settings
-from sweep.orchestrate.settings import trial_config
+from sweep.orchestrate.done import finished_row, row_path
+from sweep.orchestrate.report import row_of
+
+from sweep.orchestrate.settings import trial_config, tune_settings
 
 log = logging.getLogger("sweep.orchestrate.writer")
 
@@ -36,29 +36,6 @@ class SweepOutcome:
     interrupted: bool = False
     unrowed: int = 0  # trials that could not even be composed, so have no row (each logged)
     simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
-
-
-def row_path(root: str | Path, model: str, gate: str, trial_id: str) -> Path:
-    """Where the trials table keeps a trial's row (``sweep.store.table_path``)."""
-    from sweep.store import table_path
-
-    return table_path("trials", root, {"model": model, "gate": gate}, trial_id)
-
-
-def finished_row(path: Path) -> dict | None:
-    """The row in ``path`` if it counts as done (ok or nondeterministic), else None."""
-    import polars as pl
-
-    from sweep.orchestrate.plan import DONE_STATUSES
-    from sweep.store import read_file
-
-    if not path.is_file():
-        return None
-    try:
-        rows = read_file("trials", path).to_dicts()
-    except (OSError, SweepError, pl.exceptions.PolarsError):
-        return None
-    return rows[0] if len(rows) == 1 and rows[0].get("status") in DONE_STATUSES else None
 
 
 class RowWriter:
@@ -122,9 +99,10 @@ class RowWriter:
             self._rungs[key] = result
             return
         self._rungs.pop(key, None)
-        for note in json.loads(result.get("notes") or "[]"):  # from the worker: claims taken over, unclaimed runs
+        for note in result.get("notes") or ():  # from the worker: claims taken over, unclaimed runs
             log.warning("%s", note)
-        if "row_json" not in result:
+        row = row_of(result)
+        if row is None:
             if result.get("error"):
                 self.unrowed += 1
                 log.warning(
@@ -134,7 +112,6 @@ class RowWriter:
                     result["error"],
                 )
             return
-        row = json.loads(result["row_json"])
         cached = bool(result.get("cached"))
         with progress.timed("writing"):
             written = self.write(row, cached=cached)
@@ -244,8 +221,6 @@ class RowWriter:
         """Write a row once per trial id in this sweep; True if written now.
 
         ``cached``: the worker reported a finished row that is already in the store."""
-        from datetime import datetime
-
         from sweep.orchestrate import claims
         from sweep.store import kept_line, write_or_keep
 
@@ -259,8 +234,6 @@ class RowWriter:
             self.existing += 1
             claims.release(self.root, tid, self.run_id)
             return False
-        if isinstance(row.get("created_at"), str):
-            row["created_at"] = datetime.fromisoformat(row["created_at"])
         # no-clobber unless rerun or replacing a failed row: a row that appeared meanwhile wins
         exclusive = not self.rerun and not path.exists()
         try:
@@ -299,15 +272,6 @@ def row_work(row: dict) -> float | None:
         return float(n * g)
     repeats, shared = row.get("repeats") or 1, row.get("baseline_shared") or 1
     return float(n * g * repeats * (1.0 + 2.0 / shared))
-
-
-def last_error(path: str | None) -> str:
-    """The last line of a Tune trial's error file (the exception), or a placeholder."""
-    try:
-        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
-        return lines[-1][:300] if lines else "unknown error"
-    except (OSError, TypeError):
-        return "the worker died"
 
 
 def describe(row: dict, cached: bool, computed_by: str | None = None) -> str:

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from ray import tune
 
 from sweep import progress
-from sweep.orchestrate.plan import (
-    tune_settings,
-)
 from sweep.orchestrate.ray.hub import Hub
-from sweep.orchestrate.writer import RowWriter, last_error
+from sweep.orchestrate.settings import tune_settings
+from sweep.orchestrate.writer import RowWriter
 
 log = logging.getLogger("sweep.orchestrate.ray.callbacks")
 
@@ -91,3 +90,12 @@ class Progress(tune.Callback):
         self.writer.gave_up(
             trial.config, last_error(trial.error_file), trial.run_metadata.num_failures, trial.max_failures
         )
+
+
+def last_error(path: str | None) -> str:
+    """The last line of a Tune trial's error file (the exception), or a placeholder."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "unknown error"
+    except (OSError, TypeError):
+        return "the worker died"
