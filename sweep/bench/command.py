@@ -7,7 +7,8 @@ from typing import Any
 
 from sweep import progress
 from sweep.bench.costs import cost_model
-from sweep.bench.protocol import run_trial, verify_positions
+from sweep.bench.protocol import run_trial
+from sweep.bench.sides import verify_positions
 from sweep.bench.rows import complete_row, failed_row, format_row
 from sweep.bench.session import Session, process_session
 from sweep.textfit import fit_lines

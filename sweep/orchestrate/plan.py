@@ -39,10 +39,6 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     run_id = cfg.run_id or new_run_id()
     root = Path(cfg.results.root).expanduser().resolve()
     cfg = dataclasses.replace(cfg, results=dataclasses.replace(cfg.results, root=str(root)))
-    if cfg.search.min_agreement is not None and cfg.sweep.shared_baseline > 1:
-        # Tune stops a Tune trial, not one setting of a bundle: a setting that may stop early is timed alone
-        log.info("search.min_agreement: each setting is timed against its own baseline (sweep.shared_baseline=1)")
-        cfg = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, shared_baseline=1))
     storage = _storage(cfg, root)
     name = sweep_name(cfg, storage, run_id)
     # Tune and SQLite write where their paths lead: nothing under the sweep's directory may lead elsewhere

@@ -47,14 +47,7 @@ def tune_trial(config: dict, base: list[str], context: dict, report: Report) -> 
     def computed(row: dict, **how) -> None:
         report(trial_report(row, next(left), **how))
 
-    run_claimed(todo, context, t0, computed, on_rung=lambda row: report(rung_report(row)))
-
-
-def rung_report(row: dict) -> dict:
-    """A lone setting's agreement after its first prompts: the row it ends with if it stops there (status
-    ``stopped``), with the upper end of its agreement's interval, on which the driver's stopper decides."""
-    check = {"rung": row["stopped_at_prompts"], "agreement_hi": row["stop_agreement_hi"]}
-    return {**trial_report(row, 0, cached=False), **check}
+    run_claimed(todo, context, t0, computed)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -66,14 +59,13 @@ def run_claimed(
     context: dict,
     t0: float,
     report: Callable[..., None],
-    on_rung: Callable[[dict], None] | None = None,
 ) -> None:
     """A Tune trial's settings still to compute (``todo``: trial id and config), each claimed in the
     results root first (``sweep.orchestrate.claims``: a concurrent sweep into the same root computes it once),
     then computed together (one setting, or a bundle against one shared baseline); each setting's
     row goes to ``report(row, cached=..., computed_by=..., notes=...)`` once. Whatever the trial
     raises is the failed row of each setting not yet reported, never an error out of the worker:
-    Tune retries only workers that died, not a deterministic error. ``on_rung``: ``trial_rows``'s."""
+    Tune retries only workers that died, not a deterministic error."""
     from sweep.orchestrate import claims
     from sweep.orchestrate.done import finished_row, row_path
 
@@ -94,7 +86,7 @@ def run_claimed(
                     reported.add(tid)
                 else:
                     compute.append(cfg)
-            rows = trial_rows(compute, context["run_id"], sweep_name, t0, on_rung) if compute else []
+            rows = trial_rows(compute, context["run_id"], sweep_name, t0) if compute else []
     except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
         from sweep.bench.rows import complete_row, failed_row
 
@@ -120,17 +112,15 @@ def trial_rows(
     run_id: str,
     sweep_name: str | None,
     t0: float,
-    on_rung: Callable[[dict], None] | None = None,
 ) -> list[dict[str, Any]]:
     """A Tune trial's settings, run in this process's session (``sweep.bench.session``: its models, readouts
     and reusable references): one setting, or several of one model, prompts and bench against one shared
     baseline (``sweep.bench.protocol.run_trials``). One row per setting, in order (a failed row for a setting
     that cannot be prepared, the others measured without it; failed rows for all when the group raises, never
     an exception); ``trial_seconds`` is the row's bench_seconds plus an even share of the group's time outside
-    the bench (preparing, provenance) since ``t0``. ``on_rung``: where a lone setting under
-    ``search.min_agreement`` reports, after its first prompts (``search.rung_prompts``, then twice as many, ...),
-    the row it would end with if it stopped there (status ``stopped``: ``sweep.bench.rows.stopped_row``, with the
-    upper end of its agreement's interval, ``sweep.analysis.agreement_interval``); whoever decides stops it."""
+    the bench (preparing, provenance) since ``t0``. Under ``search.min_agreement`` a setting stops inside its group
+    at a rung where its agreement cannot reach the bar (``stopping``): it decodes no further, its row is
+    ``stopped``, and the others keep the shared baseline."""
     from sweep.bench.rows import complete_row, failed_row
     from sweep.bench.command import prepare
     from sweep.bench.protocol import run_trials
@@ -150,8 +140,8 @@ def trial_rows(
         group = [cfgs[i] for i in ready]
         try:
             gates = [prepared[i][1] for i in ready]
-            rung = _rung(group, lm, gates, run_id, sweep_name, t0, on_rung)
-            measured = run_trials(group, lm, gates, prompts, session.reference_source(group[0]), rung=rung)
+            source = session.reference_source(group[0])
+            measured = run_trials(group, lm, gates, prompts, source, rungs=stopping(group))
         except Exception as exc:  # noqa: BLE001 - the group's failed rows, whatever it raised
             measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
         for i, row in zip(ready, measured):
@@ -165,21 +155,22 @@ def trial_rows(
     ]
 
 
-def _rung(cfgs, lm, gates, run_id: str, sweep_name: str | None, t0: float, on_rung):
-    """The protocol's early-stop check of a lone setting under ``search.min_agreement`` (None otherwise)."""
-    if on_rung is None or len(cfgs) != 1 or cfgs[0].search.min_agreement is None:
+def stopping(cfgs: list[Config]):
+    """The early-stop rule of a group under ``search.min_agreement`` (None without one): at each rung
+    (``search.rung_prompts`` prompts, then twice as many, ...) a setting whose agreement's bootstrap interval
+    (``sweep.analysis.agreement_interval``, seeded by its trial id) ends below the bar cannot reach it, and stops
+    there with that bound."""
+    bar = cfgs[0].search.min_agreement
+    if bar is None:
         return None
     from sweep.analysis import agreement_interval
-    from sweep.bench.rows import complete_row, stopped_row
+    from sweep.bench.protocol import Rungs
     from sweep.config.identity import trial_columns
 
-    cfg, gate = cfgs[0], gates[0]
-    tid, started = trial_columns(cfg)["trial_id"], time.perf_counter()
+    tids = [trial_columns(cfg)["trial_id"] for cfg in cfgs]
 
-    def check(agreement: list[float]) -> None:
-        _, hi = agreement_interval(agreement, tid)
-        bench = time.perf_counter() - started
-        row = stopped_row(cfg, gate, agreement, hi, bench)
-        on_rung(complete_row(cfg, lm, row, run_id, sweep_name=sweep_name, seconds=time.perf_counter() - t0))
+    def check(setting: int, agreement: list[float]) -> float | None:
+        _, hi = agreement_interval(agreement, tids[setting])
+        return hi if hi < bar else None
 
-    return cfg.search.rung_prompts, check
+    return Rungs(cfgs[0].search.rung_prompts, check)

@@ -79,7 +79,6 @@ class RowWriter:
         self._shown: progress.Phase | None = None  # the settings' count (``sweep.progress``), from the first row
         self.retry: list[list[str]] = []  # settings of Tune trials given up before sweep.max_failures (``gave_up``)
         self.last_pass = False  # the driver's last pass over ``retry``: what it gives up on gets failed rows
-        self._rungs: dict[str, dict] = {}  # per Tune trial: its last early-stop check, while it may go on
         self._work: list[tuple[float, float, bool]] = []  # computed settings: work, bench seconds, run to the end
         self._shared: list[int] = []  # their bundles' sizes
         self._ended: set[str] = set()  # Tune trials that ended
@@ -95,10 +94,6 @@ class RowWriter:
         self._started[key] = time.perf_counter()
 
     def result(self, key: str, result: dict) -> None:
-        if result.get("rung") is not None:  # a setting's early-stop check: its row only if Tune stops it there
-            self._rungs[key] = result
-            return
-        self._rungs.pop(key, None)
         for note in result.get("notes") or ():  # from the worker: claims taken over, unclaimed runs
             log.warning("%s", note)
         row = row_of(result)
@@ -150,12 +145,8 @@ class RowWriter:
         overhead = statistics.median(self._overheads.values()) if self._overheads else 0.0
         return (left * statistics.median(full) * per_work + trials_left * max(overhead, 0.0)) / at_once
 
-    def complete(self, key: str, errored: bool = False) -> None:
-        """A Tune trial ended: one that Tune stopped at an early-stop check ends with that check's row (``stopped``);
-        one whose worker failed does not (``gave_up``)."""
-        pending = self._rungs.pop(key, None)
-        if pending is not None and not errored:
-            self.result(key, {k: v for k, v in pending.items() if k != "rung"})
+    def complete(self, key: str) -> None:
+        """A Tune trial ended (its rows came with its results; one whose worker failed: ``gave_up``)."""
         self._ended.add(key)
 
     def extend(self, n: int) -> None:

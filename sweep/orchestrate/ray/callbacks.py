@@ -32,23 +32,6 @@ class StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
         return self.writer.fatal is not None or (self.hub is not None and self.hub.broken is not None)
 
 
-class StopHopeless(tune.stopper.Stopper):
-    """Successive halving with prompts as the budget, on an absolute bar: a setting reports its agreement's interval
-    after its first ``search.rung_prompts`` prompts, then twice as many, ... (``rung`` results); one whose interval
-    ends below ``search.min_agreement`` cannot reach it, and Tune stops it there. Its last result is then its row,
-    status ``stopped`` (``RowWriter.complete``)."""
-
-    def __init__(self, search) -> None:
-        self.bar = search.min_agreement
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        hi = result.get("agreement_hi")
-        return self.bar is not None and result.get("rung") is not None and hi is not None and hi < self.bar
-
-    def stop_all(self) -> bool:
-        return False
-
-
 class Progress(tune.Callback):
     """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
     events (posted to ``hub``) to the display."""
@@ -86,7 +69,7 @@ class Progress(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         progress.finished(f"Tune trial {trial.trial_id}")
-        self.writer.complete(trial.trial_id, errored=True)
+        self.writer.complete(trial.trial_id)
         self.writer.gave_up(
             trial.config, last_error(trial.error_file), trial.run_metadata.num_failures, trial.max_failures
         )

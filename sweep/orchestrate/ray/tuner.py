@@ -22,7 +22,7 @@ from sweep.config import Config
 from sweep.config.identity import trial_device
 from sweep.errors import SweepError, os_error
 from sweep.orchestrate import interrupt
-from sweep.orchestrate.ray.callbacks import Progress, StopHopeless, StopWhenRowsCannotBeWritten
+from sweep.orchestrate.ray.callbacks import Progress, StopWhenRowsCannotBeWritten
 from sweep.orchestrate.ray.hub import Hub, cannot_start_workers, forwarding
 from sweep.orchestrate.ray.internals import embedded_session
 from sweep.orchestrate.ray.searcher import searcher
@@ -176,7 +176,7 @@ def _tuner(plan: Plan, batch: Pass, resources: dict, device: str, writer: RowWri
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
         callbacks=[Progress(writer, hub)],
-        stop=tune.stopper.CombinedStopper(StopWhenRowsCannotBeWritten(writer, hub), StopHopeless(cfg.search)),
+        stop=StopWhenRowsCannotBeWritten(writer, hub),
         verbose=0,
     )
     if batch.values is not None:
