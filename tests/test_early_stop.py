@@ -126,6 +126,10 @@ def test_a_setting_stopped_inside_its_bundle_decodes_no_further_and_the_others_k
     assert rows[1]["reference_id"] == rows[2]["reference_id"]
     timed = [e for e in events if e.phase == "round" and e.side == "baseline"]
     assert len(timed) == cfgs[0].bench.repeats * len(prompts)
+    # stopping adds no decode to a setting that goes on: its checks read its first timed round's runs
+    for s in (1, 2):
+        decoded = [e for e in events if e.side == "gated" and e.setting == s and e.phase != "warm-up"]
+        assert len(decoded) == cfgs[0].bench.repeats * len(prompts) and {e.phase for e in decoded} == {"round"}
     # and the same measurements of agreement as a run of the three without stopping
     plain = run_trials(cfgs, lm, gates, prompts)
     for stopped, whole in zip(rows[1:], plain[1:]):

@@ -36,16 +36,17 @@ log = logging.getLogger("sweep.bench.protocol")
 
 SELF_CHECK_RUNS = 2  # untimed full-depth runs of each unit the determinism self-check makes
 WARM_UP_AND_SELF_CHECK = "warm-up and self-check"  # a part of the time breakdown (``sweep.progress``)
-PHASES = ("warm-up", "reference", "cost model", "rung", "round")  # the phases a trial's events name, in this order
+PHASES = ("warm-up", "reference", "cost model", "round")  # the phases a trial's events name, in this order
 
 
 @dataclass(frozen=True)
 class Rungs:
-    """Early stopping inside a group (``search.min_agreement``): before the timed rounds, every setting's gated runs
-    of its first ``first`` prompts, then twice as many, ... (short of all of them); at each, ``check(setting,
-    agreement)`` with the setting's per-prompt agreement so far returns None (it goes on) or the bound that stops
-    it (the upper end of its agreement's interval, below the bar). A stopped setting decodes no further; the others
-    keep the group's shared baseline. Whoever gives the check decides: the bench only asks."""
+    """Early stopping inside a group (``search.min_agreement``): the first timed round runs the units of every
+    setting in order, and after its first ``first`` prompts, then twice as many, ... (short of all of them),
+    ``check(setting, agreement)`` with the setting's per-prompt agreement so far returns None (it goes on) or the
+    bound that stops it (the upper end of its agreement's interval, below the bar). A stopped setting decodes no
+    further; the others keep the group's shared baseline and lose nothing (the runs checked are their gated
+    references, timed as without stopping). Whoever gives the check decides: the bench only asks."""
 
     first: int
     check: Callable[[int, list[float]], float | None]
@@ -82,13 +83,11 @@ class _Protocol:
         self.units, self.baseline = both[0][0], both[0][1]
         self.gated = [side[2] for side in both]
         self.on_event = on_event
-        self.spent = [0.0] * len(cfgs)  # each setting's own untimed gated runs before the rounds (its rungs)
-        self.index = list(range(len(cfgs)))  # each side's setting in the group, as events name it
+        self.spent = [0.0] * len(cfgs)  # each setting's own gated seconds in the timed rounds
 
     def emit(self, phase: str, side: str | None = None, setting=None, unit=None, round=None) -> None:
         if self.on_event is not None:
-            named = None if setting is None else self.index[setting]
-            self.on_event(PhaseEvent(phase, side, named, unit, round))
+            self.on_event(PhaseEvent(phase, side, setting, unit, round))
 
     def warm_up(self) -> None:
         """Warm-up before the cost model and the self-check: the baseline once per key (what a self-check
@@ -151,59 +150,31 @@ class _Protocol:
             self.source.put(Reference(self.key, reference_id, list(refs.baseline), refs.max_logit_diff))
         return refs, reference_id, False
 
-    def rungs(self, shared: References, stopping: Rungs) -> tuple[list[list], dict[int, tuple[list[float], float]]]:
-        """Before the timed rounds, each setting's gated runs of its first units (``Rungs``), then twice as many, ...
-        (short of all of them), and ``stopping.check`` asked of every setting still running at each: a setting it
-        stops decodes no further. Each setting's runs, which the timed rounds must reproduce (their gated
-        references), and the stopped settings: index -> (per-prompt agreement, bound). ``self.spent`` gets the seconds
-        of each setting's own runs here."""
-        runs: list[list] = [[] for _ in self.gated]
-        stopped: dict[int, tuple[list[float], float]] = {}
-        k = -(-stopping.first // self.cfgs[0].bench.batch_size)  # prompts, in units
-        while k < len(self.units):
-            for s, side in enumerate(self.gated):
-                if s in stopped:
-                    continue
-                t0 = time.perf_counter()
-                for i in range(len(runs[s]), k):
-                    runs[s].append(side.run(self.units[i]))
-                    self.emit("rung", "gated", s, i)
-                self.spent[s] += time.perf_counter() - t0
-                part = References(self.units[:k], shared.baseline[:k], runs[s])
-                agreement = prompt_agreement(part.prompt_runs(self.baseline, side))
-                bound = stopping.check(s, agreement)
-                if bound is not None:
-                    stopped[s] = (agreement, bound)
-            k *= 2
-        return runs, stopped
-
-    def keep(self, settings: list[int]) -> None:
-        """Only ``settings`` (indices) go on to the timed rounds: the others stopped."""
-        self.cfgs = [self.cfgs[s] for s in settings]
-        self.gates = [self.gates[s] for s in settings]
-        self.gated = [self.gated[s] for s in settings]
-        self.index = [self.index[s] for s in settings]
-
     def rounds(
-        self, shared: References, gated: list[list] | None = None
-    ) -> tuple[list[References], list[Timings], list[bool]]:
+        self, shared: References, stopping: Rungs | None = None
+    ) -> tuple[list[References], list[Timings], list[bool], dict[int, tuple[list[float], float]]]:
         """Decode and prefill seconds [round][unit] per setting: per round and unit the baseline, each
         gated side in turn and the A/A control (a second full-depth run), forward when round + unit is
         even, else reversed, so the baseline and the A/A swap ends; each setting's Timings carry the
         baseline and the A/A timed in the same rounds. Whether every timed run reproduced its reference
-        tokens (each gated side's first timed run of a unit is its reference, unless ``gated`` holds a
-        setting's runs of its first units already: its rungs')."""
+        tokens (each gated side's first timed run of a unit is its reference). With ``stopping``, the first
+        round's units are its rungs: after its first units (``Rungs.first`` prompts), then twice as many, ... (short
+        of all of them), each setting still running is checked on its gated references so far; one that stops
+        decodes no further (its partial timings are dropped), and the stopped settings come back: index ->
+        (per-prompt agreement, bound)."""
         repeats, units = self.cfgs[0].bench.repeats, self.units
         refs = [
-            References(units, list(shared.baseline), list(runs), shared.deterministic, shared.max_logit_diff)
-            for runs in (gated or [[] for _ in self.gated])
+            References(units, list(shared.baseline), [], shared.deterministic, shared.max_logit_diff)
+            for _ in self.gated
         ]
         timings = [Timings.empty(repeats, len(units)) for _ in self.gated]
         base_ok, gated_ok = True, [True] * len(self.gated)
+        live, stopped = list(range(len(self.gated))), {}
+        rung = -(-stopping.first // self.cfgs[0].bench.batch_size) if stopping is not None else len(units)
         shown = progress.start("timed rounds", repeats * len(units), part="timed rounds")  # a step per round and unit
         for r in range(repeats):
             for i, unit in enumerate(units):
-                order = ["baseline", *range(len(self.gated)), "aa"]
+                order = ["baseline", *live, "aa"]
                 for s in order if (r + i) % 2 == 0 else reversed(order):
                     if s in ("baseline", "aa"):
                         gen = self.baseline.run(unit)
@@ -222,12 +193,33 @@ class _Protocol:
                     else:
                         gated_ok[s] &= gen.tokens == ref.gated[i].tokens
                     t.gated_decode[r][i], t.gated_prefill[r][i] = gen.decode_seconds, gen.prefill_seconds
+                    self.spent[s] += gen.decode_seconds + gen.prefill_seconds
                 shown.advance()
+                if r == 0 and i + 1 == rung < len(units):  # a rung: a setting that cannot reach the bar stops here
+                    stopped.update(self.checked(live, refs, stopping))
+                    live, rung = [s for s in live if s not in stopped], rung * 2
+                if not live:
+                    break
+            if not live:
+                break
         shown.close()
         reproduced = [base_ok and ok for ok in gated_ok]
-        if not all(reproduced):
+        if not all(ok for s, ok in enumerate(reproduced) if s not in stopped):
             log.warning("a timed repeat did not reproduce its reference tokens")
-        return refs, timings, reproduced
+        return refs, timings, reproduced, stopped
+
+    def checked(self, live: list[int], refs: list[References], stopping: Rungs) -> dict:
+        """A rung's check of each setting still running, on its gated references so far: those it stops, each with
+        (per-prompt agreement, bound)."""
+        out = {}
+        for s in live:
+            k = len(refs[s].gated)
+            part = References(self.units[:k], refs[s].baseline[:k], refs[s].gated)
+            agreement = prompt_agreement(part.prompt_runs(self.baseline, self.gated[s]))
+            bound = stopping.check(s, agreement)
+            if bound is not None:
+                out[s] = (agreement, bound)
+        return out
 
 
 def run_trials(
@@ -257,35 +249,30 @@ def run_trials(
     run.warm_up()
     costs = run.cost_model()
     shared, reference_id, reused = run.references()
+    setup = time.perf_counter() - t_start
+    refs, timings, reproduced, stopped = run.rounds(shared, rungs)
     rows: list = [None] * len(cfgs)
-    live, gated = list(range(len(cfgs))), None
-    if rungs is not None:
-        before = time.perf_counter() - t_start
-        gated, stopped = run.rungs(shared, rungs)
-        for s, (agreement, bound) in stopped.items():
-            rows[s] = stopped_row(cfgs[s], gates[s], agreement, bound, run.spent[s] + before / len(cfgs))
-        live = [s for s in live if s not in stopped]
-        gated = [gated[s] for s in live]
-        run.keep(live)
+    for s, (agreement, bound) in stopped.items():  # its own gated runs, and an even share of the setup
+        rows[s] = stopped_row(cfgs[s], gates[s], agreement, bound, run.spent[s] + setup / len(cfgs))
+    live = [s for s in range(len(cfgs)) if s not in stopped]
     if not live:
         return rows
-    spent = sum(r["bench_seconds"] for r in rows if r is not None)  # the stopped settings' time
-    setup = time.perf_counter() - t_start - spent
-    refs, timings, reproduced = run.rounds(shared, gated)
-    if not all(reproduced):
+    if not all(reproduced[s] for s in live):
         source.drop(run.key)  # the worker no longer reproduces it: the next trial re-runs the self-check
-    wall = time.perf_counter() - t_start - spent
-    shares = timed_shares(timings)
-    for s, gate, side, ref, t, ok, w in zip(live, run.gates, run.gated, refs, timings, reproduced, shares):
+    spent = sum(rows[s]["bench_seconds"] for s in stopped)  # the stopped settings' time
+    wall, setup = time.perf_counter() - t_start - spent, setup * len(live) / len(cfgs)
+    shares = timed_shares([timings[s] for s in live])
+    for s, w in zip(live, shares):
+        gate, side, ref = gates[s], run.gated[s], refs[s]
         rows[s] = measured_row(
             cfgs[s],
             lm,
             gate,
             costs,
             ref.prompt_runs(run.baseline, side),
-            t,
+            timings[s],
             steps=DecodeSteps.of_batches(ref.gated) if side.batched else None,
-            deterministic=ref.deterministic and ok,
+            deterministic=ref.deterministic and reproduced[s],
             max_logit_diff=ref.max_logit_diff,
             reference=(reference_id, reused, "fresh" if references is None else "cached"),
             seconds=(wall * w, setup * w),
