@@ -20,6 +20,7 @@ from sweep.errors import ConfigError
 from sweep.gates import check_gate, check_k
 from sweep.config.paths import is_name
 from sweep.config.search import check_ladder, check_search
+from sweep.config.search_kinds import SEARCH_KINDS, build_search
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
 
@@ -38,6 +39,20 @@ def config_dir() -> Path:
 # then says whether the chosen gate takes it.
 GATE_KEYS = {f.name for f in dataclasses.fields(GateConfig)} - {"name"}
 GATE_BASE = {**{f.name: f.default for f in dataclasses.fields(GateConfig) if f.name != "name"}, "lens": "logit"}
+
+
+def _search_kind_chosen(overrides) -> list[str]:
+    """``search.kind=KIND`` as the choice of the kind's own settings (conf/search/kind/KIND.yaml, over the shared
+    base and under the search's own values): a kind's keys and their defaults come with it. An unknown kind is one
+    line naming the registered ones."""
+    out = []
+    for o in overrides:
+        key, eq, value = str(o).partition("=")
+        if eq and key.lstrip("+") == "search.kind":
+            SEARCH_KINDS.get(value, key="search.kind")
+            o = f"search/kind@search={value}"
+        out.append(o)
+    return out
 
 
 def _gate_keys_settable(overrides) -> list[str]:
@@ -64,11 +79,10 @@ def _hydra(overrides, *, hydra_config: bool = False):
         key = override.partition("=")[0].lstrip("+~")
         if len(key) > 128:
             raise ConfigError(f"{key[:40]}...: not a config key ({len(key)} characters; `sweep config` shows the keys)")
+    chosen = _search_kind_chosen(_gate_keys_settable(overrides))
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return compose(
-                config_name="config", overrides=_gate_keys_settable(overrides), return_hydra_config=hydra_config
-            )
+            return compose(config_name="config", overrides=chosen, return_hydra_config=hydra_config)
     except MissingConfigException as exc:
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
@@ -148,11 +162,14 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     ``search=False`` leaves the search's sub-spaces unparsed (their grammar is Hydra's): for code
     that runs settings and never a search, on a machine without Hydra (benchmarks/gpu_check.py)."""
     data = {k: v for k, v in data.items() if k != "hydra"}
+    if "search" in data:  # the search typed by its kind (``sweep.config.search_kinds``)
+        data = {**data, "search": build_search(data["search"])}
     cfg = build(Config, data)
     check_gate(cfg.gate)
     _check_model(cfg)
     if search:
         check_search(cfg.search, cfg.gate.name)
+        cfg.search.check()
     if cfg.calibrate.grid is not None:
         check_ladder(cfg.calibrate.grid, cfg.gate.name)
     _check_bench(cfg)
@@ -165,9 +182,6 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
-    if cfg.search.draft_stops is not None:  # 0 and 0.0 are one draft_stop, as bench.draft_stop reads them: one trial
-        stops = [None if x is None else float(x) for x in cfg.search.draft_stops]
-        cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, draft_stops=stops))
     if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
         from sweep.gates.skipset import canonical
 
@@ -240,7 +254,7 @@ def _check_eval(cfg: Config) -> None:
         from sweep.config.search import TASK_METRICS
 
         for section in ("objectives", "constraints"):
-            named = [m for m in getattr(cfg.search, section) if m in TASK_METRICS]
+            named = [m for m in getattr(cfg.search, section) or {} if m in TASK_METRICS]
             if named:
                 raise ConfigError(
                     f"search.{section}.{named[0]}: a task's metric; measure a task with eval.task=humaneval|harness"
@@ -364,14 +378,22 @@ def _section(path: str) -> tuple[str, list[str]]:
     for part in [p for p in path.split(".") if p]:
         if not dataclasses.is_dataclass(cls):
             return "", []
-        hints = typing.get_type_hints(cls)
+        hints = {k: v for c in _kinds(cls) for k, v in typing.get_type_hints(c).items()}
         if part not in hints:
             return "", []
         args = [a for a in typing.get_args(hints[part]) if dataclasses.is_dataclass(a)]
-        cls = args[0] if args else hints[part]
+        optional = [a for a in typing.get_args(hints[part]) if a is not type(None)]
+        cls = args[0] if args else optional[0] if len(optional) == 1 else hints[part]
     if dataclasses.is_dataclass(cls):
-        return "section", [f.name for f in dataclasses.fields(cls)]
+        return "section", list(dict.fromkeys(f.name for c in _kinds(cls) for f in dataclasses.fields(c)))
     return ("mapping" if cls is dict else "value"), []
+
+
+def _kinds(cls: Any) -> list:
+    """A section's classes: the search's base and every kind's settings over it; any other section itself."""
+    from sweep.config._schema import SearchConfig
+
+    return [cls, *SEARCH_KINDS] if cls is SearchConfig else [cls]
 
 
 def _override_parse_error() -> type:

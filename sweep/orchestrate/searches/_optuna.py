@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sweep.config import compose
 from sweep.config.search import as_override, spaces
-from sweep.errors import ConfigError
+from sweep.config.search_kinds import OptunaSettings
 from sweep.orchestrate.done import row_ids, sweep_rows
 from sweep.orchestrate.settings import merge
 from sweep.orchestrate.searches.base import Search, register
@@ -22,14 +22,9 @@ def done_rows(root) -> dict[str, dict]:
 
 @register
 class Optuna(Search):
-    kind = "optuna"
+    settings = OptunaSettings
     summary = "search.n_trials settings drawn by Optuna (seeded) from search.spaces, intervals included"
     samples = True
-
-    def check(self, search) -> None:
-        super().check(search)
-        if search.n_trials is None:
-            raise ConfigError("search.n_trials: required for an optuna search")
 
     def foresee(self, cfg, base):
         """Both ends of every interval and every choice composed: a bad value fails before Ray starts."""

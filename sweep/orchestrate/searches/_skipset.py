@@ -11,7 +11,7 @@ import time
 from sweep import progress
 from sweep.config import Config, compose
 from sweep.config.search import WITH_THE_SET, as_override, spaces
-from sweep.errors import ConfigError
+from sweep.config.search_kinds import SkipSetSettings
 from sweep.gates.skipset import Candidate
 from sweep.orchestrate.settings import Plan, merge, trial_config
 from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
@@ -21,15 +21,8 @@ log = logging.getLogger("sweep.orchestrate.searches.skipset")
 
 @register
 class SkipSetSearch(Search):
-    kind = "skipset"
+    settings = SkipSetSettings
     summary = "skip sets screened by an Optuna study in a worker; the best search.closed_loop run closed-loop"
-    takes = ("draft_stops", "draft_lens")
-
-    def check(self, search) -> None:
-        super().check(search)
-        if search.n_trials is None:
-            raise ConfigError("search.n_trials: required for a skipset search")
-        check_skipset(search)
 
     def foresee(self, cfg, base):
         """Its settings come from the screen; their shared part, at every draft_stop and draft_len it draws, must
@@ -76,32 +69,6 @@ class SkipSetSearch(Search):
             )
         settings = [skipset_setting(plan.cfg, c) for c in chosen]
         return Selection([(setting, trial_config(plan.base, setting, device)) for setting in settings])
-
-
-def check_skipset(search) -> None:
-    """A skip-set search: one sub-space naming gate=skip and fixing the rest of the setting (the skip set
-    itself is what the screen searches), a sampler that takes a seed and a constraint."""
-    if search.closed_loop is None:
-        raise ConfigError(
-            "search.closed_loop: required for a skipset search (how many of the best sets run closed-loop)"
-        )
-    if search.sampler not in ("tpe", "random"):
-        raise ConfigError(f"search.sampler={search.sampler}: a skipset search samples with tpe or random")
-    if len(search.spaces) != 1:
-        raise ConfigError(f"search.spaces: a skipset search has one sub-space (it has {len(search.spaces)})")
-    params = spaces(search)[0]
-    gate = next((p for p in params if p.key == "gate"), None)
-    if gate is None or gate.kind != "fixed" or gate.values[0] != "skip":
-        raise ConfigError("search.spaces[0].gate: a skipset search's sub-space is gate: skip")
-    for p in params:
-        if p.kind != "fixed":
-            raise ConfigError(f"{p.where}: a skipset search fixes every key but the skip set (found a sweep)")
-        if p.key == "gate.skip":
-            raise ConfigError(f"{p.where}: the skip set is what a skipset search searches; leave gate.skip out")
-        if p.key in WITH_THE_SET and getattr(search, WITH_THE_SET[p.key]) is not None:
-            raise ConfigError(
-                f"{p.where}: search.{WITH_THE_SET[p.key]} searches {p.key} with the set; leave one of them out"
-            )
 
 
 def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
