@@ -20,7 +20,7 @@ from sweep.errors import ConfigError
 from sweep.gates import check_gate, check_k
 from sweep.config.paths import is_name
 from sweep.config.search import check_ladder, check_search
-from sweep.config.search_kinds import SEARCH_KINDS, build_search
+from sweep.config.search_kinds import SEARCH_KINDS, build_search, kind_chosen
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
 
@@ -39,20 +39,6 @@ def config_dir() -> Path:
 # then says whether the chosen gate takes it.
 GATE_KEYS = {f.name for f in dataclasses.fields(GateConfig)} - {"name"}
 GATE_BASE = {**{f.name: f.default for f in dataclasses.fields(GateConfig) if f.name != "name"}, "lens": "logit"}
-
-
-def _search_kind_chosen(overrides) -> list[str]:
-    """``search.kind=KIND`` as the choice of the kind's own settings (conf/search/kind/KIND.yaml, over the shared
-    base and under the search's own values): a kind's keys and their defaults come with it. An unknown kind is one
-    line naming the registered ones."""
-    out = []
-    for o in overrides:
-        key, eq, value = str(o).partition("=")
-        if eq and key.lstrip("+") == "search.kind":
-            SEARCH_KINDS.get(value, key="search.kind")
-            o = f"search/kind@search={value}"
-        out.append(o)
-    return out
 
 
 def _gate_keys_settable(overrides) -> list[str]:
@@ -79,7 +65,7 @@ def _hydra(overrides, *, hydra_config: bool = False):
         key = override.partition("=")[0].lstrip("+~")
         if len(key) > 128:
             raise ConfigError(f"{key[:40]}...: not a config key ({len(key)} characters; `sweep config` shows the keys)")
-    chosen = _search_kind_chosen(_gate_keys_settable(overrides))
+    chosen = kind_chosen(_gate_keys_settable(overrides))
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
             return compose(config_name="config", overrides=chosen, return_hydra_config=hydra_config)

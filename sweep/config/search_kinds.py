@@ -53,6 +53,20 @@ def build_search(data: Any) -> SearchConfig:
     return build(cls, data, "search.").settled()
 
 
+def kind_chosen(overrides) -> list[str]:
+    """``search.kind=KIND`` as the choice of the kind's own settings (conf/search/kind/KIND.yaml, over the shared
+    base and under the search's own values): a kind's keys and their defaults come with it. An unknown kind is one
+    line naming the registered ones."""
+    out = []
+    for o in overrides:
+        key, eq, value = str(o).partition("=")
+        if eq and key.lstrip("+") == "search.kind":
+            SEARCH_KINDS.get(value, key="search.kind")
+            o = f"search/kind@search={value}"
+        out.append(o)
+    return out
+
+
 def _with_the_set(listed: str) -> str:
     return next(key for key, name in WITH_THE_SET.items() if name == listed)
 
