@@ -63,3 +63,19 @@ def test_a_tune_trial_reports_each_setting_once_from_the_worker():
     reports.clear()
     tune_trial({"trial": ["gate.eps=-1", "gate=saturation"]}, base, context, reports.append)
     assert len(reports) == 1 and row_of(reports[0]) is None and "gate.eps" in reports[0]["error"]
+
+
+def test_a_resumed_sweep_redoes_its_failed_rows(tmp_path):
+    """Failed trials are redone: a worker loads its trials without `sweep bench`'s check that refuses to replace a
+    sweep's row (the driver's writer decides what replaces what)."""
+    from sweep.orchestrate.writer import RowWriter
+
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", "search.spaces=[{gate: full}]", "sweep.name=redo"]
+    plan = plan_sweep(compose(*args), args)
+    RowWriter(str(plan.root), 1, plan.base, plan.run_id, plan.name, "cpu").errored(
+        {"trial": plan.grid_trials[0][0]}, "the worker died"
+    )
+    assert read("trials", tmp_path)["status"].to_list() == ["failed"]
+    again = [*args, "resume=true"]
+    outcome = drive(plan_sweep(compose(*again), again), InlineCluster())
+    assert outcome.written == 1 and read("trials", tmp_path)["status"].to_list() == ["ok"]

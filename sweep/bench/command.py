@@ -21,15 +21,21 @@ log = logging.getLogger("sweep.bench.command")
 
 
 def prepare(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate, list[Prompt]]:
-    """Load and check everything a trial needs, from ``session`` (default: this process's); bad input
-    fails here, before any work. The gate comes complete: its model and the readouts it reads."""
-    with progress.phase("load", part="load"):
-        return _prepare(cfg, process_session() if session is None else session)
-
-
-def _prepare(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    """`sweep bench`'s first step: its row's path checked (``_check_row``), then everything the trial needs loaded
+    and checked (``load``); bad input fails here, before any work."""
     _check_row(cfg)
+    return load(cfg, session)
 
+
+def load(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    """Load and check everything a trial needs, from ``session`` (default: this process's): the model, the prompts
+    and the gate, complete with its model and the readouts it reads. A sweep's worker loads its trials with it (its
+    rows are the driver's to write: a failed row there is redone, not refused)."""
+    with progress.phase("load", part="load"):
+        return _load(cfg, process_session() if session is None else session)
+
+
+def _load(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
     def check(lm: LoadedModel) -> None:
         gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing
         speculative, exits = cfg.bench.mode == "self_speculative", bool(gate.probe_layers())

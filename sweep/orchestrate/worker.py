@@ -122,7 +122,7 @@ def trial_rows(
     at a rung where its agreement cannot reach the bar (``stopping``): it decodes no further, its row is
     ``stopped``, and the others keep the shared baseline."""
     from sweep.bench.rows import complete_row, failed_row
-    from sweep.bench.command import prepare
+    from sweep.bench.command import load
     from sweep.bench.protocol import run_trials
     from sweep.bench.session import process_session
 
@@ -131,7 +131,7 @@ def trial_rows(
     rows: list = [None] * len(cfgs)
     for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
         try:
-            prepared[i] = prepare(cfg, session)
+            prepared[i] = load(cfg, session)
         except Exception as exc:  # noqa: BLE001
             rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
     ready = [i for i, p in enumerate(prepared) if p is not None]

@@ -93,7 +93,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
     self-speculation's costs, then the screen study (``sweep.orchestrate.searches.skipstudy``) in ``storage``; the
     candidates (skip set, draft_stop, draft_len) to run closed-loop, best first."""
-    from sweep.bench.command import prepare
+    from sweep.bench.command import load
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
     from sweep.config.identity import trial_identity
@@ -104,7 +104,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification
     cfg = trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
     s, b = cfg.search, cfg.bench
-    lm, _, prompts = prepare(cfg, process_session())
+    lm, _, prompts = load(cfg, process_session())
     t0 = time.perf_counter()
     with progress.phase("skip-set screen: full-depth decodes", part="screen"):
         recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)
