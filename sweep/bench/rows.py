@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweep.bench.costs import CostModel, DecodeSteps
 from sweep.tasks import COLUMNS as TASK_COLUMNS
@@ -18,7 +18,9 @@ from sweep.gates import gate_text, setting_columns
 from sweep.config.identity import trial_columns
 from sweep.gates import Gate
 from sweep.models import LoadedModel
-from sweep.store import TrialRow
+
+if TYPE_CHECKING:
+    from sweep.store import TrialRow
 
 
 def measured_row(
@@ -183,6 +185,7 @@ def complete_row(
     it. ``seconds``: the trial's time in a sweep's worker, which adds the worker's pid and model loads; None for
     `sweep bench` and for the failed rows a sweep's driver writes itself."""
     from sweep.models import model_loads
+    from sweep.store import TrialRow
     from sweep.store.run_info import provenance, provenance_unloaded
 
     prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
