@@ -78,4 +78,3 @@ def _kind(conf, kind: str) -> dict:
         if entry != "_self_":
             merged.update(_kind(conf, entry))
     return {**merged, **own}
-

@@ -1,4 +1,4 @@
-"""The private Ray and Ray-Optuna attributes sweep reaches for (sweep/orchestrate/ray_internals.py), pinned
+"""The private Ray and Ray-Optuna attributes sweep reaches for (sweep/orchestrate/ray/internals.py), pinned
 to the installed Ray: an upgrade fails here first, naming the functions to re-check."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def ray():
 def test_ray_is_the_pinned_release(ray):
     assert ray.__version__.startswith(_ray_private.PINNED_RAY), (
         f"Ray {ray.__version__} is not the pinned {_ray_private.PINNED_RAY}: re-check "
-        f"{', '.join(_ray_private.FUNCTIONS)} in sweep/orchestrate/ray_internals.py, then update PINNED_RAY"
+        f"{', '.join(_ray_private.FUNCTIONS)} in sweep/orchestrate/ray/internals.py, then update PINNED_RAY"
     )
 
 
