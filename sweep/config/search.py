@@ -4,7 +4,7 @@ A sweep is a list of sub-spaces (so one sweep can cover several gates or models)
 maps a config path, or a group (``model``, ``gate``, ``prompts``), to a fixed value or a
 sweep expression: ``choice(...)``, ``range(a,b,step=s)``, ``interval(a,b)``,
 ``int(interval(a,b))``, ``tag(log, interval(a,b))``. This module parses them into typed
-parameters and expands grids; mapping them to Ray Tune and Optuna lives in ``sweep.orchestrate.ray.tuner``.
+parameters and expands grids; mapping them to Ray Tune and Optuna lives in ``sweep.orchestrate.ray.searcher``.
 A trial is a list of Hydra overrides on top of the sweep's own.
 """
 

@@ -49,7 +49,7 @@ class RowWriter:
 
     A row that cannot be written (a full disk, a read-only mount: any OSError of the store) is
     never half-written (``sweep.store`` writes atomically); the first such error is kept in
-    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.orchestrate.ray.tuner``), and
+    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.orchestrate.driver``), and
     a resume computes that trial again.
     """
 
