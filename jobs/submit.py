@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
 
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig, compose
     from sweep.errors import ConfigError, SweepError
     from sweep.orchestrate.submit import job_metadata, resolve_address, submitted_commit

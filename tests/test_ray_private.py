@@ -10,7 +10,7 @@ from sweep.orchestrate.ray import internals as _ray_private
 
 @pytest.fixture(scope="module")
 def ray():
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import compose
 
     ray_environment(compose([]).cluster)  # before Ray is imported, as sweep run does

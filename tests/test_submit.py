@@ -62,7 +62,7 @@ def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None =
     working-dir logic (its excludes, the gitignore switch) and ``create_package`` build the zip
     that would be uploaded; nothing is contacted. Returns the zip's file entries; ``submitted``
     gets the keyword arguments the job client's submit_job received."""
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig
 
     ray_environment(ClusterConfig(address="http://127.0.0.1:9", auth="token", dashboard=False))

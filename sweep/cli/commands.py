@@ -61,7 +61,7 @@ def _verb(command: str, *, breakdown: bool = False):
 
 
 def _run(overrides: list[str]) -> int:
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import check_sweep_name
 
     cfg = compose_for("run", overrides)

@@ -49,7 +49,7 @@ def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
     """`sweep run`: plan the trials, open the cluster, drive the search through it, write the rows."""
     plan = plan_sweep(cfg, base_overrides)
     with interrupt.sigterm_as_sigint():
-        from sweep.orchestrate.ray import cluster
+        from sweep.orchestrate.ray.tuner import cluster
 
         try:
             with cluster(plan) as trials:

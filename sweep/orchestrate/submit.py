@@ -11,7 +11,7 @@ of the job, driver and workers, sees them, and every row it writes carries them)
 metadata (with the experiment, search and sweep name), which `ray job list` and the dashboard show.
 
 Talking to the job server (submitting, following) is ``sweep.orchestrate.ray.jobs``: call
-``sweep.orchestrate.cluster_env.ray_environment`` first.
+``sweep.orchestrate.ray.env.ray_environment`` first.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Ray Jobs, the job server: submit `sweep run` as staged by ``sweep.orchestrate.submit`` and follow it
-(jobs/submit.py). Ray's job client is imported when called: call ``sweep.orchestrate.cluster_env.ray_environment``
+(jobs/submit.py). Ray's job client is imported when called: call ``sweep.orchestrate.ray.env.ray_environment``
 first."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ a pass of Tune trials (a grid of settings or bundles, or Optuna as Tune's search
 Each Tune trial runs ``sweep.orchestrate.worker.tune_trial`` in a Ray worker, its reports carried by ``tune.report``
 and its progress events by the hub (``sweep.orchestrate.ray.hub``); on the driver, the callbacks
 (``sweep.orchestrate.ray.callbacks``) hand them to the driver's row writer. Importing this module imports Ray:
-call ``sweep.orchestrate.cluster_env.ray_environment`` first, since Ray reads its auth mode and single-node mode when
+call ``sweep.orchestrate.ray.env.ray_environment`` first, since Ray reads its auth mode and single-node mode when
 it is imported.
 """
 

@@ -23,7 +23,7 @@ from sweep.config import ClusterConfig
 from sweep.tasks.sandbox import pids_of
 from sweep.errors import SweepError
 
-log = logging.getLogger("sweep.orchestrate.cluster_env")
+log = logging.getLogger("sweep.orchestrate.ray.env")
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 STATE_DIR_ENV = "SWEEP_STATE_DIR"  # overrides where the embedded clusters' tokens and records live
