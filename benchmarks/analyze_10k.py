@@ -6,7 +6,7 @@ Builds a results root the way sweeps write one: one real trial (tiny-llama, meas
 bench in this process) is the template; each of the N rows varies it (model, gate, threshold,
 measured timings per round and prompt, per-prompt agreement, status: 2% failed, 1%
 nondeterministic) and is written through the sweep driver's own row writer
-(``sweep.orchestrate.rows.RowWriter``: one atomic Parquet file per trial). The root is built once under
+(``sweep.orchestrate.writer.RowWriter``: one atomic Parquet file per trial). The root is built once under
 ``--work`` and copied afresh for each pair, so every first run meets the files as a sweep left
 them. Then `sweep analyze` runs as a subprocess twice on the copy (first run, second run), with a
 fresh reader's cache each pair; the medians over the pairs are printed with the machine's load
@@ -124,7 +124,7 @@ def _null_metrics(row: dict) -> dict:
 
 def build(root: Path, n: int) -> float:
     """Write ``n`` trial rows under ``root`` through the sweep driver's row writer; its seconds."""
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
 
     template = template_row()
     rng = np.random.default_rng(0)

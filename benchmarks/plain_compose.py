@@ -32,9 +32,13 @@ def plain_compose(overrides: list[str]) -> dict:
             raise ValueError(f"{key}: plain_compose takes group=option and key.path=value overrides only")
         if key in choices:
             choices[key] = value
+    kind = choices.pop("search/kind@search", None)
     for group, option in choices.items():
-        if option is not None:
+        if option is not None and group != "search":
             data[group] = yaml.safe_load((conf / group / f"{option}.yaml").read_text())
+    if choices.get("search") is not None:  # the shared base, its kind's keys, then the search's own values
+        own, kind = _search(conf, choices["search"], kind)
+        data["search"] = {**data["search"], **_kind(conf, kind), **own}
     data["gate"] = {**GATE_BASE, **data["gate"]}  # a gate's file holds its own keys; the rest compose as these
     for key, value in pairs:
         if key not in choices:
@@ -46,3 +50,31 @@ def plain_compose(overrides: list[str]) -> dict:
                 raise KeyError(f"{key}: not a key of conf/")
             node[leaf] = yaml.safe_load(value)
     return data
+
+
+def _entries(text: str) -> tuple[dict, list]:
+    data = yaml.safe_load(text)
+    return {k: v for k, v in data.items() if k != "defaults"}, data.get("defaults", [])
+
+
+def _search(conf, option: str, kind: str | None) -> tuple[dict, str | None]:
+    """A search file's own values over those it builds on (its defaults list), and the kind it names."""
+    own, defaults = _entries((conf / "search" / f"{option}.yaml").read_text())
+    merged: dict = {}
+    for entry in defaults:
+        if isinstance(entry, dict):  # override kind@_here_: KIND
+            kind = next(iter(entry.values()))
+        elif entry != "_self_":
+            earlier, kind = _search(conf, entry, kind)
+            merged.update(earlier)
+    return {**merged, **own}, kind
+
+
+def _kind(conf, kind: str) -> dict:
+    """A kind's own keys over those of the kind it builds on (its defaults list)."""
+    own, defaults = _entries((conf / "search" / "kind" / f"{kind}.yaml").read_text())
+    merged: dict = {}
+    for entry in defaults:
+        if entry != "_self_":
+            merged.update(_kind(conf, entry))
+    return {**merged, **own}

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
 
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig, compose
     from sweep.errors import ConfigError, SweepError
     from sweep.orchestrate.submit import job_metadata, resolve_address, submitted_commit
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         metadata = job_metadata(cfg, args.overrides, commit)
         if args.dry_run:
             return _dry_run(args, commit, metadata)
-        from sweep.orchestrate.submit import follow_job, new_submission_id, submit_job
+        from sweep.orchestrate.ray.jobs import follow_job, submit_job
+        from sweep.orchestrate.submit import new_submission_id
 
         submission_id = submit_job(
             args.address,

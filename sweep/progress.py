@@ -9,7 +9,7 @@ around work that counts in the time breakdown but shows nothing (writing a row).
   ``--quiet`` or when ``CI`` is set. A step's text (a finished setting, a traced prompt) is an info
   log line in every mode, with its phase's count, elapsed time and ETA;
 - every listener (``listen``): ``Breakdown`` sums each part's seconds, tests read the events;
-- in a sweep's Ray worker, the driver (``forward``): ``sweep.orchestrate.tune`` posts them to an actor that the
+- in a sweep's Ray worker, the driver (``forward``): ``sweep.orchestrate.ray.tuner`` posts them to an actor that the
   driver drains and ``replay``s into its own display and listeners, labelled with their source.
 """
 
@@ -68,7 +68,7 @@ class Phase:
 
     def advance(self, n: int = 1, text: str | None = None, eta: float | None = None) -> None:
         """``n`` more steps done; ``eta``: the seconds left by the producer's own measure of the work left (a
-        sweep's: its settings' decode work, ``sweep.orchestrate.rows.RowWriter``), shown instead of the rate of
+        sweep's: its settings' decode work, ``sweep.orchestrate.writer.RowWriter``), shown instead of the rate of
         steps, which misleads where steps differ in size."""
         self.done += n
         if eta is not None:

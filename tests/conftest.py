@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.orchestrate.cluster_env import descendants  # noqa: F401 (tests import it from here)
+from sweep.orchestrate.ray.env import descendants  # noqa: F401 (tests import it from here)
 from sweep.config.families import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,12 +159,12 @@ def run_cli(
 @pytest.fixture(scope="session")
 def ray_session():
     """One embedded Ray (127.0.0.1, token auth) shared by the in-process sweep tests."""
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import compose
 
     cluster = compose([]).cluster  # conf/cluster/local.yaml
     ray_environment(cluster)
-    from sweep.orchestrate import tune as sweep_tune
+    from sweep.orchestrate.ray import tuner as sweep_tune
 
     started = sweep_tune.start_ray(cluster)
     yield sweep_tune
@@ -177,7 +177,7 @@ TINY_SWEEP = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.re
 
 def sweep(tmp_path, *overrides):
     """Run `sweep run` in-process on the session's embedded Ray."""
-    from sweep.orchestrate.tune import run_sweep
+    from sweep.orchestrate.driver import run_sweep
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", *overrides]
     return run_sweep(compose(*args), args)
@@ -186,7 +186,7 @@ def sweep(tmp_path, *overrides):
 def subprocess_env(**extra) -> dict:
     """The environment for a `sweep` or Ray subprocess: token auth, Ray on loopback, no debug
     tracebacks, and none of the private token path an in-process embedded Ray of this test
-    session set (``sweep.orchestrate.cluster_env``): a cluster a test starts uses the user's token, as does
+    session set (``sweep.orchestrate.ray.env``): a cluster a test starts uses the user's token, as does
     the submitter that talks to it."""
     e = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **extra}
     e["PATH"] = f"{Path(sys.executable).parent}:{e.get('PATH', '')}"

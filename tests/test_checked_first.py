@@ -300,7 +300,7 @@ def test_a_sweep_counts_a_kept_row_as_it_counts_one_in_place(tmp_path):
     doubled by a row in place."""
     import polars as pl
 
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
 
     root = tmp_path / "r"
     kept, row = _as_a_sweeps_kept_row(root, "first-sweep")

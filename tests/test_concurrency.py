@@ -19,7 +19,7 @@ import pytest
 from conftest import subprocess_env
 from helpers.waiting import Background, finishes, wait_for
 from sweep.orchestrate import claims
-from sweep.orchestrate.rows import RowWriter, row_path
+from sweep.orchestrate.writer import RowWriter, row_path
 from sweep.store import files, read
 
 SWEEP = str(Path(sys.executable).with_name("sweep"))
@@ -373,10 +373,10 @@ def test_a_sweep_takes_over_planted_claims_of_its_trials_and_completes(ray_sessi
     (tmp_path / "claims").mkdir()
     for i, tid in enumerate(ids):
         (tmp_path / "claims" / f"{tid}.json").write_bytes(contents[i % len(contents)] or b"[]")
-    with caplog.at_level("WARNING", logger="sweep.orchestrate.rows"):
+    with caplog.at_level("WARNING", logger="sweep.orchestrate.writer"):
         outcome = sweep(tmp_path, space)
     assert outcome.written == 2 and sorted(read("trials", tmp_path)["trial_id"]) == sorted(ids)
-    notes = [r.getMessage() for r in caplog.records if r.name == "sweep.orchestrate.rows"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "sweep.orchestrate.writer"]
     assert sorted(n.split(" (")[0] for n in notes if n.startswith("took over")) == sorted(
         f"took over the stale claim {tmp_path / 'claims' / tid}.json" for tid in ids
     )

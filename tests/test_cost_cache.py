@@ -44,9 +44,10 @@ def saturation(lm):
 
 @pytest.fixture
 def shared_machine(monkeypatch):
-    """A check as wide as a machine shared with other work needs: a step within 4x of the cached one is the
-    same machine (the machine that moved 10x, below, still is not)."""
-    monkeypatch.setenv(costs_cache.FLOOR_ENV, "3")
+    """A check as wide as a machine shared with other work needs (a step within 4x of the cached one is the same
+    machine; the machine that moved 10x, below, still is not): whether the cache is taken then does not hang on
+    the load of whatever else runs beside the test."""
+    monkeypatch.setattr(costs_cache, "MIN_FLOOR", 3.0)
 
 
 def test_a_later_process_takes_the_machines_cost_model_after_its_check(cache, shared_machine):
@@ -130,40 +131,18 @@ def test_the_key_names_what_the_figures_depend_on(cache):
 
 def test_bench_rows_say_whether_their_cost_model_was_measured_or_cached(tmp_path):
     args = ["bench", "model=tiny-llama", "gate=saturation", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1"]
-    env = {"SWEEP_CACHE_DIR": str(tmp_path / "cache"), costs_cache.FLOOR_ENV: "3"}
+    env = {"SWEEP_CACHE_DIR": str(tmp_path / "cache")}
+    runs = []
     for i in range(2):
         res = run_cli(*args, f"results.root={tmp_path / str(i)}", env=env, timeout=240)
         assert res.returncode == 0, res.stderr[-2000:]
+        runs.append(res.stderr)
     first, second = (read("trials", tmp_path / str(i)).row(0, named=True) for i in range(2))
-    assert (first["cost_model_source"], second["cost_model_source"]) == ("fresh", "cached")
-    assert first["cost_layer_ms"] == second["cost_layer_ms"] and first["cost_probe_ms"] == second["cost_probe_ms"]
-
-
-def test_the_checks_tolerance_is_read_from_the_environment(cache, monkeypatch):
-    lm = fresh_model()
-    prompt = chat_prompts(lm, 1)[0].input_ids
-    first = cost_model(lm, prompt)
-    [kept] = list((cache / "costs").glob("*.json"))
-    data = json.loads(kept.read_text())
-    data["costs"]["step_ms"] = first.step_ms * 10
-    kept.write_text(json.dumps(data))
-    monkeypatch.setenv(costs_cache.FLOOR_ENV, "20")  # a step within 21x of the cached one is this machine
-    assert cost_model(fresh_model(), prompt).source == "cached"
-
-
-@pytest.mark.parametrize("value", ["-1", "nan", "wide", "1e9"])
-def test_a_bad_tolerance_is_one_line_before_any_round(tmp_path, value):
-    env = {"SWEEP_CACHE_DIR": str(tmp_path / "cache"), costs_cache.FLOOR_ENV: value}
-    res = run_cli(
-        "bench",
-        "model=tiny-llama",
-        "prompts.n=1",
-        "bench.gen_tokens=2",
-        "bench.repeats=1",
-        f"results.root={tmp_path}",
-        env=env,
-        timeout=240,
-    )
-    assert res.returncode == 2 and costs_cache.FLOOR_ENV in res.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in res.stderr and "timed rounds" not in res.stderr
-    assert not list(tmp_path.glob("**/*.parquet"))
+    assert first["cost_model_source"] == "fresh"
+    # the second process checks the cached costs; on a machine whose load moved beyond the check's floor since the
+    # first, it measures afresh and says why: either way its row says which costs it used
+    assert "check of the cached costs" in runs[1]
+    if second["cost_model_source"] == "cached":
+        assert first["cost_layer_ms"] == second["cost_layer_ms"] and first["cost_probe_ms"] == second["cost_probe_ms"]
+    else:
+        assert second["cost_model_source"] == "fresh" and "measuring afresh" in runs[1]

@@ -81,3 +81,76 @@ def test_bad_stopping_keys_are_one_line(override, message):
     with pytest.raises(ConfigError) as info:
         compose(override)
     assert str(info.value) == message
+
+
+# ---------------------------------------------------------------- inside a bundle, without Ray
+
+BUNDLE = ["model=tiny-llama", "prompts.n=8", "bench.gen_tokens=8", "bench.repeats=2", "bench.warmup=0"]
+SETTINGS = (["gate=fixed", "gate.exit_layer=1"], ["gate=fixed", "gate.exit_layer=3"], ["gate=full"])
+
+
+def _bundle(*extra: str):
+    from sweep.bench.command import prepare
+    from sweep.bench.session import Session
+
+    cfgs = [compose(*BUNDLE, *extra, *s) for s in SETTINGS]
+    session = Session()
+    prepared = [prepare(cfg, session) for cfg in cfgs]
+    lm, prompts = prepared[0][0], prepared[0][2]
+    return cfgs, lm, [p[1] for p in prepared], prompts
+
+
+def test_a_setting_stopped_inside_its_bundle_decodes_no_further_and_the_others_keep_the_shared_baseline():
+    """The bench asks the check it is given at each rung; the setting it stops runs no gated decode after its
+    first prompts, and the two others are timed against one shared baseline exactly as without stopping."""
+    from sweep.bench.protocol import Rungs, run_trials
+
+    cfgs, lm, gates, prompts = _bundle()
+    asked: list[tuple[int, int]] = []
+
+    def check(setting: int, agreement: list[float]) -> float | None:
+        asked.append((setting, len(agreement)))
+        return 0.25 if setting == 0 else None  # the first setting stops at its first rung
+
+    events = []
+    rows = run_trials(cfgs, lm, gates, prompts, on_event=events.append, rungs=Rungs(2, check))
+    first = rows[0]
+    assert first["status"] == "stopped" and first["stopped_at_prompts"] == 2 and first["n_prompts"] == 2
+    assert first["stop_agreement_hi"] == 0.25 and len(first["prompt_agreement"]) == 2
+    assert first["speedup_wall"] is None and first["round_ms"] is None  # nothing timed
+    # its gated decodes: its first two prompts, once; never again, in a later rung or a timed round
+    assert [e.unit for e in events if e.side == "gated" and e.setting == 0 and e.phase != "warm-up"] == [0, 1]
+    assert asked == [(0, 2), (1, 2), (2, 2), (1, 4), (2, 4)]  # the stopped setting is never asked again
+    # the others: one shared baseline (one reference, each round's baseline timed once for both)
+    assert [r["status"] for r in rows[1:]] == ["ok", "ok"] and {r["baseline_shared"] for r in rows[1:]} == {2}
+    assert rows[1]["reference_id"] == rows[2]["reference_id"]
+    timed = [e for e in events if e.phase == "round" and e.side == "baseline"]
+    assert len(timed) == cfgs[0].bench.repeats * len(prompts)
+    # stopping adds no decode to a setting that goes on: its checks read its first timed round's runs
+    for s in (1, 2):
+        decoded = [e for e in events if e.side == "gated" and e.setting == s and e.phase != "warm-up"]
+        assert len(decoded) == cfgs[0].bench.repeats * len(prompts) and {e.phase for e in decoded} == {"round"}
+    # and the same measurements of agreement as a run of the three without stopping
+    plain = run_trials(cfgs, lm, gates, prompts)
+    for stopped, whole in zip(rows[1:], plain[1:]):
+        assert stopped["prompt_agreement"] == whole["prompt_agreement"] and stopped["exit_rate"] == whole["exit_rate"]
+    assert first["prompt_agreement"] == plain[0]["prompt_agreement"][:2]
+
+
+def test_a_sweep_worker_stops_a_hopeless_setting_of_its_bundle_by_its_agreement_interval():
+    """``search.min_agreement`` in a Tune trial's bundle (the worker's ``trial_rows``, no Ray): a setting whose
+    agreement's bootstrap interval over its first prompts ends below the bar is ``stopped`` with that bound; full
+    depth, which cannot fall short, is measured against the baseline the bundle kept."""
+    import time
+
+    from sweep.orchestrate.worker import trial_rows
+
+    cfgs, _, _, _ = _bundle(f"search.min_agreement={BAR}", "search.rung_prompts=2")
+    rows = trial_rows(cfgs, "run", "bundle", time.perf_counter())
+    hopeless, full = rows[0], rows[2]
+    assert hopeless["status"] == "stopped" and hopeless["stopped_at_prompts"] in (2, 4)
+    bound = agreement_interval(hopeless["prompt_agreement"], hopeless["trial_id"])[1]
+    assert hopeless["stop_agreement_hi"] == bound < BAR
+    assert full["status"] == "ok" and full["agreement"] == 1.0
+    live = sum(r["status"] == "ok" for r in rows)
+    assert full["baseline_shared"] == live and full["n_prompts"] == 8

@@ -28,7 +28,7 @@ REPLACED = {
     "humaneval-cpu": "model=smollm2-135m search=bracket search.n_trials=3 search.neighbours=0 "
     "'search.spaces=[{gate: saturation, gate.min_depth: 0.5}]' prompts.n=2 bench.gen_tokens=16 bench.repeats=1 "
     "resources.cpu=2 eval.task=humaneval eval.max_tokens=128",
-    "qwen-coder": "model=qwen2.5-coder-0.5b search=saturation-grid search.name=qwen-coder search.neighbours=0 "
+    "qwen-coder": "model=qwen2.5-coder-0.5b search=saturation-grid search.name=qwen-coder "
     "search.max_accuracy_loss=0.25 'search.spaces=[{gate: fixed, gate.exit_layer: \"choice(21, 22, 23)\"}]' "
     "prompts=humaneval prompts.start=162 prompts.n=2 bench.gen_tokens=16 bench.repeats=2 resources.cpu=2 "
     "eval.task=humaneval eval.problems=40 eval.max_tokens=128 eval.batch_size=8",

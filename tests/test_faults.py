@@ -270,9 +270,10 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
     again, one per Tune trial, on the real embedded Ray; only a trial past the allowance gets failed rows."""
     from conftest import TINY_SWEEP, compose
     from sweep.config.identity import trial_identity
+    from sweep.orchestrate.driver import run_again
     from sweep.orchestrate.plan import plan_sweep, select_trials
-    from sweep.orchestrate.progress_ray import Hub
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.ray.hub import Hub
+    from sweep.orchestrate.writer import RowWriter
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=saturation-grid", "sweep.max_failures=2"]
     p = plan_sweep(compose(*args), args)
@@ -284,7 +285,7 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
     assert read("trials", tmp_path)["status"].to_list() == ["failed"]
     hub = Hub()
     try:
-        interrupted = ray_session.run_again(p, {"cpu": 1, "gpu": 0}, "cpu", writer, hub, False)
+        interrupted = run_again(p, ray_session.TuneCluster({"cpu": 1, "gpu": 0}, "cpu", hub), writer, False)
     finally:
         hub.close()
         writer.close()
@@ -298,7 +299,7 @@ def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_i
 def test_a_bundle_given_up_within_max_failures_runs_again_only_its_settings_without_a_row(tmp_path):
     from conftest import TINY_SWEEP, compose
     from sweep.orchestrate.plan import plan_sweep, select_trials
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=saturation-grid", "sweep.max_failures=2"]
     p = plan_sweep(compose(*args), args)

@@ -205,3 +205,19 @@ def test_no_test_file_imports_another():
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
             found += [f"{path.name}: {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert found == []
+
+
+def test_ray_lives_in_one_adapter_and_optuna_in_one_module():
+    """Every import of Ray (Ray Tune, Ray Jobs) is in the one adapter package, every import of Optuna in one
+    module, lazy ones included: the driver, the worker and the search kinds reach them through those."""
+    found: dict[str, set[str]] = {"ray": set(), "optuna": set()}
+    for name, tree in modules().items():
+        for node in ast.walk(tree):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for imported_name in names:
+                top = imported_name.split(".")[0]
+                if top in found:
+                    found[top].add(name)
+    assert found["ray"] and all(m.startswith("sweep.orchestrate.ray.") for m in found["ray"]), found["ray"]
+    assert found["optuna"] == {"sweep.orchestrate.searches.study"}

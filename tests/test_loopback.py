@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from conftest import descendants
-from sweep.orchestrate.cluster_env import is_loopback, ray_environment
+from sweep.orchestrate.ray.env import is_loopback, ray_environment
 from sweep.config import compose
 
 

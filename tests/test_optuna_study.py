@@ -4,7 +4,6 @@ names its metrics, its parameters readably, links every trial to its Parquet row
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -143,7 +142,7 @@ def test_multi_objective_study_names_both_metrics(ray_session, tmp_path):
 
 
 def test_parameter_names_are_config_paths_unless_distributions_differ(ray_session):
-    from sweep.orchestrate.study import param_names, subspace_labels
+    from sweep.orchestrate.searches.study import param_names, subspace_labels
 
     for name in ("optuna-mo", "optuna-constrained"):
         parsed = spaces(compose(f"search={name}").search)
@@ -170,7 +169,7 @@ def test_parameter_names_are_config_paths_unless_distributions_differ(ray_sessio
 def test_a_name_keeps_one_distribution_per_study(ray_session):
     """Sub-spaces that give one config path different distributions (even different kinds)
     run in one study without Optuna refusing a parameter."""
-    from sweep.orchestrate.study import DefineByRun
+    from sweep.orchestrate.searches.study import DefineByRun
 
     cfg = compose(
         "search=optuna-mo",
@@ -196,7 +195,7 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     from conftest import TINY_SWEEP
     from sweep.config.identity import trial_identity
     from sweep.orchestrate.settings import trial_config
-    from sweep.orchestrate.searcher import optuna_search
+    from sweep.orchestrate.ray.searcher import optuna_search
 
     base = [*TINY_SWEEP, "search=optuna-mo"]
     search = optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)
@@ -205,7 +204,7 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     search.on_trial_complete("stopped")
     # a row without its partition columns (read from one Parquet file): gate and model composed
     ok = {"status": "ok", "speedup_wall": 1.5, "speedup_model": 1.4, "agreement": 0.9}
-    search.on_trial_complete("partial", result={**ok, "row_json": json.dumps({**ok, "trial_id": "abc"})})
+    search.on_trial_complete("partial", result={**ok, "row": {**ok, "trial_id": "abc"}})
     study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     first, second, third = study.trials
     assert third.state == optuna.trial.TrialState.COMPLETE and third.values == [1.4, 0.9]  # speedup_model

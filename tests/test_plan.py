@@ -25,7 +25,7 @@ def plan(tmp_path, *overrides):
 def test_planning_and_identity_import_without_ray_or_torch():
     code = (
         "import sys, sweep.config.identity; assert 'torch' not in sys.modules, 'identity imported torch'; "
-        "import sweep.orchestrate.plan, sweep.orchestrate.rows, sweep.orchestrate.worker, sweep.orchestrate.submit; "
+        "import sweep.orchestrate.plan, sweep.orchestrate.writer, sweep.orchestrate.worker, sweep.orchestrate.submit; "
         "assert 'ray' not in sys.modules, 'ray imported'"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -94,7 +94,7 @@ def test_trial_key_is_canonical_json_of_the_defining_config():
 
 
 def test_a_stored_rows_key_rebuilds_its_id(tmp_path):
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
     from sweep.store import read
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=margin-grid"]

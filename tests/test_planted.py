@@ -155,7 +155,7 @@ def test_analyze_on_a_full_disk_is_one_line_naming_the_path(small_disk):
 
 def test_a_fifo_planted_as_the_optuna_study_is_refused_in_one_line(tmp_path):
     from sweep.errors import ConfigError
-    from sweep.orchestrate.study import optuna_storage_url, remaining_trials
+    from sweep.orchestrate.searches.study import optuna_storage_url, remaining_trials
 
     os.mkfifo(tmp_path / "optuna.db")
     with pytest.raises(ConfigError, match=r"optuna.db: not a regular file \(planted in place of the sweep's Optuna"):

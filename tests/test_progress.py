@@ -3,7 +3,6 @@ nothing under --quiet or CI; the time breakdown a bench ends with; workers' prog
 
 from __future__ import annotations
 
-import json
 import os
 import pty
 import re
@@ -265,7 +264,7 @@ def test_a_sweeps_eta_comes_from_the_work_left_and_steps_down_evenly_through_a_b
     time of the rows so far, would read near zero here: they took no wall time in this test), a setting with
     twice the work left counts twice, and the last row leaves nothing."""
     from sweep.bench.command import run_bench
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
 
     cfg = compose("model=tiny-llama", "gate=margin", "gate.theta=1", "prompts.n=2", f"results.root={tmp_path / 'b'}")
     _, real, _ = run_bench(cfg)
@@ -274,7 +273,7 @@ def test_a_sweeps_eta_comes_from_the_work_left_and_steps_down_evenly_through_a_b
     def result(i: int, **changes) -> dict:
         row = {**real, "trial_id": f"{i:016x}", "bench_seconds": 10.0, "trial_seconds": 10.0, "baseline_shared": 4}
         row.update(changes)
-        return {"row_json": json.dumps(row, default=str), "cached": False, "status": "ok"}
+        return {"row": row, "cached": False, "status": "ok"}
 
     writer = RowWriter(str(tmp_path / "r"), 6, [], "run", "eta", "cpu")
     etas = []

@@ -1,16 +1,16 @@
-"""The private Ray and Ray-Optuna attributes sweep reaches for (sweep/orchestrate/ray_internals.py), pinned
+"""The private Ray and Ray-Optuna attributes sweep reaches for (sweep/orchestrate/ray/internals.py), pinned
 to the installed Ray: an upgrade fails here first, naming the functions to re-check."""
 
 from __future__ import annotations
 
 import pytest
 
-from sweep.orchestrate import ray_internals as _ray_private
+from sweep.orchestrate.ray import internals as _ray_private
 
 
 @pytest.fixture(scope="module")
 def ray():
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import compose
 
     ray_environment(compose([]).cluster)  # before Ray is imported, as sweep run does
@@ -22,7 +22,7 @@ def ray():
 def test_ray_is_the_pinned_release(ray):
     assert ray.__version__.startswith(_ray_private.PINNED_RAY), (
         f"Ray {ray.__version__} is not the pinned {_ray_private.PINNED_RAY}: re-check "
-        f"{', '.join(_ray_private.FUNCTIONS)} in sweep/orchestrate/ray_internals.py, then update PINNED_RAY"
+        f"{', '.join(_ray_private.FUNCTIONS)} in sweep/orchestrate/ray/internals.py, then update PINNED_RAY"
     )
 
 
@@ -84,8 +84,8 @@ def test_a_node_that_cannot_start_workers_stops_the_sweep(ray):
     apart from other refusals, and it stops every trial: they would wait for a worker forever."""
     from types import SimpleNamespace
 
-    from sweep.orchestrate.callbacks import StopWhenRowsCannotBeWritten
-    from sweep.orchestrate.progress_ray import cannot_start_workers
+    from sweep.orchestrate.ray.callbacks import StopWhenRowsCannotBeWritten
+    from sweep.orchestrate.ray.hub import cannot_start_workers
 
     startup = (
         "The actor is not schedulable: Could not create the actor because worker startup repeatedly failed.\n"

@@ -59,7 +59,7 @@ def test_one_function_maps_every_kind_to_tune_and_optuna(ray_session):
     import optuna
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from sweep.orchestrate.study import distributions as d
+    from sweep.orchestrate.ray.searcher import distributions as d
 
     domain, dist = d(Param("k", "choice", (1, 2)))
     assert isinstance(domain, Categorical) and dist == optuna.distributions.CategoricalDistribution([1, 2])
@@ -74,7 +74,7 @@ def test_define_by_run_suggests_composable_overrides(ray_session):
     import optuna
 
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=optuna.samplers.RandomSampler(seed=1))
-    from sweep.orchestrate.study import DefineByRun
+    from sweep.orchestrate.searches.study import DefineByRun
 
     space = DefineByRun(spaces(compose("search=optuna-mo").search))
     seen = set()
@@ -219,3 +219,47 @@ def test_an_unknown_search_kind_is_one_line_rc_2_before_any_work(tmp_path):
         "error: search.kind=random: unknown search kind; allowed: bracket, grid, optuna, screen, skipset"
     ], res.stderr[-2000:]
     assert not (tmp_path / "ray").exists() and not (tmp_path / "trials").exists()
+
+
+def test_no_two_search_files_repeat_a_key_with_the_same_value():
+    """The shared base (conf/config.yaml's `search:`) holds what every kind shares, a kind's file (conf/search/kind/)
+    only its own keys, and a shipped search (conf/search/) only its own values: no shipped search repeats another's,
+    its kind's or the base's, and no kind the base's. (Two kinds may each own a key of one name: the studies of
+    optuna and skipset both sample with TPE unless told otherwise.)"""
+    import itertools
+
+    import yaml
+
+    from conftest import ROOT
+
+    conf = ROOT / "conf"
+
+    def read(paths) -> dict[str, dict]:
+        return {str(p.relative_to(conf)): yaml.safe_load(p.read_text()) for p in sorted(paths)}
+
+    base = {"config.yaml search": yaml.safe_load((conf / "config.yaml").read_text())["search"]}
+    shipped, kinds = read((conf / "search").glob("*.yaml")), read((conf / "search" / "kind").glob("*.yaml"))
+    pairs = list(itertools.combinations({**base, **shipped}.items(), 2))
+    pairs += list(itertools.product(kinds.items(), {**base, **shipped}.items()))
+    repeated = [f"{a} and {b}: {key}" for (a, x), (b, y) in pairs for key in set(x) & set(y) if x[key] == y[key]]
+    assert repeated == []
+
+
+def test_every_search_kind_has_its_settings_its_file_and_its_behaviour():
+    """One registry of kinds (the settings'): each has its own conf file and one behaviour, and nothing else is a
+    kind."""
+    from conftest import ROOT
+    from sweep.config.search_kinds import SEARCH_KINDS
+    from sweep.orchestrate.searches import SEARCHES
+
+    kinds = set(SEARCH_KINDS.names())
+    assert {p.stem for p in (ROOT / "conf" / "search" / "kind").glob("*.yaml")} == kinds
+    assert set(SEARCHES.names()) == kinds
+    for kind in kinds:  # search.kind=KIND brings the kind's own keys with it
+        import yaml
+
+        from sweep.config import compose_dict
+
+        own = yaml.safe_load((ROOT / "conf" / "search" / "kind" / f"{kind}.yaml").read_text())
+        composed = compose_dict([f"search.kind={kind}"])["search"]
+        assert {k: composed[k] for k in own if k != "defaults"} == {k: v for k, v in own.items() if k != "defaults"}

@@ -83,7 +83,7 @@ def test_a_bundle_of_the_trials_left_runs_after_some_rows_exist(ray_session, tmp
 
 
 def test_a_bundle_given_up_on_writes_a_failed_row_per_setting(tmp_path):
-    from sweep.orchestrate.rows import RowWriter
+    from sweep.orchestrate.writer import RowWriter
 
     p, groups = _groups(tmp_path, 4)
     writer = RowWriter(str(p.root), 8, p.base, p.run_id, p.name, "cpu")

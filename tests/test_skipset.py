@@ -170,7 +170,7 @@ def test_a_round_counts_every_draft_pass_a_dropped_draft_included(stop):
 
 def test_the_search_with_one_seed_gives_the_same_study_twice():
     from sweep.bench.costs import cost_model
-    from sweep.orchestrate.skipsearch import best_trials, candidate, search
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
@@ -200,7 +200,7 @@ def test_draft_stops_and_lens_are_searched_with_the_set_and_each_candidate_is_pr
     figures are the screen's prediction at those (recomputed here per trial), and every value is among the
     candidates chosen."""
     from sweep.bench.costs import cost_model
-    from sweep.orchestrate.skipsearch import best_trials, candidate, search
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
@@ -249,7 +249,7 @@ def test_a_resumed_study_draws_what_it_drew_or_the_search_stops_in_one_line(tmp_
     import optuna
 
     from sweep.bench.costs import cost_model
-    from sweep.orchestrate.skipsearch import best_trials, candidate, search
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 1)], N)
@@ -422,7 +422,7 @@ def test_an_extended_study_screens_only_candidates_it_has_not(tmp_path):
     worker runs it): 8 distinct candidates, the first 4 kept; the resumed sampler does not draw its first 4
     again (a random sampler restarted on its seed would), and a candidate drawn twice is told, not counted."""
     from sweep.bench.costs import cost_model
-    from sweep.orchestrate.skipsearch import candidate, search
+    from sweep.orchestrate.searches.skipstudy import candidate, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)

@@ -144,7 +144,7 @@ def test_a_rewritten_older_file_with_our_metadata_still_loads(tmp_path, caplog):
 
 
 def test_the_sweeps_done_rows_skip_a_garbage_file(root, caplog):
-    from sweep.orchestrate.plan import done_rows
+    from sweep.orchestrate.done import done_rows
 
     bad = root / "trials" / "model=x" / "bad.parquet"
     bad.parent.mkdir()

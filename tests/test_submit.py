@@ -62,7 +62,7 @@ def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None =
     working-dir logic (its excludes, the gitignore switch) and ``create_package`` build the zip
     that would be uploaded; nothing is contacted. Returns the zip's file entries; ``submitted``
     gets the keyword arguments the job client's submit_job received."""
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig
 
     ray_environment(ClusterConfig(address="http://127.0.0.1:9", auth="token", dashboard=False))
@@ -97,7 +97,7 @@ def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None =
             return submission_id
 
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", PackagingClient)
-    from sweep.orchestrate.submit import submit_job
+    from sweep.orchestrate.ray.jobs import submit_job
 
     kwargs.setdefault("submission_id", "raysubmit_test")
     assert submit_job("http://127.0.0.1:9", ["model=tiny-llama"], root, **kwargs) == kwargs["submission_id"]
@@ -334,7 +334,7 @@ def test_rays_client_gets_exactly_the_resolved_address(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://elsewhere:8265")
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Recorder)
-    from sweep.orchestrate.submit import job_client
+    from sweep.orchestrate.ray.jobs import job_client
 
     job_client("http://127.0.0.1:8265")
     assert seen == [("http://127.0.0.1:8265", None, None)]

@@ -119,6 +119,14 @@ def test_a_setting_certain_to_lose_more_than_the_bar_stops(tmp_path):
     assert gated[-1].done == 2  # the third problem was never decoded
     full = _bench(tmp_path / "all", "gate=fixed", "gate.exit_layer=2")
     assert full["task_problems"] == 3 and full["accuracy_loss_min"] is None and full["accuracy_loss"] == 1.0
+    # the stopped row is done for a sweep that would stop it too (a bar below its certain loss), and measured again
+    # by a sweep under a higher bar, or none: its accuracy is not that sweep's to leave out
+    from sweep.orchestrate.done import done_rows
+
+    for bar, done in (("0.5", True), ("0.6", True), ("0.7", False), ("null", False)):
+        cfg = compose(f"model={MODEL}", f"results.root={tmp_path / 'results'}", f"search.max_accuracy_loss={bar}")
+        assert (row["trial_id"] in done_rows(cfg)) is done, bar
+    assert full["trial_id"] in done_rows(compose(f"results.root={tmp_path / 'all'}"))
 
 
 @pytest.mark.faults

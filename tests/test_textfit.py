@@ -9,7 +9,7 @@ import re
 import polars as pl
 
 from conftest import run_cli
-from sweep.orchestrate.rows import SweepOutcome
+from sweep.orchestrate.writer import SweepOutcome
 from sweep.report.run_report import sweep_report
 from sweep.textfit import WIDTH, WrappingFormatter, fit_lines, table, wrap
 

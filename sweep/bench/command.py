@@ -8,7 +8,8 @@ from typing import Any
 from sweep import progress
 from sweep.tasks.evaluate import prepare as prepare_task
 from sweep.bench.costs import cost_model
-from sweep.bench.protocol import run_trial, verify_positions
+from sweep.bench.protocol import run_trial
+from sweep.bench.sides import verify_positions
 from sweep.bench.rows import complete_row, failed_row, format_row
 from sweep.bench.session import Session, process_session
 from sweep.textfit import fit_lines
@@ -20,19 +21,22 @@ from sweep.models.prompts import Prompt
 log = logging.getLogger("sweep.bench.command")
 
 
-def prepare(
-    cfg: Config, session: Session | None = None, *, in_sweep: bool = False
-) -> tuple[LoadedModel, Gate, list[Prompt]]:
-    """Load and check everything a trial needs, from ``session`` (default: this process's); bad input
-    fails here, before any work. The gate comes complete: its model and the readouts it reads. ``in_sweep``: a
-    sweep's worker, whose row the sweep's driver writes under the sweep's rules (``sweep.orchestrate.rows``), so
-    `sweep bench`'s consent to replace a sweep's row is not asked."""
+def prepare(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    """`sweep bench`'s first step: its row's path checked (``_check_row``), then everything the trial needs loaded
+    and checked (``load``); bad input fails here, before any work."""
+    _check_row(cfg)
+    return load(cfg, session)
+
+
+def load(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate, list[Prompt]]:
+    """Load and check everything a trial needs, from ``session`` (default: this process's): the model, the prompts
+    and the gate, complete with its model and the readouts it reads. A sweep's worker loads its trials with it (its
+    rows are the driver's to write: a failed row there is redone, not refused)."""
     with progress.phase("load", part="load"):
-        return _prepare(cfg, process_session() if session is None else session, in_sweep)
+        return _load(cfg, process_session() if session is None else session)
 
 
-def _prepare(cfg: Config, session: Session, in_sweep: bool = False) -> tuple[LoadedModel, Gate, list[Prompt]]:
-    _check_row(cfg, in_sweep)
+def _load(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
     prepare_task(cfg)  # the task's problems and files, and the sandbox its programs run in, before the model loads
 
     def check(lm: LoadedModel) -> None:
@@ -49,10 +53,11 @@ def _prepare(cfg: Config, session: Session, in_sweep: bool = False) -> tuple[Loa
     return lm, make_gate(cfg.gate, lm, gate_readouts(cfg.gate, lm, prompts, session)), prompts
 
 
-def _check_row(cfg: Config, in_sweep: bool = False) -> None:
+def _check_row(cfg: Config) -> None:
     """Before any work: the row's path and the path it is kept at should its own fail are free of planted files (one
-    line naming it), and (`sweep bench`, not ``in_sweep``) a row a sweep wrote at either is replaced only with
-    consent (sweep.rerun=true), never silently: a kept row under the same rule as a row in place."""
+    line naming it), and a row a sweep wrote at either is replaced only with consent (sweep.rerun=true), never
+    silently: a kept row under the same rule as a row in place. (A sweep's worker loads with ``load``: its rows
+    are the driver's to write, under the sweep's rules.)"""
     from sweep.config.identity import trial_columns
     from sweep.errors import ConfigError
     from sweep.store import KEPT, check_row_path, table_path
@@ -60,7 +65,7 @@ def _check_row(cfg: Config, in_sweep: bool = False) -> None:
     tid = trial_columns(cfg)["trial_id"]
     values = {"model": cfg.model.name, "gate": cfg.gate.name}
     path = check_row_path("trials", cfg.results.root, values, tid)
-    if cfg.sweep.rerun or in_sweep:
+    if cfg.sweep.rerun:
         return
     for where in (path, table_path("trials", cfg.results.root, values, tid, KEPT)):
         owner = _sweep_of(where)

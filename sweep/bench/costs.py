@@ -333,7 +333,6 @@ def cost_model(
     them. The lens and hidden probes alone (what a gate not measured in situ is charged) once
     ``probes_alone`` asks (None: when no gates are given). A gate without a probe (full, fixed)
     measures no probe at all."""
-    costs_cache.min_floor()  # a bad $SWEEP_COST_CHECK_FLOOR is refused before any round
     with progress.phase("cost model", part="cost model"):
         # a loaded model has one device and dtype: its prompt length is all the key needs
         key, path = costs_cache.key(lm, len(prompt_ids)), costs_cache.path_for(cache_dir(), lm, len(prompt_ids))

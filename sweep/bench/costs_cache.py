@@ -8,10 +8,6 @@ costs stand while the check's median step lies within that floor of the cached s
 measured afresh and the file replaced. A file that is not a cost model of this key (unreadable, not JSON, the
 wrong fields, a figure of the wrong type, not finite, zero or negative, planted as something other than a
 regular file) is named in one warning and measured over before any work, never trusted.
-
-The check never asks for agreement tighter than 2% (``MIN_FLOOR``). On a machine shared with other work, where a
-step's speed moves more than that between processes, ``SWEEP_COST_CHECK_FLOOR`` (a fraction, e.g. ``0.5``) widens
-it: cached costs are then taken while a step is within that fraction of the cached one.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from pathlib import Path
 import torch
 
 from sweep.bench.pricing import CostModel
-from sweep.errors import ConfigError
 from sweep.models import LoadedModel
 
 log = logging.getLogger("sweep.bench.costs_cache")
@@ -38,21 +33,6 @@ log = logging.getLogger("sweep.bench.costs_cache")
 MAX_BYTES = 1 << 20  # a cost model is a few kB; a larger file is not one
 MIN_FLOOR = 0.02  # the check never asks for agreement tighter than 2%, however quiet its own rounds were
 CHECK_ROUNDS = 8
-FLOOR_ENV = "SWEEP_COST_CHECK_FLOOR"
-
-
-def min_floor() -> float:
-    """The check's least tolerance as a fraction: ``$SWEEP_COST_CHECK_FLOOR`` when set, else ``MIN_FLOOR``."""
-    text = os.environ.get(FLOOR_ENV, "").strip()
-    if not text:
-        return MIN_FLOOR
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 <= value <= 100):
-        raise ConfigError(f"{FLOOR_ENV}={text!r}: must be a fraction from 0 to 100 (e.g. 0.5 for 50%)")
-    return max(value, MIN_FLOOR)
 
 
 def machine() -> dict[str, str]:
@@ -178,6 +158,6 @@ def still_holds(cached: CostModel, times: dict[str, list[float]]) -> tuple[bool,
     a, b = times["a"], times["b"]
     pairs = sorted(abs(math.log(x / y)) for x, y in zip(a, b))
     q95 = pairs[min(len(pairs) - 1, math.ceil(0.95 * len(pairs)) - 1)]
-    floor = max(abs(math.log(statistics.median(a) / statistics.median(b))), q95, math.log1p(min_floor()))
+    floor = max(abs(math.log(statistics.median(a) / statistics.median(b))), q95, math.log1p(MIN_FLOOR))
     now = statistics.median(a + b)
     return abs(math.log(now / cached.step_ms)) <= floor, now, floor

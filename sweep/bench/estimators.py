@@ -110,7 +110,7 @@ def ranked_speedup(measured, skipped, floor=None) -> np.ndarray | float:
 def row_speedup(row: Mapping[str, Any], metric: str = "speedup_wall") -> float | None:
     """A trial row's ranked speedup: ``ranked_speedup`` of its measured ``metric``, whether it skipped
     compute (``skips_compute``) and its A/A floor for that metric (``FLOOR_OF``). What the analysis
-    ranks by (``sweep.analysis.ranked``) and what the Optuna study optimises (``sweep.orchestrate.tune``); None
+    ranks by (``sweep.analysis.ranked``) and what the Optuna study optimises (``sweep.orchestrate.report``); None
     without the measured value."""
     if row.get(metric) is None:
         return None

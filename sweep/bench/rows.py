@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweep.bench.costs import CostModel, DecodeSteps
 from sweep.tasks import COLUMNS as TASK_COLUMNS
@@ -18,6 +18,9 @@ from sweep.gates import gate_text, setting_columns
 from sweep.config.identity import trial_columns
 from sweep.gates import Gate
 from sweep.models import LoadedModel
+
+if TYPE_CHECKING:
+    from sweep.store import TrialRow
 
 
 def measured_row(
@@ -180,24 +183,25 @@ def complete_row(
     *,
     sweep_name: str | None = None,
     seconds: float | None = None,
-) -> dict[str, Any]:
-    """A trial's whole row, as every writer stores it: its provenance (the loaded model's, or what the config
-    says when the model never loaded), the trial's own columns (``measured_row`` or ``failed_row``), and what
-    computed it. ``seconds``: the trial's time in a sweep's worker, which adds the worker's pid and model
-    loads; None for `sweep bench` and for the failed rows a sweep's driver writes itself."""
+) -> TrialRow:
+    """A trial's whole row, as every writer stores it (``sweep.store.TrialRow``: every column, checked): its
+    provenance (the loaded model's, or what the config says when the model never loaded), the trial's own columns
+    (``measured_row``, ``stopped_row`` or ``failed_row``, the one constructor of a failure's), and what computed
+    it. ``seconds``: the trial's time in a sweep's worker, which adds the worker's pid and model loads; None for
+    `sweep bench` and for the failed rows a sweep's driver writes itself."""
     from sweep.models import model_loads
+    from sweep.store import TrialRow
     from sweep.store.run_info import provenance, provenance_unloaded
 
     prov = provenance(cfg, lm, run_id) if lm is not None else provenance_unloaded(cfg, run_id)
     worker = seconds is not None
-    return {
-        **prov,
-        **row,
+    where = {
         "sweep_name": sweep_name,
         "worker_pid": os.getpid() if worker else None,
         "worker_model_loads": model_loads() if worker else None,
         "trial_seconds": seconds,
     }
+    return TrialRow(prov, {**row, **where})
 
 
 def format_row(row: dict[str, Any], costs=None) -> str:

@@ -61,16 +61,16 @@ def _verb(command: str, *, breakdown: bool = False):
 
 
 def _run(overrides: list[str]) -> int:
-    from sweep.orchestrate.cluster_env import ray_environment
+    from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import check_sweep_name
 
     cfg = compose_for("run", overrides)
     check_sweep_name(cfg)
     ray_environment(cfg.cluster)  # before Ray is imported
     from sweep.orchestrate import interrupt
-    from sweep.orchestrate.rows import overhead_summary
+    from sweep.orchestrate.writer import overhead_summary
     from sweep.report.run_report import failures, sweep_report
-    from sweep.orchestrate.tune import run_sweep
+    from sweep.orchestrate.driver import run_sweep
 
     with progress.breakdown() as times:
         outcome = run_sweep(cfg, overrides)

@@ -20,6 +20,7 @@ from sweep.errors import ConfigError
 from sweep.gates import check_gate, check_k
 from sweep.config.paths import is_name, read_paths
 from sweep.config.search import check_ladder, check_search
+from sweep.config.search_kinds import SEARCH_KINDS, build_search, kind_chosen
 
 CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
 
@@ -64,11 +65,10 @@ def _hydra(overrides, *, hydra_config: bool = False):
         key = override.partition("=")[0].lstrip("+~")
         if len(key) > 128:
             raise ConfigError(f"{key[:40]}...: not a config key ({len(key)} characters; `sweep config` shows the keys)")
+    chosen = kind_chosen(_gate_keys_settable(overrides))
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-            return compose(
-                config_name="config", overrides=_gate_keys_settable(overrides), return_hydra_config=hydra_config
-            )
+            return compose(config_name="config", overrides=chosen, return_hydra_config=hydra_config)
     except MissingConfigException as exc:
         raise ConfigError(_missing_option(exc)) from None
     except (HydraException, OmegaConfBaseException) as exc:
@@ -148,11 +148,14 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     ``search=False`` leaves the search's sub-spaces unparsed (their grammar is Hydra's): for code
     that runs settings and never a search, on a machine without Hydra (benchmarks/gpu_check.py)."""
     data = {k: v for k, v in data.items() if k != "hydra"}
+    if "search" in data:  # the search typed by its kind (``sweep.config.search_kinds``)
+        data = {**data, "search": build_search(data["search"])}
     cfg = build(Config, data)
     check_gate(cfg.gate)
     _check_model(cfg)
     if search:
         check_search(cfg.search, cfg.gate.name)
+        cfg.search.check()
     if cfg.calibrate.grid is not None:
         check_ladder(cfg.calibrate.grid, cfg.gate.name)
     _check_bench(cfg)
@@ -166,9 +169,6 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     cfg = read_paths(cfg)  # every path read once: what every command checks and writes (and names a model by)
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
-    if cfg.search.draft_stops is not None:  # 0 and 0.0 are one draft_stop, as bench.draft_stop reads them: one trial
-        stops = [None if x is None else float(x) for x in cfg.search.draft_stops]
-        cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, draft_stops=stops))
     cfg = _mode_defaults(cfg)
     if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
         from sweep.gates.skipset import canonical
@@ -181,17 +181,15 @@ RUN_ID_LENGTH = len("20250101T000000Z-abcdef")  # sweep.store.run_info.new_run_i
 
 
 def check_sweep_name(cfg: Config) -> str:
-    """`sweep run`'s directory name, <search.name>-<run_id> unless sweep.name is set, is a name
-    too (``sweep.config.paths``); a placeholder stands for a run_id not yet drawn."""
+    """`sweep run`'s directory name, <search.name>-<run_id> unless sweep.name is set, is a name too
+    (``sweep.config.paths``); a placeholder stands for a run_id not yet drawn."""
     if cfg.sweep.name is not None:
         return cfg.sweep.name
     run_id = cfg.run_id if cfg.run_id is not None else "x" * RUN_ID_LENGTH
     derived = f"{cfg.search.name}-{run_id}"
     if not is_name(derived):
-        raise ConfigError(
-            f"search.name={cfg.search.name}: the sweep's name <search.name>-<run_id> would be {len(derived)} "
-            f"characters, over 128; shorten search.name or run_id, or set sweep.name=NAME"
-        )
+        why = f"the sweep's name <search.name>-<run_id> would be {len(derived)} characters, over 128; shorten"
+        raise ConfigError(f"search.name={cfg.search.name}: {why} search.name or run_id, or set sweep.name=NAME")
     return derived
 
 
@@ -213,13 +211,10 @@ def _check_model(cfg: Config) -> None:
 
 
 def _mode_defaults(cfg: Config) -> Config:
-    """What a mode needs, whatever the keys only the other mode reads say. Self-speculation's cache holds the full
-    model's K/V at every kept position (its drafts' entries are cropped to what the full model verified), which is
-    ``bench.kv_policy=full``: a self-speculative trial reads and records that, ignoring the early-exit setting
-    (propagate, the default, would ask state-space families for a K/V fill they cannot have), so it is one trial
-    whatever kv_policy says. Early exit ignores ``bench.draft_len`` the same way; the mode-only keys whose default
-    means "off" (``bench.draft_stop``, ``bench.batch_size``) are refused when set for the other mode
-    (``_check_bench``)."""
+    """What a mode needs, whatever the other mode's keys say: self-speculation's cache holds the full model's K/V at
+    every kept position, which is ``bench.kv_policy=full`` (propagate, early exit's default, would ask state-space
+    families for a K/V fill they cannot have): one trial whatever kv_policy says. The mode-only keys whose default
+    means "off" (``bench.draft_stop``, ``bench.batch_size``) are refused when set for the other mode."""
     if cfg.bench.mode == "self_speculative" and cfg.bench.kv_policy != "full":
         cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, kv_policy="full"))
     return cfg
@@ -257,7 +252,7 @@ def _check_eval(cfg: Config) -> None:
         from sweep.config.search import TASK_METRICS
 
         for section in ("objectives", "constraints"):
-            named = [m for m in getattr(cfg.search, section) if m in TASK_METRICS]
+            named = [m for m in getattr(cfg.search, section) or {} if m in TASK_METRICS]
             if named:
                 raise ConfigError(
                     f"search.{section}.{named[0]}: a task's metric; measure a task with eval.task=humaneval|harness"
@@ -381,14 +376,22 @@ def _section(path: str) -> tuple[str, list[str]]:
     for part in [p for p in path.split(".") if p]:
         if not dataclasses.is_dataclass(cls):
             return "", []
-        hints = typing.get_type_hints(cls)
+        hints = {k: v for c in _kinds(cls) for k, v in typing.get_type_hints(c).items()}
         if part not in hints:
             return "", []
         args = [a for a in typing.get_args(hints[part]) if dataclasses.is_dataclass(a)]
-        cls = args[0] if args else hints[part]
+        optional = [a for a in typing.get_args(hints[part]) if a is not type(None)]
+        cls = args[0] if args else optional[0] if len(optional) == 1 else hints[part]
     if dataclasses.is_dataclass(cls):
-        return "section", [f.name for f in dataclasses.fields(cls)]
+        return "section", list(dict.fromkeys(f.name for c in _kinds(cls) for f in dataclasses.fields(c)))
     return ("mapping" if cls is dict else "value"), []
+
+
+def _kinds(cls: Any) -> list:
+    """A section's classes: the search's base and every kind's settings over it; any other section itself."""
+    from sweep.config._schema import SearchConfig
+
+    return [cls, *SEARCH_KINDS] if cls is SearchConfig else [cls]
 
 
 def _override_parse_error() -> type:

@@ -152,56 +152,37 @@ class BenchConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchConfig:
-    """A sweep: sub-spaces of config paths in Hydra's sweep grammar, searched by grid or Optuna."""
+    """A sweep's search, the keys every kind shares (conf/config.yaml's ``search:``): sub-spaces of config paths in
+    Hydra's sweep grammar, searched as its kind says (``search.kind``). Each kind adds its own keys in a subclass
+    (``sweep.config.search_kinds``); ``check`` holds its rules."""
 
     name: str = _name()  # the sweep's name is <search.name>-<run_id> unless sweep.name is set
-    # how it searches: a search kind of sweep.orchestrate.searches (grid, optuna, screen, skipset), checked when
-    # `sweep run` plans
+    # how it searches: a registered search kind (sweep.config.search_kinds.SEARCH_KINDS; `sweep run --help` lists them)
     kind: str = field(check=lambda v: v.strip() != "" and "\0" not in v, allowed="a search kind's name")
     # each sub-space maps config paths (or the groups model/gate/prompts) to a value or a sweep
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
     spaces: list = field(check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")
+    # the settings a search draws or keeps (its kind says which; null where a kind takes none)
     n_trials: int | None = field(None, check=in_range(1, 100000), allowed="an integer in 1..100000")
     seed: int = field(check=in_range(0, 2**32 - 1), allowed="an integer in 0..4294967295 (2^32 - 1, Optuna's samplers)")
-    sampler: Literal["tpe", "random", "nsga2"]
-    objectives: dict = field(check=lambda v: len(v) > 0, allowed="a non-empty mapping of metric: max|min")
-    constraints: dict = field(allowed="a mapping of metric: minimum value")
-    neighbours: int = field(
-        check=in_range(0, 100), allowed="an integer in 0..100"
-    )  # screen: knee neighbours run closed-loop
-    # skipset: the skip ratio |S| / 2L range candidates must keep (null: any), how many of the best run closed-loop
-    skip_ratio: list | None = field(
-        None,
-        check=lambda v: len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and 0 <= v[0] <= v[1] <= 1,
-        allowed="[lo, hi] with 0 <= lo <= hi <= 1, or null",
-    )
-    closed_loop: int | None = field(None, check=in_range(1, 1000), allowed="an integer in 1..1000 or null")
+    # what the sweep's settings are judged by (an Optuna search optimises them; every kind records them; null: an
+    # Optuna search's own, which it must name)
+    objectives: dict | None = field(None, check=lambda v: len(v) > 0, allowed="a non-empty mapping of metric: max|min")
+    constraints: dict = field(allowed="a mapping of metric: minimum value (null: none on that metric)")
     # hopeless settings stopped early: a setting whose agreement's bootstrap interval ends below this after its
     # first rung_prompts prompts (then twice as many, ...) stops there, a row of status `stopped` (null: none stops)
     min_agreement: float | None = field(None, check=in_range(0, 1), allowed="a number in [0, 1] or null")
     # a task's gated side stops once its accuracy loss over all problems is certain to exceed this
     max_accuracy_loss: float | None = field(None, check=in_range(0, 1), allowed="a number in [0, 1] or null")
     rung_prompts: int = field(check=in_range(1, 100000), allowed="an integer in 1..100000")
-    # skipset: bench.draft_stop values searched jointly with the set, e.g. [null, 0.3, 0.6, 0.9] (null: the set alone)
-    draft_stops: list | None = field(
-        None,
-        check=lambda v: (
-            len(v) > 0
-            and all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1) for x in v)
-            and len(set(v)) == len(v)
-        ),
-        allowed="a non-empty list of distinct draft_stop values (each null or a number in [0, 1]), or null",
-    )
-    # skipset: bench.draft_len values searched jointly with the set, e.g. [1, 2, 3, 4] (null: bench.draft_len alone)
-    draft_lens: list | None = field(
-        None,
-        check=lambda v: (
-            len(v) > 0
-            and all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 64 for x in v)
-            and len(set(v)) == len(v)
-        ),
-        allowed="a non-empty list of distinct draft lengths (integers in 1..64), or null",
-    )
+
+    def check(self) -> None:
+        """The rules of the kind's own keys, before anything runs (one ConfigError line naming the key)."""
+
+    def settled(self) -> SearchConfig:
+        """The settings as every reader takes them: a constraint set to null is none."""
+        kept = {m: b for m, b in self.constraints.items() if b is not None}
+        return self if kept == self.constraints else dataclasses.replace(self, constraints=kept)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,7 +4,7 @@ A sweep is a list of sub-spaces (so one sweep can cover several gates or models)
 maps a config path, or a group (``model``, ``gate``, ``prompts``), to a fixed value or a
 sweep expression: ``choice(...)``, ``range(a,b,step=s)``, ``interval(a,b)``,
 ``int(interval(a,b))``, ``tag(log, interval(a,b))``. This module parses them into typed
-parameters and expands grids; mapping them to Ray Tune and Optuna lives in ``sweep.orchestrate.tune``.
+parameters and expands grids; mapping them to Ray Tune and Optuna lives in ``sweep.orchestrate.ray.searcher``.
 A trial is a list of Hydra overrides on top of the sweep's own.
 """
 
@@ -173,7 +173,7 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
     gate's domain (``gate``: the sweep's own gate, for sub-spaces that do not name one). Needs no model and no
     Ray. What a search kind needs of its own keys is the kind's to check (``sweep.orchestrate.searches``), when
     `sweep run` plans."""
-    for metric, mode in search.objectives.items():
+    for metric, mode in (search.objectives or {}).items():
         if metric not in METRICS:
             raise ConfigError(f"search.objectives.{metric}: not a metric; allowed: {', '.join(METRICS)}")
         if mode not in ("max", "min"):
@@ -183,7 +183,7 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
             raise ConfigError(f"search.constraints.{metric}: not a metric; allowed: {', '.join(METRICS)}")
         if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
             raise ConfigError(f"search.constraints.{metric}={bound}: must be a number (finite: the metric's minimum)")
-    if search.constraints and len(search.objectives) != 1:
+    if search.constraints and len(search.objectives or {}) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts
         _check_gate_values(params, gate, f"search.spaces[{i}]")

@@ -6,7 +6,7 @@ for it (a stack dump, then abort: exit code 134) and Tune handles only SIGINT, s
 ``sigterm_as_sigint`` a SIGTERM raises SIGINT in this process: Tune ends its run the way Ctrl-C
 does (or, outside Tune's loop, KeyboardInterrupt), the driver stops Ray and releases its claims,
 and `sweep run` prints one line with the resume command (exit code 143: 128 + SIGTERM).
-Ray-free: ``sweep.orchestrate.tune`` enters the context around its driver.
+Ray-free: ``sweep.orchestrate.driver`` enters the context around its run.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 from sweep.orchestrate import claims
+from sweep.orchestrate.done import done_rows
 from sweep.config import Config, read_overrides
 from sweep.errors import ConfigError
 from sweep.config.identity import trial_identity
@@ -26,7 +27,6 @@ from sweep.orchestrate.settings import GridTrials, Plan
 
 log = logging.getLogger("sweep.orchestrate.plan")
 
-DONE_STATUSES = ("ok", "nondeterministic", "stopped")  # rows that count as done; failed trials are redone
 DRIVER_KEYS = ("resume", "sweep.name", "run_id", "results.root")  # overrides the driver sets for every trial
 
 
@@ -39,10 +39,6 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     run_id = cfg.run_id or new_run_id()
     root = Path(cfg.results.root).expanduser().resolve()
     cfg = dataclasses.replace(cfg, results=dataclasses.replace(cfg.results, root=str(root)))
-    if cfg.search.min_agreement is not None and cfg.sweep.shared_baseline > 1:
-        # Tune stops a Tune trial, not one setting of a bundle: a setting that may stop early is timed alone
-        log.info("search.min_agreement: each setting is timed against its own baseline (sweep.shared_baseline=1)")
-        cfg = dataclasses.replace(cfg, sweep=dataclasses.replace(cfg.sweep, shared_baseline=1))
     storage = _storage(cfg, root)
     name = sweep_name(cfg, storage, run_id)
     # Tune and SQLite write where their paths lead: nothing under the sweep's directory may lead elsewhere
@@ -106,7 +102,10 @@ def check_definition(cfg: Config, directory: Path) -> None:
     if not (exists and os.path.lexists(path)):
         return  # a new sweep, or one from before definitions were recorded: this run's is recorded when it starts
     recorded, mine = _recorded(directory.name, path), _flat(_definition_json(cfg))
-    differ = sorted(k for k in set(recorded) | set(mine) if recorded.get(k) != mine.get(k))
+    # a search key recorded by a release whose kinds all carried every search key, which this run's kind lacks,
+    # defines nothing here
+    keys = set(mine) | {k for k in recorded if not k.startswith("search.")}
+    differ = sorted(k for k in keys if recorded.get(k) != mine.get(k))
     if differ:
         first = differ[0]
         raise ConfigError(
@@ -217,31 +216,6 @@ def sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
     return earlier[-1].name
 
 
-def counts_as_done(row: dict, search) -> bool:
-    """Whether ``row`` counts as done for a sweep under ``search``: an ok or nondeterministic row always; a row
-    stopped early only when it stopped under this sweep's own stopping rule (``search.min_agreement`` and
-    ``search.rung_prompts``, which a stopped row records): another sweep's bar is not this one's, so a sweep under
-    another rule, or none, measures that setting itself (and its row replaces the stopped one). Failed rows never."""
-    if row.get("status") == "stopped":
-        rule = (row.get("stop_min_agreement"), row.get("stop_rung_prompts"))
-        return rule[0] is not None and rule == (search.min_agreement, search.rung_prompts)
-    return row.get("status") in DONE_STATUSES
-
-
-def done_rows(cfg: Config) -> dict[str, dict]:
-    """Rows already under results.root that count as done for this sweep (``counts_as_done``), by trial id (unless
-    sweep.rerun)."""
-    import polars as pl
-
-    from sweep.store import scan
-
-    if cfg.sweep.rerun:
-        return {}
-    rows = scan("trials", cfg.results.root).filter(pl.col("status").is_in(DONE_STATUSES)).collect()
-    done = (r for r in rows.sort("created_at").iter_rows(named=True) if counts_as_done(r, cfg.search))
-    return {r["trial_id"]: r for r in done}
-
-
 def select_trials(
     grid_trials: GridTrials | None, done: dict, device: str, root: str
 ) -> tuple[list[list[str]] | None, int]:
@@ -271,12 +245,6 @@ def done_settings(grid_trials: GridTrials | None, done: dict, device: str) -> li
             seen.add(tid)
             rows.append(done[tid])
     return rows
-
-
-def tune_settings(config: dict) -> list[list[str]]:
-    """The settings (override lists) a Tune trial's config holds: one (``trial``) or a bundle
-    timed against one shared baseline (``trials``, ``baseline_groups``)."""
-    return config.get("trials") or [config["trial"]]
 
 
 def baseline_groups(grid_trials: GridTrials, todo: list[list[str]], size: int) -> list[list[list[str]]]:

@@ -1,11 +1,11 @@
-"""What every search and the planner share: a setting's overrides and composed config, the plan of a sweep, and
-the rows already under its root."""
+"""What every search and the planner share: a setting's overrides and composed config, and the plan of a sweep."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sweep.config import Config, compose
 
@@ -28,6 +28,27 @@ class Plan:
         return self.storage / self.name
 
 
+@dataclass(frozen=True)
+class Pass:
+    """One pass of Tune trials, as the driver hands it to the cluster: a grid (``values``: each Tune trial's setting,
+    or with ``key`` ``trials`` its bundle of settings sharing a baseline), or a search that samples while Tune runs
+    (``study``: what its searcher needs, ``Search.searcher``; ``samples`` Tune trials, whose settings already
+    measured are reported again from ``done``, rows by trial id)."""
+
+    key: str = "trial"
+    values: list | None = None
+    study: Any = None
+    samples: int = 0
+    done: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> int:
+        """How many settings the pass runs."""
+        if self.values is None:
+            return self.samples
+        return sum(len(v) for v in self.values) if self.key == "trials" else len(self.values)
+
+
 def merge(base: list[str], trial: list[str]) -> list[str]:
     """Trial overrides replace base overrides of the same key."""
     keys = {o.split("=", 1)[0].lstrip("+~") for o in trial}
@@ -39,19 +60,7 @@ def trial_config(base: list[str], trial: list[str], device: str) -> Config:
     return dataclasses.replace(compose(merge(base, trial)), device=device)
 
 
-def row_ids(root: str | Path) -> set[str]:
-    """The trial ids with a row under ``root``, whatever its status (a resumed Optuna sweep counts
-    a study trial done only when its row exists: ``sweep.orchestrate.study.remaining_trials``)."""
-    from sweep.store import scan
-
-    return set(scan("trials", root).select("trial_id").collect()["trial_id"].to_list())
-
-
-def sweep_rows(root: str | Path, name: str) -> set[str]:
-    """The trial ids of the rows sweep ``name`` wrote under ``root`` (``sweep_name``)."""
-    import polars as pl
-
-    from sweep.store import scan
-
-    rows = scan("trials", root).filter(pl.col("sweep_name") == name).select("trial_id").collect()
-    return set(rows["trial_id"].to_list())
+def tune_settings(config: dict) -> list[list[str]]:
+    """The settings (override lists) a Tune trial's config holds: one (``trial``) or a bundle
+    timed against one shared baseline (``trials``, ``baseline_groups``)."""
+    return config.get("trials") or [config["trial"]]

@@ -1,4 +1,4 @@
-"""Ray Jobs: submit `sweep run` to a running cluster's job server and follow it (jobs/submit.py).
+"""Ray Jobs, what is sent: `sweep run` staged for a running cluster's job server (jobs/submit.py).
 
 What the job gets as its working directory is an allowlist (``SHIPPED``), copied into a fresh
 temporary directory: never the checkout itself, so its ``.git``, ``.env``, keys, venvs and
@@ -10,13 +10,12 @@ differ from it) in the job's runtime_env (``SWEEP_SUBMISSION_ID``, ``SWEEP_GIT_S
 of the job, driver and workers, sees them, and every row it writes carries them) and in the job's
 metadata (with the experiment, search and sweep name), which `ray job list` and the dashboard show.
 
-Ray's job client is imported when called: call ``sweep.orchestrate.cluster_env.ray_environment`` first.
+Talking to the job server (submitting, following) is ``sweep.orchestrate.ray.jobs``: call
+``sweep.orchestrate.ray.env.ray_environment`` first.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import random
 import shlex
@@ -25,15 +24,12 @@ import subprocess
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sweep.errors import ConfigError, SweepError
-
-log = logging.getLogger("sweep.orchestrate.submit")
+from sweep.errors import ConfigError
 
 # What `python -m sweep.cli.commands run ...` needs on the cluster: the package, its configs, the job
 # tooling, and the project metadata (pyproject.toml names README.md; constraints.txt pins installs).
@@ -206,93 +202,7 @@ def require_token() -> None:
         )
 
 
-def job_client(dashboard: str):
-    """Ray's job client for exactly ``dashboard``: Ray's constructor prefers ``$RAY_API_SERVER_ADDRESS``
-    and ``$RAY_ADDRESS`` over the address it is given, so both are hidden from it meanwhile
-    (``resolve_address`` has already weighed them)."""
-    from ray.job_submission import JobSubmissionClient
-
-    hidden = {name: os.environ.pop(name) for name in ADDRESS_ENV if name in os.environ}
-    try:
-        return JobSubmissionClient(dashboard)
-    finally:
-        os.environ.update(hidden)
-
-
-def submit_job(
-    dashboard: str,
-    overrides: list[str],
-    root: Path,
-    *,
-    auth: str = "token",
-    python: str = "python",
-    submission_id: str | None = None,
-    git_sha: str | None = None,
-    metadata: dict[str, str] | None = None,
-) -> str:
-    """Submit ``job_entrypoint(overrides)`` to the cluster's job server, shipping a staged copy
-    of ``shipped_files(root)`` as its working directory, under ``submission_id`` (a fresh one by
-    default), with ``git_sha`` (``submitted_commit(root)`` by default) in its environment;
-    returns the submission id."""
-    entrypoint = job_entrypoint(overrides, auth, python)
-    submission_id = submission_id or new_submission_id()
-    git_sha = git_sha or submitted_commit(root)
-    if auth == "token":
-        require_token()
-    try:
-        client = job_client(dashboard)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"--address {dashboard}: no Ray job server answers there ({_first_line(exc)})") from None
-    with staged_project(root) as (staged, _):
-        runtime_env = job_runtime_env(staged, git_sha, submission_id)
-        deadline = time.monotonic() + 180  # a loaded head can take minutes to register its job agent
-        while True:
-            try:
-                return client.submit_job(
-                    entrypoint=entrypoint,
-                    runtime_env=json.loads(json.dumps(runtime_env)),  # the client rewrites working_dir in place
-                    submission_id=submission_id,
-                    metadata=dict(metadata or {}, git_sha=git_sha),
-                )
-            except RuntimeError as exc:  # a cluster that just started has no job agent yet
-                if "No available agent" not in str(exc) or time.monotonic() > deadline:
-                    raise SweepError(
-                        f"--address {dashboard}: the job server refused the job ({_first_line(exc)})"
-                    ) from None
-                log.info("the cluster's job agent is not up yet; retrying")
-                time.sleep(2)
-
-
-def follow_job(dashboard: str, submission_id: str, out) -> str:
-    """Stream the job's logs to ``out`` until it ends; returns its final status."""
-    import asyncio
-
-    from ray.job_submission import JobStatus
-
-    client = job_client(dashboard)
-
-    async def tail() -> None:
-        async for lines in client.tail_job_logs(submission_id):
-            out.write(lines)
-            out.flush()
-
-    try:
-        asyncio.run(tail())
-    except KeyboardInterrupt:
-        raise SweepError(
-            f"stopped following; job {submission_id} keeps running (`ray job stop {submission_id}` stops it)"
-        ) from None
-    except (ConnectionError, OSError, RuntimeError) as exc:
-        raise SweepError(
-            f"lost the job server while following {submission_id} ({_first_line(exc)}); the job may still be running"
-        ) from None
-    ended = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
-    while (status := client.get_job_status(submission_id)) not in ended:
-        time.sleep(1)
-    return str(status.value if hasattr(status, "value") else status)
-
-
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return next(iter(str(exc).splitlines()), type(exc).__name__)
 
 

@@ -1,7 +1,9 @@
-"""What a sweep's Ray workers compute, Ray-free: a Tune trial's rows (a search's own pass in a worker is the
-search's: ``sweep.orchestrate.searches``).
+"""What a sweep's workers compute, Ray-free: a Tune trial's settings, each claimed, computed (``trial_rows``, one
+path for one setting or a bundle against one shared baseline) and reported once (a search's own pass in a worker is
+the search's: ``sweep.orchestrate.searches``).
 
-``sweep.orchestrate.tune`` runs these in its workers and reports the results to Tune or the driver.
+Whatever carries the reports is handed in: ``sweep.orchestrate.ray`` runs ``tune_trial`` in its workers with
+Ray Tune's ``tune.report``; the reports are ``sweep.orchestrate.report``'s.
 """
 
 from __future__ import annotations
@@ -11,6 +13,45 @@ import time
 from typing import Any, Callable
 
 from sweep.config import Config
+from sweep.config.identity import trial_identity
+
+from sweep.orchestrate.report import failed_report, trial_report
+from sweep.orchestrate.settings import trial_config, tune_settings
+
+Report = Callable[[dict], None]  # hands one report to the driver (Ray Tune's ``tune.report`` in a sweep)
+
+
+def tune_trial(config: dict, base: list[str], context: dict, report: Report) -> None:
+    """One Tune trial in a worker: one setting (``config["trial"]``) or a bundle of settings timed against one
+    shared baseline (``config["trials"]``, ``sweep.shared_baseline``). Compose on the driver's device
+    (``context["device"]``), report again the rows an earlier run left (``context["done"]``), claim the others in
+    the results root and compute them (``run_claimed``), each setting reported once. A trial that raises reports
+    its failed rows, once: Tune retries only a worker that died (``sweep.max_failures``), never a deterministic
+    error."""
+    t0 = time.perf_counter()
+    try:
+        cfgs = [trial_config(list(base), t, context["device"]) for t in tune_settings(config)]
+        tids = [trial_identity(cfg, context["device"]).id for cfg in cfgs]
+    except Exception as exc:  # noqa: BLE001 - a value the driver's checks could not foresee: no config, no row
+        report(failed_report(_one_line(exc)))
+        return
+    done = context.get("done", {})
+    todo = []
+    left = iter(range(len(cfgs) - 1, -1, -1))  # every setting is reported once: cached, another sweep's, or computed
+    for cfg, tid in zip(cfgs, tids):
+        if tid in done:  # a row from an earlier run: report it again, do not redo the work
+            report(trial_report(done[tid], next(left), cached=True))
+        else:
+            todo.append((tid, cfg))
+
+    def computed(row: dict, **how) -> None:
+        report(trial_report(row, next(left), **how))
+
+    run_claimed(todo, context, t0, computed)
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:500]
 
 
 def run_claimed(
@@ -18,16 +59,15 @@ def run_claimed(
     context: dict,
     t0: float,
     report: Callable[..., None],
-    on_rung: Callable[[dict], None] | None = None,
 ) -> None:
     """A Tune trial's settings still to compute (``todo``: trial id and config), each claimed in the
     results root first (``sweep.orchestrate.claims``: a concurrent sweep into the same root computes it once),
     then computed together (one setting, or a bundle against one shared baseline); each setting's
     row goes to ``report(row, cached=..., computed_by=..., notes=...)`` once. Whatever the trial
     raises is the failed row of each setting not yet reported, never an error out of the worker:
-    Tune retries only workers that died, not a deterministic error. ``on_rung``: ``trial_rows``'s."""
+    Tune retries only workers that died, not a deterministic error."""
     from sweep.orchestrate import claims
-    from sweep.orchestrate.rows import finished_row_of
+    from sweep.orchestrate.done import finished_row_of
 
     sweep_name = context.get("sweep_name")
     owner = claims.Owner.here(context["run_id"], sweep_name or "")
@@ -46,7 +86,7 @@ def run_claimed(
                     reported.add(tid)
                 else:
                     compute.append(cfg)
-            rows = trial_rows(compute, context["run_id"], sweep_name, t0, on_rung) if compute else []
+            rows = trial_rows(compute, context["run_id"], sweep_name, t0) if compute else []
     except Exception as exc:  # noqa: BLE001 - whatever a trial raises is its failed row, not a dead worker
         from sweep.bench.rows import complete_row, failed_row
 
@@ -72,19 +112,17 @@ def trial_rows(
     run_id: str,
     sweep_name: str | None,
     t0: float,
-    on_rung: Callable[[dict], None] | None = None,
 ) -> list[dict[str, Any]]:
     """A Tune trial's settings, run in this process's session (``sweep.bench.session``: its models, readouts
     and reusable references): one setting, or several of one model, prompts and bench against one shared
     baseline (``sweep.bench.protocol.run_trials``). One row per setting, in order (a failed row for a setting
     that cannot be prepared, the others measured without it; failed rows for all when the group raises, never
     an exception); ``trial_seconds`` is the row's bench_seconds plus an even share of the group's time outside
-    the bench (preparing, provenance) since ``t0``. ``on_rung``: where a lone setting under
-    ``search.min_agreement`` reports, after its first prompts (``search.rung_prompts``, then twice as many, ...),
-    the row it would end with if it stopped there (status ``stopped``: ``sweep.bench.rows.stopped_row``, with the
-    upper end of its agreement's interval, ``sweep.analysis.agreement_interval``); whoever decides stops it."""
+    the bench (preparing, provenance) since ``t0``. Under ``search.min_agreement`` a setting stops inside its group
+    at a rung where its agreement cannot reach the bar (``stopping``): it decodes no further, its row is
+    ``stopped``, and the others keep the shared baseline."""
     from sweep.bench.rows import complete_row, failed_row
-    from sweep.bench.command import prepare
+    from sweep.bench.command import load
     from sweep.bench.protocol import run_trials
     from sweep.bench.session import process_session
 
@@ -93,7 +131,7 @@ def trial_rows(
     rows: list = [None] * len(cfgs)
     for i, cfg in enumerate(cfgs):  # a setting that cannot run fails alone; its group runs without it
         try:
-            prepared[i] = prepare(cfg, session, in_sweep=True)  # the driver's writer decides what a row replaces
+            prepared[i] = load(cfg, session)
         except Exception as exc:  # noqa: BLE001
             rows[i] = failed_row(cfg, cfg.prompts.n or 0, exc)
     ready = [i for i, p in enumerate(prepared) if p is not None]
@@ -102,8 +140,8 @@ def trial_rows(
         group = [cfgs[i] for i in ready]
         try:
             gates = [prepared[i][1] for i in ready]
-            rung = _rung(group, lm, gates, run_id, sweep_name, t0, on_rung)
-            measured = run_trials(group, lm, gates, prompts, session.reference_source(group[0]), rung=rung)
+            source = session.reference_source(group[0])
+            measured = run_trials(group, lm, gates, prompts, source, rungs=stopping(group))
         except Exception as exc:  # noqa: BLE001 - the group's failed rows, whatever it raised
             measured = [failed_row(cfgs[i], cfgs[i].prompts.n or 0, exc, prepared[i][1]) for i in ready]
         for i, row in zip(ready, measured):
@@ -117,21 +155,22 @@ def trial_rows(
     ]
 
 
-def _rung(cfgs, lm, gates, run_id: str, sweep_name: str | None, t0: float, on_rung):
-    """The protocol's early-stop check of a lone setting under ``search.min_agreement`` (None otherwise)."""
-    if on_rung is None or len(cfgs) != 1 or cfgs[0].search.min_agreement is None:
+def stopping(cfgs: list[Config]):
+    """The early-stop rule of a group under ``search.min_agreement`` (None without one): at each rung
+    (``search.rung_prompts`` prompts, then twice as many, ...) a setting whose agreement's bootstrap interval
+    (``sweep.analysis.agreement_interval``, seeded by its trial id) ends below the bar cannot reach it, and stops
+    there with that bound."""
+    bar = cfgs[0].search.min_agreement
+    if bar is None:
         return None
     from sweep.analysis import agreement_interval
-    from sweep.bench.rows import complete_row, stopped_row
+    from sweep.bench.protocol import Rungs
     from sweep.config.identity import trial_columns
 
-    cfg, gate = cfgs[0], gates[0]
-    tid, started = trial_columns(cfg)["trial_id"], time.perf_counter()
+    tids = [trial_columns(cfg)["trial_id"] for cfg in cfgs]
 
-    def check(agreement: list[float]) -> None:
-        _, hi = agreement_interval(agreement, tid)
-        bench = time.perf_counter() - started
-        row = stopped_row(cfg, gate, agreement, hi, bench)
-        on_rung(complete_row(cfg, lm, row, run_id, sweep_name=sweep_name, seconds=time.perf_counter() - t0))
+    def check(setting: int, agreement: list[float]) -> float | None:
+        _, hi = agreement_interval(agreement, tids[setting])
+        return hi if hi < bar else None
 
-    return cfg.search.rung_prompts, check
+    return Rungs(cfgs[0].search.rung_prompts, check)

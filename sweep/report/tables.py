@@ -176,9 +176,8 @@ def stopped_lines(rows: list[dict]) -> list[str]:
         saved = max(len(stopped) * statistics.median(full) - spent, 0.0)
         cost = (
             f"they spent {spent:.1f} s of bench and saved about {saved:.1f} s (each at the median bench time of the "
-            f"{len(full)} ok settings, less what it spent) against running each setting alone to the end; stopping "
-            "times each setting against its own baseline, where a sweep without it shares one per bundle "
-            "(sweep.shared_baseline), which can cost more than this saves"
+            f"{len(full)} ok settings, less what it spent); the settings that went on kept their bundles' shared "
+            "baselines"
         )
     else:
         cost = f"they spent {spent:.1f} s of bench (no ok setting to estimate what running them to the end costs)"

@@ -18,7 +18,9 @@ from sweep.store._io import (
     write_table,
 )
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
+from sweep.store._row import TrialRow
 from sweep.store._task_columns import TASK_COLUMNS
+from sweep.store._trials import TRIAL_PARTS
 
 __all__ = [
     "KEPT",
@@ -28,6 +30,8 @@ __all__ = [
     "PROVENANCE",
     "SCHEMA_VERSION",
     "TASK_COLUMNS",
+    "TRIAL_PARTS",
+    "TrialRow",
     "TABLES",
     "Column",
     "Table",

@@ -2,8 +2,8 @@
 (``sweep.orchestrate.searches.base.Search``: what it plans, an optional pass in a worker, what it hands Ray Tune,
 what it does on a resume).
 
-Every module ``sweep/orchestrate/searches/_*.py`` is a search kind and is imported here, so a new kind is one module
-plus its conf file (``conf/search/<name>.yaml``, ``kind: <kind>``).
+Every module ``sweep/orchestrate/searches/_*.py`` is a search kind's behaviour and is imported here; its settings are
+its class in ``sweep.config.search_kinds`` and its file ``conf/search/kind/<kind>.yaml``, over the shared base.
 """
 
 import importlib

@@ -21,8 +21,8 @@ import polars as pl
 import torch
 
 from sweep.config import build, compose
-from sweep.config.search import as_override, grid, spaces
-from sweep.errors import ConfigError
+from sweep.config.search import as_override, spaces
+from sweep.config.search_kinds import BracketSettings
 from sweep.gates import GATES, PARAMS, check_model
 from sweep.orchestrate.searches.screening import screen_selection, screened_before, trace_for
 from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
@@ -33,26 +33,8 @@ CANDIDATES = 64  # thresholds replayed per line before n_trials of them are kept
 
 @register
 class Bracket(Search):
-    kind = "bracket"
+    settings = BracketSettings
     summary = "thresholds at quantiles of each gate's own signal in a profile trace; the simulated front runs"
-
-    def check(self, search) -> None:
-        super().check(search)
-        grid(search)  # the lines: every combination of the other values
-        if search.n_trials is None or search.n_trials < 2:
-            raise ConfigError("search.n_trials: required for a bracket search (thresholds kept per line, >= 2)")
-        for i, params in enumerate(spaces(search)):
-            gate = next((p for p in params if p.key == "gate" and p.kind == "fixed"), None)
-            if gate is None:
-                raise ConfigError(f"search.spaces[{i}]: a bracket sub-space names its gate (gate: saturation, ...)")
-            spec = GATES.get(gate.values[0], key=f"search.spaces[{i}].gate")
-            if spec.threshold is None:
-                raise ConfigError(f"search.spaces[{i}].gate={spec.name}: has no threshold to bracket")
-            if any(p.key == f"gate.{spec.threshold}" for p in params):
-                raise ConfigError(
-                    f"search.spaces[{i}].gate.{spec.threshold}: a bracket search derives it from the model's "
-                    f"signal; leave it out (search=screen sweeps given values)"
-                )
 
     def foresee(self, cfg, base) -> GridTrials:
         """Every line of the search composed (its threshold at the gate's default, which the trace replaces)."""

@@ -3,7 +3,7 @@ trials only for the simulated front and the knee's neighbours (``sweep.orchestra
 
 from __future__ import annotations
 
-from sweep.config.search import grid
+from sweep.config.search_kinds import ScreenSettings
 from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
 from sweep.orchestrate.searches.screening import dense_settings, screen, screened_before
 from sweep.orchestrate.settings import Plan
@@ -11,12 +11,8 @@ from sweep.orchestrate.settings import Plan
 
 @register
 class Screen(Search):
-    kind = "screen"
+    settings = ScreenSettings
     summary = "a profile trace replays a dense grid of search.spaces; the simulated front runs closed-loop"
-
-    def check(self, search) -> None:
-        super().check(search)
-        grid(search)
 
     def foresee(self, cfg, base):
         return dense_settings(cfg, base)

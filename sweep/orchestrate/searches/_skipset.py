@@ -1,5 +1,5 @@
 """`kind: skipset` (`search=skipset-optuna`, `search=skipset-random`): skip sets searched on the fast screen in a
-worker (``sweep.orchestrate.skipsearch``: an Optuna study over the sublayers, persisted beside the sweep and
+worker (``sweep.orchestrate.searches.skipstudy``: an Optuna study over the sublayers, persisted beside the sweep and
 resumed from there), then the best few, with what the study drew with them, measured closed-loop as a grid."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from sweep import progress
 from sweep.config import Config, compose
 from sweep.config.search import WITH_THE_SET, as_override, spaces
-from sweep.errors import ConfigError
+from sweep.config.search_kinds import SkipSetSettings
 from sweep.gates.skipset import Candidate
 from sweep.orchestrate.settings import Plan, merge, trial_config
 from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
@@ -21,15 +21,8 @@ log = logging.getLogger("sweep.orchestrate.searches.skipset")
 
 @register
 class SkipSetSearch(Search):
-    kind = "skipset"
+    settings = SkipSetSettings
     summary = "skip sets screened by an Optuna study in a worker; the best search.closed_loop run closed-loop"
-    takes = ("draft_stops", "draft_lens")
-
-    def check(self, search) -> None:
-        super().check(search)
-        if search.n_trials is None:
-            raise ConfigError("search.n_trials: required for a skipset search")
-        check_skipset(search)
 
     def foresee(self, cfg, base):
         """Its settings come from the screen; their shared part, at every draft_stop and draft_len it draws, must
@@ -43,7 +36,7 @@ class SkipSetSearch(Search):
         """The screen study in a worker with the trials' resources (resumed from its SQLite study when one is
         there), its progress shown on the driver, then the chosen candidates (skip set, draft_stop, draft_len) as
         grid settings, composed here."""
-        from sweep.orchestrate.study import optuna_storage_url
+        from sweep.orchestrate.searches.study import optuna_storage_url
 
         plan.path.mkdir(parents=True, exist_ok=True)
         storage = optuna_storage_url(plan.path)
@@ -78,32 +71,6 @@ class SkipSetSearch(Search):
         return Selection([(setting, trial_config(plan.base, setting, device)) for setting in settings])
 
 
-def check_skipset(search) -> None:
-    """A skip-set search: one sub-space naming gate=skip and fixing the rest of the setting (the skip set
-    itself is what the screen searches), a sampler that takes a seed and a constraint."""
-    if search.closed_loop is None:
-        raise ConfigError(
-            "search.closed_loop: required for a skipset search (how many of the best sets run closed-loop)"
-        )
-    if search.sampler not in ("tpe", "random"):
-        raise ConfigError(f"search.sampler={search.sampler}: a skipset search samples with tpe or random")
-    if len(search.spaces) != 1:
-        raise ConfigError(f"search.spaces: a skipset search has one sub-space (it has {len(search.spaces)})")
-    params = spaces(search)[0]
-    gate = next((p for p in params if p.key == "gate"), None)
-    if gate is None or gate.kind != "fixed" or gate.values[0] != "skip":
-        raise ConfigError("search.spaces[0].gate: a skipset search's sub-space is gate: skip")
-    for p in params:
-        if p.kind != "fixed":
-            raise ConfigError(f"{p.where}: a skipset search fixes every key but the skip set (found a sweep)")
-        if p.key == "gate.skip":
-            raise ConfigError(f"{p.where}: the skip set is what a skipset search searches; leave gate.skip out")
-        if p.key in WITH_THE_SET and getattr(search, WITH_THE_SET[p.key]) is not None:
-            raise ConfigError(
-                f"{p.where}: search.{WITH_THE_SET[p.key]} searches {p.key} with the set; leave one of them out"
-            )
-
-
 def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
     """A skipset search's closed-loop setting for a candidate: its sub-space's fixed values, its skip set, and
     the bench values the study drew with the set (``WITH_THE_SET``: where ``search.draft_stops`` or
@@ -124,20 +91,20 @@ def drawn_overrides(cfg: Config, candidate: Candidate) -> list[str]:
 
 def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
     """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
-    self-speculation's costs, then the screen study (``sweep.orchestrate.skipsearch``) in ``storage``; the
+    self-speculation's costs, then the screen study (``sweep.orchestrate.searches.skipstudy``) in ``storage``; the
     candidates (skip set, draft_stop, draft_len) to run closed-loop, best first."""
-    from sweep.bench.command import prepare
+    from sweep.bench.command import load
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
     from sweep.config.identity import trial_identity
     from sweep.decode.skipscreen import first_drafts, record
-    from sweep.orchestrate.skipsearch import best_trials, candidate, search
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
 
     probe = trial_config(base, [], device)
     lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification
     cfg = trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
     s, b = cfg.search, cfg.bench
-    lm, _, prompts = prepare(cfg, process_session())
+    lm, _, prompts = load(cfg, process_session())
     t0 = time.perf_counter()
     with progress.phase("skip-set screen: full-depth decodes", part="screen"):
         recorded = record(lm, [p.input_ids for p in prompts], b.gen_tokens)

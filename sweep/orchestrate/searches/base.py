@@ -1,10 +1,11 @@
-"""What a search kind is: one small interface, one registration per kind.
+"""What a search kind does: one small interface, one registration per kind.
 
 A search (``search.kind``) says what it plans (``foresee``: every setting it can compose before Ray starts, so a
 bad value fails there), what it runs before the trials (``select``: an optional pass in a worker, a profile or a
-screen, and on a resume what its earlier run chose), what it hands Ray Tune (the settings of ``select``, run as a
-grid, or for a search that samples while Tune runs its ``searcher`` and how many trials it draws) and the rules of
-its own config keys (``check``). ``sweep.orchestrate.tune`` only drives Ray Tune with what a search hands it.
+screen, and on a resume what its earlier run chose) and what it hands the driver for Ray Tune (the settings of
+``select``, run as a grid, or for a search that samples while Tune runs its ``searcher`` spec and how many trials
+it draws). Its settings, their types and rules, are its class in ``sweep.config.search_kinds`` (``settings``), whose
+registry names every kind: a behaviour registers for one of them.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
 from sweep.config import Config, SearchConfig
-from sweep.config.search import WITH_THE_SET
-from sweep.errors import ConfigError
+from sweep.config.search_kinds import SEARCH_KINDS
 from sweep.gates.registry import Registry
 
 if TYPE_CHECKING:
@@ -45,22 +45,16 @@ class InWorker:
 
 
 class Search:
-    """One search kind. Subclasses set ``kind`` (the ``search.kind`` value), ``summary`` and ``takes`` (the
-    search keys only some kinds read: ``draft_stops``, ``draft_lens``), and override what they do differently."""
+    """One search kind's behaviour. Subclasses set ``settings`` (the kind's settings class, whose ``KIND`` is the
+    ``search.kind`` value), ``summary``, and override what they do differently."""
 
-    kind: ClassVar[str]
+    settings: ClassVar[type[SearchConfig]]
     summary: ClassVar[str] = ""
-    takes: ClassVar[tuple[str, ...]] = ()  # of search.draft_stops, search.draft_lens: what this kind reads
     samples: ClassVar[bool] = False  # True: its trials are drawn while Tune runs (``searcher``)
 
-    def check(self, search: SearchConfig) -> None:
-        """The rules of this kind's own keys, before anything runs (one ConfigError line naming the key)."""
-        for key, listed in WITH_THE_SET.items():
-            if listed not in self.takes and getattr(search, listed) is not None:
-                raise ConfigError(
-                    f"search.{listed}: searched jointly with a skip set by a skipset search only (search.kind is "
-                    f"{search.kind}); sweep {key} in search.spaces instead"
-                )
+    @property
+    def kind(self) -> str:
+        return self.settings.KIND
 
     def foresee(self, cfg: Config, base: list[str]) -> GridTrials | None:
         """Every setting this search can foresee, composed (a bad value fails here, before Ray starts); None when
@@ -72,7 +66,7 @@ class Search:
         return Selection(plan.grid_trials)
 
     def searcher(self, plan: Plan, device: str):
-        """For a search that samples: the Ray Tune searcher (its state persisted beside the sweep)."""
+        """For a search that samples: what Ray Tune's searcher needs (its state persisted beside the sweep)."""
         raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")
 
     def trials(self, plan: Plan) -> int:
@@ -85,7 +79,8 @@ class Search:
 
 
 def register(cls: T) -> T:
-    """The one registration of a search kind (``@register`` on its class)."""
+    """The one registration of a search kind's behaviour (``@register`` on its class), for a registered kind."""
+    SEARCH_KINDS.get(cls.settings.KIND, key="search.kind")
     SEARCHES.register(cls())
     return cls
 
@@ -93,5 +88,5 @@ def register(cls: T) -> T:
 def search_for(search: SearchConfig) -> Search:
     """The search ``search.kind`` names, its own rules checked (one ConfigError line naming the key)."""
     found = SEARCHES.get(search.kind, key="search.kind")
-    found.check(search)
+    search.check()
     return found

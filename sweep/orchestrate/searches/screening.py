@@ -188,7 +188,7 @@ def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], d
 def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = ()) -> dict:
     """The profile trace of the sweep's model and prompts at the bench's length, and the cost
     model (with the probes of ``probe_gates``), on the device trials will use."""
-    from sweep.bench.command import gate_readouts, prepare
+    from sweep.bench.command import gate_readouts, load
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
     from sweep.config import GateConfig
@@ -201,7 +201,7 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
     if readouts:
         cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, readouts=readouts.pop()))
     session = process_session()
-    lm, _, prompts = prepare(cfg, session)
+    lm, _, prompts = load(cfg, session)
     trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens, session.readouts)
     gates = [make_gate(g, lm, gate_readouts(g, lm, prompts, session)) for g in probe_gates]
     return {

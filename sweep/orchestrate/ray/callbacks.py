@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from ray import tune
 
 from sweep import progress
-from sweep.orchestrate.plan import (
-    tune_settings,
-)
-from sweep.orchestrate.progress_ray import Hub
-from sweep.orchestrate.rows import RowWriter, last_error
+from sweep.orchestrate.ray.hub import Hub
+from sweep.orchestrate.settings import tune_settings
+from sweep.orchestrate.writer import RowWriter
 
-log = logging.getLogger("sweep.orchestrate.callbacks")
+log = logging.getLogger("sweep.orchestrate.ray.callbacks")
 
 
 class StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
@@ -31,23 +30,6 @@ class StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
 
     def stop_all(self) -> bool:
         return self.writer.fatal is not None or (self.hub is not None and self.hub.broken is not None)
-
-
-class StopHopeless(tune.stopper.Stopper):
-    """Successive halving with prompts as the budget, on an absolute bar: a setting reports its agreement's interval
-    after its first ``search.rung_prompts`` prompts, then twice as many, ... (``rung`` results); one whose interval
-    ends below ``search.min_agreement`` cannot reach it, and Tune stops it there. Its last result is then its row,
-    status ``stopped`` (``RowWriter.complete``)."""
-
-    def __init__(self, search) -> None:
-        self.bar = search.min_agreement
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        hi = result.get("agreement_hi")
-        return self.bar is not None and result.get("rung") is not None and hi is not None and hi < self.bar
-
-    def stop_all(self) -> bool:
-        return False
 
 
 class Progress(tune.Callback):
@@ -87,7 +69,16 @@ class Progress(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         progress.finished(f"Tune trial {trial.trial_id}")
-        self.writer.complete(trial.trial_id, errored=True)
+        self.writer.complete(trial.trial_id)
         self.writer.gave_up(
             trial.config, last_error(trial.error_file), trial.run_metadata.num_failures, trial.max_failures
         )
+
+
+def last_error(path: str | None) -> str:
+    """The last line of a Tune trial's error file (the exception), or a placeholder."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        return lines[-1][:300] if lines else "unknown error"
+    except (OSError, TypeError):
+        return "the worker died"

@@ -1,7 +1,7 @@
 """Every private Ray and Ray-Optuna attribute the project reaches for, one function each.
 
 Checked against Ray ``PINNED_RAY`` (tests/test_ray_private.py fails on any other release
-and names the functions to re-check). Import after ``sweep.orchestrate.cluster_env.ray_environment``.
+and names the functions to re-check). Import after ``sweep.orchestrate.ray.env.ray_environment``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import ray
 
 from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
-from sweep.orchestrate import ray_internals as _ray_private
+from sweep.orchestrate.ray import internals as _ray_private
 
 
 def start_ray(cluster: ClusterConfig) -> bool:
@@ -28,7 +28,7 @@ def start_ray(cluster: ClusterConfig) -> bool:
             "set it before Ray is imported"
         )
     if cluster.address is None:
-        from sweep.orchestrate.cluster_env import record_embedded_session, stop_leftover_sessions
+        from sweep.orchestrate.ray.env import record_embedded_session, stop_leftover_sessions
 
         _ray_private.single_node_mode()  # servers on 127.0.0.1
         stop_leftover_sessions()  # what killed drivers of earlier embedded clusters left running
@@ -43,7 +43,7 @@ def start_ray(cluster: ClusterConfig) -> bool:
         )
         record_embedded_session()
     else:
-        from sweep.orchestrate.cluster_env import is_loopback
+        from sweep.orchestrate.ray.env import is_loopback
 
         address = _require_reachable(cluster.address)
         if is_loopback(address):  # `auto` found a cluster on 127.0.0.1: talk to it there, as for an explicit address

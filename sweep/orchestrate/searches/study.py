@@ -11,29 +11,99 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
-from ray import tune
+from optuna import Study
+from optuna.trial import FrozenTrial, TrialState
 
 from sweep.config import SearchConfig
 from sweep.errors import ConfigError
 from sweep.config.search import Param, as_override, spaces
 
+SAMPLERS = {
+    "tpe": optuna.samplers.TPESampler,
+    "nsga2": optuna.samplers.NSGAIISampler,
+    "random": optuna.samplers.RandomSampler,
+}
 
-def distributions(param: Param) -> tuple[Any, Any]:
-    """One parameter as (Ray Tune domain, Optuna distribution): the single mapping function."""
-    if param.kind == "fixed":
-        return param.values[0], optuna.distributions.CategoricalDistribution(list(param.values))
-    if param.kind == "choice":
-        return tune.choice(list(param.values)), optuna.distributions.CategoricalDistribution(list(param.values))
+
+@dataclass(frozen=True)
+class StudySpec:
+    """What a sampled search hands the driver for Ray Tune's searcher (``Search.searcher``): its settings, the
+    sweep's directory (its study in ``optuna.db`` there), how the driver composes a trial (``base``, ``device``),
+    the results root and the rows already measured, by trial id (``known``)."""
+
+    search: SearchConfig
+    path: Path
+    base: list[str]
+    device: str
+    root: Path | None = None
+    known: dict[str, dict] = field(default_factory=dict)
+
+
+def distribution(param: Param):
+    """One sampled parameter as an Optuna distribution."""
+    if param.kind in ("fixed", "choice"):
+        return optuna.distributions.CategoricalDistribution(list(param.values))
     if param.integer:
-        low, high = int(param.low), int(param.high)
-        domain = tune.lograndint(low, high + 1) if param.log else tune.randint(low, high + 1)
-        return domain, optuna.distributions.IntDistribution(low, high, log=param.log)
-    domain = tune.loguniform(param.low, param.high) if param.log else tune.uniform(param.low, param.high)
-    return domain, optuna.distributions.FloatDistribution(float(param.low), float(param.high), log=param.log)
+        return optuna.distributions.IntDistribution(int(param.low), int(param.high), log=param.log)
+    return optuna.distributions.FloatDistribution(float(param.low), float(param.high), log=param.log)
+
+
+def sampler(name: str, seed: int):
+    """Optuna's sampler ``name`` (``SAMPLERS``), seeded."""
+    return SAMPLERS[name](seed=seed)
+
+
+def tell_failed(study: Study, trial) -> None:
+    """Tell the study that ``trial`` failed."""
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def new_study(name: str, storage: str | None, direction: str, load_if_exists: bool) -> Study:
+    """A single-objective study (the skip-set screen's), or the one of that name ``storage`` holds."""
+    return optuna.create_study(storage=storage, study_name=name, direction=direction, load_if_exists=load_if_exists)
+
+
+def complete_trials(study: Study) -> list[FrozenTrial]:
+    """The study's complete trials."""
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def fixed_setting(space: DefineByRun, params: dict) -> list[str]:
+    """The overrides ``space`` gives a trial with these parameters."""
+    return space(optuna.trial.FixedTrial(params))["trial"]
+
+
+def opened(search: SearchConfig, path: Path, root: Path | None = None):
+    """The sweep's study storage in ``path`` (made), described (``describe_study``), and how many trials it holds."""
+    path.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with _reading(path):
+        storage = optuna.storages.RDBStorage(optuna_storage_url(path))
+        held = len(describe_study(search, storage, root).get_trials(deepcopy=False))
+    return storage, held
+
+
+def best_trials(study: Study) -> list[FrozenTrial]:
+    """The trials a study ends with: its Pareto set (or best) among the complete trials whose constraints are all
+    met (``constraints`` <= 0, as the study records them), each setting once."""
+    feasible = [t for t in complete_trials(study) if all(c <= 0 for c in t.system_attrs.get("constraints", []))]
+    best, seen = [], set()
+    for t in feasible:
+        dominated = any(_dominates(o.values, t.values, study.directions) for o in feasible if o is not t)
+        if not dominated and t.user_attrs.get("trial_id") not in seen:
+            seen.add(t.user_attrs.get("trial_id"))
+            best.append(t)
+    return best
+
+
+def _dominates(a: list[float], b: list[float], directions) -> bool:
+    sign = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in directions]
+    better = [s * x >= s * y for s, x, y in zip(sign, a, b)]
+    return all(better) and any(s * x > s * y for s, x, y in zip(sign, a, b))
 
 
 SKIP_CONSTRAINT = "skipped_compute"  # the last constraint of every trial: one that skipped no compute is infeasible
@@ -59,7 +129,7 @@ def param_names(subspaces: list[list[Param]], labels: list[str]) -> list[dict[st
     for params in subspaces:
         for param in params:
             if param.kind != "fixed":
-                seen.setdefault(param.key, []).append(distributions(param)[1])
+                seen.setdefault(param.key, []).append(distribution(param))
     shared = {key for key, dists in seen.items() if all(d == dists[0] for d in dists)}
     return [
         {p.key: p.key if p.key in shared else f"{label}/{p.key}" for p in params if p.kind != "fixed"}
@@ -88,7 +158,7 @@ class DefineByRun:
             if param.kind == "fixed":
                 overrides.append(as_override(param.key, param.values[0]))
                 continue
-            _, dist = distributions(param)
+            dist = distribution(param)
             name = self.names[index][param.key]
             if isinstance(dist, optuna.distributions.CategoricalDistribution):
                 value = trial.suggest_categorical(name, list(dist.choices))
@@ -134,8 +204,6 @@ def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: s
     is SQLite rows, read as data; one that cannot be read is a ConfigError naming the file. Without a study (it was
     moved away), the sweep's own rows (``own``: their trial ids) are its finished trials: the fresh study learns
     them as the sampler proposes them again, and only the settings they lack are drawn."""
-    from optuna.trial import TrialState
-
     study = open_study(search, path) if study_file(path).exists() else None
     if study is None:  # no study of that name (yet, or any more)
         return max(search.n_trials - len(own), 0)

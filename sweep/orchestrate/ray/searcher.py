@@ -1,24 +1,27 @@
-"""Ray Tune's searcher for an Optuna sweep: OptunaSearch over the define-by-run space (``sweep.orchestrate.study``),
-whose study stands on its own (each trial's row identity, measured figures and constraints where optuna-dashboard
-and Optuna's samplers read them) and whose trials are settings the sweep has not measured."""
+"""Ray Tune's searcher for an Optuna sweep: OptunaSearch over the define-by-run space
+(``sweep.orchestrate.searches.study``), whose study stands on its own (each trial's row identity, measured figures
+and constraints where optuna-dashboard and Optuna's samplers read them) and whose trials are settings the sweep has
+not measured."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import optuna
+from ray import tune
+from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
-from sweep.bench.estimators import row_speedup, skips_compute
+from sweep.bench.estimators import skips_compute
 from sweep.config import SearchConfig
 from sweep.config.identity import trial_identity
-from sweep.config.search import METRICS, spaces
+from sweep.config.search import Param, spaces
 from sweep.errors import SweepError
-from sweep.orchestrate import ray_internals as _ray_private
+from sweep.orchestrate.ray import internals as _ray_private
+from sweep.orchestrate.report import ROW, row_of, trial_report
+from sweep.orchestrate.searches import study as optuna_api
+from sweep.orchestrate.searches.study import DefineByRun, StudySpec
 from sweep.orchestrate.settings import trial_config
-from sweep.orchestrate.study import DefineByRun, _reading, describe_study, optuna_storage_url
 
 
 class ConstrainedOptunaSearch(OptunaSearch):
@@ -80,9 +83,9 @@ class ConstrainedOptunaSearch(OptunaSearch):
                     self._tell(ot_trial, self._known[setting])
                 else:  # proposed earlier in this run, still running: nothing to tell of it yet
                     ot_trial.set_user_attr("repeat_of", setting)
-                    study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+                    optuna_api.tell_failed(study, ot_trial)
                 if ask == self.MODEL_ASKS - 1:  # the sampler's model keeps to what it has: draw at random instead
-                    study.sampler = optuna.samplers.RandomSampler(seed=self._random_seed + len(study.trials))
+                    study.sampler = optuna_api.sampler("random", self._random_seed + len(study.trials))
                 config = super().suggest(trial_id)
         finally:
             study.sampler = sampler
@@ -116,13 +119,13 @@ class ConstrainedOptunaSearch(OptunaSearch):
     def _tell(self, ot_trial, row: dict) -> None:
         """Tell the study a setting it proposed again, with the figures of the row it already has (as
         ``on_trial_complete`` tells a trial that ran)."""
-        result = {**reported_metrics(row), "row_json": json.dumps(row, default=str)}
+        result = trial_report(row, 0, cached=True)
         result, _ = self._record(ot_trial, self._row_attrs("", result, False), result, False)
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         values = [result[m] for m in metrics] if result else None
         study = _ray_private.optuna_study(self)
         if values is None or None in values:
-            study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+            optuna_api.tell_failed(study, ot_trial)
         else:
             study.tell(ot_trial, values if len(values) > 1 else values[0])
 
@@ -146,8 +149,8 @@ class ConstrainedOptunaSearch(OptunaSearch):
         """The trial's row identity: from the row its worker reported, else (no row: its config
         failed to compose, its worker died, or Tune stopped it before it ran) as much as the
         driver can compose."""
-        if result and "row_json" in result:
-            row = json.loads(result["row_json"])
+        row = _row(result) or None
+        if row is not None:
             attrs = {key: row[key] for key in ROW_ATTRS if row.get(key) is not None}
             if row.get("status") == "failed":
                 attrs["error"] = str(row.get("error"))[:500]
@@ -174,18 +177,6 @@ class ConstrainedOptunaSearch(OptunaSearch):
         return {"trial_id": trial_identity(cfg, self._device).id, "gate": cfg.gate.name, "model": cfg.model.name}
 
 
-def reported_metrics(row: dict) -> dict:
-    """What the searcher sees: objectives of ok trials; None for others (Optuna marks them failed).
-    ``speedup_wall`` is the ranked speedup the analysis ranks by (``sweep.bench.estimators.row_speedup``:
-    capped at 1.0 from above where no compute was skipped, 1.0 inside the trial's A/A noise floor);
-    the study keeps the measured ratio as a user attribute (``sweep.orchestrate.study``)."""
-    ok = row.get("status") == "ok"
-    metrics = {m: (row.get(m) if ok else None) for m in METRICS}
-    if ok:
-        metrics["speedup_wall"] = row_speedup(row, "speedup_wall")
-    return {"status": row.get("status"), **metrics}
-
-
 ROW_ATTRS = ("trial_id", "gate", "model", "status")  # user attributes every trial carries (from its row)
 MEASURED_ATTRS = {  # user attribute: the row's column, beside the ranked objective
     "speedup_wall_measured": "speedup_wall",
@@ -194,8 +185,14 @@ MEASURED_ATTRS = {  # user attribute: the row's column, beside the ranked object
 }
 
 
-def _row(result: dict) -> dict:
-    return json.loads(result["row_json"]) if "row_json" in result else {}
+def _row(result: dict | None) -> dict:
+    """The row a result carries: nested, as the worker reported it, or flattened, as Tune hands a result to its
+    searcher (``row/<column>``)."""
+    row = row_of(result)
+    if row is None:
+        prefix = f"{ROW}/"
+        row = {k[len(prefix) :]: v for k, v in (result or {}).items() if k.startswith(prefix)}
+    return row
 
 
 def _measured_attrs(result: dict) -> dict[str, Any]:
@@ -227,6 +224,13 @@ def set_constraints(trial, values: list[float]) -> None:
 CONSTRAINTS_KEY = "constraints"
 
 
+def searcher(spec: StudySpec, max_concurrent: int | None = None):
+    """Ray Tune's searcher for a sampled search (``Search.searcher``'s spec), at most ``max_concurrent`` trials
+    at once (sweep.max_concurrent)."""
+    found = optuna_search(spec.search, spec.path, base=spec.base, device=spec.device, root=spec.root, known=spec.known)
+    return found if max_concurrent is None else ConcurrencyLimiter(found, max_concurrent=max_concurrent)
+
+
 def optuna_search(
     search: SearchConfig,
     path: Path,
@@ -240,19 +244,9 @@ def optuna_search(
     (``describe_study``). Seeded: ``search.seed``, plus the trials a resumed study already holds, so a resume never
     restarts the sampler onto the stream that drew them. ``known``: rows by trial id, told to the study when it
     proposes their settings again (``ConstrainedOptunaSearch``)."""
-    samplers = {
-        "tpe": optuna.samplers.TPESampler,
-        "nsga2": optuna.samplers.NSGAIISampler,
-        "random": optuna.samplers.RandomSampler,
-    }
-    path.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     metrics = list(search.objectives)
     modes = [search.objectives[m] for m in metrics]
-    with _reading(path):
-        storage = optuna.storages.RDBStorage(optuna_storage_url(path))
-        held = len(describe_study(search, storage, root).get_trials(deepcopy=False))
-    sampler = samplers[search.sampler](seed=search.seed + held)
+    storage, held = optuna_api.opened(search, path, root)
     return ConstrainedOptunaSearch(
         constraints=dict(search.constraints),
         base=base,
@@ -262,7 +256,20 @@ def optuna_search(
         space=DefineByRun(spaces(search)),
         metric=metrics if len(metrics) > 1 else metrics[0],
         mode=modes if len(modes) > 1 else modes[0],
-        sampler=sampler,
+        sampler=optuna_api.sampler(search.sampler, search.seed + held),
         study_name=search.name,
         storage=storage,
     )
+
+
+def distributions(param: Param) -> tuple[Any, Any]:
+    """One parameter as (Ray Tune domain, Optuna distribution): the single mapping function."""
+    dist = optuna_api.distribution(param)
+    if param.kind == "fixed":
+        return param.values[0], dist
+    if param.kind == "choice":
+        return tune.choice(list(param.values)), dist
+    if param.integer:
+        low, high = int(param.low), int(param.high)
+        return (tune.lograndint(low, high + 1) if param.log else tune.randint(low, high + 1)), dist
+    return (tune.loguniform(param.low, param.high) if param.log else tune.uniform(param.low, param.high)), dist

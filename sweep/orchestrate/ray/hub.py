@@ -1,12 +1,12 @@
 """The progress of a sweep's Ray workers on the driver's display: workers post their
 ``sweep.progress`` events to a small actor (fire and forget); the driver drains it from the Tune loop
-(``sweep.orchestrate.callbacks.Progress``) and while it waits on the screen's trace, and replays them into its own
+(``sweep.orchestrate.ray.callbacks.Progress``) and while it waits on the screen's trace, and replays them into its own
 display and listeners, labelled with their source ("Tune trial <id>", "screen trace").
 
 Progress never stops a sweep: an actor that cannot be reached turns the forwarding off, with one warning. An
 actor that Ray cannot start at all because no worker process starts (``broken``) is another matter: no trial could
 start either, and a sweep that waited for them would wait forever, so the sweep stops on it
-(``sweep.orchestrate.callbacks.StopWhenRowsCannotBeWritten``).
+(``sweep.orchestrate.ray.callbacks.StopWhenRowsCannotBeWritten``).
 """
 
 from __future__ import annotations

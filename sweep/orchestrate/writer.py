@@ -1,26 +1,26 @@
 """On the driver: the single writer of a sweep's trial rows, and its progress lines.
 
-Ray-free: ``sweep.orchestrate.callbacks.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
+Ray-free: ``sweep.orchestrate.ray.callbacks.Progress`` (a Tune callback) hands trial events to ``RowWriter``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sweep import progress
 from sweep.errors import os_error, SweepError
 from sweep.gates import gate_text
 from sweep.config.identity import trial_identity
-from sweep.orchestrate.plan import tune_settings
-from sweep.orchestrate.settings import trial_config
+from sweep.orchestrate.done import finished_row_of, row_path
+from sweep.orchestrate.report import row_of
 
-log = logging.getLogger("sweep.orchestrate.rows")
+from sweep.orchestrate.settings import trial_config, tune_settings
+
+log = logging.getLogger("sweep.orchestrate.writer")
 
 
 @dataclass
@@ -38,54 +38,10 @@ class SweepOutcome:
     simulated: Any = None  # search=screen: the simulated settings (a polars DataFrame)
 
 
-def row_path(root: str | Path, model: str, gate: str, trial_id: str, under: str = "") -> Path:
-    """Where the trials table keeps a trial's row (``sweep.store.table_path``; ``under=KEPT``: where it is kept when
-    its own path cannot be written)."""
-    from sweep.store import table_path
-
-    return table_path("trials", root, {"model": model, "gate": gate}, trial_id, under)
-
-
-def finished_row(path: Path, search=None) -> dict | None:
-    """The row in ``path`` if it counts as done: for a sweep under ``search``, ``counts_as_done`` (a row stopped
-    under another stopping rule does not); without one, any done status."""
-    import polars as pl
-
-    from sweep.orchestrate.plan import DONE_STATUSES, counts_as_done
-    from sweep.store import read_file
-
-    if not path.is_file():
-        return None
-    try:
-        rows = read_file("trials", path).to_dicts()
-    except (OSError, SweepError, pl.exceptions.PolarsError):
-        return None
-    if len(rows) != 1:
-        return None
-    done = counts_as_done(rows[0], search) if search is not None else rows[0].get("status") in DONE_STATUSES
-    return rows[0] if done else None
-
-
-def finished_row_of(root: str | Path, model: str, gate: str, trial_id: str, search=None) -> dict | None:
-    """A trial's finished row (``finished_row``) at its own path, else where it was kept (``KEPT``): a kept row
-    counts, and is replaced, under the same rules as a row in place."""
-    from sweep.store import KEPT
-
-    for under in ("", KEPT):
-        try:
-            path = row_path(root, model, gate, trial_id, under)
-        except SweepError:  # a link planted on the way leads out of the root: no row of ours there
-            continue
-        row = finished_row(path, search)
-        if row is not None:
-            return row
-    return None
-
-
 class RowWriter:
     """The single writer of trial rows, and the progress lines.
 
-    Fed by ``sweep.orchestrate.callbacks.Progress``; also writes the rows Tune holds at the end that a
+    Fed by ``sweep.orchestrate.ray.callbacks.Progress``; also writes the rows Tune holds at the end that a
     callback never saw, and failed rows for trials that errored. A finished row (``finished_row_of``: in place or
     kept, done under the sweep's ``search``) is never replaced unless ``rerun``: a trial whose row exists (from an
     earlier run, or computed meanwhile by a concurrent sweep into the same root) is counted
@@ -93,7 +49,7 @@ class RowWriter:
 
     A row that cannot be written (a full disk, a read-only mount: any OSError of the store) is
     never half-written (``sweep.store`` writes atomically); the first such error is kept in
-    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.orchestrate.tune``), and
+    ``fatal`` (a one-line SweepError naming the file), which stops the sweep (``sweep.orchestrate.driver``), and
     a resume computes that trial again.
     """
 
@@ -125,7 +81,6 @@ class RowWriter:
         self._shown: progress.Phase | None = None  # the settings' count (``sweep.progress``), from the first row
         self.retry: list[list[str]] = []  # settings of Tune trials given up before sweep.max_failures (``gave_up``)
         self.last_pass = False  # the driver's last pass over ``retry``: what it gives up on gets failed rows
-        self._rungs: dict[str, dict] = {}  # per Tune trial: its last early-stop check, while it may go on
         self._work: list[tuple[float, float, bool]] = []  # computed settings: work, bench seconds, run to the end
         self._shared: list[int] = []  # their bundles' sizes
         self._ended: set[str] = set()  # Tune trials that ended
@@ -141,13 +96,10 @@ class RowWriter:
         self._started[key] = time.perf_counter()
 
     def result(self, key: str, result: dict) -> None:
-        if result.get("rung") is not None:  # a setting's early-stop check: its row only if Tune stops it there
-            self._rungs[key] = result
-            return
-        self._rungs.pop(key, None)
-        for note in json.loads(result.get("notes") or "[]"):  # from the worker: claims taken over, unclaimed runs
+        for note in result.get("notes") or ():  # from the worker: claims taken over, unclaimed runs
             log.warning("%s", note)
-        if "row_json" not in result:
+        row = row_of(result)
+        if row is None:
             if result.get("error"):
                 self.unrowed += 1
                 log.warning(
@@ -157,7 +109,6 @@ class RowWriter:
                     result["error"],
                 )
             return
-        row = json.loads(result["row_json"])
         cached = bool(result.get("cached"))
         with progress.timed("writing"):
             written = self.write(row, cached=cached)
@@ -196,12 +147,8 @@ class RowWriter:
         overhead = statistics.median(self._overheads.values()) if self._overheads else 0.0
         return (left * statistics.median(full) * per_work + trials_left * max(overhead, 0.0)) / at_once
 
-    def complete(self, key: str, errored: bool = False) -> None:
-        """A Tune trial ended: one that Tune stopped at an early-stop check ends with that check's row (``stopped``);
-        one whose worker failed does not (``gave_up``)."""
-        pending = self._rungs.pop(key, None)
-        if pending is not None and not errored:
-            self.result(key, {k: v for k, v in pending.items() if k != "rung"})
+    def complete(self, key: str) -> None:
+        """A Tune trial ended (its rows came with its results; one whose worker failed: ``gave_up``)."""
         self._ended.add(key)
 
     def extend(self, n: int) -> None:
@@ -267,8 +214,6 @@ class RowWriter:
         """Write a row once per trial id in this sweep; True if written now.
 
         ``cached``: the worker reported a finished row that is already in the store."""
-        from datetime import datetime
-
         from sweep.orchestrate import claims
         from sweep.store import kept_line, write_or_keep
 
@@ -282,8 +227,6 @@ class RowWriter:
             self.existing += 1
             claims.release(self.root, tid, self.run_id)
             return False
-        if isinstance(row.get("created_at"), str):
-            row["created_at"] = datetime.fromisoformat(row["created_at"])
         # no-clobber unless rerun or replacing a failed row: a row that appeared meanwhile wins
         exclusive = not self.rerun and not path.exists()
         try:
@@ -322,15 +265,6 @@ def row_work(row: dict) -> float | None:
         return float(n * g)
     repeats, shared = row.get("repeats") or 1, row.get("baseline_shared") or 1
     return float(n * g * repeats * (1.0 + 2.0 / shared))
-
-
-def last_error(path: str | None) -> str:
-    """The last line of a Tune trial's error file (the exception), or a placeholder."""
-    try:
-        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
-        return lines[-1][:300] if lines else "unknown error"
-    except (OSError, TypeError):
-        return "the worker died"
 
 
 def describe(row: dict, cached: bool, computed_by: str | None = None) -> str:

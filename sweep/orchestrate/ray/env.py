@@ -23,7 +23,7 @@ from sweep.config import ClusterConfig
 from sweep.tasks.sandbox import pids_of
 from sweep.errors import SweepError
 
-log = logging.getLogger("sweep.orchestrate.cluster_env")
+log = logging.getLogger("sweep.orchestrate.ray.env")
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 STATE_DIR_ENV = "SWEEP_STATE_DIR"  # overrides where the embedded clusters' tokens and records live
@@ -49,7 +49,7 @@ def ray_environment(cluster: ClusterConfig) -> None:
     That mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the one Ray uses on macOS and
     Windows) makes every Ray server bind to 127.0.0.1 and clients connect over 127.0.0.1;
     otherwise Ray's gRPC servers listen on all interfaces and clients rewrite 127.0.0.1 to
-    the machine's address. Ray reads both variables at import (``sweep.orchestrate.ray_start.start_ray``
+    the machine's address. Ray reads both variables at import (``sweep.orchestrate.ray.start.start_ray``
     also sets the flag in an already imported Ray). An embedded cluster with token auth
     gets its own token (``embedded_token``), never ``~/.ray/auth_token``; ``disabled``
     logs a warning naming the risk. Call before anything imports ``ray``.
@@ -126,7 +126,7 @@ def record_embedded_session() -> Path:
     """Record the embedded cluster this driver just started (Ray's session directory, the
     driver's pid and the pids of the cluster's processes, each with its start time) in
     ``state_dir()/PID.session.json``, for ``stop_leftover_sessions`` after a killed driver."""
-    from sweep.orchestrate import ray_internals as _ray_private
+    from sweep.orchestrate.ray import internals as _ray_private
 
     session_dir, started = _ray_private.embedded_session()
     pids = {pid for group in started.values() for pid in group}
@@ -210,7 +210,7 @@ def _is_own_token(path: str | None) -> bool:
 def _reset_ray_token_cache() -> None:
     """An already imported, not yet started Ray may have cached another token: drop it."""
     if "ray._raylet" in sys.modules and not sys.modules["ray"].is_initialized():
-        from sweep.orchestrate import ray_internals as _ray_private
+        from sweep.orchestrate.ray import internals as _ray_private
 
         _ray_private.reset_token_cache()
 

@@ -21,15 +21,13 @@ import logging
 import time
 from typing import Callable, Sequence
 
-import optuna
-
 from sweep.decode.skipscreen import FirstDrafts, predict
 from sweep.gates.skipset import Candidate, SkipSet
 from sweep.errors import ConfigError
+from sweep.orchestrate.searches.study import FrozenTrial, Study, complete_trials, new_study
+from sweep.orchestrate.searches.study import sampler as make_sampler
 
-log = logging.getLogger("sweep.orchestrate.skipsearch")
-
-SAMPLERS = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}
+log = logging.getLogger("sweep.orchestrate.searches.skipstudy")
 ASKS = 20  # proposals per distinct candidate at most: a space with fewer candidates than n_trials ends the study
 
 
@@ -56,27 +54,22 @@ def search(
     trial_id: Callable[[Candidate], str] | None = None,
     progress: Callable[[int, int], None] | None = None,
     names: Sequence[str] | None = None,
-) -> optuna.Study:
+) -> Study:
     """Run the screen study: ``screen(S)`` gives a candidate's first drafts; returns the study. With
     ``draft_stops`` / ``draft_lens``, each candidate also draws its draft_stop / draft_len from that list
     (``draft_stop`` / ``draft_len`` is then unused; ``costs`` must price a verification of max(draft_lens) + 1
     positions). ``names``: the sublayers searched, as skip-set items (``Adapter.skippable``; an attention and an
     MLP per layer, ``param_names``, where not given)."""
     lo, hi = ratio
-    study = optuna.create_study(
-        storage=storage, study_name=study_name, direction="maximize", load_if_exists=storage is not None
-    )
+    study = new_study(study_name, storage, "maximize", load_if_exists=storage is not None)
     # seeded, and a resumed study's sampler never restarts on the stream that drew the trials it holds
-    study.sampler = SAMPLERS[sampler](seed=seed + len(study.trials))
+    study.sampler = make_sampler(sampler, seed + len(study.trials))
     _check_resumed(study, {"draft_stop": draft_stops, "draft_len": draft_lens})
     study.set_user_attr("costs", {k: v for k, v in dataclasses.asdict(costs).items()})
     study.set_user_attr("skip_ratio", [lo, hi])
     names = list(names) if names is not None else param_names(num_layers)
     # n_trials counts distinct candidates: one drawn again is told its earlier figure and not counted
-    seen = {
-        candidate(t, draft_stop, draft_len): t
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    }
+    seen = {candidate(t, draft_stop, draft_len): t for t in complete_trials(study)}
     for _ in range(ASKS * n_trials):
         if len(seen) >= n_trials:
             break
@@ -118,13 +111,13 @@ def search(
     return study
 
 
-def _check_resumed(study: optuna.Study, drawn: dict[str, Sequence | None]) -> None:
+def _check_resumed(study: Study, drawn: dict[str, Sequence | None]) -> None:
     """A resumed study must draw with the set what this search draws: the same lists, or none."""
 
     def text(values) -> str:
         return "null" if values is None else "[" + ",".join("null" if v is None else f"{v:g}" for v in values) + "]"
 
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    for t in complete_trials(study):
         for name, listed in drawn.items():
             dist = t.distributions.get(name)
             had = list(dist.choices) if dist is not None else None
@@ -137,18 +130,14 @@ def _check_resumed(study: optuna.Study, drawn: dict[str, Sequence | None]) -> No
 
 
 def best_trials(
-    study: optuna.Study, k: int, draft_stop: float | None = None, draft_len: int | None = None
-) -> list[optuna.trial.FrozenTrial]:
+    study: Study, k: int, draft_stop: float | None = None, draft_len: int | None = None
+) -> list[FrozenTrial]:
     """The study trials of the ``k`` distinct candidates (skip set, draft_stop, draft_len) in the ratio range
     with the highest predicted speedup (ties: the higher predicted acceptance length, then the earlier trial).
     ``draft_stop`` / ``draft_len``: the search's own, for trials of a study screened before they were recorded."""
-    feasible = [
-        t
-        for t in study.trials
-        if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("ratio_violation", 1.0) == 0.0
-    ]
+    feasible = [t for t in complete_trials(study) if t.user_attrs.get("ratio_violation", 1.0) == 0.0]
     feasible.sort(key=lambda t: (-(t.value or 0.0), -(t.user_attrs.get("acceptance_length") or 0.0), t.number))
-    chosen: dict[Candidate, optuna.trial.FrozenTrial] = {}
+    chosen: dict[Candidate, FrozenTrial] = {}
     for t in feasible:
         chosen.setdefault(candidate(t, draft_stop, draft_len), t)
         if len(chosen) == k:
@@ -156,9 +145,7 @@ def best_trials(
     return list(chosen.values())
 
 
-def candidate(
-    trial: optuna.trial.FrozenTrial, draft_stop: float | None = None, draft_len: int | None = None
-) -> Candidate:
+def candidate(trial: FrozenTrial, draft_stop: float | None = None, draft_len: int | None = None) -> Candidate:
     """A study trial's candidate; a trial screened before draft_stop / draft_len were recorded ran at the
     search's own, given here."""
     u = trial.user_attrs

@@ -1,0 +1,104 @@
+"""The rows already under a results root, and which of them count as done: what the planner skips, what a worker
+reports again instead of computing, and what a resumed search counts. Ray-free."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sweep.config import Config
+from sweep.errors import SweepError
+
+DONE_STATUSES = ("ok", "nondeterministic", "stopped")  # rows that count as done; failed trials are redone
+
+
+def row_path(root: str | Path, model: str, gate: str, trial_id: str, under: str = "") -> Path:
+    """Where the trials table keeps a trial's row (``sweep.store.table_path``; ``under=KEPT``: where it is kept when
+    its own path cannot be written)."""
+    from sweep.store import table_path
+
+    return table_path("trials", root, {"model": model, "gate": gate}, trial_id, under)
+
+
+def counts_as_done(row: dict, search) -> bool:
+    """Whether ``row`` counts as done for a sweep under ``search``. Failed rows never. A row stopped early counts only
+    under this sweep's own stopping rule (``search.min_agreement`` and ``search.rung_prompts``, which a stopped row
+    records): another sweep's bar is not this one's, so a sweep under another rule, or none, measures that setting
+    itself (and its row replaces the stopped one). Likewise a row whose task side stopped early
+    (``accuracy_loss_min``, search.max_accuracy_loss) counts only for a sweep that would stop it too: one whose
+    search.max_accuracy_loss that certain loss exceeds. Other ok and nondeterministic rows always count."""
+    status = row.get("status")
+    if status == "stopped":
+        rule = (row.get("stop_min_agreement"), row.get("stop_rung_prompts"))
+        return rule[0] is not None and rule == (search.min_agreement, search.rung_prompts)
+    loss_min = row.get("accuracy_loss_min")
+    if status in DONE_STATUSES and loss_min is not None:
+        bar = getattr(search, "max_accuracy_loss", None)
+        return bar is not None and loss_min > bar
+    return status in DONE_STATUSES
+
+
+def finished_row(path: Path, search=None) -> dict | None:
+    """The row in ``path`` if it counts as done: for a sweep under ``search``, ``counts_as_done`` (a row stopped
+    under another stopping rule does not); without one, any done status."""
+    import polars as pl
+
+    from sweep.store import read_file
+
+    if not path.is_file():
+        return None
+    try:
+        rows = read_file("trials", path).to_dicts()
+    except (OSError, SweepError, pl.exceptions.PolarsError):
+        return None
+    if len(rows) != 1:
+        return None
+    done = counts_as_done(rows[0], search) if search is not None else rows[0].get("status") in DONE_STATUSES
+    return rows[0] if done else None
+
+
+def finished_row_of(root: str | Path, model: str, gate: str, trial_id: str, search=None) -> dict | None:
+    """A trial's finished row (``finished_row``) at its own path, else where it was kept (``KEPT``): a kept row
+    counts, and is replaced, under the same rules as a row in place."""
+    from sweep.store import KEPT
+
+    for under in ("", KEPT):
+        try:
+            path = row_path(root, model, gate, trial_id, under)
+        except SweepError:  # a link planted on the way leads out of the root: no row of ours there
+            continue
+        row = finished_row(path, search)
+        if row is not None:
+            return row
+    return None
+
+
+def done_rows(cfg: Config) -> dict[str, dict]:
+    """Rows already under results.root that count as done for this sweep (``counts_as_done``), by trial id (unless
+    sweep.rerun)."""
+    import polars as pl
+
+    from sweep.store import scan
+
+    if cfg.sweep.rerun:
+        return {}
+    rows = scan("trials", cfg.results.root).filter(pl.col("status").is_in(DONE_STATUSES)).collect()
+    done = (r for r in rows.sort("created_at").iter_rows(named=True) if counts_as_done(r, cfg.search))
+    return {r["trial_id"]: r for r in done}
+
+
+def row_ids(root: str | Path) -> set[str]:
+    """The trial ids with a row under ``root``, whatever its status (a resumed Optuna sweep counts
+    a study trial done only when its row exists: ``sweep.orchestrate.searches.study.remaining_trials``)."""
+    from sweep.store import scan
+
+    return set(scan("trials", root).select("trial_id").collect()["trial_id"].to_list())
+
+
+def sweep_rows(root: str | Path, name: str) -> set[str]:
+    """The trial ids of the rows sweep ``name`` wrote under ``root`` (``sweep_name``)."""
+    import polars as pl
+
+    from sweep.store import scan
+
+    rows = scan("trials", root).filter(pl.col("sweep_name") == name).select("trial_id").collect()
+    return set(rows["trial_id"].to_list())
