@@ -68,10 +68,12 @@ def test_a_tune_trial_reports_each_setting_once_from_the_worker():
 def test_a_resumed_sweep_redoes_its_failed_rows(tmp_path):
     """Failed trials are redone: a worker loads its trials without `sweep bench`'s check that refuses to replace a
     sweep's row (the driver's writer decides what replaces what)."""
+    from sweep.orchestrate.plan import record_definition
     from sweep.orchestrate.writer import RowWriter
 
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search.spaces=[{gate: full}]", "sweep.name=redo"]
     plan = plan_sweep(compose(*args), args)
+    record_definition(plan)  # the first run started its work, and its worker died
     RowWriter(str(plan.root), 1, plan.base, plan.run_id, plan.name, "cpu").errored(
         {"trial": plan.grid_trials[0][0]}, "the worker died"
     )
