@@ -30,7 +30,7 @@ REPLACED = {
     "resources.cpu=2 eval.task=humaneval eval.max_tokens=128",
     "qwen-coder": "model=qwen2.5-coder-0.5b search=saturation-grid search.name=qwen-coder "
     "search.max_accuracy_loss=0.25 'search.spaces=[{gate: fixed, gate.exit_layer: \"choice(21, 22, 23)\"}]' "
-    "prompts=humaneval prompts.start=162 prompts.n=2 bench.gen_tokens=16 bench.repeats=2 resources.cpu=2 "
+    "prompts=humaneval prompts.start=162 prompts.n=2 bench.gen_tokens=16 bench.repeats=4 resources.cpu=2 "
     "eval.task=humaneval eval.problems=40 eval.max_tokens=128 eval.batch_size=8",
     "cluster-gpu": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1",
     "cluster-gpu-humaneval": "model=smollm2-135m search=saturation-grid cluster=existing device=cuda resources.gpu=1 "

@@ -119,6 +119,10 @@ def test_a_setting_certain_to_lose_more_than_the_bar_stops(tmp_path):
     assert gated[-1].done == 2  # the third problem was never decoded
     full = _bench(tmp_path / "all", "gate=fixed", "gate.exit_layer=2")
     assert full["task_problems"] == 3 and full["accuracy_loss_min"] is None and full["accuracy_loss"] == 1.0
+    # a bar that only the last problem makes certain (a loss of 1.0 > 0.9): the side ran them all, so it has its
+    # accuracy and loss, not a bound
+    last = _bench(tmp_path / "last", "gate=fixed", "gate.exit_layer=2", "search.max_accuracy_loss=0.9")
+    assert last["task_problems"] == 3 and last["accuracy_loss_min"] is None and last["accuracy_loss"] == 1.0
     # the stopped row is done for a sweep that would stop it too (a bar below its certain loss), and measured again
     # by a sweep under a higher bar, or none: its accuracy is not that sweep's to leave out
     from sweep.orchestrate.done import done_rows

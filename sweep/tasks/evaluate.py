@@ -277,7 +277,8 @@ def _humaneval(cfg: Config, lm, engine, label: str, stop: Callable | None) -> Si
                 completions.append([text for text, _, _ in sides])
                 tokens.append([kept for _, kept, _ in sides])
                 exits.extend(layer for _, _, layers in sides for layer in layers)
-            if stop is not None and (bound := stop(scores)) is not None:
+            more = len(scores) < len(problems)  # a side that ran every problem did not stop: it has its accuracy
+            if stop is not None and more and (bound := stop(scores)) is not None:
                 stopped = len(scores)
                 log.info(
                     "humaneval %s: stopped after %d of %d problems (loss >= %.3f)", label, stopped, len(problems), bound
