@@ -44,9 +44,10 @@ from sweep.gates import GATES, PARAMS, ParamSpec
 # 14: every row carries the environment fingerprint (env_cpu, env_cores, env_threads, env_torch_threads, env_gpu,
 #    env_gpu_memory_gib, cuda_version, attn_implementation) and the fidelity check (e)'s fidelity_rollback_err;
 #    self-speculative trials carry acceptance_by_position, accepted_length_hist and prompt_acceptance; trials carry
-#    prompt_categories; stopped trials carry their stopping rule (stop_min_agreement, stop_rung_prompts: nullable,
-#    added within 14)
-SCHEMA_VERSION = 14
+#    prompt_categories
+# 15: stopped trials carry their stopping rule (stop_min_agreement, stop_rung_prompts); a task's gated side stopped
+#    by search.max_accuracy_loss carries accuracy_loss_min (its accuracy and loss then null)
+SCHEMA_VERSION = 15
 
 
 @dataclass(frozen=True)
