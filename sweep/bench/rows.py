@@ -155,7 +155,7 @@ def stopped_row(cfg: Config, gate: Gate, agreement: list[float], bound: float, s
     """A setting stopped after its first prompts (``agreement``: theirs, per prompt): its agreement's bootstrap
     interval ends at ``bound``, below ``search.min_agreement``. Its agreement there and nothing timed; status
     ``stopped``: never ranked, never on a front, not run again on a resume, nor by another sweep under the same
-    stopping rule, which the row records (``sweep.orchestrate.plan.counts_as_done``)."""
+    stopping rule, which the row records (``sweep.orchestrate.done.counts_as_done``)."""
     from sweep.bench.estimators import mean_agreement
     from sweep.store import PROVENANCE, TABLES
 

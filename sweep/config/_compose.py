@@ -213,8 +213,8 @@ def _check_model(cfg: Config) -> None:
 def _mode_defaults(cfg: Config) -> Config:
     """What a mode needs, whatever the other mode's keys say: self-speculation's cache holds the full model's K/V at
     every kept position, which is ``bench.kv_policy=full`` (propagate, early exit's default, would ask state-space
-    families for a K/V fill they cannot have): one trial whatever kv_policy says. The mode-only keys whose default
-    means "off" (``bench.draft_stop``, ``bench.batch_size``) are refused when set for the other mode."""
+    families for a K/V fill they cannot have): one trial whatever kv_policy says. ``_check_bench`` refuses the
+    mode-only keys whose default means "off" (``bench.draft_stop``, ``bench.batch_size``) set for the other mode."""
     if cfg.bench.mode == "self_speculative" and cfg.bench.kv_policy != "full":
         cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, kv_policy="full"))
     return cfg

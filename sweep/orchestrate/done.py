@@ -20,20 +20,22 @@ def row_path(root: str | Path, model: str, gate: str, trial_id: str, under: str 
 
 
 def counts_as_done(row: dict, search) -> bool:
-    """Whether ``row`` counts as done for a sweep under ``search``. Failed rows never. A row stopped early counts only
-    under this sweep's own stopping rule (``search.min_agreement`` and ``search.rung_prompts``, which a stopped row
-    records): another sweep's bar is not this one's, so a sweep under another rule, or none, measures that setting
-    itself (and its row replaces the stopped one). Likewise a row whose task side stopped early
-    (``accuracy_loss_min``, search.max_accuracy_loss) counts only for a sweep that would stop it too: one whose
-    search.max_accuracy_loss that certain loss exceeds. Other ok and nondeterministic rows always count."""
+    """Whether ``row`` counts as done for a sweep under ``search`` (None: any done status). Failed rows never. A
+    row stopped early counts only under this sweep's own stopping rule (``search.min_agreement`` and
+    ``search.rung_prompts``, which a stopped row records): another sweep's bar is not this one's, so a sweep under
+    another rule, or none, measures that setting itself (and its row replaces the stopped one). Likewise a row whose
+    task side stopped early (``accuracy_loss_min``, search.max_accuracy_loss) counts only for a sweep that would
+    stop it too: one whose search.max_accuracy_loss that certain loss exceeds. Other ok and nondeterministic rows
+    always count."""
     status = row.get("status")
+    if search is None:
+        return status in DONE_STATUSES
     if status == "stopped":
         rule = (row.get("stop_min_agreement"), row.get("stop_rung_prompts"))
         return rule[0] is not None and rule == (search.min_agreement, search.rung_prompts)
     loss_min = row.get("accuracy_loss_min")
     if status in DONE_STATUSES and loss_min is not None:
-        bar = getattr(search, "max_accuracy_loss", None)
-        return bar is not None and loss_min > bar
+        return search.max_accuracy_loss is not None and loss_min > search.max_accuracy_loss
     return status in DONE_STATUSES
 
 
@@ -52,8 +54,7 @@ def finished_row(path: Path, search=None) -> dict | None:
         return None
     if len(rows) != 1:
         return None
-    done = counts_as_done(rows[0], search) if search is not None else rows[0].get("status") in DONE_STATUSES
-    return rows[0] if done else None
+    return rows[0] if counts_as_done(rows[0], search) else None
 
 
 def finished_row_of(root: str | Path, model: str, gate: str, trial_id: str, search=None) -> dict | None:

@@ -2,7 +2,7 @@
 write their rows, and say how it ended.
 
 ``run_sweep`` plans (``sweep.orchestrate.plan``: bad input fails before Ray starts), opens the cluster through the
-one Ray adapter (``sweep.orchestrate.ray.cluster``: an embedded Ray on 127.0.0.1, or a joined one) and hands it
+one Ray adapter (``sweep.orchestrate.ray.tuner.cluster``: an embedded Ray on 127.0.0.1, or a joined one) and hands it
 to ``drive``, which needs of it only what ``Cluster`` names: each trial's resources and device, a search's pass in a
 worker, and a pass of Tune trials whose events reach the driver's ``RowWriter``. SIGTERM stops a sweep as SIGINT
 does (``sweep.orchestrate.interrupt``); however it ends, the claims this run still holds are released once Ray is
@@ -27,7 +27,7 @@ log = logging.getLogger("sweep.orchestrate.driver")
 
 
 class Cluster(Protocol):
-    """Where a sweep's trials run, as the driver sees it (``sweep.orchestrate.ray.TuneCluster``)."""
+    """Where a sweep's trials run, as the driver sees it (``sweep.orchestrate.ray.tuner.TuneCluster``)."""
 
     resources: dict[str, float]  # CPUs and GPUs per Tune trial
     device: str  # the trials' device, as every trial id names it

@@ -1,6 +1,6 @@
 """Results store: the declared Parquet schema, atomic writes, tolerant readers."""
 
-from sweep.store._atomic import atomic_write, is_regular
+from sweep.store._atomic import atomic_write
 from sweep.store._guard import STALE_AFTER_S
 from sweep.store._io import (
     KEPT,
@@ -25,7 +25,6 @@ from sweep.store._trials import TRIAL_PARTS
 __all__ = [
     "KEPT",
     "atomic_write",
-    "is_regular",
     "STALE_AFTER_S",
     "PROVENANCE",
     "SCHEMA_VERSION",

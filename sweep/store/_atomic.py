@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import Callable
 
@@ -36,11 +35,3 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, exclusive: bool
         finally:
             os.close(dir_fd)
     return path
-
-
-def is_regular(path) -> bool:
-    """Whether ``path`` (its link followed) is a regular file; a stat only, nothing opened."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False

@@ -324,6 +324,12 @@ PROMPTS: tuple[Column, ...] = (
     Column("prompt_agreement", pl.List(pl.Float64()), "fraction", "agreement per prompt", nullable=True),
 )
 
+
+def per_round(name: str, meaning: str) -> Column:
+    """A per-round, per-unit timing column: ms of each timed round's units ([round][unit])."""
+    return Column(name, pl.List(pl.List(pl.Float64())), "ms", meaning, nullable=True)
+
+
 # a setting stopped early (search.min_agreement)
 STOPPING: tuple[Column, ...] = (
     Column("stopped_at_prompts", pl.Int32(), "prompts", STOPPED_AT, nullable=True),
@@ -356,42 +362,27 @@ ROUNDS: tuple[Column, ...] = (
         "per prompt: median over repeats of gated decode ms per token",
         nullable=True,
     ),
-    Column(
+    per_round(
         "round_baseline_ms",
-        pl.List(pl.List(pl.Float64())),
-        "ms",
         "[round][unit] full-depth decode ms (tokens 2..n); a unit is a prompt, or a batch of batch_size prompts "
         "in prompt_ids order",
-        nullable=True,
     ),
-    Column("round_ms", pl.List(pl.List(pl.Float64())), "ms", "[round][unit] gated decode ms", nullable=True),
-    Column(
+    per_round("round_ms", "[round][unit] gated decode ms"),
+    per_round(
         "round_baseline_prefill_ms",
-        pl.List(pl.List(pl.Float64())),
-        "ms",
         "[round][unit] full-depth prefill ms (to the first token)",
-        nullable=True,
     ),
-    Column(
+    per_round(
         "round_prefill_ms",
-        pl.List(pl.List(pl.Float64())),
-        "ms",
         "[round][unit] gated prefill ms (prefill, calibration, first decision)",
-        nullable=True,
     ),
-    Column(
+    per_round(
         "round_aa_ms",
-        pl.List(pl.List(pl.Float64())),
-        "ms",
         "[round][unit] the A/A control's decode ms: a second full-depth run of each unit in the same rounds "
         "(the baseline and it swap ends of each round's order)",
-        nullable=True,
     ),
-    Column(
+    per_round(
         "round_aa_prefill_ms",
-        pl.List(pl.List(pl.Float64())),
-        "ms",
         "[round][unit] the A/A control's prefill ms",
-        nullable=True,
     ),
 )
