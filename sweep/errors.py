@@ -37,6 +37,12 @@ class InputError(ConfigError):
     """Bad input that is a file or a model rather than a config value (exit code 2)."""
 
 
+def first_line(exc: BaseException, limit: int | None = 200) -> str:
+    """The first line of what ``exc`` says (its type's name when it says nothing), at most ``limit`` characters
+    (None: all of it)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
+
+
 def os_error(exc: OSError, path) -> str:
     """``<path>: <what the system said>`` (``no space left on device``), in one line."""
     import os
@@ -46,5 +52,5 @@ def os_error(exc: OSError, path) -> str:
     if code is None:  # pyarrow's OSError names its errno only in the message ("[errno 28] ...")
         found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
         code = int(found.group(1)) if found else None
-    what = os.strerror(code) if code else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    what = os.strerror(code) if code else first_line(exc, limit=None)
     return f"{path}: {what[:1].lower()}{what[1:]}"

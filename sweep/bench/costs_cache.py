@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from sweep.bench.pricing import CostModel
+from sweep.errors import first_line
 from sweep.models import LoadedModel
 
 log = logging.getLogger("sweep.bench.costs_cache")
@@ -87,12 +88,8 @@ def load(path: Path, want: dict[str, str], num_layers: int | None = None) -> Cos
             raise ValueError(why)
         return CostModel(**data["costs"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        log.warning("cost model cache %s: not used (%s); measuring afresh", path, _one_line(exc))
+        log.warning("cost model cache %s: not used (%s); measuring afresh", path, first_line(exc, 120))
         return None
-
-
-def _one_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
 
 
 POSITIVE = ("layer_ms", "head_ms", "step_ms")  # every measured step, layer and head takes time

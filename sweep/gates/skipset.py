@@ -85,7 +85,7 @@ class SkipSet:
         expanded once), and only a regular file of at most ``userfiles.CAP`` bytes nested at most
         ``userfiles.MAX_DEPTH`` deep is read (a FIFO or a device is never opened). A file that cannot be read or does
         not hold a skip set is one ConfigError line."""
-        from sweep.errors import ConfigError
+        from sweep.errors import ConfigError, first_line
         from sweep.userfiles import expand, read_json
 
         path, _, name = where.partition("@")
@@ -95,7 +95,7 @@ class SkipSet:
         except FileNotFoundError:
             raise ConfigError(f"{key}: no such file") from None
         except (OSError, ValueError) as exc:  # not a regular file, over the cap, too deep, not UTF-8 JSON
-            raise ConfigError(f"{key}: cannot read a JSON skip set ({_first_line(exc)})") from None
+            raise ConfigError(f"{key}: cannot read a JSON skip set ({first_line(exc)})") from None
         if isinstance(data, dict) and not ({"attention", "mlp"} & set(data)):
             names = sorted(data)
             if name:
@@ -160,10 +160,6 @@ def _runs(layers: Iterable[int]) -> list[tuple[int, int]]:
         else:
             runs.append((layer, layer))
     return runs
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def canonical(text: str) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from sweep.orchestrate import claims
 from sweep.orchestrate.done import done_rows
 from sweep.config import Config, read_overrides
-from sweep.errors import ConfigError
+from sweep.errors import ConfigError, first_line
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
 from sweep.config.search import check_search
@@ -131,7 +131,7 @@ def _recorded(name: str, path: Path) -> dict:
             raise ValueError(f"a JSON {type(recorded).__name__}, not an object")
         return _flat(recorded)
     except (OSError, ValueError) as exc:
-        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        why = first_line(exc)
         raise ConfigError(
             f"sweep.name={name}: its definition {path} cannot be read ({why}); move it away to resume with this "
             "run's definition"

@@ -30,7 +30,7 @@ import numpy as np
 
 from sweep import progress
 from sweep.config import Config
-from sweep.errors import InputError
+from sweep.errors import InputError, first_line
 from sweep.tasks.completions import Side, cut, sampler, stop_at
 
 log = logging.getLogger("sweep.tasks")
@@ -83,8 +83,7 @@ def check_inputs(cfg: Config) -> None:
         try:
             humaneval.problems(1)
         except (OSError, ValueError, KeyError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise InputError(f"eval.task=humaneval: its problems cannot be read ({first})") from None
+            raise InputError(f"eval.task=humaneval: its problems cannot be read ({first_line(exc)})") from None
     elif cfg.eval.task == "harness":
         from sweep.tasks.harness import check_tasks
 

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
+from sweep.errors import first_line
 from sweep.tasks.completions import Side
 
 log = logging.getLogger("sweep.tasks")
@@ -70,7 +71,7 @@ def load(key: str) -> Side | None:
     try:  # only a regular file of bounded size and JSON depth is read (sweep.userfiles)
         side = _side(read_json(path, MAX_BYTES), key)
     except (OSError, ValueError) as exc:
-        side = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        side = first_line(exc)
     if isinstance(side, Side):
         log.info("the full-depth side of this task comes from %s (measured earlier on this machine)", path)
         return side
