@@ -1,11 +1,11 @@
 """Shared fixtures (the real conf/ composed and shrunk, tiny models for every family) and the test tiers.
 
 Tiers, by marker: a test that starts Ray (an embedded Ray, a local cluster, a `sweep run`) is ``ray``; one that
-sends a signal, kills a process or fills a disk is ``faults``; one on the packaged real model is ``slow``; the
-family contract beyond the representative families is ``families``; ``gpu`` needs CUDA. The rest is the fast
-tier (`make test-fast`), and a guard here fails any test of it that starts Ray or sends a signal, in this process
-or in one it started: each test process keeps Ray's files under a directory of its own (``RAY_TMPDIR``), where
-every Ray started on its behalf leaves a session.
+sends a signal, kills a process or fills a disk is ``faults``; one on a packaged real model, or a whole program
+end to end that takes over 9 s, is ``slow``; the family contract beyond the representative families is
+``families``; ``gpu`` needs CUDA. The rest is the fast tier (`make test-fast`), and a guard here fails any test of
+it that starts Ray or sends a signal, in this process or in one it started: each test process keeps Ray's files
+under a directory of its own (``RAY_TMPDIR``), where every Ray started on its behalf leaves a session.
 """
 
 from __future__ import annotations
@@ -87,13 +87,15 @@ os.kill, os.killpg, subprocess.Popen.send_signal = _recording_kill, _recording_k
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that takes the shared Ray is ``ray``; the ``ray`` and ``faults`` tiers run one after another in one
-    test process of their own (``xdist_group``) when the suite runs in parallel."""
+    """A test that takes the shared Ray is ``ray``; the ``ray`` tier runs one test after another in one test process
+    (``xdist_group``) when the suite runs in parallel, the others spread over every process (the ``faults`` tier's
+    tests among them: each fault is the test's own, a full disk on a tmpfs of its own, and the sandbox's snapshots
+    tell apart what another process's evaluation holds, ``helpers/machine.py``)."""
     for item in items:
         if "ray_session" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
-        if item.get_closest_marker("ray") or item.get_closest_marker("faults"):
-            item.add_marker(pytest.mark.xdist_group("serial"))
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(autouse=True)

@@ -129,6 +129,7 @@ def test_the_key_names_what_the_figures_depend_on(cache):
     }
 
 
+@pytest.mark.slow
 def test_bench_rows_say_whether_their_cost_model_was_measured_or_cached(tmp_path):
     args = ["bench", "model=tiny-llama", "gate=saturation", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1"]
     env = {"SWEEP_CACHE_DIR": str(tmp_path / "cache")}

@@ -76,6 +76,7 @@ def blocker(tmp_path):
     return tmp_path / "absent", log
 
 
+@pytest.mark.slow
 def test_the_dry_run_runs_end_to_end_without_the_cluster_packages(tmp_path):
     absent, log = blocker(tmp_path)
     out = tmp_path / "out"

@@ -129,6 +129,7 @@ def _offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
 
 
+@pytest.mark.slow
 def test_multiple_choice_under_a_gate_equals_a_brute_force_from_plain_hidden_states(tmp_path):
     lm = load(f"model={MODEL}")
     min_layer = 1
@@ -158,6 +159,7 @@ def test_multiple_choice_under_a_gate_equals_a_brute_force_from_plain_hidden_sta
     assert row["accuracy_loss_lo"] <= row["accuracy_loss"] <= row["accuracy_loss_hi"]
 
 
+@pytest.mark.slow
 def test_generation_at_full_depth_matches_transformers_greedy_and_lm_evals_own_cli(tmp_path):
     lm = load(f"model={MODEL}")
     _gen(tmp_path, lm)
@@ -204,6 +206,7 @@ def test_model_args_name_what_they_may_be(tmp_path):
         model_class()(model=MODEL, gate="saturation", bogus=1)
 
 
+@pytest.mark.slow
 def test_analyze_reports_accuracy_beside_agreement(tmp_path):
     lm = load(f"model={MODEL}")
     _mc(tmp_path)

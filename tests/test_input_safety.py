@@ -547,6 +547,7 @@ def test_odd_overrides_are_one_whole_line(tmp_path, args, says):
     assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_odd_prompts_are_one_line_naming_the_prompt(tmp_path):
     import json
 

@@ -205,6 +205,7 @@ def test_a_screen_replays_learned_gates_with_the_trace_they_need(fitted):
         simulate(cfgs[-1:], bare, None)
 
 
+@pytest.mark.slow
 def test_readouts_are_refused_on_prompts_they_were_fitted_on(fitted, tmp_path):
     _, _, path, _, _, _ = fitted("llama")
     args = ["model=tiny-llama", "gate=classifier", f"gate.readouts={path}", "bench.gen_tokens=3", "bench.repeats=1"]

@@ -173,6 +173,7 @@ def independent_subspace(weight: torch.Tensor, k: int) -> torch.Tensor:
     return vh[:k].T @ vh[:k]
 
 
+@pytest.mark.slow
 def test_derived_caches_follow_the_model_through_evictions():
     """The lm_head's PCA basis and the cost model are kept with each loaded model. With a model
     cache of one, alternating three models frees each one on every load, and CPython hands its

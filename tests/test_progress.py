@@ -84,6 +84,7 @@ def test_a_pipe_gets_a_line_per_step_at_most_one_a_minute(tmp_path):
     assert all(len(line) <= 120 for line in lines)  # log lines wrap too
 
 
+@pytest.mark.slow
 def test_quiet_and_ci_turn_the_progress_off(tmp_path):
     quiet = run_cli("--quiet", *BENCH, f"results.root={tmp_path}", env=_env())
     assert quiet.returncode == 0, quiet.stderr[-3000:]

@@ -367,14 +367,41 @@ print(json.dumps({"status": out.status, "uid": out.uid, "returncode": out.return
 """
 
 
+HOLD = """
+import sys
+from sweep.tasks._slots import lease
+with lease(1) as [uid]:
+    print(uid, flush=True)
+    sys.stdin.read()
+"""
+
+
+@as_root
+def test_what_a_user_held_by_another_evaluation_owns_is_not_a_leftover():
+    """The snapshots' rule when evaluations overlap (another test process's, a sweep's): a user another evaluation
+    holds owns what it has for that evaluation; a user nobody holds owns leftovers."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO)
+    sleepers = []
+    try:
+        held = int(holder.stdout.readline())
+        free = FIRST_UID + UIDS - 1  # the last user: leased only when all the others are
+        before = snapshot()
+        sleepers = [subprocess.Popen(["sleep", "600"], user=uid) for uid in (held, free)]
+        left = left_behind(before, snapshot(), {held, free})
+        assert left == {("process", sleepers[1].pid, free)}, left
+    finally:
+        for p in [*sleepers, holder]:
+            p.kill()
+            p.wait()
+
+
 @as_root
 def test_two_evaluations_at_once_take_distinct_users_and_spare_each_other(machine):
     from helpers.waiting import wait_for
 
-    before = sandbox_processes()
     other = subprocess.Popen([sys.executable, "-c", OTHER], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        wait_for(lambda: sandbox_processes() - before, "the other evaluation's program to run")
+        wait_for(lambda: sandbox_processes(under=other.pid), "the other evaluation's program to run")
         stragglers = "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(60)\n"
         ours = [machine(o) for o in run_programs([stragglers] * 4, LIMITS, workers=2)]
         out, _ = other.communicate(timeout=120)

@@ -11,7 +11,7 @@ import optuna
 import pytest
 import torch
 
-from conftest import ALL_TINY, compose, load, run_cli, sweep
+from conftest import ALL_TINY, compose, family_params, load, run_cli, sweep
 from helpers.contract import chat_prompts
 from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
@@ -96,12 +96,13 @@ def _sets(lm) -> list[str]:
     return ["none", names[0], names[1], "+".join(names[::2]), "+".join(names), *free]
 
 
-@pytest.mark.parametrize("family", ALL_TINY)
+@pytest.mark.parametrize("family", family_params(ALL_TINY))
 def test_skip_set_drafts_are_lossless_and_the_screen_predicts_each_rounds_first_draft(family):
-    """On every family (sliding windows and state-space layers rolled back): output equals full depth for every set
-    and draft length, the empty set's drafts are all accepted, and the screen's first draft of every round the closed
-    loop ran is accepted exactly when the closed loop's was (a model with state-space layers screened from its
-    rolled-back cache, one position at a time)."""
+    """On every family (the representative ones in the fast tier, the rest under ``families``; sliding windows and
+    state-space layers rolled back): output equals full depth for every set and draft length, the empty set's drafts
+    are all accepted, and the screen's first draft of every round the closed loop ran is accepted exactly when the
+    closed loop's was (a model with state-space layers screened from its rolled-back cache, one position at a
+    time)."""
     lm = load(f"model=tiny-{family}")
     prompts = [p.input_ids for p in chat_prompts(lm, 2)]
     rec = record(lm, prompts, N)

@@ -7,6 +7,7 @@ import logging
 import re
 
 import polars as pl
+import pytest
 
 from conftest import run_cli
 from sweep.orchestrate.writer import SweepOutcome
@@ -119,6 +120,7 @@ def test_the_end_of_run_report_fits_120_columns():
     assert sum("tiny-llama-with-a-long-name" in line for line in lines) >= 4  # whole, in its rows
 
 
+@pytest.mark.slow
 def test_profile_and_analyze_print_within_120_columns(tmp_path):
     profiled = run_cli("profile", "model=tiny-llama", "prompts.n=2", "profile.gen_tokens=4", f"results.root={tmp_path}")
     assert profiled.returncode == 0, profiled.stderr[-2000:]

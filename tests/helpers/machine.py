@@ -1,10 +1,12 @@
 """What a sandboxed program could leave on the machine, as a snapshot to take before and after it: the processes,
 the files and folders under /tmp, /dev/shm and /var/tmp, the SysV IPC objects (shared memory, semaphores, message
 queues) and the memory cgroups of the sandbox's users. The machine is shared: what others do meanwhile is told
-apart by owner (``left_behind`` keeps what the given users own)."""
+apart by owner (``left_behind`` keeps what the given users own) and by lease (a user another evaluation holds now,
+another test process's among them, owns what it has for that evaluation)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from sweep.tasks.sandbox import FIRST_UID, UIDS
 ROOTS = ("/tmp", "/dev/shm", "/var/tmp")
 DEPTH = 4  # a program's leftovers begin near the top; other users' trees below are not walked
 CGROUPS = Path("/sys/fs/cgroup/memory/sweep-sandbox")
+LOCKS = (Path("/run/lock/sweep-sandbox"), Path("/var/lock/sweep-sandbox"), Path("/tmp/sweep-sandbox"))
 
 
 def snapshot() -> frozenset[tuple]:
@@ -35,15 +38,54 @@ def snapshot() -> frozenset[tuple]:
     return frozenset(found)
 
 
-def sandbox_processes() -> set[int]:
-    """The pids the sandbox's users run now."""
+def sandbox_processes(under: int | None = None) -> set[int]:
+    """The pids the sandbox's users run now (those descended from the process ``under``, when given)."""
     uids = range(FIRST_UID, FIRST_UID + UIDS)
-    return {pid for pid, uid in _processes() if uid in uids}
+    pids = {pid for pid, uid in _processes() if uid in uids}
+    return pids if under is None else {pid for pid in pids if under in _ancestors(pid)}
+
+
+def _ancestors(pid: int) -> list[int]:
+    out = []
+    while pid > 1 and len(out) < 64:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the field after the state: the parent
+        except (OSError, IndexError, ValueError):
+            break
+        out.append(pid)
+    return out
 
 
 def left_behind(before: frozenset, after: frozenset, uids) -> set:
-    """What ``uids`` own now and did not before."""
-    return {item for item in after - before if item[2] in set(uids)}
+    """What ``uids`` own now and did not before, less what a user owns while another evaluation holds it (asked
+    before and after a second look, which a leftover must survive too)."""
+    mine = set(uids) - held(uids)
+    left = {item for item in after - before if item[2] in mine}
+    if left:
+        mine -= held(uids)
+        left &= {item for item in snapshot() - before if item[2] in mine}
+        mine -= held(uids)
+        left = {item for item in left if item[2] in mine}
+    return left
+
+
+def held(uids) -> set[int]:
+    """Which of ``uids`` an evaluation on this machine holds now (the sandbox's lock on the user is taken)."""
+    where = next((d for d in LOCKS if d.is_dir()), None)
+    out = set()
+    for uid in set(uids) if where else ():
+        try:
+            fd = os.open(where / str(uid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # never leased
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            out.add(uid)
+        finally:
+            os.close(fd)  # (a lock taken here goes with it)
+    return out
 
 
 def _processes():
