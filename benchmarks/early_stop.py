@@ -1,12 +1,15 @@
 """One grid swept twice, side by side: without stopping, then with `search.min_agreement` (hopeless settings stopped
-after their first prompts). Prints each run's wall time, the settings stopped, the decode work each computed, and
-whether the two fronts above the bar hold the same settings.
+after their first prompts). Prints each run's wall time, the settings stopped, the decode work each computed,
+whether the two fronts above the bar hold the same settings, and, where they do not, whether stopping is why: a
+stopped setting on the front without stopping, or a setting measured in both whose agreement differs (agreement
+is decided by tokens alone; a speedup near 1x can cross its noise floor from one run to the next).
 
     .venv/bin/python benchmarks/early_stop.py --root /tmp/st --bar 0.9 -- model=smollm2-135m prompts.n=8 \
         bench.gen_tokens=16 "search.spaces=[...]"
 
 Everything after `--` goes to both `sweep run`s; each writes its own root (`<root>/without`, `<root>/with`). The
-order alternates with `--with-first`. Exit code 1 when the fronts differ.
+order alternates with `--with-first`. Exit code 1 when stopping changed a front: a stopped setting on the front
+without stopping, or an agreement that differs between the runs.
 """
 
 from __future__ import annotations
@@ -70,7 +73,30 @@ def main() -> int:
         print(f"         front above {args.bar}: {fronts[name]}")
     same = fronts["with"] == fronts["without"]
     print(f"wall time with/without: {seconds['with'] / seconds['without']:.3f}; fronts above the bar identical: {same}")
-    return 0 if same else 1
+    return 0 if same else _why_different(args.root, fronts)
+
+
+def _why_different(root: Path, fronts: dict[str, list[tuple]]) -> int:
+    """Fronts that differ: stopping's doing (1) or the timing's (0), with the settings that differ."""
+    rows = {name: read("trials", root / name) for name in fronts}
+    stopped = set(rows["with"].filter(pl.col("status") == "stopped")["trial_id"])
+    lost = sorted(tid for tid, _ in fronts["without"] if tid in stopped)
+    both = (
+        rows["with"]
+        .filter(pl.col("status") == "ok")
+        .join(rows["without"].filter(pl.col("status") == "ok"), on="trial_id", suffix="_without")
+    )
+    moved = both.filter(pl.col("agreement") != pl.col("agreement_without"))["trial_id"].to_list()
+    differ = sorted(set(fronts["with"]) ^ set(fronts["without"]))
+    print(
+        f"  on one front only: {differ}; stopped settings on the front without stopping: {lost or 'none'}; "
+        f"settings measured in both whose agreement differs: {moved or 'none'}"
+    )
+    for tid, _ in differ:
+        pair = both.filter(pl.col("trial_id") == tid).select("speedup_wall", "speedup_wall_without")
+        if pair.height:
+            print(f"  {tid}: speedup_wall {pair.item(0, 0):.3f}x with, {pair.item(0, 1):.3f}x without stopping")
+    return 1 if lost or moved else 0
 
 
 if __name__ == "__main__":
