@@ -61,9 +61,10 @@ def main() -> int:
     }
     order = ["with", "without"] if args.with_first else ["without", "with"]
     seconds = {name: _run(args.root / name, [*args.sweep_args, *runs[name]]) for name in order}
+    tables = {name: read("trials", args.root / name) for name in order}
     fronts = {}
     for name in order:
-        rows = read("trials", args.root / name)
+        rows = tables[name]
         stopped = rows.filter(pl.col("status") == "stopped")
         fronts[name] = _front(rows, args.bar)
         print(
@@ -73,12 +74,11 @@ def main() -> int:
         print(f"         front above {args.bar}: {fronts[name]}")
     same = fronts["with"] == fronts["without"]
     print(f"wall time with/without: {seconds['with'] / seconds['without']:.3f}; fronts above the bar identical: {same}")
-    return 0 if same else _why_different(args.root, fronts)
+    return 0 if same else _why_different(tables, fronts)
 
 
-def _why_different(root: Path, fronts: dict[str, list[tuple]]) -> int:
+def _why_different(rows: dict[str, pl.DataFrame], fronts: dict[str, list[tuple]]) -> int:
     """Fronts that differ: stopping's doing (1) or the timing's (0), with the settings that differ."""
-    rows = {name: read("trials", root / name) for name in fronts}
     stopped = set(rows["with"].filter(pl.col("status") == "stopped")["trial_id"])
     lost = sorted(tid for tid, _ in fronts["without"] if tid in stopped)
     both = (

@@ -10,12 +10,13 @@ import fcntl
 import os
 from pathlib import Path
 
+from sweep.tasks._slots import LOCK_DIRS
 from sweep.tasks.sandbox import FIRST_UID, UIDS
 
 ROOTS = ("/tmp", "/dev/shm", "/var/tmp")
 DEPTH = 4  # a program's leftovers begin near the top; other users' trees below are not walked
 CGROUPS = Path("/sys/fs/cgroup/memory/sweep-sandbox")
-LOCKS = (Path("/run/lock/sweep-sandbox"), Path("/var/lock/sweep-sandbox"), Path("/tmp/sweep-sandbox"))
+LOCKS = tuple(Path(d) / "sweep-sandbox" for d in (*LOCK_DIRS, "/tmp"))  # where the sandbox locks its users
 
 
 def snapshot() -> frozenset[tuple]:
