@@ -180,3 +180,37 @@ def test_defaults_live_in_conf_only():
         assert f.default_factory is dc.MISSING, key
         assert f.default is dc.MISSING or f.default is None, f"{key} has a default ({f.default!r}) outside conf/"
     assert compose().bench.gen_tokens == 32  # conf/config.yaml's value, the only one
+
+
+def test_a_composition_kept_in_this_process_is_the_callers_own_and_follows_every_edit_of_conf(monkeypatch, tmp_path):
+    """Compositions are kept per process (sweep.config._composed): the same overrides give equal configs, a caller
+    that changes what it got changes no later one, and a conf file rewritten in place (same size, within the same
+    clock tick), a file added under conf/, or a FIFO planted there are all seen or passed over, never a stale config."""
+    import os
+    import shutil
+
+    from sweep.config import compose_dict
+
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    monkeypatch.setenv("SWEEP_CONFIG_DIR", str(conf))
+    first = compose_dict(["model=tiny-llama"])
+    assert first["model"]["tiny"]["layers"] == 4
+    first["model"]["tiny"]["layers"] = 99
+    first["seed"] = -1
+    again = compose_dict(["model=tiny-llama"])
+    assert again["model"]["tiny"]["layers"] == 4 and again["seed"] != -1
+    again["model"]["tiny"]["layers"] = 98  # the kept one is a copy too
+    assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 4
+    model = conf / "model" / "tiny-llama.yaml"
+    text = model.read_text()
+    stamp = os.stat(model)
+    model.write_text(text.replace("layers: 4", "layers: 6"))  # the same size, the same mtime put back
+    os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 6
+    os.mkfifo(conf / "gate" / "planted.fifo")  # never opened: a read would block here
+    (conf / "model" / "tiny-llama-6.yaml").write_text(text.replace("name: tiny-llama", "name: tiny-llama-6"))
+    assert compose_dict(["model=tiny-llama-6"])["model"]["name"] == "tiny-llama-6"
+    assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 6
+    model.write_text(text)
+    assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 4

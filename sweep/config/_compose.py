@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from sweep.config._composed import CONFIG_DIR_ENV, composed, config_dir
 from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
 from sweep.errors import ConfigError
@@ -21,18 +22,6 @@ from sweep.gates import check_gate, check_k
 from sweep.config.paths import is_name, read_paths
 from sweep.config.search import check_ladder, check_search
 from sweep.config.search_kinds import SEARCH_KINDS, build_search, kind_chosen
-
-CONFIG_DIR_ENV = "SWEEP_CONFIG_DIR"
-
-
-def config_dir() -> Path:
-    """conf/ of this checkout, or ``$SWEEP_CONFIG_DIR`` when set."""
-    env = os.environ.get(CONFIG_DIR_ENV)
-    path = Path(env).expanduser().absolute() if env else Path(__file__).resolve().parents[2] / "conf"
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"{CONFIG_DIR_ENV}: no config.yaml in {path}; point it at the project's conf/ directory")
-    return path
-
 
 # A gate's conf file holds only its own keys; every other GateConfig key composes to these (lens: the logit
 # lens, as a gate built in code reads a null one), and ``gate.KEY=VALUE`` may set any of them: ``check_gate``
@@ -79,6 +68,10 @@ def _hydra(overrides, *, hydra_config: bool = False):
 
 def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """The composed config as a plain dict (defaults plus overrides), not yet validated."""
+    return composed(config_dir(), overrides, lambda: _compose_dict(overrides))
+
+
+def _compose_dict(overrides) -> dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
