@@ -117,9 +117,16 @@ def quoted(text: str) -> str:
 
 
 def _local(model) -> bool:
-    """Whether ``model.path`` names a local path (always for a GGUF file), not a hub id (``sweep.models``' rule)."""
+    """Whether ``model.path`` names a local path (always for a GGUF file), not a hub id."""
     text = model.path
-    return model.source != "hf" or text.startswith((".", "/", "~", "$")) or text.count("/") > 1 or os.path.exists(text)
+    return model.source != "hf" or names_a_path(text) or os.path.exists(text)
+
+
+def names_a_path(text: str) -> bool:
+    """Whether a ``model.path`` that does not exist still names a file or directory, not a hub id (org/name): it
+    starts with ``.``, ``/``, ``~`` or ``$``, or has more than one ``/``. The one rule the path reader and the loader
+    share."""
+    return text.startswith((".", "/", "~", "$")) or text.count("/") > 1
 
 
 def inside(root: str | Path, path: str | Path, *, key: str = "results.root") -> Path:

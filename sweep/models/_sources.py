@@ -18,6 +18,7 @@ import torch
 from safetensors import SafetensorError
 
 from sweep.config import ModelConfig
+from sweep.config.paths import names_a_path
 from sweep.errors import InputError
 from sweep.models import _cache
 from sweep.config.provenance import fingerprint_dir, fingerprint_file, fingerprint_state
@@ -184,7 +185,7 @@ def _load_hf(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
         if not (path / "config.json").is_file():
             raise InputError(f"model.path={mcfg.path}: a directory without config.json (not an HF model directory)")
         return _load_hf_from(str(path), None, fingerprint_dir(path), torch_dtype, local_only=True)
-    if mcfg.path.startswith((".", "/", "~")) or mcfg.path.count("/") > 1:
+    if names_a_path(mcfg.path):
         raise InputError(f"model.path={mcfg.path}: no such directory (and not a hub id of the form org/name)")
     try:  # a hub id: the local HF cache first, the hub only when it answers
         AutoConfig.from_pretrained(mcfg.path, revision=mcfg.revision, local_files_only=True)
