@@ -8,14 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from sweep.bench.estimators import skips_compute
 from sweep.config import SearchConfig
 from sweep.config.identity import trial_identity
-from sweep.config.search import Param, spaces
+from sweep.config.search import spaces
 from sweep.errors import SweepError
 from sweep.orchestrate.ray import internals as _ray_private
 from sweep.orchestrate.report import ROW, row_of, trial_report
@@ -260,16 +259,3 @@ def optuna_search(
         study_name=search.name,
         storage=storage,
     )
-
-
-def distributions(param: Param) -> tuple[Any, Any]:
-    """One parameter as (Ray Tune domain, Optuna distribution): the single mapping function."""
-    dist = optuna_api.distribution(param)
-    if param.kind == "fixed":
-        return param.values[0], dist
-    if param.kind == "choice":
-        return tune.choice(list(param.values)), dist
-    if param.integer:
-        low, high = int(param.low), int(param.high)
-        return (tune.lograndint(low, high + 1) if param.log else tune.randint(low, high + 1)), dist
-    return (tune.loguniform(param.low, param.high) if param.log else tune.uniform(param.low, param.high)), dist
