@@ -152,14 +152,13 @@ class ScreenSettings(Screening):
     KIND: ClassVar[str] = "screen"
 
 
-def _distinct_stops(v: list) -> bool:
-    fine = all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1) for x in v)
-    return len(v) > 0 and fine and len(set(v)) == len(v)
+def _distinct(each):
+    """A check for a non-empty list of distinct values, ``each(x)`` true for every one (never a bool)."""
+    return lambda v: len(v) > 0 and all(not isinstance(x, bool) and each(x) for x in v) and len(set(v)) == len(v)
 
 
-def _distinct_lens(v: list) -> bool:
-    fine = all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 64 for x in v)
-    return len(v) > 0 and fine and len(set(v)) == len(v)
+_distinct_stops = _distinct(lambda x: x is None or (isinstance(x, (int, float)) and 0 <= x <= 1))
+_distinct_lens = _distinct(lambda x: isinstance(x, int) and 1 <= x <= 64)
 
 
 @search_kind
