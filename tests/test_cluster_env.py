@@ -229,8 +229,8 @@ def test_a_killed_drivers_leftovers_are_stopped_by_its_recorded_session(embedded
     survivors = [pid for pid in recorded if _alive(pid)]
     assert survivors, "nothing of the killed driver's cluster survived it here"
     names = sorted(_comm(pid) for pid in survivors)
-    # Ray's agents never leave on their own: the record stops them. Its python helpers (the dashboard's, the log
-    # monitor) leave when they notice GCS is gone, which may be after the snapshot above: stopped, or gone by then.
+    # Ray's agents outlive the killed driver here (what the record is for): the record stops them. Its python helpers
+    # (the dashboard's, the log monitor) leave when they notice GCS is gone, which may be after the snapshot above.
     agents = {pid for pid in survivors if _comm(pid).startswith("ray::") and _comm(pid).endswith("Agent")}
     monkeypatch.setenv("SWEEP_STATE_DIR", str(state))
     cleaned = stop_leftover_sessions(grace_s=2.0)

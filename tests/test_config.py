@@ -185,7 +185,8 @@ def test_defaults_live_in_conf_only():
 def test_a_composition_kept_in_this_process_is_the_callers_own_and_follows_every_edit_of_conf(monkeypatch, tmp_path):
     """Compositions are kept per process (sweep.config._composed): the same overrides give equal configs, a caller
     that changes what it got changes no later one, and a conf file rewritten in place (same size, within the same
-    clock tick), a file added under conf/, or a FIFO planted there are all seen or passed over, never a stale config."""
+    clock tick), a file added under conf/, a FIFO or a loop of links planted there, and a value that reads the
+    environment are all seen or passed over, never a stale config."""
     import os
     import shutil
 
@@ -214,3 +215,16 @@ def test_a_composition_kept_in_this_process_is_the_callers_own_and_follows_every
     assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 6
     model.write_text(text)
     assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 4
+    # a value that interpolates reads the environment (or the clock) each time
+    monkeypatch.setenv("MODELS_OF_THIS_TEST", "/first")
+    assert compose_dict(["model=hf", "model.path=${oc.env:MODELS_OF_THIS_TEST}/m"])["model"]["path"] == "/first/m"
+    monkeypatch.setenv("MODELS_OF_THIS_TEST", "/second")
+    assert compose_dict(["model=hf", "model.path=${oc.env:MODELS_OF_THIS_TEST}/m"])["model"]["path"] == "/second/m"
+    # a directory that links back to itself twice: hashing it would branch at every level, so it is composed afresh
+    loop = conf / "loop"
+    loop.mkdir()
+    (loop / "a").symlink_to(".", target_is_directory=True)
+    (loop / "b").symlink_to(".", target_is_directory=True)
+    assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 4
+    model.write_text(text.replace("layers: 4", "layers: 6"))
+    assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 6

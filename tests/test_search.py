@@ -1,4 +1,4 @@
-"""Search spaces: Hydra's sweep grammar to grids, Ray Tune domains and Optuna distributions."""
+"""Search spaces: Hydra's sweep grammar to grids and Optuna distributions."""
 
 from __future__ import annotations
 
