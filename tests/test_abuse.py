@@ -212,12 +212,16 @@ def test_a_relative_conf_directory_is_used_as_given(places, capsys, monkeypatch)
     assert "name: saturation" in capsys.readouterr().out
 
 
-def test_a_state_directory_under_a_file_is_one_line_before_any_work(places, capsys, monkeypatch):
-    monkeypatch.setenv("SWEEP_STATE_DIR", f"{places['file']}/state")
-    code = main(["run", *TINY, f"results.root={places['root']}"])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    line = _one_error_line(err, "SWEEP_STATE_DIR")
+def test_a_state_directory_under_a_file_is_one_line_before_any_work(places):
+    """In a process of its own, as a user runs it: in this test process another test's Ray may be running already,
+    and a sweep there joins it and never reads the state directory."""
+    env = {k: v for k, v in os.environ.items() if k != "SWEEP_DEBUG"}
+    env["SWEEP_STATE_DIR"] = f"{places['file']}/state"
+    exe = str(Path(sys.executable).with_name("sweep"))
+    argv = [exe, "run", *TINY, f"results.root={places['root']}"]
+    done = subprocess.run(argv, cwd=places["cwd"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    line = _one_error_line(done.stderr, "SWEEP_STATE_DIR")
     assert f"lies under {places['file']}, which is a file" in line
     _nothing_written(places)
 
