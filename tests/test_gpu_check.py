@@ -171,3 +171,19 @@ def test_a_shape_that_cannot_run_is_one_line_and_the_next_still_runs(tmp_path, m
     assert "error: failed: odd-shape" in err
     shapes = json.loads((tmp_path / "gpu_check.json").read_text())["shapes"]
     assert [s["shape"]["name"] for s in shapes] == [good.name]
+
+
+def test_each_shape_keys_its_own_cost_model(tmp_path):
+    """The cost cache keys a model by its content: the dry run's SmolLM2-shaped and Falcon-H1-shaped models share a
+    depth, a dtype and a seed, and once shared a key, so the hybrid could be priced with the other's costs (no
+    mixer's) whenever the cached step time passed the cache's check: the dry run's mixer figure was then missing."""
+    from sweep.bench import costs_cache
+
+    dense, hybrid = (s for s in gpu_check.DRY_SHAPES if s.name in ("tiny-smollm2-shape", "tiny-falcon-h1-shape"))
+    assert (dense.layers, dense.dtype) == (hybrid.layers, hybrid.dtype)
+    a, b = gpu_check.build_model(dense, "cpu", 0), gpu_check.build_model(hybrid, "cpu", 0)
+    assert a.content_hash != b.content_hash
+    assert costs_cache.path_for(tmp_path, a, 8) != costs_cache.path_for(tmp_path, b, 8)
+    again = gpu_check.build_model(dense, "cpu", 0)  # the same shape and seed: the same model, its costs kept
+    assert again.content_hash == a.content_hash
+    assert gpu_check.build_model(dense, "cpu", 1).content_hash != a.content_hash
