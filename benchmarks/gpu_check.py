@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import statistics
@@ -48,6 +47,7 @@ import torch
 from sweep.bench.protocol import run_trials
 from plain_compose import plain_compose
 from sweep.config import validate
+from sweep.config.provenance import random_init_hash
 from sweep.gates import make_gate
 from sweep.models import DTYPES, LoadedModel, byte_tokenizer, ready
 from sweep.models.prompts import read_prompts, tokenize_prompts
@@ -151,13 +151,6 @@ def configs(shape: Shape, device: str, run: list[str]) -> list:
     return [validate(plain_compose(o), search=False) for o in overrides(shape, device, run)]
 
 
-def shape_hash(shape: Shape, seed: int) -> str:
-    """What a seeded random model of ``shape`` is, as the cost cache keys it: every field of the shape and the seed
-    (two shapes of one depth, dtype and seed are two models, and each has its own costs)."""
-    text = json.dumps({"shape": dataclasses.asdict(shape), "seed": seed}, sort_keys=True)
-    return "random-init:sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
 def build_model(shape: Shape, device: str, seed: int = 0) -> LoadedModel:
     """A seeded random model of ``shape``, built on ``device`` in its dtype, with the byte-level
     tokenizer of the tiny models (the prompts are real text; their ids fit any vocabulary)."""
@@ -205,7 +198,7 @@ def build_model(shape: Shape, device: str, seed: int = 0) -> LoadedModel:
         name=shape.name,
         source="random",
         where=f"model={shape.name}",
-        content_hash=shape_hash(shape, seed),
+        content_hash=random_init_hash(dataclasses.asdict(shape), seed),
         device=dev,
         t0=t0,
     )

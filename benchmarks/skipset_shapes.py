@@ -37,6 +37,7 @@ import time
 import torch
 
 from sweep.bench.costs import cost_model
+from sweep.config.provenance import random_init_hash
 from sweep.gates.skipset import SkipSet
 from sweep.models import LoadedModel, byte_tokenizer, ready
 from sweep.decode.timing import Timer
@@ -108,7 +109,7 @@ def build(shape: Shape, seed: int = 0) -> LoadedModel:
         )
     return ready(
         model, tokenizer, name=shape.name, source="random", where=f"model={shape.name}",
-        content_hash=f"random-init:seed={seed}", device=torch.device("cpu"), t0=t0,
+        content_hash=random_init_hash(dataclasses.asdict(shape), seed), device=torch.device("cpu"), t0=t0,
     )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -158,6 +159,13 @@ def fingerprint_dir(path: str | Path) -> str:
             h.update(f.name.encode())
             h.update(fingerprint_file(f).encode())
     return "dir-sha256:" + h.hexdigest()
+
+
+def random_init_hash(spec: dict, seed: int) -> str:
+    """The content hash of a model built with seeded random weights: every field that builds it (``spec``, JSON
+    data) and the seed. Two shapes of one depth, dtype and seed are two models, each with its own cached costs."""
+    text = json.dumps({"spec": spec, "seed": seed}, sort_keys=True)
+    return "random-init:sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def fingerprint_state(model) -> str:
