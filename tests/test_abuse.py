@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from sweep.cli.commands import main
 
 TINY = ["model=tiny-llama", "prompts.n=2", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
@@ -215,11 +215,8 @@ def test_a_relative_conf_directory_is_used_as_given(places, capsys, monkeypatch)
 def test_a_state_directory_under_a_file_is_one_line_before_any_work(places):
     """In a process of its own, as a user runs it: in this test process another test's Ray may be running already,
     and a sweep there joins it and never reads the state directory."""
-    env = {k: v for k, v in os.environ.items() if k != "SWEEP_DEBUG"}
-    env["SWEEP_STATE_DIR"] = f"{places['file']}/state"
-    exe = str(Path(sys.executable).with_name("sweep"))
-    argv = [exe, "run", *TINY, f"results.root={places['root']}"]
-    done = subprocess.run(argv, cwd=places["cwd"], env=env, capture_output=True, text=True, timeout=300)
+    env = {"SWEEP_STATE_DIR": f"{places['file']}/state"}
+    done = run_cli("run", *TINY, f"results.root={places['root']}", cwd=places["cwd"], env=env)
     assert done.returncode == 2, done.stderr
     line = _one_error_line(done.stderr, "SWEEP_STATE_DIR")
     assert f"lies under {places['file']}, which is a file" in line

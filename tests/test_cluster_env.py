@@ -228,10 +228,11 @@ def test_a_killed_drivers_leftovers_are_stopped_by_its_recorded_session(embedded
     )
     survivors = [pid for pid in recorded if _alive(pid)]
     assert survivors, "nothing of the killed driver's cluster survived it here"
-    names = sorted(_comm(pid) for pid in survivors)
+    comms = {pid: _comm(pid) for pid in survivors}
+    names = sorted(comms.values())
     # Ray's agents outlive the killed driver here (what the record is for): the record stops them. Its python helpers
     # (the dashboard's, the log monitor) leave when they notice GCS is gone, which may be after the snapshot above.
-    agents = {pid for pid in survivors if _comm(pid).startswith("ray::") and _comm(pid).endswith("Agent")}
+    agents = {pid for pid, comm in comms.items() if comm.startswith("ray::") and comm.endswith("Agent")}
     monkeypatch.setenv("SWEEP_STATE_DIR", str(state))
     cleaned = stop_leftover_sessions(grace_s=2.0)
     assert [c["session_dir"] for c in cleaned] == [record["session_dir"]]
