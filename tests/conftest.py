@@ -174,7 +174,17 @@ def ray_session():
         sweep_tune.stop_ray()
 
 
-TINY_SWEEP = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+# A tiny sweep, one Tune trial at a time: its trials take milliseconds, and each worker process it starts costs seconds
+# of CPU (Ray's worker, torch and transformers imported) that the tests running beside it share; one worker, reused for
+# every trial, does the same work. A test of trials side by side asks for them itself.
+TINY_SWEEP = [
+    "model=tiny-llama",
+    "prompts.n=1",
+    "bench.gen_tokens=4",
+    "bench.repeats=1",
+    "bench.warmup=0",
+    "sweep.max_concurrent=1",
+]
 
 
 def sweep(tmp_path, *overrides):

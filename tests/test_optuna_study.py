@@ -230,6 +230,30 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     assert second.user_attrs["trial_id"] == trial_identity(trial_config(base, stopped["trial"], "cpu"), "cpu").id
 
 
+def test_a_setting_this_run_measured_and_proposed_again_is_told_from_its_row(ray_session, tmp_path):
+    """A setting measured in this run and proposed again is told to the study with its row's figures (``from_row``),
+    as a resumed study's rows are: the sampler learns it, rather than a failed repeat it would propose once more."""
+    from conftest import TINY_SWEEP
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.settings import trial_config
+    from sweep.orchestrate.ray.searcher import optuna_search
+
+    base = [*TINY_SWEEP, "search=optuna-mo", "search.spaces=[{gate: saturation, gate.eps: 'choice(0.3)'}]"]
+    search = optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)
+    first = search.suggest("first")
+    tid = trial_identity(trial_config(base, first["trial"], "cpu"), "cpu").id
+    ok = {"status": "ok", "speedup_wall": 1.5, "speedup_model": 1.4, "agreement": 0.9}
+    search.on_trial_complete("first", result={**ok, "row": {**ok, "trial_id": tid, "gate": "saturation"}})
+    again = search.suggest("again")  # the space has one setting: every proposal repeats it
+    assert trial_identity(trial_config(base, again["trial"], "cpu"), "cpu").id == tid
+    study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    repeats = [t for t in study.trials[1:] if t.state != optuna.trial.TrialState.RUNNING]
+    assert repeats and all(t.user_attrs.get("from_row") for t in repeats)
+    assert {(t.state, tuple(t.values), t.user_attrs["trial_id"]) for t in repeats} == {
+        (optuna.trial.TrialState.COMPLETE, (1.4, 0.9), tid)
+    }
+
+
 def test_a_resumed_study_extended_from_4_to_8_settings_measures_8_distinct_ones(ray_session, tmp_path):
     """search.n_trials counts distinct settings: a study of 4 resumed with 8 ends with 8 distinct settings, each
     with its row; the resumed sampler is not restarted on the stream that drew the first 4, and a proposal of a

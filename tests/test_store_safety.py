@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import compose
+from conftest import TINY_SWEEP, compose
 from sweep.cli.commands import main
 from sweep.errors import ConfigError
 from sweep.store import files, read, scan, write_table
@@ -352,7 +352,7 @@ def test_exactly_one_of_racing_exclusive_writers_wins(tmp_path):
 
 # ---------------------------------------------------------------- F. planted files and links (issue 25)
 
-TINY_RUN = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+TINY_RUN = TINY_SWEEP
 SPACE = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1)'}]"
 
 

@@ -37,10 +37,10 @@ class ConstrainedOptunaSearch(OptunaSearch):
     ``base`` and ``device``: how the driver composes a trial's config, for the identity of a trial whose worker died
     before it reported a row (as ``RowWriter.errored`` does), and of every proposal. Each Tune trial is a setting
     the sweep has not measured: a proposal with a row already (``known``: rows by trial id, a resumed study's or
-    another sweep's) is told to the study with that row's figures, one proposed earlier in this run is told failed
-    (``repeat_of``), and the study is asked again, at random after ``MODEL_ASKS`` repeats (a model-based sampler
-    keeps to its best guess), at most ``ASKS`` times (then the setting runs: its row is taken as any trial's whose
-    row exists).
+    another sweep's, and each row this run's trials report) is told to the study with that row's figures, one
+    proposed earlier in this run and still running is told failed (``repeat_of``), and the study is asked again, at
+    random after ``MODEL_ASKS`` repeats (a model-based sampler keeps to its best guess), at most ``ASKS`` times (then
+    the setting runs: its row is taken as any trial's whose row exists).
     """
 
     ASKS = 50
@@ -110,6 +110,9 @@ class ConstrainedOptunaSearch(OptunaSearch):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         ot_trial = _ray_private.optuna_trial(self, trial_id)
+        row = _row(result)
+        if row.get("trial_id") is not None:  # measured now: proposed again, the study learns its figures from the row
+            self._known[row["trial_id"]] = row
         if ot_trial is not None and trial_id not in self._told:
             self._told.add(trial_id)
             result, error = self._record(ot_trial, self._row_attrs(trial_id, result, error), result, error)
