@@ -176,7 +176,7 @@ def ray_session():
 
 # A tiny sweep, one Tune trial at a time: its trials take milliseconds, and each worker process it starts costs seconds
 # of CPU (Ray's worker, torch and transformers imported) that the tests running beside it share; one worker, reused for
-# every trial, does the same work. A test of trials side by side asks for them itself.
+# every trial, does the same work. A test whose subject is trials side by side asks for them: sweep.max_concurrent=null.
 TINY_SWEEP = [
     "model=tiny-llama",
     "prompts.n=1",

@@ -230,27 +230,57 @@ def test_a_trial_without_a_row_still_names_it(ray_session, tmp_path):
     assert second.user_attrs["trial_id"] == trial_identity(trial_config(base, stopped["trial"], "cpu"), "cpu").id
 
 
-def test_a_setting_this_run_measured_and_proposed_again_is_told_from_its_row(ray_session, tmp_path):
-    """A setting measured in this run and proposed again is told to the study with its row's figures (``from_row``),
-    as a resumed study's rows are: the sampler learns it, rather than a failed repeat it would propose once more."""
+def _one_setting_search(tmp_path, monkeypatch):
+    """An Optuna search over a space of one setting (every proposal repeats it), asked again 3 times at most."""
     from conftest import TINY_SWEEP
     from sweep.config.identity import trial_identity
     from sweep.orchestrate.settings import trial_config
-    from sweep.orchestrate.ray.searcher import optuna_search
+    from sweep.orchestrate.ray.searcher import ConstrainedOptunaSearch, optuna_search
 
+    monkeypatch.setattr(ConstrainedOptunaSearch, "ASKS", 3)
     base = [*TINY_SWEEP, "search=optuna-mo", "search.spaces=[{gate: saturation, gate.eps: 'choice(0.3)'}]"]
     search = optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path)
+
+    def identity(proposal) -> str:
+        return trial_identity(trial_config(base, proposal["trial"], "cpu"), "cpu").id
+
+    def trials():
+        study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        return study.trials
+
+    return search, identity, trials
+
+
+@pytest.mark.parametrize("flattened", [False, True])
+def test_a_setting_this_run_measured_and_proposed_again_is_told_from_its_row(tmp_path, monkeypatch, flattened):
+    """A setting measured in this run and proposed again is told to the study with its row's figures and identity
+    (``from_row``), as an earlier run's rows are, whichever form the result reaches the searcher in (Tune hands it
+    flattened, ``row/<column>``)."""
+    search, identity, trials = _one_setting_search(tmp_path, monkeypatch)
     first = search.suggest("first")
-    tid = trial_identity(trial_config(base, first["trial"], "cpu"), "cpu").id
+    tid = identity(first)
     ok = {"status": "ok", "speedup_wall": 1.5, "speedup_model": 1.4, "agreement": 0.9}
-    search.on_trial_complete("first", result={**ok, "row": {**ok, "trial_id": tid, "gate": "saturation"}})
-    again = search.suggest("again")  # the space has one setting: every proposal repeats it
-    assert trial_identity(trial_config(base, again["trial"], "cpu"), "cpu").id == tid
-    study = optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    repeats = [t for t in study.trials[1:] if t.state != optuna.trial.TrialState.RUNNING]
-    assert repeats and all(t.user_attrs.get("from_row") for t in repeats)
+    row = {**ok, "trial_id": tid, "gate": "saturation", "model": "tiny-llama"}
+    result = {**ok, **({f"row/{k}": v for k, v in row.items()} if flattened else {"row": row})}
+    search.on_trial_complete("first", result=result)
+    assert identity(search.suggest("again")) == tid
+    repeats = [t for t in trials()[1:] if t.state != optuna.trial.TrialState.RUNNING]
+    assert len(repeats) == 3 and all(t.user_attrs.get("from_row") for t in repeats)
     assert {(t.state, tuple(t.values), t.user_attrs["trial_id"]) for t in repeats} == {
         (optuna.trial.TrialState.COMPLETE, (1.4, 0.9), tid)
+    }
+
+
+def test_a_setting_still_running_and_proposed_again_is_told_failed_as_a_repeat(tmp_path, monkeypatch):
+    """A proposal of a setting that is still running (no row yet) is told failed, marked ``repeat_of`` that setting:
+    nothing is known of it to tell."""
+    search, identity, trials = _one_setting_search(tmp_path, monkeypatch)
+    tid = identity(search.suggest("running"))
+    assert identity(search.suggest("again")) == tid
+    repeats = [t for t in trials()[1:] if t.state != optuna.trial.TrialState.RUNNING]
+    assert len(repeats) == 3
+    assert {(t.state, t.user_attrs.get("repeat_of"), t.user_attrs.get("from_row")) for t in repeats} == {
+        (optuna.trial.TrialState.FAIL, tid, None)
     }
 
 

@@ -192,7 +192,8 @@ def test_workers_progress_reaches_the_driver(ray_session, tmp_path):
 
     events: list[progress.Event] = []
     with progress.breakdown() as times, progress.listen(events.append):
-        outcome = sweep(tmp_path, "search=saturation-grid", "bench.repeats=2", "sweep.shared_baseline=4")
+        two = "sweep.max_concurrent=null"  # two workers side by side (the default), each forwarding its own
+        outcome = sweep(tmp_path, "search=saturation-grid", "bench.repeats=2", "sweep.shared_baseline=4", two)
     assert outcome.written == 8
     sources = {e.source for e in events if e.source is not None}
     assert len(sources) == 2 and all(s.startswith("Tune trial ") for s in sources)  # 8 settings, bundles of 4

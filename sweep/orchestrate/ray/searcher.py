@@ -38,9 +38,10 @@ class ConstrainedOptunaSearch(OptunaSearch):
     before it reported a row (as ``RowWriter.errored`` does), and of every proposal. Each Tune trial is a setting
     the sweep has not measured: a proposal with a row already (``known``: rows by trial id, a resumed study's or
     another sweep's, and each row this run's trials report) is told to the study with that row's figures, one
-    proposed earlier in this run and still running is told failed (``repeat_of``), and the study is asked again, at
-    random after ``MODEL_ASKS`` repeats (a model-based sampler keeps to its best guess), at most ``ASKS`` times (then
-    the setting runs: its row is taken as any trial's whose row exists).
+    proposed earlier in this run that has no row (still running, or ended without one) is told failed
+    (``repeat_of``), and the study is asked again, at random after ``MODEL_ASKS`` repeats (a model-based sampler
+    keeps to its best guess), at most ``ASKS`` times (then the setting runs: its row is taken as any trial's whose
+    row exists).
     """
 
     ASKS = 50
@@ -80,7 +81,7 @@ class ConstrainedOptunaSearch(OptunaSearch):
                 ):  # measured already: the study learns its figures, the sweep runs it not again
                     ot_trial.set_user_attr("from_row", True)
                     self._tell(ot_trial, self._known[setting])
-                else:  # proposed earlier in this run, still running: nothing to tell of it yet
+                else:  # proposed earlier in this run, no row (still running, or none came): nothing to tell
                     ot_trial.set_user_attr("repeat_of", setting)
                     optuna_api.tell_failed(study, ot_trial)
                 if ask == self.MODEL_ASKS - 1:  # the sampler's model keeps to what it has: draw at random instead
