@@ -26,8 +26,8 @@ lint: setup
 	$(BIN)/ruff check sweep tests benchmarks jobs
 	$(BIN)/ruff format --check sweep tests benchmarks jobs
 
-# every tier but gpu, in two processes: the ray tier in turn in one (xdist_group), the rest (faults included) spread
-# over both (docs/development.md); one torch thread per process: tiny models, two cores, Ray workers beside
+# every tier but gpu, in two processes, every tier spread over both (the ray tier's xdist_group has no effect under
+# pytest 9.2: docs/development.md); one torch thread per process: tiny models, two cores, Ray workers beside
 test: lint
 	OMP_NUM_THREADS=1 $(BIN)/pytest -m 'not gpu' -n 2 --dist loadgroup
 
