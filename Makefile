@@ -26,10 +26,10 @@ lint: setup
 	$(BIN)/ruff check sweep tests benchmarks jobs
 	$(BIN)/ruff format --check sweep tests benchmarks jobs
 
-# every tier but gpu, in two processes, every tier spread over both (the ray tier's xdist_group has no effect under
-# pytest 9.2: docs/development.md); one torch thread per process: tiny models, two cores, Ray workers beside
+# every tier but gpu, in two processes, a test file's tests in one of them (its module fixtures built once), every
+# tier spread over both (docs/development.md); one torch thread per process: tiny models, two cores, Ray beside
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/pytest -m 'not gpu' -n 2 --dist loadgroup
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m 'not gpu' -n 2 --dist loadfile
 
 # the fast tier (pyproject.toml's default markers): no Ray, no signal, no real model; the development loop
 test-fast: setup
