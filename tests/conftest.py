@@ -87,18 +87,13 @@ os.kill, os.killpg, subprocess.Popen.send_signal = _recording_kill, _recording_k
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that takes the shared Ray is ``ray``, and asks (``xdist_group``) to run in one test process with the
-    rest of its tier under ``--dist loadgroup``. With pytest 9.2 and pytest-xdist 3.8 the request has no effect
-    (xdist marks a group in a node-id attribute that pytest 9.2 no longer reads; seen in the processes' own lists
-    of the tests they ran), and `make test` runs ``--dist loadfile``: a file's tests in one process (its module
-    fixtures built once), every tier spread over both, each process starting its own embedded Ray. The ``faults``
-    tier's tests spread too: each fault is the test's own, a full disk on a tmpfs of its own, and the sandbox's
-    snapshots tell apart what another process's evaluation holds (``helpers/machine.py``)."""
+    """A test that takes the shared Ray is ``ray``. `make test` runs ``--dist loadfile``: a file's tests in one
+    process (its module fixtures built once), every tier spread over both, each process starting its own embedded
+    Ray; the ``faults`` tier's tests spread too (each fault is the test's own, a full disk on a tmpfs of its own, and
+    the sandbox's snapshots tell apart what another process's evaluation holds, ``helpers/machine.py``)."""
     for item in items:
         if "ray_session" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
-        if item.get_closest_marker("ray"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(autouse=True)

@@ -352,7 +352,6 @@ def test_exactly_one_of_racing_exclusive_writers_wins(tmp_path):
 
 # ---------------------------------------------------------------- F. planted files and links (issue 25)
 
-TINY_RUN = TINY_SWEEP
 SPACE = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1)'}]"
 
 
@@ -405,7 +404,7 @@ def test_run_refuses_a_tune_storage_linked_out_of_the_root_before_any_work(tmp_p
     root.mkdir()
     elsewhere.mkdir()
     (root / "ray").symlink_to(elsewhere)
-    line = _refused(capsys, ["run", *TINY_RUN, f"results.root={root}", SPACE])
+    line = _refused(capsys, ["run", *TINY_SWEEP, f"results.root={root}", SPACE])
     assert (
         line == f"error: results.root={root}: refusing to write {root}/ray, which resolves to {elsewhere}, outside it"
     )
@@ -440,7 +439,7 @@ def optuna_root(ray_session, tmp_path_factory):
 
 
 def _resume(root: Path, name: str, capsys, *extra: str) -> tuple[int, str, str]:
-    argv = ["run", *TINY_RUN, f"results.root={root}", "search=optuna-mo", "search.n_trials=4", "search.seed=3"]
+    argv = ["run", *TINY_SWEEP, f"results.root={root}", "search=optuna-mo", "search.n_trials=4", "search.seed=3"]
     code = main([*argv, "resume=true", f"sweep.name={name}", *extra])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
