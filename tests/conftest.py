@@ -40,9 +40,12 @@ TIERS = ("ray", "faults", "slow", "families", "gpu")
 RAY_TMPDIR = Path(tempfile.mkdtemp(prefix="sweep-tests-", dir="/tmp"))
 os.environ["RAY_TMPDIR"] = str(RAY_TMPDIR)
 # the caches a run keeps for the machine start empty in each test (``_own_caches``), but for converted models
-# (verified at every load), which a test process converts once
-CONVERTED = RAY_TMPDIR / "converted"
-CONVERTED.mkdir()
+# (verified at every load), which the test run converts once: one directory for the run's test processes (those
+# pytest-xdist starts are the children of the one that owns it), the first to need a model converting it while
+# the others wait for it (the loader's conversion lock)
+_OWNER = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
+CONVERTED = Path(f"/tmp/sweep-tests-converted-{_OWNER}")
+CONVERTED.mkdir(exist_ok=True)
 # what runs outside a test (session fixtures, the Ray workers they start) keeps its caches under the test process's
 os.environ["SWEEP_CACHE_DIR"] = str(RAY_TMPDIR / "cache")
 (RAY_TMPDIR / "cache").mkdir()
@@ -51,6 +54,9 @@ os.environ["SWEEP_CACHE_DIR"] = str(RAY_TMPDIR / "cache")
 
 def pytest_unconfigure(config):
     shutil.rmtree(RAY_TMPDIR, ignore_errors=True)
+    if _OWNER == os.getpid():
+        shutil.rmtree(CONVERTED, ignore_errors=True)
+        shutil.rmtree(f"{CONVERTED}.locks", ignore_errors=True)
 
 
 def family_params(families: list[str]) -> list:
@@ -99,7 +105,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _own_caches(tmp_path_factory, monkeypatch):
     """Each test's own machine caches (``SWEEP_CACHE_DIR``: cost models, readers' tables), empty: no test reads
-    what another measured; converted models are the test process's (``CONVERTED``)."""
+    what another measured; converted models are the test run's (``CONVERTED``)."""
     own = tmp_path_factory.mktemp("cache")
     (own / "converted").symlink_to(CONVERTED, target_is_directory=True)
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(own))

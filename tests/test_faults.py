@@ -264,6 +264,27 @@ def test_a_corrupt_conversion_cache_entry_is_verified_and_rebuilt(tmp_path):
     assert read("trials", tmp_path / "r")["status"].to_list() == ["ok"]  # one trial id, its row replaced each time
 
 
+def test_two_processes_loading_one_gguf_first_convert_it_once(tmp_path):
+    """Two `sweep bench` processes started together on a machine whose conversion cache is empty (two workers of one
+    sweep loading the model for the first time): one dequantizes, the other waits for it and reads its entry."""
+    gguf, cache = write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "cache"
+    args = [SWEEP, "bench", "model=gguf", f"model.path={gguf}", *TINY[1:]]
+    env = subprocess_env(SWEEP_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen([*args, f"results.root={tmp_path / name}"], env=env, stderr=subprocess.PIPE, text=True)
+        for name in ("a", "b")
+    ]
+    said = [" ".join(p.communicate(timeout=300)[1].split()) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], said
+    converted = [s for s in said if "dequantizing tiny.gguf" in s]
+    assert len(converted) == 1, said  # one conversion
+    [other] = [s for s in said if s not in converted]
+    assert "from the conversion cache" in other, other  # the other read the entry the first wrote
+    assert len(list((cache / "converted").iterdir())) == 1  # one entry
+    rows = [read("trials", tmp_path / name).row(0, named=True) for name in ("a", "b")]
+    assert rows[0]["status"] == rows[1]["status"] == "ok" and rows[0]["model_hash"] == rows[1]["model_hash"]
+
+
 def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_it_fails(ray_session, tmp_path):
     """Ray Tune can count one worker's death twice and stop a trial it was retrying (CI: one SIGKILL, two
     failures of one actor, sweep.max_failures=3, a failed row). Such a trial's settings without a row run

@@ -5,16 +5,24 @@ A safetensors file starts with an 8-byte little-endian header length, the JSON h
 tensor's byte range), then the tensors: a file cut short, or garbage, no longer covers the
 ranges its header names, and is named before transformers reports it without a path. A
 conversion cache entry (``sweep.models._loader``) records every file's size and sha256 in its
-completion marker when it is written; an entry whose files no longer match is rebuilt.
+completion marker when it is written; an entry whose files no longer match is rebuilt. One process
+on a machine converts a given file at a time (``converting``): another that needs it waits, then reads
+the entry the first wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import logging
+import os
 import stat
 import struct
 from pathlib import Path
+
+log = logging.getLogger("sweep.models._cache")
 
 MANIFEST_VERSION = 1
 _HEADER_MAX = 100 * 2**20  # safetensors' own bound on the JSON header
@@ -111,3 +119,32 @@ def entry_problem(directory: Path, marker: str) -> str | None:
         if _sha256(path) != want.get("sha256"):
             return f"{path} changed since it was written (sha256 differs)"
     return None
+
+
+@contextlib.contextmanager
+def converting(entry: Path, label: str):
+    """Held while this process converts what ``entry`` will hold: an exclusive lock on a file of the entry's name in
+    ``<entries>.locks`` beside the directory of entries (its real path: a cache directory reached through a link
+    shares the locks of its target), so that two workers loading the same model for the first time on one machine
+    convert it once (the second waits for the first, then finds the entry). The kernel releases it when its holder
+    ends, however it ends. Where the lock cannot be taken (a cache directory that is read-only, a link planted at
+    its name) the conversion goes on without it, as it would with the cache unwritable."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entries = entry.parent.resolve()
+        locks = entries.with_name(f"{entries.name}.locks")
+        locks.mkdir(exist_ok=True)
+        fd = os.open(locks / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        log.info("converting %s without a lock (%s)", label, exc.strerror or exc)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: another process on this machine is converting it; waiting for it to finish", label)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -3,6 +3,7 @@ verified cache), and Hugging Face directories or hub names; what the loader refu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -72,18 +73,17 @@ def _load_parts(mcfg: ModelConfig, torch_dtype: torch.dtype):
     content_hash = _split.content_hash(mcfg)
     converted = _converted_dir(content_hash)
     label = mcfg.file or str(mcfg.name)
-    cached = _from_cache(converted, label, content_hash, torch_dtype) if os.path.lexists(converted) else None
-    if cached is not None:
-        return *cached, content_hash, None
-    work = cache_dir() / "assembling" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        path = _split.assemble(mcfg, paths, work)
-        _require_gguf(path, f"model={mcfg.name}")
-        model, tokenizer = _dequantize(path, f"model={mcfg.name}", torch_dtype)
-        _save_converted(model, tokenizer, converted)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return model, tokenizer, content_hash, None
+
+    def convert():
+        work = cache_dir() / "assembling" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            path = _split.assemble(mcfg, paths, work)
+            _require_gguf(path, f"model={mcfg.name}")
+            return _dequantize(path, f"model={mcfg.name}", torch_dtype)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return *_converted_once(converted, label, content_hash, torch_dtype, convert), content_hash, None
 
 
 def _load_gguf_file(path: Path, mcfg: ModelConfig, torch_dtype: torch.dtype):
@@ -92,12 +92,25 @@ def _load_gguf_file(path: Path, mcfg: ModelConfig, torch_dtype: torch.dtype):
     _require_gguf(path, where)
     content_hash = fingerprint_file(path)
     converted = _converted_dir(content_hash)
-    cached = _from_cache(converted, path.name, content_hash, torch_dtype) if os.path.lexists(converted) else None
+    convert = functools.partial(_dequantize, path, where, torch_dtype)
+    return *_converted_once(converted, path.name, content_hash, torch_dtype, convert), content_hash, None
+
+
+def _converted_once(converted: Path, label: str, content_hash: str, torch_dtype: torch.dtype, convert):
+    """The model and tokenizer from the verified conversion cache entry, else from ``convert()`` and written there;
+    one process on the machine converts at a time (``_cache.converting``), and one that waited reads what the
+    other wrote."""
+    cached = _from_cache(converted, label, content_hash, torch_dtype) if os.path.lexists(converted) else None
     if cached is not None:
-        return *cached, content_hash, None
-    model, tokenizer = _dequantize(path, where, torch_dtype)
-    _save_converted(model, tokenizer, converted)
-    return model, tokenizer, content_hash, None
+        return cached
+    with _cache.converting(converted, label):
+        if os.path.lexists(converted):  # written while this process waited for the lock
+            cached = _from_cache(converted, label, content_hash, torch_dtype)
+            if cached is not None:
+                return cached
+        model, tokenizer = convert()
+        _save_converted(model, tokenizer, converted)
+        return model, tokenizer
 
 
 def _require_gguf(path: Path, where: str) -> None:
@@ -146,7 +159,10 @@ def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
         require_causal_lm(config, where)
         log.info("dequantizing %s (first load on this machine; later loads use the cache)", path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        # the config read above, not read again: each reading parses the file's whole metadata (the vocabulary)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, config=config, dtype=torch.float32
+        )
     except InputError:
         raise
     except LOAD_ERRORS as exc:  # the gguf reader raises many kinds on a corrupt file
