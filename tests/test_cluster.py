@@ -202,7 +202,8 @@ def test_jobs_submit_to_nothing_fails_fast(tmp_path):
 
 
 def test_joining_a_token_protected_cluster_with_another_token_is_one_line(two_node_cluster, tmp_path):
-    """A client whose token is not the cluster's: refused by the cluster, said in one line naming the key."""
+    """A client whose token is not the cluster's: refused by the cluster, said in one line naming the key and the
+    refusal (asked of the cluster before ray.init, which retries a refused token for about 20 seconds)."""
     exe = Path(sys.executable).with_name("sweep")
     (tmp_path / "other").mkdir()
     wrong = env(RAY_AUTH_TOKEN_PATH=own_token(tmp_path / "other"))
@@ -214,3 +215,4 @@ def test_joining_a_token_protected_cluster_with_another_token_is_one_line(two_no
     assert res.returncode == 2, res.stderr[-2000:]
     [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert f"cluster.address={two_node_cluster['gcs']}" in line and "unexpected" not in res.stderr
+    assert "the Ray cluster there refused this client's token" in line  # said so, not a connection that failed

@@ -279,6 +279,9 @@ def test_a_claim_that_is_not_a_claim_is_taken_over_in_seconds_and_named(tmp_path
     path = claims.claim_path(tmp_path, "t1")
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
+    # planted before the grace period given a claim still being written (the next test waits through that period)
+    planted = time.time() - claims.GRACE_S - 1
+    os.utime(path, (planted, planted))
 
     def take():
         with claims.hold(tmp_path, "t1", owner("b"), lambda: None, stale_s=600) as held:

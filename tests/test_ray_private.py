@@ -98,3 +98,14 @@ def test_a_node_that_cannot_start_workers_stops_the_sweep(ray):
     writer = SimpleNamespace(fatal=None)
     assert not StopWhenRowsCannotBeWritten(writer, SimpleNamespace(broken=None)).stop_all()
     assert StopWhenRowsCannotBeWritten(writer, SimpleNamespace(broken="worker startup repeatedly failed")).stop_all()
+
+
+def test_token_refusal_reaches_rays_grpc_stubs_and_token_interceptor(ray):
+    from ray._private.authentication import grpc_authentication_client_interceptor as interceptor
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    assert callable(getattr(interceptor, "SyncAuthenticationMetadataClientInterceptor", None))
+    assert hasattr(gcs_service_pb2_grpc.NodeInfoGcsServiceStub, "__init__")
+    assert hasattr(gcs_service_pb2, "GetClusterIdRequest")
+    # nothing answers at port 9: not a refusal (ray.init decides), and within the timeout
+    assert _ray_private.token_refusal("127.0.0.1:9", timeout_s=2.0) is None

@@ -18,6 +18,7 @@ FUNCTIONS = (
     "embedded_session",
     "reset_token_cache",
     "set_trial_system_attr",
+    "token_refusal",
 )
 
 
@@ -84,3 +85,26 @@ def set_trial_system_attr(trial: Any, key: str, value: Any) -> None:
     """Set an Optuna trial's system attribute (Optuna-private: ``Trial._trial_id``; the same
     call Optuna's own handling of ``constraints_func`` makes)."""
     trial.storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+def token_refusal(address: str, timeout_s: float = 5.0) -> str | None:
+    """What the GCS at ``address`` says when asked, with this client's token as Ray would send it, for its cluster
+    id: its reason when it refuses the token (a missing or other token), else None (it answers, or says nothing
+    within ``timeout_s``: ``ray.init`` then decides). ``ray.init`` itself retries a refused token for about 20
+    seconds and then names no token."""
+    import grpc
+    from ray._private.authentication.grpc_authentication_client_interceptor import (
+        SyncAuthenticationMetadataClientInterceptor,
+    )
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    channel = grpc.intercept_channel(grpc.insecure_channel(address), SyncAuthenticationMetadataClientInterceptor())
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return exc.details() or "unauthenticated"
+    finally:
+        channel.close()
+    return None
