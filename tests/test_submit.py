@@ -65,6 +65,12 @@ def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None =
     from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig
 
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):  # restored afterwards: an existing cluster's environment
+        # drops this process's own token path, which an embedded Ray the test process runs still reads
+        if var in os.environ:
+            monkeypatch.setenv(var, os.environ[var])
+        else:
+            monkeypatch.delenv(var, raising=False)
     ray_environment(ClusterConfig(address="http://127.0.0.1:9", auth="token", dashboard=False))
     monkeypatch.setenv("RAY_AUTH_TOKEN", "a-token-of-the-tests-own")  # token auth needs one (never ~/.ray's)
     import ray.job_submission
