@@ -40,12 +40,14 @@ TIERS = ("ray", "faults", "slow", "families", "gpu")
 RAY_TMPDIR = Path(tempfile.mkdtemp(prefix="sweep-tests-", dir="/tmp"))
 os.environ["RAY_TMPDIR"] = str(RAY_TMPDIR)
 # the caches a run keeps for the machine start empty in each test (``_own_caches``), but for converted models
-# (verified at every load), which the test run converts once: one directory for the run's test processes (those
-# pytest-xdist starts are the children of the one that owns it), the first to need a model converting it while
-# the others wait for it (the loader's conversion lock)
-_OWNER = os.getppid() if "PYTEST_XDIST_WORKER" in os.environ else os.getpid()
-CONVERTED = Path(f"/tmp/sweep-tests-converted-{_OWNER}")
-CONVERTED.mkdir(exist_ok=True)
+# (verified at every load), which the test run converts once: one directory for the run's test processes, made by
+# the process that starts pytest-xdist's (they inherit its name), the first to need a model converting it while the
+# others wait for it (the loader's conversion lock)
+_SHARED = "PYTEST_SWEEP_CONVERTED"
+_OWNS_CONVERTED = not ("PYTEST_XDIST_WORKER" in os.environ and os.environ.get(_SHARED))
+if _OWNS_CONVERTED:
+    os.environ[_SHARED] = tempfile.mkdtemp(prefix="sweep-tests-converted-", dir="/tmp")
+CONVERTED = Path(os.environ[_SHARED])
 # what runs outside a test (session fixtures, the Ray workers they start) keeps its caches under the test process's
 os.environ["SWEEP_CACHE_DIR"] = str(RAY_TMPDIR / "cache")
 (RAY_TMPDIR / "cache").mkdir()
@@ -54,7 +56,7 @@ os.environ["SWEEP_CACHE_DIR"] = str(RAY_TMPDIR / "cache")
 
 def pytest_unconfigure(config):
     shutil.rmtree(RAY_TMPDIR, ignore_errors=True)
-    if _OWNER == os.getpid():
+    if _OWNS_CONVERTED:
         shutil.rmtree(CONVERTED, ignore_errors=True)
         shutil.rmtree(f"{CONVERTED}.locks", ignore_errors=True)
 

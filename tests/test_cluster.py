@@ -113,9 +113,34 @@ def _two_node_cluster(tmp_path_factory):
     proc.wait(timeout=60)
 
 
-# the tests that leave the cluster as they found it share one; the one that removes a node has its own
+# the tests that leave the cluster as they found it share one; the one that removes a node has its own (it comes
+# first in this file: the shared one starts at its first use, after it)
 two_node_cluster = pytest.fixture(scope="module")(_two_node_cluster)
 own_two_node_cluster = pytest.fixture()(_two_node_cluster)
+
+
+@pytest.mark.faults
+def test_removing_a_node_mid_sweep_loses_no_trial(own_two_node_cluster, tmp_path):
+    cluster = own_two_node_cluster  # its own: it removes a node
+    args = [
+        SWEEP,
+        "run",
+        *SLOW_TRIALS,
+        *FOUR,
+        "cluster=existing",
+        f"cluster.address={cluster['gcs']}",
+        f"results.root={tmp_path}",
+        "sweep.max_failures=3",
+    ]
+    proc = subprocess.Popen(args, env=cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(tmp_path, 1, proc)
+    helper = cluster["proc"]
+    helper.stdin.write("remove-worker\n")
+    helper.stdin.flush()
+    assert helper.stdout.readline().strip() == "removed"
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-2000:]
+    assert_each_trial_once(tmp_path, 4)
 
 
 def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_path):
@@ -150,32 +175,6 @@ def test_a_sweep_submitted_through_jobs_finds_every_row(two_node_cluster, tmp_pa
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit), commit  # this checkout is a git checkout
     assert set(rows["git_sha"]) == {commit}
     assert set(rows["submission_id"]) == {submission_id}
-
-
-@pytest.mark.faults
-def test_removing_a_node_mid_sweep_loses_no_trial(own_two_node_cluster, tmp_path):
-    two_node_cluster = own_two_node_cluster
-    args = [
-        SWEEP,
-        "run",
-        *SLOW_TRIALS,
-        *FOUR,
-        "cluster=existing",
-        f"cluster.address={two_node_cluster['gcs']}",
-        f"results.root={tmp_path}",
-        "sweep.max_failures=3",
-    ]
-    proc = subprocess.Popen(
-        args, env=two_node_cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    wait_for_rows(tmp_path, 1, proc)
-    helper = two_node_cluster["proc"]
-    helper.stdin.write("remove-worker\n")
-    helper.stdin.flush()
-    assert helper.stdout.readline().strip() == "removed"
-    out, err = proc.communicate(timeout=400)
-    assert proc.returncode == 0, err[-2000:]
-    assert_each_trial_once(tmp_path, 4)
 
 
 def _submit_to_nothing(*overrides: str, **extra: str) -> subprocess.CompletedProcess:
@@ -221,3 +220,23 @@ def test_joining_a_token_protected_cluster_with_another_token_is_one_line(two_no
     [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert f"cluster.address={two_node_cluster['gcs']}" in line and "unexpected" not in res.stderr
     assert "the Ray cluster there refused this client's token" in line  # said so, not a connection that failed
+
+
+def test_joining_with_no_token_at_all_is_one_line(tmp_path):
+    """Token auth and no token anywhere (no RAY_AUTH_TOKEN, no RAY_AUTH_TOKEN_PATH, no ~/.ray/auth_token): one line
+    naming cluster.address, rc 2, nothing written; Ray sends nothing (a plain listener stands where the GCS would)."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        res = subprocess.run(
+            [SWEEP, "run", "cluster=existing", f"cluster.address={address}", "model=tiny-llama",
+             f"results.root={tmp_path / 'r'}", "--quiet"],
+            env=env(HOME=str(tmp_path)), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: cluster.address={address}: Ray would not connect without a token ("), line
+    assert "unexpected" not in res.stderr and not (tmp_path / "r").exists()

@@ -222,10 +222,15 @@ def test_a_trial_that_raises_is_one_failed_row_and_a_sweep_with_no_success_exits
     assert df["worker_pid"].n_unique() == 1  # one worker ran all four: none was restarted
 
 
+def _bench_gguf_command(gguf: Path, cache: Path, root: Path) -> tuple[list[str], dict]:
+    """`sweep bench` of a GGUF file, its cache in ``cache``: the command and its environment."""
+    args = [SWEEP, "bench", "model=gguf", f"model.path={gguf}", *TINY[1:], f"results.root={root}"]
+    return args, subprocess_env(SWEEP_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
+
+
 def _bench_gguf(gguf: Path, cache: Path, root: Path) -> subprocess.CompletedProcess:
     """`sweep bench` of a GGUF file in a fresh process (a process loads a model once), cache in ``cache``."""
-    args = [SWEEP, "bench", "model=gguf", f"model.path={gguf}", *TINY[1:], f"results.root={root}"]
-    env = subprocess_env(SWEEP_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
+    args, env = _bench_gguf_command(gguf, cache, root)
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -268,17 +273,13 @@ def test_two_processes_loading_one_gguf_first_convert_it_once(tmp_path):
     """Two `sweep bench` processes started together on a machine whose conversion cache is empty (two workers of one
     sweep loading the model for the first time): one dequantizes, the other waits for it and reads its entry."""
     gguf, cache = write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "cache"
-    args = [SWEEP, "bench", "model=gguf", f"model.path={gguf}", *TINY[1:]]
-    env = subprocess_env(SWEEP_CACHE_DIR=str(cache), OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen([*args, f"results.root={tmp_path / name}"], env=env, stderr=subprocess.PIPE, text=True)
-        for name in ("a", "b")
-    ]
-    said = [" ".join(p.communicate(timeout=300)[1].split()) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], said
-    converted = [s for s in said if "dequantizing tiny.gguf" in s]
-    assert len(converted) == 1, said  # one conversion
-    [other] = [s for s in said if s not in converted]
+    commands = [_bench_gguf_command(gguf, cache, tmp_path / name) for name in ("a", "b")]
+    procs = [subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True) for args, env in commands]
+    stderrs = [" ".join(p.communicate(timeout=300)[1].split()) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], stderrs
+    converted = [s for s in stderrs if "dequantizing tiny.gguf" in s]
+    assert len(converted) == 1, stderrs  # one conversion
+    [other] = [s for s in stderrs if s not in converted]
     assert "from the conversion cache" in other, other  # the other read the entry the first wrote
     assert len(list((cache / "converted").iterdir())) == 1  # one entry
     rows = [read("trials", tmp_path / name).row(0, named=True) for name in ("a", "b")]

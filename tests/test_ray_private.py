@@ -100,12 +100,20 @@ def test_a_node_that_cannot_start_workers_stops_the_sweep(ray):
     assert StopWhenRowsCannotBeWritten(writer, SimpleNamespace(broken="worker startup repeatedly failed")).stop_all()
 
 
-def test_token_refusal_reaches_rays_grpc_stubs_and_token_interceptor(ray):
-    from ray._private.authentication import grpc_authentication_client_interceptor as interceptor
+def test_token_refusal_reaches_rays_grpc_channel_and_stubs(ray):
+    import time
+
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray._private.ray_constants import GLOBAL_GRPC_OPTIONS
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    assert callable(getattr(interceptor, "SyncAuthenticationMetadataClientInterceptor", None))
-    assert hasattr(gcs_service_pb2_grpc.NodeInfoGcsServiceStub, "__init__")
+    channel = init_grpc_channel("127.0.0.1:9", options=GLOBAL_GRPC_OPTIONS)
+    try:
+        assert callable(getattr(gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel), "GetClusterId", None))
+    finally:
+        channel.close()
     assert hasattr(gcs_service_pb2, "GetClusterIdRequest")
-    # nothing answers at port 9: not a refusal (ray.init decides), and within the timeout
+    # nothing answers at port 9: not a refusal (ray.init decides), and said within the timeout
+    t = time.perf_counter()
     assert _ray_private.token_refusal("127.0.0.1:9", timeout_s=2.0) is None
+    assert time.perf_counter() - t < 3.0

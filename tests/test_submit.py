@@ -65,8 +65,8 @@ def packaged_entries(monkeypatch, tmp_path, root: Path, submitted: list | None =
     from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig
 
-    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):  # restored afterwards: an existing cluster's environment
-        # drops this process's own token path, which an embedded Ray the test process runs still reads
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):  # restored afterwards:
+        # an existing cluster's environment drops this process's own token path, which an embedded Ray it runs reads
         if var in os.environ:
             monkeypatch.setenv(var, os.environ[var])
         else:

@@ -126,25 +126,58 @@ def converting(entry: Path, label: str):
     """Held while this process converts what ``entry`` will hold: an exclusive lock on a file of the entry's name in
     ``<entries>.locks`` beside the directory of entries (its real path: a cache directory reached through a link
     shares the locks of its target), so that two workers loading the same model for the first time on one machine
-    convert it once (the second waits for the first, then finds the entry). The kernel releases it when its holder
-    ends, however it ends. Where the lock cannot be taken (a cache directory that is read-only, a link planted at
-    its name) the conversion goes on without it, as it would with the cache unwritable."""
+    convert it once (the second waits for the first, then finds the entry). The holder writes its pid there, and
+    a waiter names it. The kernel releases the lock when its holder ends, however it ends. Where the lock cannot be
+    taken (a cache directory that is read-only, a link planted at the lock file's name, a filesystem without locks)
+    the conversion goes on without it, as it would with the cache unwritable."""
+    fd = _lock_file(entry, label)
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            except OSError:  # a FIFO planted at the lock's name: no pid to read
+                holder = "unknown"
+            log.warning(
+                "%s: another process on this machine (pid %s) is converting it; waiting for it to finish", label, holder
+            )
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:
+                fd = _unlocked(fd, label, exc)
+        except OSError as exc:
+            fd = _unlocked(fd, label, exc)
+    if fd is not None:
+        with contextlib.suppress(OSError):  # a lock file opened read-only (another user's) keeps its holder's pid
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _lock_file(entry: Path, label: str) -> int | None:
+    """The open lock file of ``entry`` (read-write, else read-only: flock needs neither), or None after saying why."""
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         entries = entry.parent.resolve()
         locks = entries.with_name(f"{entries.name}.locks")
         locks.mkdir(exist_ok=True)
-        fd = os.open(locks / f"{entry.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        path = locks / f"{entry.name}.lock"
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except PermissionError:
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         log.info("converting %s without a lock (%s)", label, exc.strerror or exc)
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("%s: another process on this machine is converting it; waiting for it to finish", label)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        return None
+
+
+def _unlocked(fd: int, label: str, exc: OSError) -> None:
+    os.close(fd)
+    log.info("converting %s without a lock (%s)", label, exc.strerror or exc)
+    return None

@@ -88,17 +88,17 @@ def set_trial_system_attr(trial: Any, key: str, value: Any) -> None:
 
 
 def token_refusal(address: str, timeout_s: float = 5.0) -> str | None:
-    """What the GCS at ``address`` says when asked, with this client's token as Ray would send it, for its cluster
-    id: its reason when it refuses the token (a missing or other token), else None (it answers, or says nothing
-    within ``timeout_s``: ``ray.init`` then decides). ``ray.init`` itself retries a refused token for about 20
-    seconds and then names no token."""
+    """What the GCS at ``address`` says when asked, over a channel as Ray makes it (its TLS settings, its token
+    interceptor, no HTTP proxy), for its cluster id: its reason when it refuses the token (a missing or other
+    token), else None (it answers, or says nothing within ``timeout_s``: ``ray.init`` then decides). ``ray.init``
+    itself retries a refused token for about 20 seconds and then names no token. Raises Ray's
+    ``AuthenticationError`` when token auth is on and this client has no token at all (nothing is sent)."""
     import grpc
-    from ray._private.authentication.grpc_authentication_client_interceptor import (
-        SyncAuthenticationMetadataClientInterceptor,
-    )
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray._private.ray_constants import GLOBAL_GRPC_OPTIONS
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    channel = grpc.intercept_channel(grpc.insecure_channel(address), SyncAuthenticationMetadataClientInterceptor())
+    channel = init_grpc_channel(address, options=GLOBAL_GRPC_OPTIONS)
     try:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
         stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)

@@ -50,13 +50,13 @@ def start_ray(cluster: ClusterConfig) -> bool:
             _ray_private.single_node_mode()
         from ray.exceptions import AuthenticationError
 
-        refused = _ray_private.token_refusal(address)  # in a second, where ray.init retries for 20 and names no token
-        if refused is not None:
-            raise ConfigError(_refused(cluster, refused))
         try:
+            refused = _ray_private.token_refusal(address)  # in a second: ray.init retries for 20, naming no token
+            if refused is not None:
+                raise ConfigError(_refused(cluster, refused))
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        except AuthenticationError as exc:  # a token-protected cluster, and no token here
-            raise ConfigError(_refused(cluster, str(exc))) from None
+        except AuthenticationError as exc:  # token auth, and no token here at all: Ray sends nothing
+            raise ConfigError(_refused(cluster, str(exc), "Ray would not connect without a token")) from None
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConfigError(
                 f"cluster.address={cluster.address}: cannot join a Ray cluster there ({str(exc).splitlines()[0]})"
@@ -64,10 +64,10 @@ def start_ray(cluster: ClusterConfig) -> bool:
     return True
 
 
-def _refused(cluster: ClusterConfig, reason: str) -> str:
+def _refused(cluster: ClusterConfig, reason: str, who: str = "the Ray cluster there refused this client's token"):
     first = (reason.strip().splitlines() or [""])[0][:160]
     return (
-        f"cluster.address={cluster.address}: the Ray cluster there refused this client's token ({first}); "
+        f"cluster.address={cluster.address}: {who} ({first}); "
         f"set cluster.auth to the cluster's mode (now {cluster.auth}) and give its token (RAY_AUTH_TOKEN or "
         "RAY_AUTH_TOKEN_PATH; docs/cluster.md)"
     )
