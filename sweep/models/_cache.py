@@ -130,24 +130,7 @@ def converting(entry: Path, label: str):
     a waiter names it. The kernel releases the lock when its holder ends, however it ends. Where the lock cannot be
     taken (a cache directory that is read-only, a link planted at the lock file's name, a filesystem without locks)
     the conversion goes on without it, as it would with the cache unwritable."""
-    fd = _lock_file(entry, label)
-    if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            except OSError:  # a FIFO planted at the lock's name: no pid to read
-                holder = "unknown"
-            log.warning(
-                "%s: another process on this machine (pid %s) is converting it; waiting for it to finish", label, holder
-            )
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError as exc:
-                fd = _unlocked(fd, label, exc)
-        except OSError as exc:
-            fd = _unlocked(fd, label, exc)
+    fd = _locked(entry, label)
     if fd is not None:
         with contextlib.suppress(OSError):  # a lock file opened read-only (another user's) keeps its holder's pid
             os.ftruncate(fd, 0)
@@ -160,8 +143,10 @@ def converting(entry: Path, label: str):
             os.close(fd)
 
 
-def _lock_file(entry: Path, label: str) -> int | None:
-    """The open lock file of ``entry`` (read-write, else read-only: flock needs neither), or None after saying why."""
+def _locked(entry: Path, label: str) -> int | None:
+    """The lock file of ``entry``, open (read-write, else read-only: flock needs neither) and locked, after waiting
+    for another holder; None, after saying why, where it cannot be."""
+    fd = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         entries = entry.parent.resolve()
@@ -169,15 +154,29 @@ def _lock_file(entry: Path, label: str) -> int | None:
         locks.mkdir(exist_ok=True)
         path = locks / f"{entry.name}.lock"
         try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except PermissionError:
-            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning(
+                "%s: another process on this machine (pid %s) is converting it; waiting for it to finish",
+                label,
+                _holder(fd),
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
     except OSError as exc:
+        if fd is not None:
+            os.close(fd)
         log.info("converting %s without a lock (%s)", label, exc.strerror or exc)
         return None
 
 
-def _unlocked(fd: int, label: str, exc: OSError) -> None:
-    os.close(fd)
-    log.info("converting %s without a lock (%s)", label, exc.strerror or exc)
-    return None
+def _holder(fd: int) -> str:
+    """The pid the lock's holder wrote in its file."""
+    try:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:  # a FIFO planted at the lock's name: no pid to read
+        return "unknown"

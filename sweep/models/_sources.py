@@ -100,17 +100,14 @@ def _converted_once(converted: Path, label: str, content_hash: str, torch_dtype:
     """The model and tokenizer from the verified conversion cache entry, else from ``convert()`` and written there;
     one process on the machine converts at a time (``_cache.converting``), and one that waited reads what the
     other wrote."""
-    cached = _from_cache(converted, label, content_hash, torch_dtype) if os.path.lexists(converted) else None
-    if cached is not None:
-        return cached
-    with _cache.converting(converted, label):
-        if os.path.lexists(converted):  # written while this process waited for the lock
-            cached = _from_cache(converted, label, content_hash, torch_dtype)
-            if cached is not None:
-                return cached
-        model, tokenizer = convert()
-        _save_converted(model, tokenizer, converted)
-        return model, tokenizer
+    cached = _from_cache(converted, label, content_hash, torch_dtype)
+    if cached is None:
+        with _cache.converting(converted, label):
+            cached = _from_cache(converted, label, content_hash, torch_dtype)  # written while this one waited
+            if cached is None:
+                cached = convert()
+                _save_converted(*cached, converted)
+    return cached
 
 
 def _require_gguf(path: Path, where: str) -> None:
@@ -131,8 +128,10 @@ def _converted_dir(content_hash: str) -> Path:
 
 def _from_cache(converted: Path, label: str, content_hash: str, torch_dtype: torch.dtype):
     """The model and tokenizer of a verified conversion cache entry (``_cache.entry_problem``: every
-    file's size and sha256 as written); None after removing an entry that fails the check or the load,
-    so it is rebuilt from the GGUF file."""
+    file's size and sha256 as written); None where there is no entry, or after removing one that fails the check
+    or the load, so it is rebuilt from the GGUF file."""
+    if not os.path.lexists(converted):
+        return None
     problem = _cache.entry_problem(converted, COMPLETE)
     if problem is None:
         log.info("loading %s from the conversion cache %s", label, converted)
