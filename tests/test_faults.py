@@ -286,6 +286,49 @@ def test_two_processes_loading_one_gguf_first_convert_it_once(tmp_path):
     assert rows[0]["status"] == rows[1]["status"] == "ok" and rows[0]["model_hash"] == rows[1]["model_hash"]
 
 
+HOLD_CONVERSION = """
+import sys
+from pathlib import Path
+from sweep.models import _cache
+with _cache.converting(Path(sys.argv[1]), "tiny.gguf"):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test closes it
+"""
+
+
+def test_a_loader_that_finds_the_conversion_locked_names_the_holder_and_waits_for_it(tmp_path, caplog):
+    """A process holds the conversion of an entry; another that needs it says so in one line naming the holder's pid,
+    and goes on only once the holder is done."""
+    import threading
+
+    from helpers.waiting import wait_for
+    from sweep.models import _cache
+
+    entry = tmp_path / "converted" / "entry"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_CONVERSION, str(entry)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    entered = threading.Event()
+
+    def second():
+        with _cache.converting(entry, "tiny.gguf"):
+            entered.set()
+
+    waiting = (
+        f"tiny.gguf: another process on this machine (pid {holder.pid}) is converting it; waiting for it to finish"
+    )
+    with caplog.at_level("WARNING", logger="sweep.models._cache"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        wait_for(lambda: waiting in [r.getMessage() for r in caplog.records], "the waiting line")
+        assert not entered.is_set()  # the holder still holds it
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+        thread.join(timeout=60)
+    assert entered.is_set()
+
+
 def test_a_trial_tune_gives_up_on_within_max_failures_runs_again_and_only_past_it_fails(ray_session, tmp_path):
     """Ray Tune can count one worker's death twice and stop a trial it was retrying (CI: one SIGKILL, two
     failures of one actor, sweep.max_failures=3, a failed row). Such a trial's settings without a row run
