@@ -1,13 +1,20 @@
-"""A peer's harness for prefix self-speculation: transformers' own ``generate(assistant_early_exit=K)`` (a constant
-draft length, no confidence stop) against the project's ``SelfSpeculative(PrefixDraft(K))``, on the same prompts,
-with the same K and draft length, run back to back (the order alternates per repeat), both greedy from the same
-loaded model.
+"""A peer's harness for prefix self-speculation: transformers' own ``generate(assistant_early_exit=K)`` against the
+project's ``SelfSpeculative(PrefixDraft(K))``, on the same prompts, with the same K and draft length, run back to back
+(the order alternates per repeat), both greedy from the same loaded model.
+
+Like for like: transformers' early-exit candidate generator reads its draft length, schedule and confidence stop from
+the assistant's own generation config (the model's: the assistant is the model itself), not from ``generate``'s
+arguments, so they are set there for each call (a constant draft length, no confidence stop, no stop at the end of
+sequence token, as the project's decoder); and its prompt ends with the token the project's prefill gives (else its
+first verification checks that token, a round the project's decoder does not have), so both decode the same n tokens
+after the same prefill's work.
 
 Per K it prints: whether the two decoded the same tokens (both must equal full-depth greedy: self-speculation is
-lossless), the drafts accepted per verification by each (transformers' first verification checks the prompt's own
-first token, a round the project's decoder does not have: it is left out), the acceptance rate by each, and each
-one's ms per generated token (median over repeats) beside plain full-depth decoding's, so the ratio is measured side
-by side in one run.
+lossless), each one's verifications and drafts accepted, whether their rounds are the same (each verification starting
+at the same token and accepting as many drafts; at the very end transformers drafts one fewer, leaving room for the
+verification's own token, so its last verification accepts at most the drafts it made), the acceptance rates, and
+each one's ms per generated token (median over repeats) beside plain full-depth decoding's, so the ratio is measured
+side by side in one run.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/peer_early_exit.py [model=qwen2.5-coder-0.5b] \\
         [--ks 12,18,21] [--draft-len 4] [--prompts 4] [--tokens 32] [--repeats 3]
@@ -19,39 +26,55 @@ import argparse
 import statistics
 import time
 
+SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "eos_token_id")
 
-def hf_early_exit(lm, prompt: list[int], k: int, draft_len: int, n: int) -> tuple[list[int], list[int], float]:
-    """transformers' assistant_early_exit: its tokens, the drafts it accepted per verification (its candidate
-    generator is told each verification's matches) and its seconds."""
+
+def hf_early_exit(lm, prompt: list[int], k: int, draft_len: int, n: int) -> tuple[list[int], list[dict], float]:
+    """transformers' assistant_early_exit: its tokens, per verification its start (tokens generated before it), the
+    drafts it proposed and accepted (its candidate generator is told each verification's matches), and its seconds."""
     import torch
-    from transformers.generation.candidate_generator import EarlyExitCandidateGenerator
+    from transformers.generation.candidate_generator import EarlyExitCandidateGenerator as Generator
 
-    matches: list[int] = []
-    plain = EarlyExitCandidateGenerator.update_candidate_strategy
+    rounds: list[dict] = []
+    get, told = Generator.get_candidates, Generator.update_candidate_strategy
 
-    def told(self, input_ids, scores, num_matches):
-        matches.append(int(num_matches))
-        return plain(self, input_ids, scores, num_matches)
+    def proposed(self, input_ids, **kwargs):
+        ids, logits = get(self, input_ids, **kwargs)
+        rounds.append({"start": input_ids.shape[1] - len(prompt), "drafted": ids.shape[1] - input_ids.shape[1]})
+        return ids, logits
 
-    EarlyExitCandidateGenerator.update_candidate_strategy = told
+    def matched(self, input_ids, scores, num_matches):
+        rounds[-1]["accepted"] = int(num_matches)
+        return told(self, input_ids, scores, num_matches)
+
+    config = lm.model.generation_config
+    saved = {key: getattr(config, key) for key in SETTINGS}
+    Generator.get_candidates, Generator.update_candidate_strategy = proposed, matched
     try:
+        for key, value in zip(SETTINGS, (draft_len, "constant", 0.0, None)):
+            setattr(config, key, value)
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = lm.model.generate(
-                torch.tensor([prompt]),
-                max_new_tokens=n,
-                do_sample=False,
-                assistant_early_exit=k,
-                num_assistant_tokens=draft_len,
-                num_assistant_tokens_schedule="constant",
-                assistant_confidence_threshold=0.0,
-                eos_token_id=None,
-                pad_token_id=0,
+                torch.tensor([prompt]), max_new_tokens=n, do_sample=False, assistant_early_exit=k, pad_token_id=0
             )
         seconds = time.perf_counter() - t0
     finally:
-        EarlyExitCandidateGenerator.update_candidate_strategy = plain
-    return out[0, len(prompt) :].tolist(), matches, seconds
+        Generator.get_candidates, Generator.update_candidate_strategy = get, told
+        for key, value in saved.items():
+            setattr(config, key, value)
+    return out[0, len(prompt) :].tolist(), rounds, seconds
+
+
+def same_rounds(ours, theirs: list[dict]) -> bool:
+    """Whether the two ran the same verifications: the same starts, as many drafts accepted in each, and in the last
+    at most the drafts transformers made there (its end rule leaves room for the verification's own token)."""
+    if [r["start"] + 1 for r in theirs] != ours.round_starts or not theirs:
+        return False
+    *before, last = theirs
+    return [r["accepted"] for r in before] == ours.accepted_lengths[:-1] and last["accepted"] == min(
+        ours.accepted_lengths[-1], last["drafted"]
+    )
 
 
 def main() -> None:
@@ -81,15 +104,15 @@ def main() -> None:
         f"{lm.name}: {len(prompts)} HumanEval prompts ({problems[0]['task_id']}..{problems[-1]['task_id']}) x {n} "
         f"tokens, draft_len {args.draft_len}, {args.repeats} repeats, order alternating"
     )
-    print("| K | same tokens (ours, theirs vs greedy) | accepted per verification, ours | theirs (after its first) | "
-          "acceptance rate, ours | ms/token ours | theirs | full depth |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| K | same tokens (ours, theirs vs greedy) | verifications, ours / theirs | drafts accepted, ours / theirs | "
+        "same rounds | acceptance rate, ours / theirs | ms/token ours | theirs | full depth |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for k in (int(x) for x in args.ks.split(",")):
         ours_spec = SelfSpeculative(lm, PrefixDraft(lm, k), args.draft_len)
-        same_ours = same_theirs = True
-        acc_ours: list[int] = []
-        acc_theirs: list[int] = []
-        drafted_ours = 0
+        same_ours = same_theirs = same = True
+        count = {"ours": [0, 0, 0], "theirs": [0, 0, 0]}  # verifications, drafts accepted, drafts made
         ms = {"ours": [], "theirs": [], "full": []}
         for r in range(args.repeats):
             for i, prompt in enumerate(prompts):
@@ -99,30 +122,31 @@ def main() -> None:
                         t0 = time.perf_counter()
                         out = ours_spec.generate(prompt, n)
                         ms["ours"].append((time.perf_counter() - t0) * 1000 / n)
-                        if r == 0:
-                            same_ours &= out.tokens == greedy[i]
-                            acc_ours += out.accepted_lengths
-                            drafted_ours += out.drafted
-                    elif who == "theirs":
-                        tokens, matches, seconds = hf_early_exit(lm, prompt, k, args.draft_len, n)
+                    elif who == "theirs":  # its prompt ends with the token our prefill gives: the same n tokens
+                        tokens, rounds, seconds = hf_early_exit(lm, prompt + greedy[i][:1], k, args.draft_len, n - 1)
                         ms["theirs"].append(seconds * 1000 / n)
-                        if r == 0:
-                            same_theirs &= tokens == greedy[i]
-                            acc_theirs += matches[1:]
                     else:
                         t0 = time.perf_counter()
                         full.generate(prompt, n)
                         ms["full"].append((time.perf_counter() - t0) * 1000 / n)
-        mean_ours = statistics.mean(acc_ours)
-        mean_theirs = statistics.mean(acc_theirs) if acc_theirs else 0.0
+                if r == 0:
+                    same_ours &= out.tokens == greedy[i]
+                    same_theirs &= greedy[i][:1] + tokens == greedy[i]
+                    same &= same_rounds(out, rounds)
+                    for who, v in (("ours", (out.rounds, out.accepted, out.drafted)), ("theirs", _counts(rounds))):
+                        count[who] = [a + b for a, b in zip(count[who], v)]
         med = {who: statistics.median(v) for who, v in ms.items()}
+        (vo, ao, do), (vt, at, dt) = count["ours"], count["theirs"]
         print(
-            f"| {k} | {same_ours}, {same_theirs} | {sum(acc_ours)} over {len(acc_ours)} (mean {mean_ours:.2f}) | "
-            f"{sum(acc_theirs)} over {len(acc_theirs)} (mean {mean_theirs:.2f}) | "
-            f"{sum(acc_ours) / max(drafted_ours, 1):.3f} | "
+            f"| {k} | {same_ours}, {same_theirs} | {vo} / {vt} | {ao} / {at} | {same} | "
+            f"{ao / max(do, 1):.3f} / {at / max(dt, 1):.3f} | "
             f"{med['ours']:.1f} | {med['theirs']:.1f} | {med['full']:.1f} |",
             flush=True,
         )
+
+
+def _counts(rounds: list[dict]) -> tuple[int, int, int]:
+    return len(rounds), sum(r["accepted"] for r in rounds), sum(r["drafted"] for r in rounds)
 
 
 if __name__ == "__main__":

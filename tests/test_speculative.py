@@ -98,35 +98,47 @@ def test_self_speculation_needs_the_fixed_gate(tmp_path):
         compose("model=tiny-qwen2", "gate=margin", "gate.min_layer=1", "bench.mode=self_speculative", "prompts.n=1")
 
 
-def _hf_early_exit(lm, prompt: list[int], k: int, n_drafts: int, n: int) -> tuple[list[int], list[int]]:
-    """transformers' own LayerSkip-style self-speculation (``generate(assistant_early_exit=K)``, a constant draft
-    length, no confidence stop): its tokens, and the drafts it accepted per verification (its candidate
-    generator's ``update_candidate_strategy`` is told each verification's matches)."""
-    from transformers.generation.candidate_generator import EarlyExitCandidateGenerator
+def _hf_early_exit(lm, prompt: list[int], k: int, n_drafts: int, n: int) -> tuple[list[int], list[dict]]:
+    """transformers' own LayerSkip-style self-speculation (``generate(assistant_early_exit=K)``): its tokens, and per
+    verification its start (tokens generated before it), the drafts its candidate generator proposed and the matches
+    it was told (``update_candidate_strategy``). Its candidate generator reads the draft length, its schedule and
+    the confidence stop from the assistant's own generation config, the model's here, not from ``generate``'s
+    arguments: set there for the call, as a constant draft length, no confidence stop and no end-of-sequence stop
+    (the project's decoder drafts and decodes through it)."""
+    from transformers.generation.candidate_generator import EarlyExitCandidateGenerator as Generator
 
-    matches: list[int] = []
-    plain = EarlyExitCandidateGenerator.update_candidate_strategy
+    rounds: list[dict] = []
+    get, told = Generator.get_candidates, Generator.update_candidate_strategy
 
-    def told(self, input_ids, scores, num_matches):
-        matches.append(int(num_matches))
-        return plain(self, input_ids, scores, num_matches)
+    def proposed(self, input_ids, **kwargs):
+        ids, logits = get(self, input_ids, **kwargs)
+        rounds.append({"start": input_ids.shape[1] - len(prompt), "drafted": ids.shape[1] - input_ids.shape[1]})
+        return ids, logits
 
-    EarlyExitCandidateGenerator.update_candidate_strategy = told
+    def matched(self, input_ids, scores, num_matches):
+        rounds[-1]["accepted"] = int(num_matches)
+        return told(self, input_ids, scores, num_matches)
+
+    settings = {
+        "num_assistant_tokens": n_drafts,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+        "eos_token_id": None,
+    }
+    config = lm.model.generation_config
+    saved = {key: getattr(config, key) for key in settings}
+    Generator.get_candidates, Generator.update_candidate_strategy = proposed, matched
     try:
+        for key, value in settings.items():
+            setattr(config, key, value)
         out = lm.model.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=n,
-            do_sample=False,
-            assistant_early_exit=k,
-            num_assistant_tokens=n_drafts,
-            num_assistant_tokens_schedule="constant",
-            assistant_confidence_threshold=0.0,
-            eos_token_id=None,
-            pad_token_id=0,
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, assistant_early_exit=k, pad_token_id=0
         )
     finally:
-        EarlyExitCandidateGenerator.update_candidate_strategy = plain
-    return out[0, len(prompt) :].tolist(), matches
+        Generator.get_candidates, Generator.update_candidate_strategy = get, told
+        for key, value in saved.items():
+            setattr(config, key, value)
+    return out[0, len(prompt) :].tolist(), rounds
 
 
 def _brute_rounds(lm, prompt: list[int], tokens: list[int], k: int, n_drafts: int) -> list[int]:
@@ -149,19 +161,25 @@ def _brute_rounds(lm, prompt: list[int], tokens: list[int], k: int, n_drafts: in
     return accepted
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_prefix_self_speculation_against_transformers_assistant_early_exit(family):
-    """A peer's code path: transformers' assistant_early_exit decodes the same tokens. Its first verification
-    checks the prompt's own first token (a round ours does not have: our first token comes from the prefill); per
-    verification after it, the drafts accepted equal a brute force from plain forwards, and transformers' counts
-    never exceed them (it accepts fewer on some rounds: its later drafts of a round are not the exact layers-1..K
-    drafts there)."""
+    """A peer's code path: transformers' assistant_early_exit, given our prefill's token at the end of its prompt (its
+    first verification would otherwise check that token, a round ours does not have), decodes the same tokens in the
+    same verifications, each starting where ours does and accepting as many drafts, all of them drafting the whole
+    draft length; the one difference is the end rule: its last drafts leave room for the verification's own token,
+    ours draft up to the last token (its extra token cut), so its last verification accepts at most the drafts it
+    made. Our counts also equal a brute force from plain forwards."""
     lm = load(f"model=tiny-{family}")
     for text in ("def fib(n): return the fibonacci number of n", "Hello there, how are you"):
         prompt = lm.tokenizer(text)["input_ids"]
         for k, n_drafts in ((1, 2), (2, 3), (3, 4)):
             ours = SelfSpeculative(lm, PrefixDraft(lm, k), n_drafts).generate(prompt, 20)
-            theirs, matches = _hf_early_exit(lm, prompt, k, n_drafts, 20)
-            assert ours.tokens == theirs, (text, k, n_drafts)
             assert ours.accepted_lengths == _brute_rounds(lm, prompt, ours.tokens, k, n_drafts), (text, k)
-            assert sum(matches[1:]) <= sum(ours.accepted_lengths)
+            theirs, rounds = _hf_early_exit(lm, prompt + ours.tokens[:1], k, n_drafts, 19)
+            assert ours.tokens[1:] == theirs, (text, k, n_drafts)
+            assert [r["start"] + 1 for r in rounds] == ours.round_starts, (text, k, n_drafts)
+            *before, last = rounds
+            assert [r["accepted"] for r in before] == ours.accepted_lengths[:-1], (text, k, n_drafts)
+            assert last["accepted"] == min(ours.accepted_lengths[-1], last["drafted"])
+            # a constant draft length, short of the end by one where ours reach it (their rule: n - start - 1)
+            assert [r["drafted"] for r in rounds] == [min(n_drafts, 20 - s - 1) for s in ours.round_starts]
