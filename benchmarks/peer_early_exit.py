@@ -23,10 +23,29 @@ side by side in one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
-SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "eos_token_id")
+
+@contextlib.contextmanager
+def _set(obj, **values):
+    """``values`` set on ``obj`` for the block; afterwards each name is as it was, or gone again where ``obj`` did
+    not hold it itself (a class's inherited method)."""
+    before = {name: obj.__dict__.get(name, _MISSING) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(obj, name, value)
+        yield
+    finally:
+        for name, value in before.items():
+            if value is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
+
+
+_MISSING = object()
 
 
 def hf_early_exit(lm, prompt: list[int], k: int, draft_len: int, n: int) -> tuple[list[int], list[dict], float]:
@@ -47,22 +66,20 @@ def hf_early_exit(lm, prompt: list[int], k: int, draft_len: int, n: int) -> tupl
         rounds[-1]["accepted"] = int(num_matches)
         return told(self, input_ids, scores, num_matches)
 
-    config = lm.model.generation_config
-    saved = {key: getattr(config, key) for key in SETTINGS}
-    Generator.get_candidates, Generator.update_candidate_strategy = proposed, matched
-    try:
-        for key, value in zip(SETTINGS, (draft_len, "constant", 0.0, None)):
-            setattr(config, key, value)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
+    assistant = {  # read from the assistant's own generation config (the model's), not from generate's arguments
+        "num_assistant_tokens": draft_len,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+        "eos_token_id": None,
+    }
+    ids = torch.tensor([prompt])
+    with _set(Generator, get_candidates=proposed, update_candidate_strategy=matched):
+        with _set(lm.model.generation_config, **assistant), torch.inference_mode():
+            t0 = time.perf_counter()  # every prompt position attended: no pad id read into a mask
             out = lm.model.generate(
-                torch.tensor([prompt]), max_new_tokens=n, do_sample=False, assistant_early_exit=k, pad_token_id=0
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, assistant_early_exit=k
             )
-        seconds = time.perf_counter() - t0
-    finally:
-        Generator.get_candidates, Generator.update_candidate_strategy = get, told
-        for key, value in saved.items():
-            setattr(config, key, value)
+            seconds = time.perf_counter() - t0
     return out[0, len(prompt) :].tolist(), rounds, seconds
 
 

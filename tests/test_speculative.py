@@ -98,13 +98,13 @@ def test_self_speculation_needs_the_fixed_gate(tmp_path):
         compose("model=tiny-qwen2", "gate=margin", "gate.min_layer=1", "bench.mode=self_speculative", "prompts.n=1")
 
 
-def _hf_early_exit(lm, prompt: list[int], k: int, n_drafts: int, n: int) -> tuple[list[int], list[dict]]:
+def _hf_early_exit(monkeypatch, lm, prompt: list[int], k: int, n_drafts: int, n: int) -> tuple[list[int], list[dict]]:
     """transformers' own LayerSkip-style self-speculation (``generate(assistant_early_exit=K)``): its tokens, and per
     verification its start (tokens generated before it), the drafts its candidate generator proposed and the matches
-    it was told (``update_candidate_strategy``). Its candidate generator reads the draft length, its schedule and
-    the confidence stop from the assistant's own generation config, the model's here, not from ``generate``'s
-    arguments: set there for the call, as a constant draft length, no confidence stop and no end-of-sequence stop
-    (the project's decoder drafts and decodes through it)."""
+    it was told (``update_candidate_strategy``). Its candidate generator reads the draft length and the confidence
+    stop from the assistant's own generation config, the model's here, not from ``generate``'s arguments: set there
+    for the call, as a constant draft length, no confidence stop and no end-of-sequence stop (the project's decoder
+    drafts and decodes through it)."""
     from transformers.generation.candidate_generator import EarlyExitCandidateGenerator as Generator
 
     rounds: list[dict] = []
@@ -119,25 +119,18 @@ def _hf_early_exit(lm, prompt: list[int], k: int, n_drafts: int, n: int) -> tupl
         rounds[-1]["accepted"] = int(num_matches)
         return told(self, input_ids, scores, num_matches)
 
-    settings = {
-        "num_assistant_tokens": n_drafts,
-        "num_assistant_tokens_schedule": "constant",
-        "assistant_confidence_threshold": 0.0,
-        "eos_token_id": None,
-    }
-    config = lm.model.generation_config
-    saved = {key: getattr(config, key) for key in settings}
-    Generator.get_candidates, Generator.update_candidate_strategy = proposed, matched
-    try:
-        for key, value in settings.items():
-            setattr(config, key, value)
+    with monkeypatch.context() as patch:
+        patch.setattr(Generator, "get_candidates", proposed)
+        patch.setattr(Generator, "update_candidate_strategy", matched)
+        config = lm.model.generation_config
+        patch.setattr(config, "num_assistant_tokens", n_drafts)
+        patch.setattr(config, "num_assistant_tokens_schedule", "constant")
+        patch.setattr(config, "assistant_confidence_threshold", 0.0)
+        patch.setattr(config, "eos_token_id", None)
+        ids = torch.tensor([prompt])  # every prompt position attended (no pad id read into a mask)
         out = lm.model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, assistant_early_exit=k, pad_token_id=0
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, assistant_early_exit=k
         )
-    finally:
-        Generator.get_candidates, Generator.update_candidate_strategy = get, told
-        for key, value in saved.items():
-            setattr(config, key, value)
     return out[0, len(prompt) :].tolist(), rounds
 
 
@@ -162,20 +155,20 @@ def _brute_rounds(lm, prompt: list[int], tokens: list[int], k: int, n_drafts: in
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_prefix_self_speculation_against_transformers_assistant_early_exit(family):
+def test_prefix_self_speculation_against_transformers_assistant_early_exit(family, monkeypatch):
     """A peer's code path: transformers' assistant_early_exit, given our prefill's token at the end of its prompt (its
     first verification would otherwise check that token, a round ours does not have), decodes the same tokens in the
-    same verifications, each starting where ours does and accepting as many drafts, all of them drafting the whole
-    draft length; the one difference is the end rule: its last drafts leave room for the verification's own token,
-    ours draft up to the last token (its extra token cut), so its last verification accepts at most the drafts it
-    made. Our counts also equal a brute force from plain forwards."""
+    same verifications, each starting where ours does and, but for the last, accepting as many drafts. The one
+    difference is the end rule: its rounds within a draft length of the end draft one fewer, leaving room for the
+    verification's own token (ours draft up to the last token and cut the extra one), so its last verification
+    accepts at most the drafts it made. Our counts also equal a brute force from plain forwards."""
     lm = load(f"model=tiny-{family}")
     for text in ("def fib(n): return the fibonacci number of n", "Hello there, how are you"):
         prompt = lm.tokenizer(text)["input_ids"]
         for k, n_drafts in ((1, 2), (2, 3), (3, 4)):
             ours = SelfSpeculative(lm, PrefixDraft(lm, k), n_drafts).generate(prompt, 20)
             assert ours.accepted_lengths == _brute_rounds(lm, prompt, ours.tokens, k, n_drafts), (text, k)
-            theirs, rounds = _hf_early_exit(lm, prompt + ours.tokens[:1], k, n_drafts, 19)
+            theirs, rounds = _hf_early_exit(monkeypatch, lm, prompt + ours.tokens[:1], k, n_drafts, 19)
             assert ours.tokens[1:] == theirs, (text, k, n_drafts)
             assert [r["start"] + 1 for r in rounds] == ours.round_starts, (text, k, n_drafts)
             *before, last = rounds
