@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
-from conftest import compose, load
+from conftest import ROOT, compose, load
 from sweep.bench.command import prepare
 from sweep.bench.protocol import run_trial
 from sweep.decode.engine import Engine
 from sweep.errors import ConfigError
 from sweep.models.prompts import read_prompts, tokenize_prompts
 from sweep.decode.speculative import PrefixDraft, SelfSpeculative
+
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the peer harness (benchmarks/peer_early_exit.py)
 
 FULL_ATTENTION = ["llama", "qwen2", "qwen3"]
 
@@ -98,42 +102,6 @@ def test_self_speculation_needs_the_fixed_gate(tmp_path):
         compose("model=tiny-qwen2", "gate=margin", "gate.min_layer=1", "bench.mode=self_speculative", "prompts.n=1")
 
 
-def _hf_early_exit(monkeypatch, lm, prompt: list[int], k: int, n_drafts: int, n: int) -> tuple[list[int], list[dict]]:
-    """transformers' own LayerSkip-style self-speculation (``generate(assistant_early_exit=K)``): its tokens, and per
-    verification its start (tokens generated before it), the drafts its candidate generator proposed and the matches
-    it was told (``update_candidate_strategy``). Its candidate generator reads the draft length and the confidence
-    stop from the assistant's own generation config, the model's here, not from ``generate``'s arguments: set there
-    for the call, as a constant draft length, no confidence stop and no end-of-sequence stop (the project's decoder
-    drafts and decodes through it)."""
-    from transformers.generation.candidate_generator import EarlyExitCandidateGenerator as Generator
-
-    rounds: list[dict] = []
-    get, told = Generator.get_candidates, Generator.update_candidate_strategy
-
-    def proposed(self, input_ids, **kwargs):
-        ids, logits = get(self, input_ids, **kwargs)
-        rounds.append({"start": input_ids.shape[1] - len(prompt), "drafted": ids.shape[1] - input_ids.shape[1]})
-        return ids, logits
-
-    def matched(self, input_ids, scores, num_matches):
-        rounds[-1]["accepted"] = int(num_matches)
-        return told(self, input_ids, scores, num_matches)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Generator, "get_candidates", proposed)
-        patch.setattr(Generator, "update_candidate_strategy", matched)
-        config = lm.model.generation_config
-        patch.setattr(config, "num_assistant_tokens", n_drafts)
-        patch.setattr(config, "num_assistant_tokens_schedule", "constant")
-        patch.setattr(config, "assistant_confidence_threshold", 0.0)
-        patch.setattr(config, "eos_token_id", None)
-        ids = torch.tensor([prompt])  # every prompt position attended (no pad id read into a mask)
-        out = lm.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, assistant_early_exit=k
-        )
-    return out[0, len(prompt) :].tolist(), rounds
-
-
 def _brute_rounds(lm, prompt: list[int], tokens: list[int], k: int, n_drafts: int) -> list[int]:
     """Accepted drafts per verification by brute force: each draft the argmax of lm_head(norm(h_K)) from one plain
     forward over the committed tokens and the round's earlier drafts (no cache), each round starting after the
@@ -155,20 +123,28 @@ def _brute_rounds(lm, prompt: list[int], tokens: list[int], k: int, n_drafts: in
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_prefix_self_speculation_against_transformers_assistant_early_exit(family, monkeypatch):
+def test_prefix_self_speculation_against_transformers_assistant_early_exit(family):
     """A peer's code path: transformers' assistant_early_exit, given our prefill's token at the end of its prompt (its
     first verification would otherwise check that token, a round ours does not have), decodes the same tokens in the
     same verifications, each starting where ours does and, but for the last, accepting as many drafts. The one
     difference is the end rule: its rounds within a draft length of the end draft one fewer, leaving room for the
     verification's own token (ours draft up to the last token and cut the extra one), so its last verification
-    accepts at most the drafts it made. Our counts also equal a brute force from plain forwards."""
+    accepts at most the drafts it made. Our counts also equal a brute force from plain forwards. transformers runs in
+    the harness that measured it on Qwen and SmolLM2 (``benchmarks/peer_early_exit.py``), which sets its settings
+    where transformers reads them and restores them."""
+    from transformers.generation.candidate_generator import EarlyExitCandidateGenerator
+
+    from peer_early_exit import hf_early_exit
+
+    methods = dict(vars(EarlyExitCandidateGenerator))
     lm = load(f"model=tiny-{family}")
+    config = lm.model.generation_config.to_dict()
     for text in ("def fib(n): return the fibonacci number of n", "Hello there, how are you"):
         prompt = lm.tokenizer(text)["input_ids"]
         for k, n_drafts in ((1, 2), (2, 3), (3, 4)):
             ours = SelfSpeculative(lm, PrefixDraft(lm, k), n_drafts).generate(prompt, 20)
             assert ours.accepted_lengths == _brute_rounds(lm, prompt, ours.tokens, k, n_drafts), (text, k)
-            theirs, rounds = _hf_early_exit(monkeypatch, lm, prompt + ours.tokens[:1], k, n_drafts, 19)
+            theirs, rounds, _ = hf_early_exit(lm, prompt + ours.tokens[:1], k, n_drafts, 19)
             assert ours.tokens[1:] == theirs, (text, k, n_drafts)
             assert [r["start"] + 1 for r in rounds] == ours.round_starts, (text, k, n_drafts)
             *before, last = rounds
@@ -176,3 +152,5 @@ def test_prefix_self_speculation_against_transformers_assistant_early_exit(famil
             assert last["accepted"] == min(ours.accepted_lengths[-1], last["drafted"])
             # a constant draft length, short of the end by one where ours reach it (their rule: n - start - 1)
             assert [r["drafted"] for r in rounds] == [min(n_drafts, 20 - s - 1) for s in ours.round_starts]
+    # the harness leaves transformers as it found it: the class's methods and the model's generation config
+    assert dict(vars(EarlyExitCandidateGenerator)) == methods and lm.model.generation_config.to_dict() == config
