@@ -23,29 +23,9 @@ side by side in one run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
-
-
-@contextlib.contextmanager
-def _set(obj, **values):
-    """``values`` set on ``obj`` for the block; afterwards each name is as it was, or gone again where ``obj`` did
-    not hold it itself (a class's inherited method)."""
-    before = {name: obj.__dict__.get(name, _MISSING) for name in values}
-    try:
-        for name, value in values.items():
-            setattr(obj, name, value)
-        yield
-    finally:
-        for name, value in before.items():
-            if value is _MISSING:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, value)
-
-
-_MISSING = object()
+from unittest import mock
 
 
 def hf_early_exit(lm, prompt: list[int], k: int, draft_len: int, n: int) -> tuple[list[int], list[dict], float]:
@@ -73,20 +53,26 @@ def hf_early_exit(lm, prompt: list[int], k: int, draft_len: int, n: int) -> tupl
         "eos_token_id": None,
     }
     ids = torch.tensor([prompt])
-    with _set(Generator, get_candidates=proposed, update_candidate_strategy=matched):
-        with _set(lm.model.generation_config, **assistant), torch.inference_mode():
-            t0 = time.perf_counter()  # every prompt position attended: no pad id read into a mask
-            out = lm.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, assistant_early_exit=k
-            )
+    # a pad id the prompt does not hold: transformers infers an all-ones mask (an explicit one passed to generate
+    # changes its drafts: benchmarks/RESULTS.md), and no prompt token is masked as padding
+    pad = next(i for i in range(len(prompt) + 1) if i not in set(prompt))
+    # patched for the call and put back as they were (an inherited method is removed from the class again)
+    with mock.patch.multiple(Generator, get_candidates=proposed, update_candidate_strategy=matched):
+        with mock.patch.multiple(lm.model.generation_config, **assistant), torch.inference_mode():
+            t0 = time.perf_counter()
+            out = lm.model.generate(ids, pad_token_id=pad, max_new_tokens=n, do_sample=False, assistant_early_exit=k)
             seconds = time.perf_counter() - t0
     return out[0, len(prompt) :].tolist(), rounds, seconds
 
 
-def same_rounds(ours, theirs: list[dict]) -> bool:
-    """Whether the two ran the same verifications: the same starts, as many drafts accepted in each, and in the last
-    at most the drafts transformers made there (its end rule leaves room for the verification's own token)."""
-    if [r["start"] + 1 for r in theirs] != ours.round_starts or not theirs:
+def same_rounds(ours, theirs: list[dict], draft_len: int, n: int) -> bool:
+    """Whether the two ran the same verifications: the same starts, transformers drafting the whole draft length
+    short of the end (its rule: n - start - 1, leaving room for the verification's own token; ours: n - start), as
+    many drafts accepted in each, and in the last at most the drafts transformers made there."""
+    starts = ours.round_starts
+    if not theirs or [r["start"] + 1 for r in theirs] != starts:
+        return False
+    if [r["drafted"] for r in theirs] != [min(draft_len, n - s - 1) for s in starts]:
         return False
     *before, last = theirs
     return [r["accepted"] for r in before] == ours.accepted_lengths[:-1] and last["accepted"] == min(
@@ -149,7 +135,7 @@ def main() -> None:
                 if r == 0:
                     same_ours &= out.tokens == greedy[i]
                     same_theirs &= greedy[i][:1] + tokens == greedy[i]
-                    same &= same_rounds(out, rounds)
+                    same &= same_rounds(out, rounds, args.draft_len, n)
                     for who, v in (("ours", (out.rounds, out.accepted, out.drafted)), ("theirs", _counts(rounds))):
                         count[who] = [a + b for a, b in zip(count[who], v)]
         med = {who: statistics.median(v) for who, v in ms.items()}
