@@ -42,6 +42,14 @@ def _work(rows: pl.DataFrame) -> int:
     return int((rows["n_prompts"] * rows["gen_tokens"]).sum())
 
 
+def _idle(rows: pl.DataFrame) -> list[float]:
+    """Seconds each worker process had no row left to write before the run's last row: how unevenly the bundles
+    (Tune trials) ended on the workers, which stopping cannot shorten."""
+    end = rows["created_at"].max()
+    last = rows.group_by("worker_pid").agg(pl.col("created_at").max())["created_at"]
+    return sorted((end - t).total_seconds() for t in last)
+
+
 def _front(rows: pl.DataFrame, bar: float) -> list[tuple]:
     front = pareto_front(rows, by=("model",)).filter(pl.col("agreement") >= bar)
     return sorted(zip(front["trial_id"], front["agreement"].round(4)))
@@ -71,6 +79,7 @@ def main() -> int:
             f"{name:>7} stopping: {seconds[name]:7.1f} s wall, {rows.height} settings, {stopped.height} stopped "
             f"(at {sorted(stopped['stopped_at_prompts'].to_list())} prompts), {_work(rows)} gated tokens decoded"
         )
+        print(f"         workers idle before the last row: {', '.join(f'{s:.1f} s' for s in _idle(rows))}")
         print(f"         front above {args.bar}: {fronts[name]}")
     same = fronts["with"] == fronts["without"]
     print(f"wall time with/without: {seconds['with'] / seconds['without']:.3f}; fronts above the bar identical: {same}")
