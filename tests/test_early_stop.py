@@ -52,6 +52,24 @@ def test_a_hopeless_setting_stops_after_its_first_prompts_and_is_never_ranked(bo
     assert f"{stopped.height} of {rows.height} settings stopped early" in " ".join(report.split())
 
 
+def test_the_stop_summary_states_measured_figures_in_the_run_and_the_report(both):
+    """What the end of the run and the report's header say of stopped settings: after how many prompts each
+    stopped and the bench seconds they spent, read from their rows; no estimate of seconds saved (the median of
+    the ok settings overstated it: benchmarks/RESULTS.md)."""
+    from sweep.report.build import analyse, markdown
+
+    (root, outcome), _ = both
+    rows = read("trials", root)
+    stopped = rows.filter(pl.col("status") == "stopped")
+    at = " or ".join(str(n) for n in sorted(set(stopped["stopped_at_prompts"])))
+    spent = f"they spent {stopped['bench_seconds'].sum():.1f} s of bench in all"
+    header, _ = markdown(analyse(compose(f"results.root={root}")))
+    for text in (sweep_report(outcome), header):
+        said = " ".join(text.split())
+        assert f"{stopped.height} of {rows.height} settings stopped early: after their first {at} prompts" in said
+        assert spent in said and "saved about" not in said
+
+
 def test_the_front_above_the_bar_is_the_one_without_stopping(both):
     (root, _), (full_root, _) = both
 

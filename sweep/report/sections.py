@@ -52,7 +52,7 @@ def header(ctx: ReportContext) -> Section:
             ),
             "",
         ]
-        stopped = stopped_lines(trials.select("status", "bench_seconds").to_dicts())
+        stopped = stopped_lines(trials.select("status", "bench_seconds", "stopped_at_prompts").to_dicts())
         lines += [" ".join(line.strip() for line in stopped), ""] if stopped else []
     if ok.height:
         lines += [
