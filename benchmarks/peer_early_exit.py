@@ -55,7 +55,8 @@ def hf_early_exit(lm, prompt: list[int], k: int, draft_len: int, n: int) -> tupl
     ids = torch.tensor([prompt])
     # a pad id the prompt does not hold: transformers infers an all-ones mask (an explicit one passed to generate
     # changes its drafts: benchmarks/RESULTS.md), and no prompt token is masked as padding
-    pad = next(i for i in range(len(prompt) + 1) if i not in set(prompt))
+    held = set(prompt)
+    pad = next(i for i in range(len(prompt) + 1) if i not in held)
     # patched for the call and put back as they were (an inherited method is removed from the class again)
     with mock.patch.multiple(Generator, get_candidates=proposed, update_candidate_strategy=matched):
         with mock.patch.multiple(lm.model.generation_config, **assistant), torch.inference_mode():

@@ -163,10 +163,9 @@ def ci(row: dict, metric: str) -> str:
 
 def stopped_lines(rows: list[dict]) -> list[str]:
     """How many settings stopped early (``search.min_agreement``), after how many prompts, and the bench seconds
-    they spent: measured figures only. What stopping saved is not estimated: a stopped setting's bench time to the
-    end depends on its own exits and on its bundle, and the sweep's wall time on its slowest worker (the median
-    bench time of the ok settings, used before, overstated it by 24-42% against the same settings run to the end:
-    benchmarks/RESULTS.md)."""
+    they spent: measured figures only. What stopping saved is not estimated: a stopped setting's time to the end
+    depends on its own exits and its bundle, and the sweep's wall time on its slowest worker
+    (``benchmarks/early_stop.py`` measures it)."""
     stopped = [r for r in rows if r.get("status") == "stopped"]
     if not stopped:
         return []
