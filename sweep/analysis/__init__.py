@@ -35,7 +35,7 @@ from sweep.analysis._pareto import (
     params_text,
     pareto_front,
 )
-from sweep.analysis._screen import comparison, gap_by_gate
+from sweep.analysis._screen import comparison, distinct_simulated, gap_by_gate
 from sweep.analysis._tasks import LOSS_TARGETS, accuracy_front, accuracy_targets, task_eas, task_trials
 from sweep.analysis._profiles import (
     S_VARIANTS,
@@ -73,6 +73,7 @@ __all__ = [
     "format_summary",
     "front_gate",
     "fronts",
+    "distinct_simulated",
     "gap_by_gate",
     "full_depth",
     "kneedle_knee",

@@ -10,6 +10,14 @@ import polars as pl
 from sweep.gates import GATE_COLUMNS
 
 
+def distinct_simulated(simulated: pl.DataFrame) -> pl.DataFrame:
+    """One simulated row per setting (``trial_id``), its newest replay: a root may hold the same setting replayed
+    by more than one screen (one that traced afresh under ``sweep.rerun=true``), and each setting counts once."""
+    if not simulated.height:
+        return simulated
+    return simulated.sort("created_at", nulls_last=False).unique(subset="trial_id", keep="last", maintain_order=True)
+
+
 def comparison(simulated: pl.DataFrame, measured: list[dict[str, Any]]) -> pl.DataFrame:
     """Simulated against measured, per closed-loop trial, and the gap (simulated - measured)."""
     if not measured:

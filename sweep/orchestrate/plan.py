@@ -11,6 +11,7 @@ the planner skips by are the ids the workers' rows carry.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import logging
 from pathlib import Path
@@ -41,6 +42,16 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     cfg = dataclasses.replace(cfg, results=dataclasses.replace(cfg.results, root=str(root)))
     storage = _storage(cfg, root)
     name = sweep_name(cfg, storage, run_id)
+    earlier = continued(cfg, search, storage, root)
+    if earlier is not None:  # its selection is work of its own: a plain re-run continues it, as a resume does
+        log.info(
+            "continuing sweep %s, the earlier %s sweep with this run's definition, from its written selection "
+            "(nothing is traced again; sweep.rerun=true starts afresh)",
+            earlier,
+            cfg.search.name,
+        )
+        cfg = dataclasses.replace(cfg, resume=True, sweep=dataclasses.replace(cfg.sweep, name=earlier))
+        name = earlier
     # Tune and SQLite write where their paths lead: nothing under the sweep's directory may lead elsewhere
     if cfg.sweep.storage is not None:
         check_tree(storage, storage / name, key="sweep.storage")
@@ -121,6 +132,35 @@ def _definition_json(cfg: Config) -> dict:
     return json.loads(json.dumps(definition(cfg), sort_keys=True, default=str))
 
 
+def _recorded_form(cfg: Config) -> dict:
+    """The definition as recorded: with search.n_trials, which a resume does not compare (a resume may raise it)
+    and a plain re-run that continues an earlier sweep does (``continued``)."""
+    recorded = _definition_json(cfg)
+    recorded["search"]["n_trials"] = cfg.search.n_trials
+    return recorded
+
+
+def continued(cfg: Config, search, storage: Path, root: Path) -> str | None:
+    """For a plain re-run (no resume, no sweep.name, no sweep.rerun): the most recent earlier sweep of this search
+    under ``storage`` whose recorded definition is this run's, search.n_trials included, and whose selection its
+    kind finds written (``Search.continues``: a screen's trace and simulated rows); None otherwise, and for a
+    definition that cannot be read or was recorded without search.n_trials."""
+    if cfg.resume or cfg.sweep.name is not None or cfg.sweep.rerun or not storage.is_dir():
+        return None
+    mine = _flat(json.loads(json.dumps(_recorded_form(cfg), sort_keys=True, default=str)))
+    earlier = [p for p in storage.glob(f"{cfg.search.name}-*") if p.is_dir() and not p.is_symlink()]
+    for path in sorted(earlier, key=lambda p: p.stat().st_mtime, reverse=True):
+        if not os.path.lexists(path / DEFINITION):
+            continue
+        try:
+            same = _recorded(path.name, path / DEFINITION) == mine
+        except ConfigError:
+            continue
+        if same and search.continues(root, path.name):
+            return path.name
+    return None
+
+
 def _recorded(name: str, path: Path) -> dict:
     """The definition recorded at ``path``, flattened; one line naming the file when it is not one."""
     from sweep.userfiles import read_json
@@ -150,7 +190,7 @@ def record_definition(plan: Plan) -> None:
     if os.path.lexists(path):
         return
     plan.path.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_definition_json(plan.cfg), sort_keys=True, indent=1)
+    text = json.dumps(_recorded_form(plan.cfg), sort_keys=True, indent=1)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 

@@ -180,10 +180,10 @@ def _lens_table(curve: pl.DataFrame, readouts_id: str) -> list[str]:
 def screen_section(ctx: ReportContext) -> Section:
     """Simulated against measured, when a screen left simulated rows: a table of the gap per
     gate, and a figure pairing each simulated setting with its closed-loop trial."""
-    from sweep.analysis import gap_by_gate
+    from sweep.analysis import distinct_simulated, gap_by_gate
     from sweep.store import scan
 
-    sim = scan("simulated", ctx.root).filter(pl.col("selected")).collect()
+    sim = distinct_simulated(scan("simulated", ctx.root).filter(pl.col("selected")).collect())
     if not sim.height or not ctx.ok.height:
         return Section([])
     measured = ctx.ok.select("trial_id", "agreement", "speedup_wall", *[c for c in ("speedup_floor",) if c in ctx.ok])

@@ -24,7 +24,7 @@ from sweep.config import build, compose
 from sweep.config.search import as_override, spaces
 from sweep.config.search_kinds import BracketSettings
 from sweep.gates import GATES, PARAMS, check_model
-from sweep.orchestrate.searches.screening import screen_selection, screened_before, trace_for
+from sweep.orchestrate.searches.screening import screen_selection, screened_before, selection_written, trace_for
 from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
 from sweep.orchestrate.settings import GridTrials, Plan, merge
 
@@ -39,6 +39,9 @@ class Bracket(Search):
     def foresee(self, cfg, base) -> GridTrials:
         """Every line of the search composed (its threshold at the gate's default, which the trace replaces)."""
         return lines(cfg, base)
+
+    def continues(self, root, name: str) -> bool:
+        return selection_written(root, name)
 
     def select(self, plan: Plan, worker: InWorker) -> Selection:
         if plan.cfg.resume:  # the earlier run's trace gives the same thresholds: run what it selected

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sweep.config.search_kinds import ScreenSettings
 from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
-from sweep.orchestrate.searches.screening import dense_settings, screen, screened_before
+from sweep.orchestrate.searches.screening import dense_settings, screen, screened_before, selection_written
 from sweep.orchestrate.settings import Plan
 
 
@@ -16,6 +16,9 @@ class Screen(Search):
 
     def foresee(self, cfg, base):
         return dense_settings(cfg, base)
+
+    def continues(self, root, name: str) -> bool:
+        return selection_written(root, name)
 
     def select(self, plan: Plan, worker: InWorker) -> Selection:
         if plan.cfg.resume:

@@ -65,6 +65,13 @@ class Search:
         """The settings to run closed-loop: by default those ``foresee`` planned."""
         return Selection(plan.grid_trials)
 
+    def continues(self, root, name: str) -> bool:
+        """Whether a plain re-run of the same definition continues ``name``, its earlier sweep (as ``resume=true``
+        would), rather than starting a sweep of its own: for a kind whose selection is work of its own (a screen's
+        trace), once that sweep's selection is written under ``root``. False by default: settings whose rows exist
+        are skipped by any run."""
+        return False
+
     def searcher(self, plan: Plan, device: str):
         """For a search that samples: what Ray Tune's searcher needs (its state persisted beside the sweep)."""
         raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")

@@ -135,6 +135,14 @@ def screened_before(plan: Plan, settings, device: str) -> Selection | None:
     return Selection([s for s in settings if trial_identity(s[1], device).id in keep], table)
 
 
+def selection_written(root, name: str) -> bool:
+    """Whether the screen sweep ``name`` wrote its selection under ``root`` (its `simulated` rows, some selected)."""
+    from sweep.store import scan
+
+    rows = scan("simulated", root).filter((pl.col("sweep_name") == name) & pl.col("selected"))
+    return rows.select(pl.len()).collect().item() > 0
+
+
 def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], device: str, seconds: float):
     """`search=screen`, once the trace is in: write it, replay every setting on it, write the
     simulated rows, and return the settings to run closed-loop with the simulated table as written."""
