@@ -124,8 +124,9 @@ def test_multirun_points_to_search(capsys, argv):
         (["bench", "--hydra-help"], "--hydra-help", "`sweep <command> --help`"),
         (["bench", "--version"], "--version", "pip show sweep"),
         (["bench", "--shell-completion", "install=bash"], "-sc/--shell-completion", "`sweep --help`"),
-        (["bench", "-x"], "-x", "sweep takes no flags, only key=value overrides (Hydra's syntax); see `sweep bench"),
-        (["--foo=1"], "--foo", "sweep takes no flags, only key=value overrides (Hydra's syntax); see `sweep --help`"),
+        (["bench", "-x"], "-x", "not a flag of sweep; its only flags are --quiet/-q and --help/-h, every setting"),
+        (["--foo=1"], "--foo", "every setting is a key=value override (Hydra's syntax); see `sweep --help`"),
+        (["run", "experiment=main", "--quite"], "--quite", "not a flag of sweep; did you mean --quiet? its only"),
     ],
 )
 def test_hydra_flags_get_one_line_saying_what_to_use(capsys, argv, flag, instead):

@@ -73,9 +73,14 @@ def flag_error(arg: str, command: str | None) -> int:
             label = "/".join(names[:2]) if flag in names[:2] else flag
             print(f"error: {label}: {instead}", file=sys.stderr)
             return 2
+    import difflib
+
     where = f"sweep {command} --help" if command else "sweep --help"
+    close = difflib.get_close_matches(flag, [*QUIET_FLAGS, *HELP_FLAGS], n=1, cutoff=0.6)
+    meant = f"did you mean {close[0]}? " if close else ""
     print(
-        f"error: {flag}: sweep takes no flags, only key=value overrides (Hydra's syntax); see `{where}`",
+        f"error: {flag}: not a flag of sweep; {meant}its only flags are --quiet/-q and --help/-h, every setting is a "
+        f"key=value override (Hydra's syntax); see `{where}`",
         file=sys.stderr,
     )
     return 2
