@@ -254,7 +254,9 @@ class Breakdown:
         where = ""
         if self.sources:
             overlap = ", overlapping" if measured > wall else ""
-            where = f" (workers' phases summed over {len(self.sources)} Tune trials and tasks{overlap})"
+            n = len(self.sources)
+            runs = "1 Tune trial or task" if n == 1 else f"{n} Tune trials and tasks"
+            where = f" (workers' phases summed over {runs}{overlap})"
         return f"time {_seconds(wall)}{where}: " + ", ".join(f"{p} {_seconds(s)}" for p, s in items)
 
 

@@ -129,7 +129,7 @@ def test_forwarded_events_replay_on_the_driver_with_their_source():
     ends = [e for e in seen if e.kind == "end"]
     assert ends[0].phase == "timed rounds" and ends[0].done == 4 and ends[0].total == 4
     assert set(times.seconds) == {"timed rounds", "writing"} and times.sources == {"Tune trial t1"}
-    assert "summed over 1 Tune trials" in times.line()
+    assert "summed over 1 Tune trial or task" in times.line()
 
 
 def test_the_breakdown_agrees_with_the_rows_own_seconds(tmp_path):

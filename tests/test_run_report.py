@@ -123,15 +123,15 @@ def test_without_a_knee_the_end_gives_the_replays_fastest_setting_at_the_bar():
     text = " ".join(line.strip() for line in knee_lines(front, 0.9, simulated))
     assert text.startswith("no knee on m's front")
     assert (
-        "the fastest of the sweep's 2 settings at agreement >= 0.9 (teacher-forced; a closed loop's errors "
-        "cascade, so it usually keeps less) is saturation eps=0.15 min_layer=8: 1.012x by the cost model, exit "
+        "2 of the sweep's 4 settings keep agreement >= 0.9 (teacher-forced; a closed loop's errors cascade, so it "
+        "usually keeps less); the fastest is saturation eps=0.15 min_layer=8: 1.012x by the cost model, exit "
         "rate 0.050" in text
     )
     none = " ".join(line.strip() for line in knee_lines(front, 0.99, simulated.with_columns(agreement_tf=0.5)))
     assert "none of the sweep's 4 settings keeps agreement >= 0.99 (teacher-forced)" in none
     # a setting written twice (the same gate under two texts) counts once
     twice = " ".join(line.strip() for line in knee_lines(front, 0.9, pl.concat([simulated, simulated.head(2)])))
-    assert "the fastest of the sweep's 2 settings at agreement >= 0.9" in twice
+    assert "2 of the sweep's 4 settings keep agreement >= 0.9" in twice
     # a table without the replay's columns (nothing replayed) adds nothing to the no-knee line
     plain = knee_lines(front, 0.9, simulated.drop("speedup_model", "agreement_tf"))
     assert plain == knee_lines(front, 0.9) and plain[0].startswith("no knee on m's front")

@@ -128,8 +128,8 @@ def replay_bound(simulated, model: str, min_agreement: float) -> list[str]:
     r = able.row(0, named=True)
     what = f"{r['gate']} {params_text(r)}".strip()
     return wrap(
-        f"replayed on the trace, the fastest of the sweep's {able.height} settings at agreement >= {min_agreement} "
-        f"(teacher-forced; a closed loop's errors cascade, so it usually keeps less) is {what}: "
+        f"replayed on the trace, {able.height} of the sweep's {mine.height} settings keep agreement >= {min_agreement} "
+        f"(teacher-forced; a closed loop's errors cascade, so it usually keeps less); the fastest is {what}: "
         f"{r['speedup_model']:.3f}x by the cost model, exit rate {r['exit_rate']:.3f}"
     )
 
