@@ -541,3 +541,23 @@ def test_the_skip_map_draws_a_hybrids_bypassed_mixers_and_an_attention_free_set(
     assert free[0] == ("attention (all it has)", [True] * 3) and free[1] == ("MLP", [False] * 3)
     name = skip_map_figure([("hyb", "s1+s4+m2", 4, 0.5), ("dense", "a2+m3-4", 5, None)], tmp_path)
     assert (tmp_path / name).stat().st_size > 0
+
+
+def test_a_skipset_sweep_run_again_reads_its_finished_study_and_screens_nothing(tmp_path, ray_session):
+    """A plain re-run (no resume, no sweep.name) of a finished skip-set search continues its sweep: the study is
+    read on the driver, no worker screens, the same sets are chosen and nothing is measured again."""
+    import optuna
+
+    from sweep import progress
+
+    args = ("search=skipset-optuna", "search.n_trials=4", "search.closed_loop=2", "bench.gen_tokens=6")
+    first = sweep(tmp_path, *args)
+    url = f"sqlite:///{first.path}/optuna.db"
+    trials = len(optuna.load_study(study_name="skipset-optuna", storage=url).trials)
+    events: list[progress.Event] = []
+    with progress.listen(events.append):
+        again = sweep(tmp_path, *args)
+    assert again.name == first.name and again.written == 0
+    assert sorted(r["trial_id"] for r in again.rows) == sorted(r["trial_id"] for r in first.rows)
+    assert not [e for e in events if e.source == "skip-set screen"]  # no worker screened
+    assert len(optuna.load_study(study_name="skipset-optuna", storage=url).trials) == trials

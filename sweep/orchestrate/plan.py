@@ -143,7 +143,7 @@ def _recorded_form(cfg: Config) -> dict:
 def continued(cfg: Config, search, storage: Path, root: Path) -> str | None:
     """For a plain re-run (no resume, no sweep.name, no sweep.rerun): the most recent earlier sweep of this search
     under ``storage`` whose recorded definition is this run's, search.n_trials included, and whose selection its
-    kind finds written (``Search.continues``: a screen's trace and simulated rows); None otherwise, and for a
+    kind finds written (``Search.continues``: a screen's simulated rows, a skip-set study); None otherwise, and for a
     definition that cannot be read or was recorded without search.n_trials."""
     if cfg.resume or cfg.sweep.name is not None or cfg.sweep.rerun or not storage.is_dir():
         return None
@@ -156,7 +156,7 @@ def continued(cfg: Config, search, storage: Path, root: Path) -> str | None:
             same = _recorded(path.name, path / DEFINITION) == mine
         except ConfigError:
             continue
-        if same and search.continues(root, path.name):
+        if same and search.continues(root, path):
             return path.name
     return None
 

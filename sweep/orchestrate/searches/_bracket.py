@@ -40,8 +40,8 @@ class Bracket(Search):
         """Every line of the search composed (its threshold at the gate's default, which the trace replaces)."""
         return lines(cfg, base)
 
-    def continues(self, root, name: str) -> bool:
-        return selection_written(root, name)
+    def continues(self, root, path) -> bool:
+        return selection_written(root, path.name)
 
     def select(self, plan: Plan, worker: InWorker) -> Selection:
         if plan.cfg.resume:  # the earlier run's trace gives the same thresholds: run what it selected

@@ -17,8 +17,8 @@ class Screen(Search):
     def foresee(self, cfg, base):
         return dense_settings(cfg, base)
 
-    def continues(self, root, name: str) -> bool:
-        return selection_written(root, name)
+    def continues(self, root, path) -> bool:
+        return selection_written(root, path.name)
 
     def select(self, plan: Plan, worker: InWorker) -> Selection:
         if plan.cfg.resume:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 from sweep import progress
@@ -32,18 +33,25 @@ class SkipSetSearch(Search):
                 compose(merge(base, skipset_setting(cfg, Candidate("none", stop, n))))
         return None
 
+    def continues(self, root, path) -> bool:
+        """A sweep of the same definition continues its earlier one once that one's study is there (finished or
+        not: a resume finishes it)."""
+        return os.path.isfile(path / "optuna.db") and not os.path.islink(path / "optuna.db")
+
     def select(self, plan: Plan, worker: InWorker) -> Selection:
         """The screen study in a worker with the trials' resources (resumed from its SQLite study when one is
-        there), its progress shown on the driver, then the chosen candidates (skip set, draft_stop, draft_len) as
-        grid settings, composed here."""
+        there; read here, with no worker, when it already holds search.n_trials sets), its progress shown on the
+        driver, then the chosen candidates (skip set, draft_stop, draft_len) as grid settings, composed here."""
         from sweep.orchestrate.searches.study import optuna_storage_url
 
         plan.path.mkdir(parents=True, exist_ok=True)
         storage = optuna_storage_url(plan.path)
         device = worker.device
-        found = worker.run(
-            skipset_screen, "skip-set screen", plan.base, plan.run_id, device, storage, plan.cfg.search.name
-        )
+        found = screened(plan, device) if plan.cfg.resume else None
+        if found is None:
+            found = worker.run(
+                skipset_screen, "skip-set screen", plan.base, plan.run_id, device, storage, plan.cfg.search.name
+            )
         chosen = [Candidate(*c) for c in found["chosen"]]
 
         def named(c: Candidate) -> str:  # the set, and what the study drew with it
@@ -51,11 +59,12 @@ class SkipSetSearch(Search):
             return c.skip + (f" ({', '.join(drawn)})" if drawn else "")
 
         figures = [f"predicted {v:.3f}x, acceptance length {a or float('nan'):.2f}" for v, a in found["screened"]]
+        when = f"in {found['seconds']:.1f} s" if found["seconds"] is not None else "before (its study, read again)"
         log.info(
-            "skip-set screen: %d sets screened on %s in %.1f s; the best %d run closed-loop: %s",
+            "skip-set screen: %d sets screened on %s %s; the best %d run closed-loop: %s",
             plan.cfg.search.n_trials,
             found["model"],
-            found["seconds"],
+            when,
             len(chosen),
             "; ".join(f"{named(c)}: {f}" for c, f in zip(chosen, figures, strict=True)),
         )
@@ -69,6 +78,36 @@ class SkipSetSearch(Search):
             )
         settings = [skipset_setting(plan.cfg, c) for c in chosen]
         return Selection([(setting, trial_config(plan.base, setting, device)) for setting in settings])
+
+
+def screened(plan: Plan, device: str) -> dict | None:
+    """A resumed sweep's finished screen, read from its study on the driver (``skipset_screen``'s answer, no
+    seconds): its best candidates once the study holds search.n_trials distinct sets; None while it holds fewer."""
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate
+    from sweep.orchestrate.searches.study import complete_trials, open_study
+
+    study = open_study(plan.cfg.search, plan.path)
+    if study is None:
+        return None
+    cfg = _screen_config(plan.base, device)
+    s, b = cfg.search, cfg.bench
+    if len({candidate(t, b.draft_stop, b.draft_len) for t in complete_trials(study)}) < s.n_trials:
+        return None
+    best = best_trials(study, s.closed_loop, b.draft_stop, b.draft_len)
+    return {
+        "chosen": [candidate(t, b.draft_stop, b.draft_len) for t in best],
+        "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
+        "seconds": None,
+        "model": cfg.model.name or "model",
+    }
+
+
+def _screen_config(base: list[str], device: str) -> Config:
+    """The screen's own setting: the sub-space's fixed values with no skip set, its cost model pricing the longest
+    draft's verification."""
+    probe = trial_config(base, [], device)
+    lens = probe.search.draft_lens
+    return trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
 
 
 def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
@@ -100,9 +139,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     from sweep.decode.skipscreen import first_drafts, record
     from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
 
-    probe = trial_config(base, [], device)
-    lens = probe.search.draft_lens  # the screen's cost model prices the longest draft's verification
-    cfg = trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
+    cfg = _screen_config(base, device)
     s, b = cfg.search, cfg.bench
     lm, _, prompts = load(cfg, process_session())
     t0 = time.perf_counter()

@@ -11,6 +11,7 @@ registry names every kind: a behaviour registers for one of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, TypeVar
 
 from sweep.config import Config, SearchConfig
@@ -65,11 +66,11 @@ class Search:
         """The settings to run closed-loop: by default those ``foresee`` planned."""
         return Selection(plan.grid_trials)
 
-    def continues(self, root, name: str) -> bool:
-        """Whether a plain re-run of the same definition continues ``name``, its earlier sweep (as ``resume=true``
-        would), rather than starting a sweep of its own: for a kind whose selection is work of its own (a screen's
-        trace), once that sweep's selection is written under ``root``. False by default: settings whose rows exist
-        are skipped by any run."""
+    def continues(self, root: Path, path: Path) -> bool:
+        """Whether a plain re-run of the same definition continues the earlier sweep in ``path`` (its directory; as
+        ``resume=true`` would) rather than starting a sweep of its own: for a kind whose selection is work of its own
+        (a screen's trace, a skip-set study), once that sweep's selection is written (under ``root``). False by
+        default: settings whose rows exist are skipped by any run."""
         return False
 
     def searcher(self, plan: Plan, device: str):
