@@ -1,6 +1,7 @@
 """`search=bracket`: thresholds bracketed from the model's own signal in a profile trace, through the search-kind
 interface: it refuses bad input in one line, keeps thresholds dense where agreement falls, plans, runs the simulated
-front closed-loop and resumes without tracing again; the oracle bound it prints is the first-match oracle's."""
+front closed-loop, resumes and runs again without tracing again (a report counting each setting once); the oracle
+bound it prints is the first-match oracle's."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def test_the_oracle_bound_is_the_first_match_oracles_share():
 
 
 @pytest.mark.ray
-def test_a_bracket_sweep_plans_runs_its_front_and_resumes_without_tracing(ray_session, tmp_path):
+def test_a_bracket_sweep_plans_runs_its_front_and_resumes_or_runs_again_without_tracing(ray_session, tmp_path):
     args = ("model=tiny-llama", *BRACKET, "prompts.n=2", "bench.gen_tokens=8")
     first = sweep(tmp_path, *args)
     simulated = read("simulated", tmp_path).filter(pl.col("sweep_name") == first.name)
@@ -113,25 +114,19 @@ def test_a_bracket_sweep_plans_runs_its_front_and_resumes_without_tracing(ray_se
         assert f"screen: {simulated.height} settings simulated" in text
         assert "tiny-llama: at best " in text and "of layers could be skipped at agreement 1.0 (oracle:" in text
         assert ("no knee on tiny-llama's front" in text) == ("replayed on the trace, " in text)
-
-
-def test_a_plain_rerun_continues_its_earlier_sweep_and_traces_nothing(ray_session, tmp_path):
-    """`make run` twice: the second run (no resume, no sweep.name) is the first sweep continued, from its trace and
-    selection, and writes no second trace, no second simulated table and no second sweep; another definition
-    (here search.n_trials) is another sweep, traced afresh. A root holding the same settings replayed twice (a
-    screen traced afresh under sweep.rerun=true, or an older release's run again) counts each setting once."""
-    from sweep.report.build import analyse
-    from sweep.report.sections import screen_section
-
-    args = ("model=tiny-llama", *BRACKET, "prompts.n=2", "bench.gen_tokens=8")
-    first = sweep(tmp_path, *args)
-    profile, simulated = read("profile", tmp_path), read("simulated", tmp_path)
-    again = sweep(tmp_path, *args)
-    assert again.name == first.name
-    assert again.written == 0 and len(again.rows) == first.written
-    assert read("profile", tmp_path).height == profile.height
+    # run again (no resume, no sweep.name), as `make run` twice: the first sweep continued from its trace and
+    # selection, no second trace, no second simulated table, no second sweep directory
+    simulated = read("simulated", tmp_path)
+    plain = sweep(tmp_path, *args)
+    assert plain.name == first.name
+    assert plain.written == 0 and len(plain.rows) == first.written
+    assert read("profile", tmp_path).height == traced
     assert read("simulated", tmp_path).equals(simulated)
     assert [p.name for p in (tmp_path / "ray").iterdir() if p.is_dir()] == [first.name]
+    # a root holding the same settings replayed twice (a screen traced afresh under sweep.rerun=true, or an older
+    # release's run again): the report counts each setting once
+    from sweep.report.build import analyse
+    from sweep.report.sections import screen_section
 
     written = next((tmp_path / "simulated").rglob(f"{first.name}.parquet"))
     shutil.copyfile(written, written.with_name("copy.parquet"))
@@ -139,7 +134,7 @@ def test_a_plain_rerun_continues_its_earlier_sweep_and_traces_nothing(ray_sessio
     settings = simulated.filter(pl.col("selected") & pl.col("trial_id").is_in(list(ok)))["trial_id"].n_unique()
     lines = screen_section(analyse(compose(f"results.root={tmp_path}"))).lines
     assert any(line.startswith(f"| saturation | {settings} |") for line in lines), lines
-
+    # another definition (here search.n_trials) is another sweep, traced afresh
     other = sweep(tmp_path, *args, "search.n_trials=3")
     assert other.name != first.name
     assert read("profile", tmp_path)["run_id"].n_unique() == 2

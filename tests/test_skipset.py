@@ -292,17 +292,17 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
 
     events: list[progress.Event] = []
     caplog.set_level(logging.INFO, logger="sweep")
+    args = (
+        "search=skipset-optuna",
+        "search.n_trials=12",
+        "search.closed_loop=2",
+        "search.skip_ratio=[0.1,0.5]",
+        "search.draft_stops=[null,0.1]",  # draft_stop and draft_len searched with the set
+        "search.draft_lens=[2,3]",
+        "bench.gen_tokens=8",
+    )
     with progress.listen(events.append):
-        out = sweep(
-            tmp_path,
-            "search=skipset-optuna",
-            "search.n_trials=12",
-            "search.closed_loop=2",
-            "search.skip_ratio=[0.1,0.5]",
-            "search.draft_stops=[null,0.1]",  # draft_stop and draft_len searched with the set
-            "search.draft_lens=[2,3]",
-            "bench.gen_tokens=8",
-        )
+        out = sweep(tmp_path, *args)
     # the screen's worker shows each screened set on the driver while the driver waits on it
     screened = [e for e in events if e.source == "skip-set screen" and e.phase == "skip-set screen"]
     assert screened[-1].kind == "end" and screened[-1].done == screened[-1].total == 12
@@ -351,6 +351,18 @@ def test_a_skipset_sweep_screens_then_measures_the_best_and_its_study_joins_the_
         for skip, stop in pairs
     ), (shown[0], pairs)
     assert (report.parent / "skip_sets.png").is_file()
+    # run again (no resume, no sweep.name): its sweep continued, the finished study read on the driver, no worker
+    # screening, the same sets chosen, nothing measured again
+    trials = len(study.trials)
+    events.clear()
+    with progress.listen(events.append):
+        again = sweep(tmp_path, *args)
+    assert again.name == out.name and again.written == 0
+    assert sorted(r["trial_id"] for r in again.rows) == sorted(rows["trial_id"].to_list())
+    assert not [e for e in events if e.source == "skip-set screen"]
+    assert (
+        len(optuna.load_study(study_name="skipset-optuna", storage=f"sqlite:///{out.path}/optuna.db").trials) == trials
+    )
 
 
 def test_the_cost_models_speculative_prediction_is_its_rounds_priced_by_hand():
@@ -541,23 +553,3 @@ def test_the_skip_map_draws_a_hybrids_bypassed_mixers_and_an_attention_free_set(
     assert free[0] == ("attention (all it has)", [True] * 3) and free[1] == ("MLP", [False] * 3)
     name = skip_map_figure([("hyb", "s1+s4+m2", 4, 0.5), ("dense", "a2+m3-4", 5, None)], tmp_path)
     assert (tmp_path / name).stat().st_size > 0
-
-
-def test_a_skipset_sweep_run_again_reads_its_finished_study_and_screens_nothing(tmp_path, ray_session):
-    """A plain re-run (no resume, no sweep.name) of a finished skip-set search continues its sweep: the study is
-    read on the driver, no worker screens, the same sets are chosen and nothing is measured again."""
-    import optuna
-
-    from sweep import progress
-
-    args = ("search=skipset-optuna", "search.n_trials=4", "search.closed_loop=2", "bench.gen_tokens=6")
-    first = sweep(tmp_path, *args)
-    url = f"sqlite:///{first.path}/optuna.db"
-    trials = len(optuna.load_study(study_name="skipset-optuna", storage=url).trials)
-    events: list[progress.Event] = []
-    with progress.listen(events.append):
-        again = sweep(tmp_path, *args)
-    assert again.name == first.name and again.written == 0
-    assert sorted(r["trial_id"] for r in again.rows) == sorted(r["trial_id"] for r in first.rows)
-    assert not [e for e in events if e.source == "skip-set screen"]  # no worker screened
-    assert len(optuna.load_study(study_name="skipset-optuna", storage=url).trials) == trials
