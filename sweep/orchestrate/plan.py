@@ -11,7 +11,6 @@ the planner skips by are the ids the workers' rows carry.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import logging
 from pathlib import Path
@@ -147,10 +146,9 @@ def continued(cfg: Config, search, storage: Path, root: Path) -> str | None:
     definition that cannot be read or was recorded without search.n_trials."""
     if cfg.resume or cfg.sweep.name is not None or cfg.sweep.rerun or not storage.is_dir():
         return None
-    mine = _flat(json.loads(json.dumps(_recorded_form(cfg), sort_keys=True, default=str)))
-    earlier = [p for p in storage.glob(f"{cfg.search.name}-*") if p.is_dir() and not p.is_symlink()]
-    for path in sorted(earlier, key=lambda p: p.stat().st_mtime, reverse=True):
-        if not os.path.lexists(path / DEFINITION):
+    mine = _flat(_recorded_form(cfg))
+    for path in reversed(_earlier_sweeps(storage, cfg.search.name)):
+        if not path.is_dir() or path.is_symlink() or not os.path.lexists(path / DEFINITION):
             continue
         try:
             same = _recorded(path.name, path / DEFINITION) == mine
@@ -248,12 +246,19 @@ def sweep_name(cfg: Config, storage: Path, run_id: str) -> str:
         return cfg.sweep.name
     if not cfg.resume:
         return f"{cfg.search.name}-{run_id}"
-    earlier = sorted(storage.glob(f"{cfg.search.name}-*"), key=lambda p: p.stat().st_mtime) if storage.is_dir() else []
+    earlier = _earlier_sweeps(storage, cfg.search.name)
     if not earlier:
         raise ConfigError(
             f"resume=true: no earlier sweep of search={cfg.search.name} under {storage}; pass sweep.name=NAME"
         )
     return earlier[-1].name
+
+
+def _earlier_sweeps(storage: Path, search_name: str) -> list[Path]:
+    """The sweeps of ``search_name`` under ``storage``, oldest first (by their directory's mtime)."""
+    if not storage.is_dir():
+        return []
+    return sorted(storage.glob(f"{search_name}-*"), key=lambda p: p.stat().st_mtime)
 
 
 def select_trials(

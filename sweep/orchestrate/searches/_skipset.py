@@ -83,22 +83,30 @@ class SkipSetSearch(Search):
 def screened(plan: Plan, device: str) -> dict | None:
     """A resumed sweep's finished screen, read from its study on the driver (``skipset_screen``'s answer, no
     seconds): its best candidates once the study holds search.n_trials distinct sets; None while it holds fewer."""
-    from sweep.orchestrate.searches.skipstudy import best_trials, candidate
-    from sweep.orchestrate.searches.study import complete_trials, open_study
+    from sweep.orchestrate.searches.skipstudy import screened_sets
+    from sweep.orchestrate.searches.study import open_study
 
     study = open_study(plan.cfg.search, plan.path)
     if study is None:
         return None
     cfg = _screen_config(plan.base, device)
-    s, b = cfg.search, cfg.bench
-    if len({candidate(t, b.draft_stop, b.draft_len) for t in complete_trials(study)}) < s.n_trials:
+    if len(screened_sets(study, cfg.bench.draft_stop, cfg.bench.draft_len)) < cfg.search.n_trials:
         return None
-    best = best_trials(study, s.closed_loop, b.draft_stop, b.draft_len)
+    return _answer(study, cfg, cfg.model.name or "model", None)
+
+
+def _answer(study, cfg: Config, model: str, seconds: float | None) -> dict:
+    """The screen's answer from its study: the best ``search.closed_loop`` candidates (skip set, draft_stop,
+    draft_len) and each one's screen figures (predicted speedup, acceptance length)."""
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate
+
+    b = cfg.bench
+    best = best_trials(study, cfg.search.closed_loop, b.draft_stop, b.draft_len)
     return {
         "chosen": [candidate(t, b.draft_stop, b.draft_len) for t in best],
         "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
-        "seconds": None,
-        "model": cfg.model.name or "model",
+        "seconds": seconds,
+        "model": model,
     }
 
 
@@ -137,7 +145,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     from sweep.bench.session import process_session
     from sweep.config.identity import trial_identity
     from sweep.decode.skipscreen import first_drafts, record
-    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
+    from sweep.orchestrate.searches.skipstudy import search
 
     cfg = _screen_config(base, device)
     s, b = cfg.search, cfg.bench
@@ -172,11 +180,4 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
         names=lm.adapter.skippable(),
     )
     shown.close()
-    best = best_trials(study, s.closed_loop, b.draft_stop, b.draft_len)
-    return {
-        "chosen": [candidate(t, b.draft_stop, b.draft_len) for t in best],
-        # each one's screen figures: predicted speedup and acceptance length
-        "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
-        "seconds": time.perf_counter() - t0,
-        "model": lm.name,
-    }
+    return _answer(study, cfg, lm.name, time.perf_counter() - t0)

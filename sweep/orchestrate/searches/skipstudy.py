@@ -69,7 +69,7 @@ def search(
     study.set_user_attr("skip_ratio", [lo, hi])
     names = list(names) if names is not None else param_names(num_layers)
     # n_trials counts distinct candidates: one drawn again is told its earlier figure and not counted
-    seen = {candidate(t, draft_stop, draft_len): t for t in complete_trials(study)}
+    seen = screened_sets(study, draft_stop, draft_len)
     for _ in range(ASKS * n_trials):
         if len(seen) >= n_trials:
             break
@@ -143,6 +143,11 @@ def best_trials(
         if len(chosen) == k:
             break
     return list(chosen.values())
+
+
+def screened_sets(study: Study, draft_stop: float | None, draft_len: int | None) -> dict[Candidate, FrozenTrial]:
+    """The study's distinct candidates so far, each with a complete trial of it (``candidate`` for the defaults)."""
+    return {candidate(t, draft_stop, draft_len): t for t in complete_trials(study)}
 
 
 def candidate(trial: FrozenTrial, draft_stop: float | None = None, draft_len: int | None = None) -> Candidate:
