@@ -16,7 +16,7 @@ from sweep.analysis._confidence import (
     trial_rng,
     with_confidence,
 )
-from sweep.analysis._load import distinct_trials, load_profiles, load_trials
+from sweep.analysis._load import distinct_profiles, distinct_trials, load_profiles, load_trials
 from sweep.analysis._noise import FLOOR_TARGET, noise_floors
 from sweep.analysis._pareto import (
     FULL_DEPTH_ID,
@@ -67,6 +67,7 @@ __all__ = [
     "best_at_targets",
     "chord_knees",
     "comparison",
+    "distinct_profiles",
     "distinct_trials",
     "eas_per_layer",
     "eas_table",

@@ -39,3 +39,40 @@ def distinct_trials(trials: pl.DataFrame) -> pl.DataFrame:
         more,
     )
     return trials.sort("created_at", nulls_last=False).unique(subset="trial_id", keep="last", maintain_order=True)
+
+
+# what makes two traces of a prompt the same measurement: the model's content, its dtype, the prompt's tokens and
+# the trace's own options (K of topk_overlap, k of pca_delta, the readouts of the tuned_* columns)
+_SAME_TRACE = ("model", "model_hash", "dtype", "tokens", "topk", "pca_k", "readouts_id")
+_ROW = ("model", "run_id", "prompt_set", "prompt_id", "position", "layer")  # one row of one trace
+
+
+def distinct_profiles(profiles: pl.LazyFrame) -> pl.LazyFrame:
+    """Each traced prompt once: a prompt traced by more than one `sweep profile` run (the same command run again,
+    a screen under ``sweep.rerun=true``) on the same model content, dtype and trace options keeps its newest trace
+    only, and a trace file stored twice counts once, so no position is counted twice; what repeated is named in
+    one warning. Traces of other prompts, models, dtypes or options are all kept. ``profiles`` as it is when
+    nothing repeats."""
+    given, profiles = profiles, profiles.unique(subset=list(_ROW), keep="first", maintain_order=True)
+    copied = given.select(pl.len()).collect().item() - profiles.select(pl.len()).collect().item()
+    prompts = (
+        profiles.filter((pl.col("layer") == 1) & (pl.col("phase") == "prefill"))
+        .group_by(*_ROW[:4], *[c for c in _SAME_TRACE if c not in _ROW and c != "tokens"])
+        .agg(
+            tokens=pl.col("token_id").sort_by("position").cast(pl.String).str.join(" "),
+            created=pl.col("created_at").max(),
+        )
+        .collect()
+    )
+    kept = prompts.sort("created", "run_id").unique(subset=list(_SAME_TRACE), keep="last")
+    repeated = prompts.height - kept.height
+    if not repeated and not copied:
+        return given
+    said = [f"{repeated} traced again (the same prompt, model content, dtype and trace options)"] * bool(repeated)
+    said += [f"{copied} rows stored twice (a copied trace file)"] * bool(copied)
+    log.warning(
+        "profile traces of %s: %s: each prompt and position counted once, its newest trace kept",
+        ", ".join(sorted(set(prompts["model"]))),
+        " and ".join(said),
+    )
+    return profiles.join(kept.lazy().select(_ROW[:4]), on=list(_ROW[:4]), how="semi")

@@ -30,6 +30,7 @@ import polars as pl
 from sweep.analysis import (
     FULL_DEPTH_ID,
     best_at_targets,
+    distinct_profiles,
     distinct_trials,
     fronts,
     knees_table,
@@ -66,7 +67,7 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
     root = Path(cfg.results.root)
     trials = distinct_trials(load_trials(root).collect())
     _warn_non_finite(trials, cfg.analysis.speedup)
-    profiles = load_profiles(root)
+    profiles = distinct_profiles(load_profiles(root))
     has_profiles = profiles.select(pl.len()).collect().item() > 0
     if trials.height == 0 and not has_profiles:
         raise InputError(

@@ -24,8 +24,9 @@ def floor_lines(ctx: ReportContext, model: str) -> list[str]:
     """The model's A/A noise floor: what was measured, the floor at the trials' rounds, and the rounds
     the target floor needs."""
     rows = ctx.floors.filter(pl.col("model") == model) if ctx.floors.height else ctx.floors
-    if not rows.height:
-        return ["Noise floor: no trial of this model timed an A/A control (rows from before schema 7).", ""]
+    if not rows.height:  # no floor: a model with measured trials from before schema 7, or with none (traced only)
+        measured = ctx.ok.height and model in ctx.ok["model"].to_list()
+        return ["Noise floor: no trial of this model timed an A/A control (rows from before schema 7).", ""] * measured
     r = rows.row(0, named=True)
     need = (
         f"about {r['rounds_for_target']} timed rounds (bench.repeats; projected from the floor at {r['repeats']}: "
