@@ -145,6 +145,11 @@ CHEATS = {
     "exec of another program": "    import os\n    os.execv('/bin/true', ['true'])\n",
     "a re-run with assertions stripped": "    import os, sys\n"
     "    if __debug__:\n        os.execv(sys.executable, [sys.executable, '-O'] + sys.argv)\n    return True\n",
+    # the harness shares the program's `os` and its own module: a failure must end it however they were changed
+    "os._exit made a no-op": WRONG + "import os\nos._exit = lambda *args: None\n",
+    "os._exit made a no-op in the body": "    import os\n    os._exit = lambda *args: None\n    return True\n",
+    "the harness's report and exit replaced": WRONG
+    + "import __main__, os\nos._exit = lambda *args: None\n__main__._report = __main__._flush = lambda *args: None\n",
 }
 
 
@@ -164,6 +169,8 @@ def test_a_script_passes_only_when_it_ran_to_its_end(machine):
         outcome = machine(run_program(source, LIMITS))
         assert outcome.status == "failed" and outcome.returncode == 0, outcome  # exit status 0, and still failed
     assert machine(run_program("raise SystemExit(0)\n", LIMITS)).status == "failed"
+    no_exit = "import os\nos._exit = lambda *args: None\nraise SystemExit(3)\n"
+    assert machine(run_program(no_exit, LIMITS)).status == "failed"
 
 
 FORGER = WRONG + (

@@ -126,17 +126,23 @@ def main() -> None:
     sys.stdout, sys.stderr, sys.stdin = _Capped(out, budget), _Capped(err, budget), _NoInput()
     nonce = job.pop("nonce").encode()
     os.chdir("/tmp")
+    # the program shares this `os` module and this module's names: it may replace any of them, so what the verdict
+    # rests on is taken now, as locals, and a failure ends here whatever the report's steps do
+    exit_now, write = os._exit, os.write
     try:
         _run(job)
     except BaseException as exc:  # noqa: BLE001 - SystemExit included: whatever it raised, it failed
+        try:
+            _flush(out)
+            _report(exc, err, room)
+            _flush(err)
+        finally:
+            exit_now(1)
+    else:
         _flush(out)
-        _report(exc, err, room)
         _flush(err)
-        os._exit(1)
-    _flush(out)
-    _flush(err)
-    os.write(verdict, nonce + b"\n")
-    os._exit(0)  # nothing of the program's runs after its verdict: no atexit handler, finalizer or thread
+        write(verdict, nonce + b"\n")
+    exit_now(0)  # nothing of the program's runs after its verdict: no atexit handler, finalizer or thread
 
 
 if __name__ == "__main__":
