@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -96,6 +98,62 @@ def test_a_socket_to_the_loopback_reaches_nothing(machine):
         machine(_ends_failed(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).send(b'x')\n"))
         with pytest.raises(BlockingIOError):
             server.accept()  # nobody connected
+
+
+CALLS = """
+import ctypes, errno, json, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+said = {}
+for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_VSOCK"):
+    try:
+        socket.socket(getattr(socket, name), socket.SOCK_STREAM).close()
+        said[name] = "made"
+    except OSError as exc:
+        said[name] = errno.errorcode[exc.errno]
+a, b = socket.socketpair()
+said["socketpair"] = "made"
+for name, nr, args in (("add_key", ADD_KEY, (b"user", b"left-behind", b"x", 1, -2)), ("io_uring", URING, (4, None))):
+    said[name] = "made" if libc.syscall(nr, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or not hasattr(socket, "AF_VSOCK"), reason="x86-64's numbers")
+def test_what_the_namespaces_leave_shared_is_refused_and_the_rest_works(machine):
+    """vsock (its ports are the machine's, whatever the network namespace), the kernel's keys (a key outlives the
+    program and is its user's in every later program) and io_uring are refused; unix and inet sockets work; a
+    system call of another ABI (x32) kills the program."""
+    source = CALLS.replace("ADD_KEY", "248").replace("URING", "425")
+    said = json.loads(machine(run_program(source, LIMITS)).stdout)
+    assert said == {"AF_UNIX": "made", "AF_INET": "made", "AF_INET6": "made", "AF_VSOCK": "EAFNOSUPPORT",
+                    "socketpair": "made", "add_key": "EPERM", "io_uring": "EPERM"}  # fmt: skip
+    x32 = machine(_ends_failed("import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\nprint('ran on')\n"))
+    assert x32.returncode == 128 + signal.SIGSYS and "ran on" not in x32.stdout
+
+
+SPINNERS = """
+import os
+for _ in range(60):
+    if os.fork() == 0:
+        os.setsid()  # a session of its own: without a cpu cgroup, a group of the scheduler's own
+        while True:
+            pass
+while True:
+    pass
+"""
+
+
+@as_root
+def test_a_program_that_spins_in_many_sessions_leaves_its_neighbour_its_share(machine):
+    """A program beside another in one batch spins in 60 processes, each in a session of its own; the other, which
+    needs about a third of a second of CPU, still ends in its time: each program's tree is one group to the
+    scheduler, however many sessions it makes (without, the neighbour got about 1/30 of the CPU)."""
+    limits = Limits(timeout_s=2.5, cpu_s=60, processes=64)
+    quick = "t = 0\nfor i in range(3_000_000):\n    t += i\nprint(t)\n"
+    spinner, neighbour = (machine(o) for o in run_programs([SPINNERS, quick], limits, workers=2))
+    assert neighbour.passed and neighbour.stdout.strip() == str(sum(range(3_000_000))), neighbour
+    assert spinner.status == "timeout" and "cpu cgroup (one share)" in neighbour.isolation
 
 
 def test_a_kill_of_the_parent_misses(machine):

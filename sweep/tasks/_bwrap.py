@@ -4,19 +4,22 @@ line that runs one program in it."""
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from sweep.errors import SweepError
+from sweep.tasks import _seccomp
 
 JAIL = Path(__file__).with_name("_jail.py")
 INSIDE = "/sweep/jail.py"  # where the launcher is, inside
 SYSTEM = ("/usr", "/etc")  # the read-only root: the system's programs and libraries, and its settings
 MERGED = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links into /usr on most systems
 PRIVATE = ("/tmp", "/var/tmp", "/dev/shm")  # each a tmpfs of its own, gone with the sandbox
-FIRST_LINE = ("/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"')  # joins the memory cgroup, then becomes bubblewrap
+# joins the program's cgroups (their cgroup.procs files, up to "--"), then becomes bubblewrap
+FIRST_LINE = ("/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"')
 
 
 def bwrap_path() -> str:
@@ -54,10 +57,11 @@ class Plan:
     prefix: str | None
     root: bool
 
-    def argv(self, fds: tuple[int, int], tmp_bytes: int, procs: Path | None) -> list[str]:
-        """The command that runs the launcher with its job's and verdict's descriptors (``procs``: the cgroup to
-        join first, or None)."""
+    def argv(self, fds: tuple[int, int], tmp_bytes: int, procs: list[Path], seccomp: int | None) -> list[str]:
+        """The command that runs the launcher with its job's and verdict's descriptors (``procs``: the cgroups to
+        join first; ``seccomp``: a descriptor holding the system-call filter, or None)."""
         args = [self.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        args += ["--seccomp", str(seccomp)] if seccomp is not None else []
         args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
         if self.root:  # no user namespace: its root is root; only what the switch to the slot's user needs
             args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -78,13 +82,21 @@ class Plan:
         for path in PRIVATE:
             args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", path]
         args += ["--remount-ro", "/", "--chdir", "/tmp", "--", self.python, "-I", "-S", "-B", INSIDE, *map(str, fds)]
-        return args if procs is None else [*FIRST_LINE, str(procs), *args]
+        return [*FIRST_LINE, "sweep-sandbox", *map(str, procs), "--", *args] if procs else args
 
-    def describe(self, cgroup: bool) -> str:
-        memory = "memory cgroup (the whole tree)" if cgroup else "no memory cgroup (address space per process)"
+    def describe(self, cgroups: tuple[str, ...]) -> str:
+        memory = (
+            "memory cgroup (the whole tree)" if "memory" in cgroups else "no memory cgroup (address space per process)"
+        )
+        memory += ", cpu cgroup (one share)" if "cpu" in cgroups else ", no cpu cgroup"
+        calls = (
+            "system-call filter (sockets but unix and inet, keys, io_uring, bpf, perf, userfaultfd)"
+            if _seccomp.supported()
+            else f"no system-call filter ({platform.machine()})"
+        )
         return (
             f"bubblewrap {self.version} (read-only /usr and /etc, private /tmp /var/tmp /dev/shm, fresh /proc; "
-            f"network, pid, ipc and uts namespaces), {memory}"
+            f"network, pid, ipc and uts namespaces), {calls}, {memory}"
         )
 
 

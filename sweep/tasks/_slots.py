@@ -1,6 +1,7 @@
 """What a sandbox slot holds on the machine (as root): an unprivileged user no other evaluation on the machine has
 while it is leased (an exclusive lock on a file under ``/run/lock/sweep-sandbox``, released by the kernel when its
-process ends, however it ends), and per program a memory cgroup of its own that limits the whole process tree.
+process ends, however it ends), and per program a memory cgroup of its own that limits the whole process tree and
+a cpu cgroup that gives the tree one fair share of the processors.
 
 Whatever a dead holder of a user left (processes, a cgroup) is removed when the user is next leased: the lock says
 nobody else has it.
@@ -121,17 +122,19 @@ def kill_all(pids, deadline_s: float = KILL_S) -> bool:
         time.sleep(0.005)
 
 
-# -- the memory cgroup (cgroup v1's memory controller, mounted writable)
+# -- the cgroups: memory (a limit on the whole tree) and cpu (one fair share, however many sessions the tree makes)
+
+CONTROLLERS = ("memory", "cpu")
 
 
 @functools.cache
-def memory_root() -> Path | None:
-    """The writable cgroup v1 memory hierarchy, or None."""
+def hierarchy(controller: str) -> Path | None:
+    """The writable cgroup v1 hierarchy of ``controller``, or None."""
     try:
         with open("/proc/self/mounts") as f:
             for line in f:
                 _, where, kind, options = line.split()[:4]
-                if kind == "cgroup" and "memory" in options.split(","):
+                if kind == "cgroup" and controller in options.split(","):
                     root = Path(where.replace("\\040", " "))
                     return root if os.access(root, os.W_OK) else None
     except OSError:
@@ -139,28 +142,40 @@ def memory_root() -> Path | None:
     return None
 
 
-def make_cgroup(uid: int, memory_bytes: int) -> Path | None:
-    """A fresh memory cgroup for one program of ``uid``, its limit (memory and swap) on the whole tree: its
-    ``cgroup.procs``, to move the program's first process into. None where none can be made."""
-    root = memory_root()
-    if root is None or os.geteuid() != 0:
-        return None
-    group = root / CGROUP_NAME / str(uid)
-    try:
-        remove_cgroup(uid)
-        group.mkdir(parents=True)
-        (group / "memory.limit_in_bytes").write_text(str(memory_bytes))
-        swap = group / "memory.memsw.limit_in_bytes"
-        if swap.exists():
-            swap.write_text(str(memory_bytes))
-    except OSError:
-        remove_cgroup(uid)
-        return None
-    return group / "cgroup.procs"
+def memory_root() -> Path | None:
+    return hierarchy("memory")
 
 
-def cgroup_pids(uid: int) -> list[int]:
-    root = memory_root()
+def controllers() -> tuple[str, ...]:
+    """The controllers a program's cgroups can have here (as root, where their v1 hierarchies are writable)."""
+    return tuple(c for c in CONTROLLERS if hierarchy(c) is not None) if os.geteuid() == 0 else ()
+
+
+def make_cgroup(uid: int, memory_bytes: int) -> dict[str, Path]:
+    """Fresh cgroups for one program of ``uid``: memory, its limit (memory and swap) on the whole tree, and cpu, a
+    group of its own that the scheduler gives one share, so the processes and sessions a program makes compete as
+    one beside the other programs (without one, each session it makes is a group of the scheduler's own). Their
+    ``cgroup.procs`` files by controller, to move the program's first process into; none where none can be made."""
+    made = {}
+    for controller in controllers():
+        group = hierarchy(controller) / CGROUP_NAME / str(uid)
+        try:
+            _remove(controller, uid)
+            group.mkdir(parents=True)
+            if controller == "memory":
+                (group / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                swap = group / "memory.memsw.limit_in_bytes"
+                if swap.exists():
+                    swap.write_text(str(memory_bytes))
+        except OSError:
+            _remove(controller, uid)
+            continue
+        made[controller] = group / "cgroup.procs"
+    return made
+
+
+def cgroup_pids(uid: int, controller: str = "memory") -> list[int]:
+    root = hierarchy(controller)
     try:
         text = (root / CGROUP_NAME / str(uid) / "cgroup.procs").read_text() if root else ""
     except OSError:
@@ -169,8 +184,12 @@ def cgroup_pids(uid: int) -> list[int]:
 
 
 def remove_cgroup(uid: int) -> bool:
-    """Kill what is in ``uid``'s cgroup and remove it: False if it is still there."""
-    root = memory_root()
+    """Kill what is in ``uid``'s cgroups and remove them: False if one is still there."""
+    return all([_remove(controller, uid) for controller in CONTROLLERS])
+
+
+def _remove(controller: str, uid: int) -> bool:
+    root = hierarchy(controller)
     if root is None:
         return True
     group = root / CGROUP_NAME / str(uid)
@@ -178,7 +197,7 @@ def remove_cgroup(uid: int) -> bool:
         return True
     deadline = time.monotonic() + KILL_S
     while True:
-        kill_all(lambda: cgroup_pids(uid))
+        kill_all(lambda: cgroup_pids(uid, controller))
         try:
             group.rmdir()
             return True

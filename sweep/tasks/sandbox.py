@@ -1,7 +1,8 @@
 """A sandbox for code a model wrote: each program runs in a sandbox that bubblewrap builds (a read-only root of the
 system's /usr and /etc, its own /tmp, /var/tmp and /dev/shm, a fresh /proc; network, PID, IPC and UTS namespaces of
-its own), under limits on CPU seconds, address space, file size, open files and processes, as root a memory cgroup
-on its whole process tree and an unprivileged user that no other evaluation on the machine has at the time; its
+its own; a system-call filter for what they leave shared), under limits on CPU seconds, address space, file size,
+open files and processes, as root a memory cgroup on its whole process tree, a cpu cgroup (one fair share) and an
+unprivileged user that no other evaluation on the machine has at the time; its
 output is capped and its whole tree is killed at its timeout. A program passes only when the harness inside says
 so with a nonce the program is never handed (``sweep/tasks/_jail.py``): exit statuses count for nothing.
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from sweep.config import CODE_EXECUTION_OPT_IN
 from sweep.errors import ConfigError, SweepError
-from sweep.tasks import _bwrap, _slots
+from sweep.tasks import _bwrap, _seccomp, _slots
 from sweep.tasks._slots import FIRST_UID, UIDS, pids_of
 
 __all__ = [
@@ -100,7 +101,7 @@ def prepare() -> str:
     it, as root under an unprivileged user, and imports what HumanEval's solutions import), and returns what
     isolates them. Call it before any work: it is the one place the sandbox can refuse (a SweepError, one line)."""
     plan = _plan()
-    return plan.describe(plan.root and _slots.memory_root() is not None)
+    return plan.describe(_slots.controllers() if plan.root else ())
 
 
 def _plan() -> _bwrap.Plan:
@@ -173,7 +174,7 @@ def _execute(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | Non
     except Exception as exc:  # noqa: BLE001 - one program's broken cleanup fails that program, not the batch
         left = _clean(None, uid)
         return Outcome("failed", None, "", f"sandbox: {type(exc).__name__}: {exc}{left}", time.perf_counter() - t0,
-                       plan.describe(False), uid)  # fmt: skip
+                       plan.describe(()), uid)  # fmt: skip
 
 
 def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -> Outcome:
@@ -194,21 +195,23 @@ def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -
     job_r, job_w = os.pipe()  # the job, read to its end and closed by the launcher before any of the program runs
     verdict_r, verdict_w = os.pipe()
     ours = {job_r, job_w, verdict_r, verdict_w}  # closed here, whatever happens
-    procs = None
+    calls = _filter(ours)  # the system-call filter bubblewrap reads (None where none is built for this machine)
+    procs: dict = {}
     try:
-        procs = _slots.make_cgroup(uid, limits.memory_bytes) if uid is not None else None
+        procs = _slots.make_cgroup(uid, limits.memory_bytes) if uid is not None else {}
         t0 = time.perf_counter()
+        theirs = (job_r, verdict_w) + ((calls,) if calls is not None else ())
         proc = subprocess.Popen(
-            plan.argv((job_r, verdict_w), int(limits.tmp_bytes), procs),
+            plan.argv((job_r, verdict_w), int(limits.tmp_bytes), list(procs.values()), calls),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(job_r, verdict_w),
+            pass_fds=theirs,
             env=ENV,
             cwd="/",
             start_new_session=True,
         )
-        for fd in (job_r, verdict_w):
+        for fd in theirs:
             os.close(fd)
             ours.discard(fd)
         ours.discard(job_w)  # the sender closes it once the job is written (a pipe: once read, nobody reads it again)
@@ -234,9 +237,22 @@ def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -
         bytes(out[: limits.output_bytes]).decode(errors="replace"),
         bytes(err[: limits.output_bytes]).decode(errors="replace") + left,
         time.perf_counter() - t0,
-        f"{plan.describe(procs is not None)}, {jail}",
+        f"{plan.describe(tuple(procs))}, {jail}",
         uid,
     )
+
+
+def _filter(ours: set[int]) -> int | None:
+    """A pipe holding the system-call filter (``_seccomp``), its write end closed: its read end, added to ``ours``."""
+    if not _seccomp.supported():
+        return None
+    r, w = os.pipe()
+    ours.add(r)
+    try:
+        os.write(w, _seccomp.program())  # a few hundred bytes: a pipe's buffer holds them
+    finally:
+        os.close(w)
+    return r
 
 
 def _send(fd: int, data: bytes) -> None:
@@ -314,7 +330,7 @@ def _clean(proc: subprocess.Popen | None, uid: int | None) -> str:
     if uid is None:
         return ""
     if not _slots.remove_cgroup(uid):
-        return "\nsandbox: its memory cgroup could not be emptied and removed"
+        return "\nsandbox: its cgroups could not be emptied and removed"
     if not _slots.kill_all(lambda: pids_of(uid)):
         return f"\nsandbox: processes of uid {uid} outlived it"
     return ""

@@ -1,6 +1,6 @@
 """What a sandboxed program could leave on the machine, as a snapshot to take before and after it: the processes,
 the files and folders under /tmp, /dev/shm and /var/tmp, the SysV IPC objects (shared memory, semaphores, message
-queues) and the memory cgroups of the sandbox's users. The machine is shared: what others do meanwhile is told
+queues) and the memory and cpu cgroups of the sandbox's users. The machine is shared: what others do meanwhile is told
 apart by owner (``left_behind`` keeps what the given users own) and by lease (a user another evaluation holds now,
 another test process's among them, owns what it has for that evaluation)."""
 
@@ -15,7 +15,7 @@ from sweep.tasks.sandbox import FIRST_UID, UIDS
 
 ROOTS = ("/tmp", "/dev/shm", "/var/tmp")
 DEPTH = 4  # a program's leftovers begin near the top; other users' trees below are not walked
-CGROUPS = Path("/sys/fs/cgroup/memory/sweep-sandbox")
+CGROUPS = tuple(Path("/sys/fs/cgroup", c, "sweep-sandbox") for c in ("memory", "cpu"))
 LOCKS = tuple(Path(d) / "sweep-sandbox" for d in (*LOCK_DIRS, "/tmp"))  # where the sandbox locks its users
 
 
@@ -34,8 +34,8 @@ def snapshot() -> frozenset[tuple]:
         for ident, uid in _ipc(kind):
             if uid in uids:
                 found.add((f"ipc {kind}", ident, uid))
-    if CGROUPS.is_dir():
-        found |= {("cgroup", p.name, int(p.name)) for p in CGROUPS.iterdir() if p.is_dir() and p.name.isdigit()}
+    for where in (c for c in CGROUPS if c.is_dir()):
+        found |= {("cgroup", str(p), int(p.name)) for p in where.iterdir() if p.is_dir() and p.name.isdigit()}
     return frozenset(found)
 
 
