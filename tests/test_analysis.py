@@ -427,6 +427,12 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     for name in ("pareto_tiny-llama.png", "layers_tiny-llama.png", "eas.png"):
         assert (tmp_path / "report" / name).stat().st_size > 10_000 and f"({name})" in report
     assert "Best speedup at each agreement target" in report and "EAS (arXiv 2603.23701)" in report
+    # targets without 0.98: the verdict is at the nearest of them, the targets table's row
+    assert main(["analyze", f"results.root={tmp_path}", "analysis.targets=[0.9,0.99]"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    row = read("targets", tmp_path).filter(pl.col("target") == 0.99).row(0, named=True)
+    assert "tiny-llama: " in said and "agreement >= 0.99" in said and "0.98" not in said
+    assert ("no gate reaches" in said) == (row["trial_id"] is None)
 
 
 def test_the_report_is_its_sections_in_order_written_once(tmp_path):

@@ -43,6 +43,7 @@ from sweep.analysis import (
 )
 from sweep.errors import InputError
 from sweep.report.context import ReportContext
+from sweep.report.plotting import headline_target
 from sweep.store import atomic_write
 from sweep.report.sections import SECTIONS, Section
 from sweep.report.verdicts import verdict, verdicts
@@ -128,6 +129,7 @@ def compute(cfg, prepared) -> ReportContext:
         settings=settings,
         floors=noise_floors(ok, a.speedup, a.floor_target) if ok.height else pl.DataFrame(),
         knee_min_agreement=a.knee_min_agreement,
+        headline=headline_target(a.targets),
     )
 
 

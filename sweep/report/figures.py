@@ -18,13 +18,26 @@ MANY_POINTS = 300  # from this many trials of a gate, smaller and lighter marker
 
 
 def pareto_figure(
-    ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, out: Path, floor: float | None = None
+    ok: pl.DataFrame,
+    front: pl.DataFrame,
+    knees: pl.DataFrame,
+    model: str,
+    out: Path,
+    floor: float | None = None,
+    target: float = HEADLINE_TARGET,
 ) -> str:
     """One model's ok trials per gate with its front and knee (``draw_pareto``) as pareto_<model>.png."""
-    return _save(draw_pareto(ok, front, knees, model, floor=floor), out, f"pareto_{model}.png")
+    return _save(draw_pareto(ok, front, knees, model, floor=floor, target=target), out, f"pareto_{model}.png")
 
 
-def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, model: str, floor: float | None = None):
+def draw_pareto(
+    ok: pl.DataFrame,
+    front: pl.DataFrame,
+    knees: pl.DataFrame,
+    model: str,
+    floor: float | None = None,
+    target: float = HEADLINE_TARGET,
+):
     """One model's ok trials per gate at their ranked speedup (95% intervals as error bars on the trials of its
     front across gates), that front as steps (full depth a point of it, drawn hollow under the trials), the knee,
     and for each front trial its own A/A noise floor, the one its rank used. A trial that ranks elsewhere than it
@@ -41,7 +54,7 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
     unrestricted = k is not None and k["knee_all_trial_id"] != k["trial_id"]
     unrestricted = unrestricted and (k["knee_all_agreement"] or 0.0) >= (k.get("knee_min_agreement") or 0.0)
     measured = rows.filter(pl.col(metric).is_not_null() & ((pl.col(metric) - pl.col("speedup")).abs() > 1e-9))
-    xs, ys = [1.0, *rows["speedup"].to_list(), *measured[metric].to_list()], [1.0, HEADLINE_TARGET]
+    xs, ys = [1.0, *rows["speedup"].to_list(), *measured[metric].to_list()], [1.0, target]
     ys += rows["agreement"].to_list()
     if k is not None and k["trial_id"] is not None:
         xs, ys = xs + [k["speedup"]], ys + [k["agreement"]]
@@ -162,7 +175,7 @@ def draw_pareto(ok: pl.DataFrame, front: pl.DataFrame, knees: pl.DataFrame, mode
             annotation_clip=False,
         )
     ax.axvline(1.0, color="grey", ls="--", lw=1, label="no speedup (1x)")
-    ax.axhline(HEADLINE_TARGET, color="grey", ls=":", lw=1, label=f"agreement {HEADLINE_TARGET}")
+    ax.axhline(target, color="grey", ls=":", lw=1, label=f"agreement {target}")
     what = "decode" if metric == "speedup_wall" else "whole-request (prefill + calibration + decode)"
     ax.set_xlabel(f"ranked speedup (from {metric}: full-depth {what} time / gated time)")
     ax.set_ylabel("agreement with full-depth greedy tokens (fraction)")

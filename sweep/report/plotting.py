@@ -9,6 +9,13 @@ from pathlib import Path
 HEADLINE_TARGET = 0.98
 
 
+def headline_target(targets) -> float:
+    """The agreement the verdicts and the Pareto figures' line are at: 0.98 where ``analysis.targets`` holds it,
+    else the nearest of them (the higher of two as near), so a verdict reads a row the targets table shows."""
+    given = [float(t) for t in targets]
+    return min(given, key=lambda t: (abs(t - HEADLINE_TARGET), -t)) if given else HEADLINE_TARGET
+
+
 def _figure(*grid: int, figsize: tuple[float, float], **kwargs):
     """A figure on an Agg canvas and its axes (``Figure.subplots``), without pyplot: no global registry of
     figures to close, no backend to switch, and pyplot's import is not paid on every `sweep analyze`."""

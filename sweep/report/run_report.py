@@ -141,11 +141,13 @@ def failures(outcome) -> int:
 
 def verdict_lines(outcome, analysis) -> list[str]:
     """The verdict `sweep analyze` gives, on this sweep's settings only, and where the full report is."""
-    from sweep.report.sections import HEADLINE_TARGET
+    from sweep.report.plotting import headline_target
 
     root = Path(outcome.root)
     report = Path(analysis.out) if analysis.out else root / "report"
-    lines = [f"verdict on this sweep's {len(outcome.rows)} settings (agreement >= {HEADLINE_TARGET}):"]
+    lines = [
+        f"verdict on this sweep's {len(outcome.rows)} settings (agreement >= {headline_target(analysis.targets)}):"
+    ]
     lines += [line for v in verdicts(root, [r["trial_id"] for r in outcome.rows], analysis) for line in wrap(f"  {v}")]
     for bound in oracle_lines(outcome):
         lines += wrap(f"  {bound}")
@@ -200,16 +202,17 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
 
     from sweep.analysis import load_trials, ok_trials
     from sweep.report.build import targets_at
-    from sweep.report.sections import HEADLINE_TARGET
+    from sweep.report.plotting import headline_target
     from sweep.report.verdicts import model_verdicts
 
     trials = load_trials(root).filter(pl.col("trial_id").is_in(trial_ids)).collect()
     ok = ok_trials(trials, analysis.speedup).collect()
     conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
     conf["min_prompts"] = analysis.ci_min_prompts
-    targets = targets_at(ok, (HEADLINE_TARGET,), conf)
-    settings = targets_at(ok, (HEADLINE_TARGET,), conf, reference=False)
-    return model_verdicts(trials, targets, settings, analysis.ci_min_prompts, noun="settings")
+    target = headline_target(analysis.targets)
+    targets = targets_at(ok, (target,), conf)
+    settings = targets_at(ok, (target,), conf, reference=False)
+    return model_verdicts(trials, targets, settings, analysis.ci_min_prompts, noun="settings", target=target)
 
 
 def oracle_lines(outcome) -> list[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from sweep.report import figures, figures_layers, plotting
+from sweep.report import figures, figures_layers
 from sweep.analysis import (
     eas_per_layer,
     oracle_summary,
@@ -27,8 +27,6 @@ from sweep.report.tasks import task_section, task_verdict_lines
 from sweep.report.verdicts import verdict, verdicts
 
 __all__ = ["SECTIONS", "ReportContext", "Section", "verdict", "verdicts"]
-
-HEADLINE_TARGET = plotting.HEADLINE_TARGET
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,9 @@ def model_sections(ctx: ReportContext) -> Section:
         shown = []
         if ctx.ok.height and model in ctx.ok["model"].to_list():
             floor = floor_of(ctx, model)
-            shown.append(figures.pareto_figure(ctx.ok, ctx.front, ctx.knees, model, ctx.out, floor=floor))
+            shown.append(
+                figures.pareto_figure(ctx.ok, ctx.front, ctx.knees, model, ctx.out, floor=floor, target=ctx.headline)
+            )
         if ctx.profiles is not None and model in ctx.curves["model"].to_list():
             shown.append(figures_layers.layers_figure(ctx.curves.filter(pl.col("model") == model), model, ctx.out))
         lines += [f"## {model}", "", *floor_lines(ctx, model), *targets_table(ctx, model), *knees_table(ctx, model)]

@@ -21,7 +21,7 @@ def verdicts(ctx: ReportContext) -> list[str]:
     """One line per model: the verdict at the headline target, or EAS for models only profiled."""
     trials = ctx.trials
     models = sorted(set(trials["model"].unique().to_list()) if trials.height else set())
-    lines = model_verdicts(trials, ctx.targets, ctx.settings, ctx.min_prompts)
+    lines = model_verdicts(trials, ctx.targets, ctx.settings, ctx.min_prompts, target=ctx.headline)
     if ctx.profiles is not None:
         for model in sorted(set(ctx.eas["model"].to_list()) - set(models)):
             e = {r["variant"]: r["eas"] for r in ctx.eas.filter(pl.col("model") == model).iter_rows(named=True)}
@@ -32,36 +32,41 @@ def verdicts(ctx: ReportContext) -> list[str]:
 
 
 def model_verdicts(
-    trials: pl.DataFrame, targets: pl.DataFrame, settings: pl.DataFrame, min_prompts: int, noun: str = "trials"
+    trials: pl.DataFrame,
+    targets: pl.DataFrame,
+    settings: pl.DataFrame,
+    min_prompts: int,
+    noun: str = "trials",
+    target: float = HEADLINE_TARGET,
 ) -> list[str]:
     """One line per model of ``trials``: ``verdict`` on its pick in ``targets`` (full depth among the
-    candidates) and its best setting in ``settings`` at the headline target, and its count of ok ``noun``."""
+    candidates) and its best setting in ``settings`` at agreement ``target``, and its count of ok ``noun``."""
     lines = []
     for model in sorted(set(trials["model"].unique().to_list()) if trials.height else set()):
         n_ok = trials.filter((pl.col("model") == model) & (pl.col("status") == "ok")).height
         if not n_ok:
             lines.append(f"{model}: no ok {noun} to judge")
             continue
-        best, setting = _at_headline(targets, model), _at_headline(settings, model)
+        best, setting = _at(targets, model, target), _at(settings, model, target)
         if best is None or best["trial_id"] is None:
-            lines.append(f"{model}: no gate reaches agreement >= {HEADLINE_TARGET} ({n_ok} ok {noun})")
+            lines.append(f"{model}: no gate reaches agreement >= {target} ({n_ok} ok {noun})")
             continue
-        lines.append(f"{model}: {verdict(best, min_prompts, setting)} ({n_ok} ok {noun})")
+        lines.append(f"{model}: {verdict(best, min_prompts, setting, target)} ({n_ok} ok {noun})")
     return lines
 
 
-def _at_headline(table: pl.DataFrame, model: str) -> dict | None:
+def _at(table: pl.DataFrame, model: str, target: float) -> dict | None:
     if not table.height:
         return None
-    rows = table.filter((pl.col("model") == model) & (pl.col("target") == HEADLINE_TARGET))
+    rows = table.filter((pl.col("model") == model) & (pl.col("target") == target))
     return rows.row(0, named=True) if rows.height else None
 
 
-def verdict(best: dict, min_prompts: int, setting: dict | None = None) -> str:
+def verdict(best: dict, min_prompts: int, setting: dict | None = None, target: float = HEADLINE_TARGET) -> str:
     """One sentence on the best at the headline target, from the figures its table row shows (the
     ranked speedup and its interval). ``best`` full depth (``FULL_DEPTH_ID``): no setting beats it, and
     ``setting`` (the best setting there, if any) says why, in the terms of its own evidence."""
-    head = f"agreement >= {HEADLINE_TARGET}"
+    head = f"agreement >= {target}"
     if best["trial_id"] == FULL_DEPTH_ID:
         if setting is None or setting.get("trial_id") is None:
             return f"no setting reaches {head}; full depth (1x) is the only choice there"
