@@ -474,6 +474,19 @@ def test_older_files_are_analysed_too(tmp_path, capsys):
     assert pareto.height >= 1
 
 
+def test_a_file_where_the_report_goes_is_refused_before_anything_is_written(tmp_path, capsys):
+    bench_rows(tmp_path, ["gate=full"], ["gate=fixed", "gate.exit_layer=2"])
+    (tmp_path / "report").write_text("not a folder")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    assert main(["analyze", f"results.root={tmp_path}"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and f"analysis.out={tmp_path}/report: is a file, not a directory" in err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no table, no staging
+    (tmp_path / "report").unlink()
+    assert main(["analyze", f"results.root={tmp_path}"]) == 0 and read("pareto", tmp_path).height >= 1
+
+
 def test_analyze_on_nothing_is_one_clear_error(tmp_path):
     res = run_cli("analyze", f"results.root={tmp_path}/none")
     assert res.returncode == 2

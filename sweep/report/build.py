@@ -63,7 +63,8 @@ def run_analyze(cfg) -> tuple[Path, list[str]]:
 def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None, Path]:
     """The rows under results.root (each trial once), its profiles, and where the report goes (inside
     the root unless analysis.out names a place); refused in one line when there is nothing to analyze."""
-    from sweep.config.paths import inside
+    from sweep.config.paths import check_writable_dir, inside
+    from sweep.errors import ConfigError
 
     root = Path(cfg.results.root)
     trials = distinct_trials(load_trials(root).collect())
@@ -77,6 +78,10 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
     out = Path(cfg.analysis.out) if cfg.analysis.out else root / "report"
     if not cfg.analysis.out:
         inside(root, out)  # <root>/report, not a symlink to elsewhere
+        try:  # as analysis.out is checked when it is given: a file in its place is refused before any work
+            check_writable_dir("analysis.out", out)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (analysis.out is unset: the report goes to results.root/report)") from None
     return root, trials, profiles if has_profiles else None, out
 
 
@@ -166,8 +171,8 @@ def write_report(ctx: ReportContext) -> Path:
         staged = _with_out(ctx, staging)
         text, made = markdown(staged)
         _carry_cache(staged, ctx)  # the profiles' curves and the like, computed once
+        ctx.out.mkdir(parents=True, exist_ok=True)  # before the tables: a report that cannot be written leaves them
         _write_tables(ctx)
-        ctx.out.mkdir(parents=True, exist_ok=True)
         for entry in sorted(staging.iterdir()):
             os.replace(entry, ctx.out / entry.name)
         path = atomic_write(ctx.out / "report.md", lambda tmp: tmp.write_text(text))
