@@ -92,6 +92,12 @@ def test_help_of_an_unknown_command(capsys):
     assert _one_error_line(capsys).startswith("error: unknown command 'nope'")
 
 
+@pytest.mark.parametrize("command", ["schema", "families"])
+def test_an_override_to_a_command_that_takes_none_is_bad_input(capsys, command):
+    assert main([command, "foo=1"]) == 2  # exit code 2, as every other bad key or value
+    assert _one_error_line(capsys) == f"error: sweep {command} takes no overrides (got foo=1): run it alone"
+
+
 @pytest.mark.parametrize(
     "argv",
     [["run", "-m"], ["run", "--multirun", "search=screen"], ["-m", "run"], ["bench", "gate.eps=0.1", "-m"]],

@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from sweep.cli.help import HELP_FLAGS, QUIET_FLAGS, USAGE, flag_error, show_help
-from sweep.errors import SweepError, escape_controls
+from sweep.errors import ConfigError, SweepError, escape_controls
 from sweep import progress
 from sweep.textfit import WrappingFormatter, fit_lines
 
@@ -108,7 +108,7 @@ def _families(overrides: list[str]) -> int:
     from sweep.models import family_rows, family_table
 
     if overrides:
-        raise SweepError("sweep families takes no overrides")
+        raise ConfigError(f"sweep families takes no overrides (got {overrides[0]}): run it alone")
     print(family_table(family_rows()))
     return 0
 
@@ -117,7 +117,7 @@ def _schema(overrides: list[str]) -> int:
     from sweep.store import markdown
 
     if overrides:
-        raise SweepError("sweep schema takes no overrides")
+        raise ConfigError(f"sweep schema takes no overrides (got {overrides[0]}): run it alone")
     print(markdown())
     return 0
 
