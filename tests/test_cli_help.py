@@ -92,6 +92,17 @@ def test_help_of_an_unknown_command(capsys):
     assert _one_error_line(capsys).startswith("error: unknown command 'nope'")
 
 
+def test_analyze_help_names_every_analysis_key(capsys):
+    import dataclasses
+
+    from conftest import compose
+
+    assert main(["analyze", "--help"]) == 0
+    out = capsys.readouterr().out
+    keys = [f"analysis.{f.name}" for f in dataclasses.fields(compose().analysis)]
+    assert [k for k in keys if f"  {k}=" not in out] == []
+
+
 @pytest.mark.parametrize("command", ["schema", "families"])
 def test_an_override_to_a_command_that_takes_none_is_bad_input(capsys, command):
     assert main([command, "foo=1"]) == 2  # exit code 2, as every other bad key or value

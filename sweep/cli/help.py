@@ -149,7 +149,7 @@ HELP: dict[str, CommandHelp] = {
         "Pareto fronts, knees, the best speedup per agreement target and EAS over every row under\n"
         "results.root; tables and a report.",
         ("results.root", "analysis.targets", "analysis.speedup", "analysis.n_boot", "analysis.ci_min_prompts")
-        + ("analysis.knee_min_agreement", "analysis.floor_target", "analysis.out"),
+        + ("analysis.seed", "analysis.knee_min_agreement", "analysis.floor_target", "analysis.out", "eas.alpha"),
         ("sweep analyze results.root=results", "sweep analyze analysis.speedup=speedup_e2e_wall"),
     ),
     "calibrate": CommandHelp(
