@@ -205,3 +205,25 @@ def test_a_numeric_model_name_reads_back_as_text_through_the_store(results, tmp_
     (root / "trials" / "model=tiny-llama").rename(root / "trials" / "model=123")
     df = read("trials", root)
     assert df.schema["model"] == pl.String and df["model"].unique().to_list() == ["123"]
+    # the recipes docs/schema.md gives the other readers, naming every partition column of the table
+    import duckdb
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    path = root / "trials"
+    text = ds.partitioning(pa.schema([("model", pa.string()), ("gate", pa.string())]), flavor="hive")
+    recipes = {
+        "polars": pl.scan_parquet(path, hive_schema={"model": pl.String, "gate": pl.String}).collect(),
+        "polars glob": pl.scan_parquet(f"{path}/**/*.parquet", hive_partitioning=True).collect(),
+        "pyarrow": pl.from_arrow(ds.dataset(path, partitioning=text).to_table()),
+        "pandas": pl.from_pandas(pd.read_parquet(path, partitioning=text)[["model", "gate", "trial_id"]]),
+        "duckdb": duckdb.sql(
+            f"SELECT * FROM read_parquet('{path}/**/*.parquet', hive_partitioning=true, "
+            "hive_types={'model': 'VARCHAR', 'gate': 'VARCHAR'})"
+        ).pl(),
+    }
+    for name, frame in recipes.items():
+        assert frame.height == df.height and frame["gate"].null_count() == 0, name
+        assert frame["model"].cast(pl.String).unique().to_list() == ["123"], name
+    assert recipes["polars"].schema["model"] == pl.String and recipes["pyarrow"].schema["model"] == pl.String

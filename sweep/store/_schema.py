@@ -51,11 +51,16 @@ def markdown() -> str:
         "| DuckDB | `read_parquet('results/trials/**/*.parquet', hive_partitioning=true)` | VARCHAR |",
         "",
         "Type inference from the path is the readers' own: a partition value that looks like a number (a model "
-        "named `123`) comes back as an integer from polars, pyarrow and DuckDB unless told otherwise "
-        "(`hive_schema={'model': pl.String}`, `partitioning=ds.partitioning(pa.schema([('model', pa.string())]), "
-        "flavor='hive')`, `hive_types={'model': 'VARCHAR'}`); `sweep.store.scan` always types them as declared "
-        "below. A polars read of a directory fails while a writer's temporary file is in it (polars does not skip "
-        "hidden files by default): pass `hidden_file_prefix='.'` or the glob `results/trials/**/*.parquet`.",
+        "named `123`) comes back as an integer from polars, pyarrow and DuckDB, and as a category of integers "
+        "from pandas, unless told otherwise, naming every partition column of the table (`trials`: `model` and "
+        "`gate`; one left out is refused by polars and dropped by pyarrow): "
+        "`hive_schema={'model': pl.String, 'gate': pl.String}`, "
+        "`partitioning=ds.partitioning(pa.schema([('model', pa.string()), ('gate', pa.string())]), "
+        "flavor='hive')` (pandas takes the same as `partitioning=`), `hive_types={'model': 'VARCHAR', 'gate': "
+        "'VARCHAR'}`; `sweep.store.scan` always types them as declared below. A polars read of a directory fails "
+        "while a writer's temporary file is in it (polars does not skip hidden files by default): pass "
+        "`hidden_file_prefix='.'`, or the glob `results/trials/**/*.parquet` with `hive_partitioning=True` (a "
+        "glob alone reads no partition column).",
         "",
         "Compatibility: columns are only ever added under one version. Renaming a column or changing its "
         "meaning or unit bumps the version. Read with the schema of the newest version and "
