@@ -158,6 +158,16 @@ def test_check_model_is_the_one_check_against_the_model():
         check_model(pca, 4, hidden_size=64)
 
 
+def test_the_full_gate_is_one_setting_whatever_its_layer_keys():
+    from sweep.config.identity import trial_columns
+
+    plain = compose(["gate=full", "model=tiny-llama"])
+    for keys in (["gate.min_layer=3"], ["gate.min_depth=0.5"]):
+        given = compose(["gate=full", "model=tiny-llama", *keys])
+        assert (given.gate.min_layer, given.gate.min_depth) == (1, None), keys
+        assert trial_columns(given)["trial_id"] == trial_columns(plain)["trial_id"], keys
+
+
 def test_gate_text_is_the_one_text_form():
     from sweep.analysis._pareto import params_text
     from sweep.gates import make_gate

@@ -163,6 +163,8 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
     cfg = _mode_defaults(cfg)
+    if cfg.gate.name == "full":  # it never exits: whatever (valid) layer keys it is given, one setting, one trial
+        cfg = dataclasses.replace(cfg, gate=dataclasses.replace(cfg.gate, min_layer=1, min_depth=None))
     if cfg.gate.skip is not None:  # one set, one text: two spellings of a skip set are one trial
         from sweep.gates.skipset import canonical
 
