@@ -235,3 +235,11 @@ def test_the_readme_links_every_docs_page():
     linked = {(ROOT / m.group(1).partition("#")[0]).resolve() for m in LINK.finditer(README.read_text())}
     missing = [p.name for p in PAGES[1:] if p.resolve() not in linked]
     assert not missing, f"docs pages the README does not link: {missing}"
+
+
+def test_the_configuration_page_names_every_experiment():
+    from conftest import ROOT
+
+    text = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
+    names = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+    assert [n for n in names if f"`{n}`" not in text] == []
