@@ -5,6 +5,7 @@ is measured afresh; rows say which."""
 from __future__ import annotations
 
 import json
+import math
 import logging
 
 import pytest
@@ -88,6 +89,21 @@ def test_a_machine_that_moved_is_measured_afresh(cache, caplog):
     assert again.source == "fresh" and again.step_ms < first.step_ms * 5
     assert any(str(kept) in r.getMessage() and "measuring afresh" in r.getMessage() for r in caplog.records)
     assert json.loads(kept.read_text())["costs"]["step_ms"] == again.step_ms  # replaced by what was measured
+
+
+def test_a_check_too_noisy_to_tell_keeps_no_cached_costs():
+    """One wild pair of the check's rounds sets its floor (the 95% quantile of 8 pairs is the largest): a cost
+    model 4x off then passed on a busy machine. Past +-25% the check vouches for nothing."""
+    from types import SimpleNamespace
+
+    from sweep.bench.costs_cache import still_holds
+
+    quiet = [8.0, 8.1, 7.9, 8.0, 8.2, 8.0, 7.9, 8.1]  # ms per step of the check's rounds
+    assert still_holds(SimpleNamespace(step_ms=8.0), {"a": quiet, "b": quiet[::-1]})[0]  # quiet: the costs stand
+    wild = [*quiet[:-1], 40.0]  # one round 5x slower in half A
+    holds, now, floor = still_holds(SimpleNamespace(step_ms=31.6), {"a": wild, "b": quiet})
+    assert math.expm1(floor) > 3 and abs(math.log(now / 31.6)) < floor  # within that floor, and yet
+    assert not holds
 
 
 @pytest.mark.parametrize("plant", ["garbage", "json list", "another key", "a directory", "impossible figures"])

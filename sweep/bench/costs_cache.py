@@ -4,8 +4,9 @@ check that this machine still runs the model's full-depth step as fast as when i
 
 The check times full-depth decode steps in two interleaved halves, A and B: their spread is its A/A floor (the
 larger of the halves' median ratio and the 95% quantile of the round-by-round ratios, as a |log|). The cached
-costs stand while the check's median step lies within that floor of the cached step; otherwise the model is
-measured afresh and the file replaced. A file that is not a cost model of this key (unreadable, not JSON, the
+costs stand while the check's median step lies within that floor of the cached step, and the floor is at most
++-25% (a check that noisy, on a busy machine, cannot vouch for them); otherwise the model is measured afresh and the
+file replaced. A file that is not a cost model of this key (unreadable, not JSON, the
 wrong fields, a figure of the wrong type, not finite, zero or negative, planted as something other than a
 regular file) is named in one warning and measured over before any work, never trusted.
 """
@@ -33,6 +34,7 @@ log = logging.getLogger("sweep.bench.costs_cache")
 
 MAX_BYTES = 1 << 20  # a cost model is a few kB; a larger file is not one
 MIN_FLOOR = 0.02  # the check never asks for agreement tighter than 2%, however quiet its own rounds were
+MAX_FLOOR = 0.25  # a check noisier than +-25% cannot vouch for the cached costs: they are measured afresh
 CHECK_ROUNDS = 8
 
 
@@ -157,4 +159,4 @@ def still_holds(cached: CostModel, times: dict[str, list[float]]) -> tuple[bool,
     q95 = pairs[min(len(pairs) - 1, math.ceil(0.95 * len(pairs)) - 1)]
     floor = max(abs(math.log(statistics.median(a) / statistics.median(b))), q95, math.log1p(MIN_FLOOR))
     now = statistics.median(a + b)
-    return abs(math.log(now / cached.step_ms)) <= floor, now, floor
+    return floor <= math.log1p(MAX_FLOOR) and abs(math.log(now / cached.step_ms)) <= floor, now, floor
