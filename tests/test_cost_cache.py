@@ -49,6 +49,7 @@ def shared_machine(monkeypatch):
     machine; the machine that moved 10x, below, still is not): whether the cache is taken then does not hang on
     the load of whatever else runs beside the test."""
     monkeypatch.setattr(costs_cache, "MIN_FLOOR", 3.0)
+    monkeypatch.setattr(costs_cache, "MAX_FLOOR", 3.0)
 
 
 def test_a_later_process_takes_the_machines_cost_model_after_its_check(cache, shared_machine):
