@@ -372,13 +372,18 @@ def _kept_or_measured(lm: LoadedModel, prompt_ids, repeats: int, gates, path, ke
         if holds:
             cached.source = "cached"
             return cached
+        why = (
+            f"the check's own rounds vary by +-{100 * math.expm1(floor):.1f}%, too busy a machine to tell "
+            f"(at most +-{100 * costs_cache.MAX_FLOOR:g}%)"
+            if floor > math.log1p(costs_cache.MAX_FLOOR)
+            else f"beyond the check's +-{100 * math.expm1(floor):.1f}%"
+        )
         log.info(
-            "cost model cache %s: a full-depth step now takes %.3f ms, %.3f ms when cached (beyond the check's "
-            "+-%.1f%%): measuring afresh",
+            "cost model cache %s: a full-depth step now takes %.3f ms, %.3f ms when cached (%s): measuring afresh",
             path,
             now,
             cached.step_ms,
-            100 * math.expm1(floor),
+            why,
         )
     return _measure(lm, prompt_ids, repeats, gates)
 
