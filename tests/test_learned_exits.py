@@ -284,7 +284,12 @@ def test_calibrate_a_classifier_and_check_its_drift(chat_tail_readouts, capsys):
             "calibrate.heldout_prompts=humaneval: 10 of its prompts are calibration",
         ),
         (["calibrate.heldout_prompts=chat", "calibrate.heldout_n=8"], "calibrate.heldout_prompts: 2 of 8 evaluation"),
+        (
+            ["calibrate.heldout_prompts=chat", "calibrate.heldout_n=8"],
+            "evaluate on others (calibrate.heldout_prompts: another set, or readouts fitted on another)",
+        ),
         (["prompts=chat", "prompts.n=8"], "prompts: 2 of 8 evaluation prompts (chat/6, chat/7)"),
+        (["prompts=chat", "prompts.n=8"], "evaluate on others (prompts.start, prompts.n)"),
     ],
 )
 def test_calibration_and_drift_prompts_never_overlap_the_fitting_set(chat_tail_readouts, capsys, extra, message):

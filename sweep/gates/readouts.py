@@ -247,5 +247,12 @@ def check_disjoint(readouts: Readouts, prompts: Sequence, key: str = "prompts") 
         span = f"{fitted[0]} .. {fitted[-1]}, " if fitted else ""
         raise ConfigError(
             f"{key}: {len(overlap)} of {len(prompts)} evaluation prompts ({shown}) are in the readouts' fitting set "
-            f"({readouts.prompt_set}: {span}{len(fitted)} prompts); evaluate on others (prompts.start, prompts.n)"
+            f"({readouts.prompt_set}: {span}{len(fitted)} prompts); evaluate on others ({_OTHERS.get(key, key)})"
         )
+
+
+# where a caller of check_disjoint picks other prompts: the keys that move its evaluation set
+_OTHERS = {
+    "prompts": "prompts.start, prompts.n",
+    "calibrate.heldout_prompts": "calibrate.heldout_prompts: another set, or readouts fitted on another",
+}
