@@ -6,6 +6,7 @@ the caller's sockets, memory beyond the limit through many processes, colliding 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -65,10 +66,22 @@ def test_an_endless_loop_is_killed_at_its_timeout(machine):
     assert outcome.status in ("timeout", "failed")  # the wall clock, or the CPU-seconds limit, whichever first
 
 
-def test_a_fork_bomb_is_bounded_and_its_whole_tree_dies(machine):
-    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    outcome = machine(run_program(bomb, LIMITS))
-    assert outcome.status != "passed"
+# a process bomb: each process starts copies of itself through subprocess (vfork, then exec; fork is refused)
+BOMB = (
+    "import subprocess, sys\n"
+    'CODE = \'import subprocess, sys\\nprint("+", flush=True)\\nwhile True:\\n    try:\\n'
+    '        subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[1]])\\n'
+    "    except OSError:\\n        pass\\n'\n"
+    "sys.argv[1:] = [CODE]\n"
+    "exec(CODE)\n"
+)
+
+
+def test_a_process_bomb_is_bounded_and_its_whole_tree_dies(machine):
+    outcome = machine(run_program(BOMB, LIMITS))
+    assert outcome.status != "passed" and outcome.stdout.count("+") > 2, outcome  # it did multiply
+    forks = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    assert machine(run_program(forks, LIMITS)).status != "passed"
 
 
 def test_ten_gigabytes_of_memory_are_refused(machine):
@@ -101,19 +114,27 @@ def test_a_socket_to_the_loopback_reaches_nothing(machine):
 
 
 CALLS = """
-import ctypes, errno, json, socket
+import ctypes, errno, json, os, socket, subprocess, threading
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 said = {}
-for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_VSOCK"):
+def attempt(name, call):
     try:
-        socket.socket(getattr(socket, name), socket.SOCK_STREAM).close()
+        call()
         said[name] = "made"
     except OSError as exc:
         said[name] = errno.errorcode[exc.errno]
-a, b = socket.socketpair()
-said["socketpair"] = "made"
-for name, nr, args in (("add_key", ADD_KEY, (b"user", b"left-behind", b"x", 1, -2)), ("io_uring", URING, (4, None))):
+for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_VSOCK"):
+    attempt(name, lambda: socket.socket(getattr(socket, name), socket.SOCK_STREAM).close())
+attempt("socketpair", lambda: [end.close() for end in socket.socketpair()])
+attempt("netlink route", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close())
+attempt("netlink uevent", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 15).close())
+attempt("fork", os.fork)
+attempt("subprocess", lambda: subprocess.run(["true"], check=True))
+attempt("thread", lambda: (lambda t: (t.start(), t.join()))(threading.Thread(target=int)))
+context = ctypes.c_ulong(0)
+for name, nr, args in (("add_key", 248, (b"user", b"left-behind", b"x", 1, -2)), ("io_uring", 425, (4, None)),
+                       ("io_setup", 206, (8, ctypes.byref(context))), ("inotify", 294, (0,))):
     said[name] = "made" if libc.syscall(nr, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
 print(json.dumps(said))
 """
@@ -121,24 +142,27 @@ print(json.dumps(said))
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or not hasattr(socket, "AF_VSOCK"), reason="x86-64's numbers")
 def test_what_the_namespaces_leave_shared_is_refused_and_the_rest_works(machine):
-    """vsock (its ports are the machine's, whatever the network namespace), the kernel's keys (a key outlives the
-    program and is its user's in every later program) and io_uring are refused; unix and inet sockets work; a
-    system call of another ABI (x32) kills the program."""
-    source = CALLS.replace("ADD_KEY", "248").replace("URING", "425")
-    said = json.loads(machine(run_program(source, LIMITS)).stdout)
-    assert said == {"AF_UNIX": "made", "AF_INET": "made", "AF_INET6": "made", "AF_VSOCK": "EAFNOSUPPORT",
-                    "socketpair": "made", "add_key": "EPERM", "io_uring": "EPERM"}  # fmt: skip
+    """What the namespaces and cgroups leave shared with the machine is refused: vsock (its ports are the
+    machine's), inet sockets (loopback buffers escape a cgroup v1 memory limit), netlink but route (uevent sees the
+    machine's devices), fork (a child runs on through the check: a search over answers), the kernel's keys (they
+    outlive the program), native AIO (the machine's quota), inotify (it watches the machine's files), io_uring. Unix
+    sockets, subprocess and threads work; a system call of another ABI (x32) kills the program."""
+    said = json.loads(machine(run_program(CALLS, LIMITS)).stdout)
+    assert said == {"AF_UNIX": "made", "AF_INET": "EAFNOSUPPORT", "AF_INET6": "EAFNOSUPPORT",
+                    "AF_VSOCK": "EAFNOSUPPORT", "socketpair": "made", "netlink route": "made",
+                    "netlink uevent": "EPROTONOSUPPORT", "fork": "EPERM", "subprocess": "made", "thread": "made",
+                    "add_key": "EPERM", "io_uring": "EPERM", "io_setup": "EPERM", "inotify": "EPERM"}  # fmt: skip
     x32 = machine(_ends_failed("import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\nprint('ran on')\n"))
     assert x32.returncode == 128 + signal.SIGSYS and "ran on" not in x32.stdout
 
 
 SPINNERS = """
-import os
-for _ in range(60):
-    if os.fork() == 0:
-        os.setsid()  # a session of its own: without a cpu cgroup, a group of the scheduler's own
-        while True:
-            pass
+import os, subprocess
+gate, start = os.pipe()  # each spinner waits for the others to be started: then all spin at once
+for _ in range(60):  # each in a session of its own: without a cpu cgroup, a group of the scheduler's own
+    subprocess.Popen(["sh", "-c", "read go; while :; do :; done"], stdin=gate, start_new_session=True)
+os.close(start)
+print("spinning", flush=True)
 while True:
     pass
 """
@@ -153,7 +177,11 @@ def test_a_program_that_spins_in_many_sessions_leaves_its_neighbour_its_share(ma
     quick = "t = 0\nfor i in range(3_000_000):\n    t += i\nprint(t)\n"
     spinner, neighbour = (machine(o) for o in run_programs([SPINNERS, quick], limits, workers=2))
     assert neighbour.passed and neighbour.stdout.strip() == str(sum(range(3_000_000))), neighbour
-    assert spinner.status == "timeout" and "cpu cgroup (one share)" in neighbour.isolation
+    assert (
+        spinner.status == "timeout"
+        and spinner.stdout == "spinning\n"
+        and "cpu cgroup (one share)" in neighbour.isolation
+    )
 
 
 def test_a_kill_of_the_parent_misses(machine):
@@ -208,6 +236,10 @@ CHEATS = {
     "os._exit made a no-op in the body": "    import os\n    os._exit = lambda *args: None\n    return True\n",
     "the harness's report and exit replaced": WRONG
     + "import __main__, os\nos._exit = lambda *args: None\n__main__._report = __main__._flush = lambda *args: None\n",
+    # each call forks: the child answers True, the parent, once the child is done, False; the one process whose
+    # answers were all right runs on through the check
+    "a search over answers in forked children": "    import os\n    if os.fork() == 0:\n        return True\n"
+    "    os.wait()\n    return False\n",
 }
 
 
@@ -400,24 +432,21 @@ def _unix_server(path) -> socket.socket:
 @pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="no writable cgroup v1 memory controller")
 def test_many_processes_cannot_hold_more_memory_than_the_limit_together(machine):
     hold = (
-        "import os, select, signal\n"
-        "r, w = os.pipe()\n"
-        "for _ in range(4):\n"
-        "    if os.fork() == 0:\n"
-        "        block = b'x' * (160 << 20)\n"  # each child well under the per-process limit
-        "        os.write(w, b'1')\n"
-        "        signal.pause()\n"
-        "held = 0\n"
-        "while held < 4:\n"
-        "    if select.select([r], [], [], 0.01)[0]:\n"
-        "        held += len(os.read(r, 4))\n"
-        "    elif os.waitpid(-1, os.WNOHANG)[0]:\n"
+        "import subprocess, sys\n"
+        "child = 'import time\\nblock = b\"x\" * (160 << 20)\\nprint(1, flush=True)\\ntime.sleep(60)\\n'\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', child], stdout=subprocess.PIPE) for _ in range(4)]\n"
+        "held = 0\n"  # each child well under the per-process limit
+        "for kid in kids:\n"
+        "    if kid.stdout.readline().strip() != b'1':\n"
         "        raise SystemExit('a child was killed')\n"
+        "    held += 1\n"
         "print('held', held * 160, 'MiB')\n"
     )
     limits = Limits(timeout_s=20.0, cpu_s=20, memory_bytes=320 << 20, output_bytes=4096)
     outcome = machine(run_program(hold, limits))
     assert outcome.status != "passed" and "held" not in outcome.stdout, outcome
+    roomy = machine(run_program(hold, dataclasses.replace(limits, memory_bytes=1 << 30)))
+    assert roomy.passed and roomy.stdout == "held 640 MiB\n", roomy  # the same program, under a limit it fits
     assert "memory cgroup (the whole tree)" in outcome.isolation
 
 
@@ -467,7 +496,7 @@ def test_two_evaluations_at_once_take_distinct_users_and_spare_each_other(machin
     other = subprocess.Popen([sys.executable, "-c", OTHER], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         wait_for(lambda: sandbox_processes(under=other.pid), "the other evaluation's program to run")
-        stragglers = "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(60)\n"
+        stragglers = "import subprocess\nfor _ in range(3):\n    subprocess.Popen(['sleep', '60'])\n"
         ours = [machine(o) for o in run_programs([stragglers] * 4, LIMITS, workers=2)]
         out, _ = other.communicate(timeout=120)
     finally:

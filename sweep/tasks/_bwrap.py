@@ -90,7 +90,7 @@ class Plan:
         )
         memory += ", cpu cgroup (one share)" if "cpu" in cgroups else ", no cpu cgroup"
         calls = (
-            "system-call filter (sockets but unix and inet, keys, io_uring, bpf, perf, userfaultfd)"
+            "system-call filter (sockets but unix and netlink route, fork, keys, aio, inotify, io_uring, bpf, perf)"
             if _seccomp.supported()
             else f"no system-call filter ({platform.machine()})"
         )

@@ -128,19 +128,22 @@ def main() -> None:
     os.chdir("/tmp")
     # the program shares this `os` module and this module's names: it may replace any of them, so what the verdict
     # rests on is taken now, as locals, and a failure ends here whatever the report's steps do
-    exit_now, write = os._exit, os.write
+    exit_now, write, pid, me, flush, report = os._exit, os.write, os.getpid, os.getpid(), _flush, _report
     try:
         _run(job)
     except BaseException as exc:  # noqa: BLE001 - SystemExit included: whatever it raised, it failed
         try:
-            _flush(out)
-            _report(exc, err, room)
-            _flush(err)
+            if pid() == me:
+                flush(out)
+                report(exc, err, room)
+                flush(err)
         finally:
             exit_now(1)
     else:
-        _flush(out)
-        _flush(err)
+        if pid() != me:  # a process the program forked ran on to here (where no filter refuses fork): no verdict,
+            exit_now(1)  # and it ends as a failure does
+        flush(out)
+        flush(err)
         write(verdict, nonce + b"\n")
     exit_now(0)  # nothing of the program's runs after its verdict: no atexit handler, finalizer or thread
 
