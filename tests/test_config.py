@@ -228,3 +228,16 @@ def test_a_composition_kept_in_this_process_is_the_callers_own_and_follows_every
     assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 4
     model.write_text(text.replace("layers: 4", "layers: 6"))
     assert compose_dict(["model=tiny-llama"])["model"]["tiny"]["layers"] == 6
+
+
+def test_sweep_config_prints_each_path_as_the_commands_read_it(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from sweep.cli.commands import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert main(["config", "results.root='~/r'", "analysis.out=rel/out"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["results"]["root"] == str(tmp_path / "home" / "r")  # ~ expanded
+    assert printed["analysis"]["out"] == str(tmp_path / "rel" / "out")  # made absolute against the working dir

@@ -97,9 +97,14 @@ def _config(overrides: list[str]) -> int:
     import yaml
 
     from sweep.config import compose_dict, validate
+    from sweep.config.paths import PATH_KEYS
 
     data = compose_dict(overrides)
-    validate(data)
+    cfg = validate(data)
+    for key in PATH_KEYS:  # each path as every command reads it: expanded, absolute, resolved
+        section, _, leaf = key.partition(".")
+        if isinstance(data.get(section), dict) and leaf in data[section]:
+            data[section][leaf] = getattr(getattr(cfg, section), leaf)
     print(yaml.safe_dump(data, sort_keys=False).rstrip())
     return 0
 
