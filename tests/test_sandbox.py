@@ -12,6 +12,7 @@ import os
 import platform
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -642,3 +643,55 @@ def test_without_root_the_sandbox_isolates_all_but_the_user_and_the_cgroup():
     }
     isolation = runs["canonical"][1]
     assert "no memory cgroup" in isolation and "unprivileged uid" not in isolation
+
+
+def _decide(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
+    """A classic BPF interpreter of the few instructions a seccomp filter uses, run on one system call: what the
+    kernel would answer (independent of the filter's own assembler)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    ops = [struct.unpack_from("<HBBI", program, at) for at in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = ops[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif code == 0x06:  # ret k
+            return k
+        elif code in (0x15, 0x35, 0x45):  # jeq, jge, jset
+            hit = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
+            pc += jt if hit else jf
+        else:
+            raise AssertionError(f"instruction {code:#x}")
+        pc += 1
+
+
+@pytest.mark.parametrize(
+    "machine_name, arch, numbers",
+    [
+        ("x86_64", 0xC000003E, {"socket": 41, "clone": 56, "fork": 57, "clone3": 435, "keyctl": 250, "io_setup": 206,
+                                "read": 0, "write": 1, "vfork": 58}),
+        ("aarch64", 0xC00000B7, {"socket": 198, "clone": 220, "clone3": 435, "keyctl": 219, "io_setup": 0,
+                                 "read": 63, "write": 64}),
+    ],
+)  # fmt: skip
+def test_the_filter_decides_as_its_table_says_on_each_machine(machine_name, arch, numbers):
+    """The filter of each machine it is built for, run by an interpreter of its own: numbers from each machine's
+    system-call table (x86-64's syscall_64.tbl, AArch64's asm-generic unistd.h)."""
+    from sweep.tasks import _seccomp
+
+    program = _seccomp.program(machine_name)
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+
+    def call(name, *args):
+        return _decide(program, numbers[name], arch, args)
+
+    assert call("read") == allow and call("write") == allow
+    assert call("socket", 1) == allow and call("socket", 16, 3, 0) == allow  # unix; netlink route
+    assert call("socket", 2) == 0x00050000 | 97 and call("socket", 40) == 0x00050000 | 97  # inet, vsock
+    assert call("socket", 16, 3, 15) == 0x00050000 | 93  # netlink uevent: EPROTONOSUPPORT
+    assert call("clone", 0x11) == eperm and call("clone", 0x100 | 0x4000 | 0x11) == allow  # fork-like; vfork-like
+    assert call("clone3") == 0x00050000 | 38 and call("keyctl") == eperm and call("io_setup") == eperm
+    assert _decide(program, numbers["read"], 0x40000003) == 0x80000000  # another architecture's call: killed
+    if machine_name == "x86_64":
+        assert call("fork") == eperm and call("vfork") == allow
+        assert _decide(program, 0x40000000 + 39, arch) == 0x80000000  # x32
