@@ -585,3 +585,10 @@ def test_params_text_names_mode_and_batch_size():
     spec = {"skip": "a2+m3", "mode": "self_speculative", "draft_len": 2, "draft_stop": 0.3}
     assert params_text(spec) == "skip=a2+m3 mode=self_speculative draft_len=2 draft_stop=0.3"
     assert params_text({**spec, "draft_stop": None}) == "skip=a2+m3 mode=self_speculative draft_len=2"
+
+
+def test_the_verdicts_target_is_098_or_the_nearest_given_the_higher_of_two_as_near():
+    from sweep.report.plotting import headline_target
+
+    assert headline_target([0.95, 0.98, 0.99, 1.0]) == 0.98 and headline_target([0.9, 0.99]) == 0.99
+    assert headline_target([0.97, 0.99]) == 0.99 and headline_target([0.5, 0.96]) == 0.96

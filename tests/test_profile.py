@@ -272,3 +272,13 @@ def test_a_prompt_traced_again_counts_once_in_the_report(tmp_path, caplog):
     copy = pl.read_parquet(traces / "d.parquet").height
     assert "tiny-llama: 2 traced again" in caplog.text and f"{copy} rows stored twice" in caplog.text
     assert "Noise floor" not in report
+    # two prompts of one text under two ids are two prompts, not one traced again
+    twins = tmp_path / "twins.jsonl"
+    twins.write_text('{"id": "x", "prompt": "The same words."}\n{"id": "y", "prompt": "The same words."}\n')
+    assert main([*args, "prompts=jsonl", f"prompts.path={twins}", "prompts.n=2", "run_id=e"]) == 0
+    caplog.clear()
+    assert main(["analyze", f"results.root={tmp_path}"]) == 0
+    both = pl.read_parquet(traces / "e.parquet").filter(pl.col("layer") == 1)
+    assert both["prompt_id"].n_unique() == 2
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert f"| tiny-llama | all ({newest.height + both.height}) |" in report

@@ -41,9 +41,10 @@ def distinct_trials(trials: pl.DataFrame) -> pl.DataFrame:
     return trials.sort("created_at", nulls_last=False).unique(subset="trial_id", keep="last", maintain_order=True)
 
 
-# what makes two traces of a prompt the same measurement: the model's content, its dtype, the prompt's tokens and
-# the trace's own options (K of topk_overlap, k of pca_delta, the readouts of the tuned_* columns)
-_SAME_TRACE = ("model", "model_hash", "dtype", "tokens", "topk", "pca_k", "readouts_id")
+# what makes two traces of a prompt the same measurement: the prompt (its set, id and tokens: two prompts of one
+# text are two), the model's content, its dtype and the trace's own options (K of topk_overlap, k of pca_delta, the
+# readouts of the tuned_* columns)
+_SAME_TRACE = ("model", "prompt_set", "prompt_id", "tokens", "model_hash", "dtype", "topk", "pca_k", "readouts_id")
 _ROW = ("model", "run_id", "prompt_set", "prompt_id", "position", "layer")  # one row of one trace
 
 
@@ -75,4 +76,4 @@ def distinct_profiles(profiles: pl.LazyFrame) -> pl.LazyFrame:
         ", ".join(sorted(set(prompts["model"]))),
         " and ".join(said),
     )
-    return profiles.join(kept.lazy().select(_ROW[:4]), on=list(_ROW[:4]), how="semi")
+    return profiles.join(kept.lazy().select(_ROW[:4]), on=list(_ROW[:4]), how="semi").collect().lazy()  # once

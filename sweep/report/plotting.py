@@ -13,7 +13,7 @@ def headline_target(targets) -> float:
     """The agreement the verdicts and the Pareto figures' line are at: 0.98 where ``analysis.targets`` holds it,
     else the nearest of them (the higher of two as near), so a verdict reads a row the targets table shows."""
     given = [float(t) for t in targets]
-    return min(given, key=lambda t: (abs(t - HEADLINE_TARGET), -t)) if given else HEADLINE_TARGET
+    return min(given, key=lambda t: (round(abs(t - HEADLINE_TARGET), 9), -t)) if given else HEADLINE_TARGET
 
 
 def _figure(*grid: int, figsize: tuple[float, float], **kwargs):

@@ -82,7 +82,7 @@ class Plan:
         for path in PRIVATE:
             args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", path]
         args += ["--remount-ro", "/", "--chdir", "/tmp", "--", self.python, "-I", "-S", "-B", INSIDE, *map(str, fds)]
-        return [*FIRST_LINE, "sweep-sandbox", *map(str, procs), "--", *args] if procs else args
+        return [*FIRST_LINE, "sweep-sandbox", *map(str, dict.fromkeys(procs)), "--", *args] if procs else args
 
     def describe(self, cgroups: tuple[str, ...]) -> str:
         memory = (

@@ -25,7 +25,7 @@ from sweep.errors import SweepError
 FIRST_UID = 61000  # the first of the sandbox's users; each slot of every evaluation on the machine has its own
 UIDS = 1024
 LOCK_DIRS = ("/run/lock", "/var/lock")
-CGROUP_NAME = "sweep-sandbox"  # under the memory hierarchy's root, beside whatever else is there
+CGROUP_NAME = "sweep-sandbox"  # a program's cgroups: sweep-sandbox-<uid> at the top of each hierarchy
 KILL_S = 10.0  # the kernel reaps a killed tree in milliseconds; past this, cleanup has failed
 
 
@@ -151,17 +151,30 @@ def controllers() -> tuple[str, ...]:
     return tuple(c for c in CONTROLLERS if hierarchy(c) is not None) if os.geteuid() == 0 else ()
 
 
+def _group(controller: str, uid: int) -> Path | None:
+    """``uid``'s cgroup in ``controller``'s hierarchy: at its top (``sweep-sandbox-<uid>``), so that to the scheduler
+    each program is one group beside the machine's others, as its session was before (under a parent of their own,
+    every program of the machine together would have one share); None where that hierarchy is not writable."""
+    root = hierarchy(controller)
+    return None if root is None else root / f"{CGROUP_NAME}-{uid}"
+
+
 def make_cgroup(uid: int, memory_bytes: int) -> dict[str, Path]:
     """Fresh cgroups for one program of ``uid``: memory, its limit (memory and swap) on the whole tree, and cpu, a
     group of its own that the scheduler gives one share, so the processes and sessions a program makes compete as
     one beside the other programs (without one, each session it makes is a group of the scheduler's own). Their
-    ``cgroup.procs`` files by controller, to move the program's first process into; none where none can be made."""
-    made = {}
+    ``cgroup.procs`` files by controller, to move the program's first process into; none where none can be made.
+    Controllers mounted together share one group, made once (the memory limit kept)."""
+    made: dict[str, Path] = {}
     for controller in controllers():
-        group = hierarchy(controller) / CGROUP_NAME / str(uid)
+        group = _group(controller, uid)
+        procs = group / "cgroup.procs"
+        if procs in made.values():  # co-mounted with a controller already made
+            made[controller] = procs
+            continue
         try:
             _remove(controller, uid)
-            group.mkdir(parents=True)
+            group.mkdir()
             if controller == "memory":
                 (group / "memory.limit_in_bytes").write_text(str(memory_bytes))
                 swap = group / "memory.memsw.limit_in_bytes"
@@ -170,14 +183,14 @@ def make_cgroup(uid: int, memory_bytes: int) -> dict[str, Path]:
         except OSError:
             _remove(controller, uid)
             continue
-        made[controller] = group / "cgroup.procs"
+        made[controller] = procs
     return made
 
 
 def cgroup_pids(uid: int, controller: str = "memory") -> list[int]:
-    root = hierarchy(controller)
+    group = _group(controller, uid)
     try:
-        text = (root / CGROUP_NAME / str(uid) / "cgroup.procs").read_text() if root else ""
+        text = (group / "cgroup.procs").read_text() if group else ""
     except OSError:
         return []
     return [int(p) for p in text.split()]
@@ -189,11 +202,8 @@ def remove_cgroup(uid: int) -> bool:
 
 
 def _remove(controller: str, uid: int) -> bool:
-    root = hierarchy(controller)
-    if root is None:
-        return True
-    group = root / CGROUP_NAME / str(uid)
-    if not group.exists():
+    group = _group(controller, uid)
+    if group is None or not group.exists():
         return True
     deadline = time.monotonic() + KILL_S
     while True:

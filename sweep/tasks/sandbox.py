@@ -195,9 +195,9 @@ def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -
     job_r, job_w = os.pipe()  # the job, read to its end and closed by the launcher before any of the program runs
     verdict_r, verdict_w = os.pipe()
     ours = {job_r, job_w, verdict_r, verdict_w}  # closed here, whatever happens
-    calls = _filter(ours)  # the system-call filter bubblewrap reads (None where none is built for this machine)
     procs: dict = {}
     try:
+        calls = _filter(ours)  # the system-call filter bubblewrap reads (None where none is built for this machine)
         procs = _slots.make_cgroup(uid, limits.memory_bytes) if uid is not None else {}
         t0 = time.perf_counter()
         theirs = (job_r, verdict_w) + ((calls,) if calls is not None else ())

@@ -15,7 +15,7 @@ from sweep.tasks.sandbox import FIRST_UID, UIDS
 
 ROOTS = ("/tmp", "/dev/shm", "/var/tmp")
 DEPTH = 4  # a program's leftovers begin near the top; other users' trees below are not walked
-CGROUPS = tuple(Path("/sys/fs/cgroup", c, "sweep-sandbox") for c in ("memory", "cpu"))
+CGROUPS = tuple(Path("/sys/fs/cgroup", c) for c in ("memory", "cpu"))  # a program's: sweep-sandbox-<uid> at the top
 LOCKS = tuple(Path(d) / "sweep-sandbox" for d in (*LOCK_DIRS, "/tmp"))  # where the sandbox locks its users
 
 
@@ -35,7 +35,8 @@ def snapshot() -> frozenset[tuple]:
             if uid in uids:
                 found.add((f"ipc {kind}", ident, uid))
     for where in (c for c in CGROUPS if c.is_dir()):
-        found |= {("cgroup", str(p), int(p.name)) for p in where.iterdir() if p.is_dir() and p.name.isdigit()}
+        groups = [p for p in where.glob("sweep-sandbox-*") if p.is_dir() and p.name.rsplit("-", 1)[1].isdigit()]
+        found |= {("cgroup", str(p), int(p.name.rsplit("-", 1)[1])) for p in groups}
     return frozenset(found)
 
 
