@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from sweep.analysis import eas_table, layer_curve, lens_curves
+from sweep.report.plotting import HEADLINE_TARGET
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class ReportContext:
     settings: pl.DataFrame = field(default_factory=pl.DataFrame)  # the best setting per target, full depth aside
     floors: pl.DataFrame = field(default_factory=pl.DataFrame)  # the A/A noise floor per model (noise_floors)
     knee_min_agreement: float = 0.9  # analysis.knee_min_agreement
-    headline: float = 0.98  # the verdicts' agreement target (``plotting.headline_target`` of analysis.targets)
+    headline: float = (
+        HEADLINE_TARGET  # the verdicts' agreement target (``plotting.headline_target`` of analysis.targets)
+    )
 
     @cached_property
     def curves(self) -> pl.DataFrame:
