@@ -80,6 +80,15 @@ def test_help_shows_the_values_the_overrides_compose(capsys):
     assert "(the overrides do not compose: gate=nope: unknown option" in out and "  gate=full " in out
 
 
+def test_help_shows_the_chosen_gates_threshold_as_overridden(capsys):
+    assert main(["bench", "gate=margin", "gate.theta=3", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  gate=margin .*\n  gate.theta=3\n", out, re.MULTILINE)  # beside its gate, not the conf's 14
+    assert main(["bench", "gate=pca", "--help"]) == 0  # every parameter the chosen gate has, as composed
+    out = capsys.readouterr().out
+    assert "\n  gate.eps=0.05\n  gate.k=64\n" in out and "gate.theta" not in out.split("gates (")[0]
+
+
 def test_bench_help_lists_every_gate_with_its_conf_defaults(capsys):
     assert main(["help", "bench"]) == 0
     out = capsys.readouterr().out

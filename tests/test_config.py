@@ -241,3 +241,17 @@ def test_sweep_config_prints_each_path_as_the_commands_read_it(tmp_path, monkeyp
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["results"]["root"] == str(tmp_path / "home" / "r")  # ~ expanded
     assert printed["analysis"]["out"] == str(tmp_path / "rel" / "out")  # made absolute against the working dir
+
+
+def test_sweep_config_prints_the_values_the_commands_use(capsys):
+    """What validation settles is printed as settled: the full-depth gate's layer keys (it never exits: one
+    trial whatever they say) and self-speculation's cache policy (the full model's K/V at every position)."""
+    import yaml
+
+    from sweep.cli.commands import main
+
+    assert main(["config", "gate=full", "gate.min_layer=3"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["gate"]["min_layer"] == 1
+    assert main(["config", "bench.mode=self_speculative", "gate=fixed", "gate.exit_layer=10"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["bench"]["kv_policy"] == "full" and printed["gate"]["exit_layer"] == 10

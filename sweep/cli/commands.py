@@ -6,6 +6,7 @@ set SWEEP_DEBUG=1 to see tracebacks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -97,14 +98,17 @@ def _config(overrides: list[str]) -> int:
     import yaml
 
     from sweep.config import compose_dict, validate
-    from sweep.config.paths import PATH_KEYS
 
     data = compose_dict(overrides)
     cfg = validate(data)
-    for key in PATH_KEYS:  # each path as every command reads it: expanded, absolute, resolved
-        section, _, leaf = key.partition(".")
-        if isinstance(data.get(section), dict) and leaf in data[section]:
-            data[section][leaf] = getattr(getattr(cfg, section), leaf)
+    for section, values in data.items():  # each value as every command uses it: paths read, defaults resolved
+        validated = getattr(cfg, section, None)
+        if not isinstance(values, dict) or not dataclasses.is_dataclass(validated):
+            continue
+        for leaf, value in values.items():
+            used = getattr(validated, leaf, value)
+            if used != value and (used is None or isinstance(used, (str, int, float, bool))):
+                values[leaf] = used
     print(yaml.safe_dump(data, sort_keys=False).rstrip())
     return 0
 

@@ -216,7 +216,7 @@ def show_help(command: str, overrides: list[str]) -> int:
         lines += ["", f"main keys ({'defaults' if not overrides else 'values'} from the composed config, conf/):"]
         if note:
             lines.append(f"  ({note})")
-        rows = [_key_text(key, data, choices) for key in h.keys]
+        rows = [_key_text(key, data, choices) for key in _with_gate_params(h.keys, data)]
         width = min(36, max(len(text) for text, _ in rows))
         lines += [f"  {text:<{width}}  {note}".rstrip() for text, note in rows]
         if h.gates:
@@ -238,6 +238,19 @@ def show_help(command: str, overrides: list[str]) -> int:
     )
     print("\n".join(lines))
     return 0
+
+
+def _with_gate_params(keys: tuple[str, ...], data: dict) -> list[str]:
+    """``keys`` with the chosen gate's own parameters (its threshold, as composed) after ``gate``."""
+    from sweep.gates import PARAMS
+
+    gate = data.get("gate") if isinstance(data.get("gate"), dict) else {}
+    out: list[str] = []
+    for key in keys:
+        out.append(key)
+        if key == "gate":
+            out += [f"gate.{p}" for p in PARAMS if gate.get(p) is not None and f"gate.{p}" not in keys]
+    return out
 
 
 def _composed(overrides: list[str]) -> tuple[dict, dict, str]:

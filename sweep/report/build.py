@@ -41,7 +41,7 @@ from sweep.analysis import (
     params_text,
     with_confidence,
 )
-from sweep.errors import InputError
+from sweep.errors import ConfigError, InputError, SweepError, os_error
 from sweep.report.context import ReportContext
 from sweep.report.plotting import headline_target
 from sweep.store import atomic_write
@@ -64,7 +64,6 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
     """The rows under results.root (each trial once), its profiles, and where the report goes (inside
     the root unless analysis.out names a place); refused in one line when there is nothing to analyze."""
     from sweep.config.paths import check_writable_dir, inside
-    from sweep.errors import ConfigError
 
     root = Path(cfg.results.root)
     trials = distinct_trials(load_trials(root).collect())
@@ -87,7 +86,6 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
 
 def write(cfg, prepared, ctx: ReportContext) -> Path:
     """The report and its tables; a write the system refuses (a full disk) is one line naming the path."""
-    from sweep.errors import SweepError, os_error
 
     try:
         return write_report(ctx)
