@@ -94,6 +94,13 @@ BAD = [
     (["resources.gpu=lots"], "resources.gpu=lots: must be auto or a number >= 0"),
     (["resources.cpu=0"], "resources.cpu=0.0: must be a number > 0"),
     (["cluster.auth=none"], "cluster.auth=none: must be one of token, disabled"),
+    (  # a Ray Client address joined as a driver wrote every row and then summed them as skipped, rc 0
+        ["cluster=existing", "cluster.address=ray://127.0.0.1:10001"],
+        "cluster.address=ray://127.0.0.1:10001: must be null (an embedded Ray), auto or host:port of a running "
+        "cluster's GCS (a Ray Client ray:// address is not joined: submit with jobs/submit.py)",
+    ),
+    (["cluster=existing", "cluster.address=127.0.0.1"], "cluster.address=127.0.0.1: must be null (an embedded Ray)"),
+    (["cluster=existing", "cluster.address=h:65536"], "cluster.address=h:65536: must be null (an embedded Ray)"),
     (
         ["search=nope"],
         "search=nope: unknown option; allowed: "  # every option the conf group holds, and no other

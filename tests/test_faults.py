@@ -69,6 +69,26 @@ def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_onc
 
 
 @pytest.mark.ray
+def test_sigterm_to_the_drivers_process_group_stops_the_sweep_not_ray_under_it(tmp_path):
+    """`timeout` (and a shell's job control) signal the whole process group: the embedded Ray's servers, which the
+    driver starts, are not in it, so the driver stops the sweep and Ray in order (before, the GCS died first and the
+    driver waited 60 s for it, printed no resume line and left its claims)."""
+    root = tmp_path / "r"
+    args = [SWEEP, "run", *TRIALS, f"results.root={root}", SPACE, *ONE_BY_ONE]
+    proc = subprocess.Popen(
+        args, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    wait_for_rows(root, 1, proc)
+    os.killpg(proc.pid, signal.SIGTERM)  # as `timeout 60 sweep run ...` does when its time is up
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    assert "Failed to connect to GCS" not in err and "Traceback" not in err, err[-3000:]
+    assert resume_line(err).count("resume=true") == 1
+    assert not list((root / "claims").glob("*.json")), "the stopped run's claims were not released"
+    assert 1 <= written(out) < 4
+
+
+@pytest.mark.ray
 def test_sigterm_while_a_sweep_waits_on_another_sweeps_claim_ends_it_with_a_resume_line(tmp_path):
     """The one wait a sweep has by design (a trial another live sweep holds): SIGTERM there ends the sweep as it does
     mid-trial, with rc 143 and the resume line, and leaves the other sweep's claim alone."""

@@ -117,3 +117,16 @@ def test_token_refusal_reaches_rays_grpc_channel_and_stubs(ray):
     t = time.perf_counter()
     assert _ray_private.token_refusal("127.0.0.1:9", timeout_s=2.0) is None
     assert time.perf_counter() - t < 3.0
+
+
+def test_own_sessions_reaches_the_popen_ray_starts_its_servers_with(ray):
+    import os
+    import sys
+
+    import ray._private.services as services
+
+    started = services.ConsolePopen
+    with _ray_private.own_sessions():
+        proc = services.ConsolePopen([sys.executable, "-c", "import os; print(os.getsid(0))"], stdout=-1, text=True)
+        assert int(proc.communicate(timeout=60)[0]) == proc.pid != os.getsid(0)  # a session of its own
+    assert services.ConsolePopen is started

@@ -185,9 +185,23 @@ class SearchConfig:
         return self if kept == self.constraints else dataclasses.replace(self, constraints=kept)
 
 
+def _host_port(text: str) -> bool:
+    """``host:port`` (a name, an IPv4 address or a bracketed IPv6 one; a port in 1..65535), no scheme."""
+    import re
+
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})", text)
+    return m is not None and 1 <= int(m.group(2)) <= 65535
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
-    address: str | None = None  # null: embedded Ray on 127.0.0.1; auto or host:port: an existing cluster
+    # null: embedded Ray on 127.0.0.1; auto or host:port (the GCS's): an existing cluster, joined as a driver
+    address: str | None = field(
+        None,
+        check=lambda v: v == "auto" or _host_port(v),
+        allowed="null (an embedded Ray), auto or host:port of a running cluster's GCS (a Ray Client ray:// address "
+        "is not joined: submit with jobs/submit.py)",
+    )
     auth: Literal["token", "disabled"]  # RAY_AUTH_MODE; must match the cluster's
     num_cpus: int | None = field(None, check=at_least(1), allowed="an integer >= 1 or null (all)")
     num_gpus: int | None = field(None, check=at_least(0), allowed="an integer >= 0 or null (all)")

@@ -6,7 +6,8 @@ and names the functions to re-check). Import after ``sweep.orchestrate.ray.env.r
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 PINNED_RAY = "2.60"
 FUNCTIONS = (
@@ -19,6 +20,7 @@ FUNCTIONS = (
     "reset_token_cache",
     "set_trial_system_attr",
     "token_refusal",
+    "own_sessions",
 )
 
 
@@ -28,6 +30,30 @@ def single_node_mode() -> None:
     import ray._private.ray_constants as ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+@contextlib.contextmanager
+def own_sessions() -> Iterator[None]:
+    """Meanwhile, the processes Ray starts from this process (an embedded cluster's GCS, raylet, dashboard and
+    monitors: ``services.start_ray_process``) each start a session of their own. A stop signal sent to the driver's
+    process group (``timeout`` sends its signal to the group, as a shell's job control may) then reaches the driver,
+    which stops the sweep and Ray in order, and not Ray's servers under it: a GCS killed first left the driver
+    waiting 60 s for it, with no resume line and its claims held. Ray still ties each of them to the driver's life
+    (Linux's parent-death signal), and stops them by pid."""
+    import ray._private.services as services
+
+    started = services.ConsolePopen
+
+    class OwnSession(started):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = started
 
 
 def bootstrap_address(address: str) -> str:

@@ -32,15 +32,16 @@ def start_ray(cluster: ClusterConfig) -> bool:
 
         _ray_private.single_node_mode()  # servers on 127.0.0.1
         stop_leftover_sessions()  # what killed drivers of earlier embedded clusters left running
-        ray.init(
-            address="local",
-            num_cpus=cluster.num_cpus,
-            num_gpus=cluster.num_gpus,
-            include_dashboard=cluster.dashboard,
-            dashboard_host="127.0.0.1",
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
+        with _ray_private.own_sessions():  # a stop signal to the driver's group stops the driver, not Ray under it
+            ray.init(
+                address="local",
+                num_cpus=cluster.num_cpus,
+                num_gpus=cluster.num_gpus,
+                include_dashboard=cluster.dashboard,
+                dashboard_host="127.0.0.1",
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
         record_embedded_session()
     else:
         from sweep.orchestrate.ray.env import is_loopback
