@@ -100,6 +100,23 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
             "interval(...) is continuous; a grid needs choice(...) or range(...)",
         ),
         (["+search.objectives.speed=max"], "search.objectives.speed: not a metric"),
+        # a key of another kind, typed with or without '+': the kinds that take it (once: "a value, not a section")
+        (
+            ["search=optuna-mo", "search.neighbours=2"],
+            "search.neighbours: a key of a bracket or screen search, not of this optuna search (search.kind)",
+        ),
+        (
+            ["search=optuna-mo", "+search.neighbours=2"],
+            "search.neighbours: a key of a bracket or screen search, not of this optuna search (search.kind)",
+        ),
+        (
+            ["search=screen", "search.sampler=tpe"],
+            "search.sampler: a key of an optuna or skipset search, not of this screen search (search.kind)",
+        ),
+        (
+            ["search.kind=optuna", "search.closed_loop=3"],
+            "search.closed_loop: a key of a skipset search, not of this optuna search (search.kind)",
+        ),
         (
             ["search.objectives={speed: max}"],
             "search.objectives.speed: not a key of search.objectives; add it with +search.objectives.speed=VALUE",
@@ -175,6 +192,16 @@ def test_bad_search_configs_are_clear_errors(overrides, message):
         check_search(search)
         search_for(search)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_unknown_search_key_is_told_what_the_chosen_kind_takes():
+    for search, own in (("saturation-grid", ""), ("bracket", ", neighbours")):
+        with pytest.raises(ConfigError) as info:
+            compose(f"search={search}", "search.foo=1")
+        assert str(info.value) == (
+            "search.foo: unknown key in search; allowed: name, kind, spaces, n_trials, seed, objectives, constraints, "
+            f"min_agreement, max_accuracy_loss, rung_prompts{own}"
+        )
 
 
 def test_a_whole_number_draft_stop_is_the_trial_bench_draft_stop_composes():

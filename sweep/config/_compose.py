@@ -17,7 +17,7 @@ from typing import Any
 from sweep.config._composed import CONFIG_DIR_ENV, composed, config_dir
 from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
-from sweep.errors import ConfigError
+from sweep.errors import ConfigError, SweepError
 from sweep.gates import check_gate, check_k
 from sweep.config.paths import is_name, read_paths
 from sweep.config.search import check_ladder, check_search
@@ -308,7 +308,7 @@ def _first_line(exc: BaseException, cause: BaseException | None = None, override
     m = re.search(r"Could not override '([^']+)'", text)
     if m:
         deeper = re.search(r"full_key: (\S+)", str(cause or ""))
-        return _unknown_key(m.group(1), deeper.group(1) if deeper else m.group(1))
+        return _unknown_key(m.group(1), deeper.group(1) if deeper else m.group(1), overrides)
     m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if m:
         return f"+{m.group(1)}: already set; drop the '+'"
@@ -344,14 +344,22 @@ def _comma_list(key: str, value: str, overrides=()) -> str:
     )
 
 
-def _unknown_key(key: str, missing: str) -> str:
+def _unknown_key(key: str, missing: str, overrides=()) -> str:
     """The error for override ``key`` when ``missing`` (Hydra's full_key: the first part of
     ``key`` not in the config, or a key inside a mapping ``key`` sets whole) does not exist:
-    names both, and what is allowed where."""
+    names both, and what is allowed where (in ``search``: what the chosen kind takes)."""
     if missing.startswith(key + "."):  # a mapping set whole (search.objectives={speed: max}): name the new key
         key = missing
     parent, _, leaf = missing.rpartition(".")
     kind, allowed = _section(parent)
+    if parent == "search":  # the keys of the search's kind, which the composed search lacks: its kind's own only
+        from sweep.config.search_kinds import foreign_key, own_keys
+
+        chosen = _search_kind(overrides, key)
+        foreign = foreign_key(leaf, chosen)
+        if foreign:
+            return foreign
+        allowed = own_keys(chosen) if chosen else allowed
     at = f" ({missing})" if missing != key else ""
     if kind == "mapping":  # a free mapping such as search.objectives: new keys need a '+'
         return f"{key}: not a key of {parent}{at}; add it with +{key}=VALUE"
@@ -362,6 +370,16 @@ def _unknown_key(key: str, missing: str) -> str:
     if allowed:
         return f"{key}: unknown key {where}{at}; allowed: {', '.join(allowed)}"
     return f"{key}: unknown key{at}"
+
+
+def _search_kind(overrides, key: str) -> str | None:
+    """The search kind ``overrides`` choose, composed without the override of ``key`` (None: they do not compose)."""
+    rest = [o for o in overrides if str(o).partition("=")[0].lstrip("+~") != key]
+    try:
+        kind = compose_dict(rest).get("search", {}).get("kind")
+    except SweepError:
+        return None
+    return kind if kind in {k.KIND for k in SEARCH_KINDS} else None
 
 
 def _section(path: str) -> tuple[str, list[str]]:

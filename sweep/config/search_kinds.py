@@ -45,12 +45,26 @@ def build_search(data: Any) -> SearchConfig:
                 f"search.{key}: searched jointly with a skip set by a skipset search only (search.kind is "
                 f"{cls.KIND}); sweep {_with_the_set(key)} in search.spaces instead"
             )
-        takers = [k.KIND for k in SEARCH_KINDS if key in {f.name for f in dataclasses.fields(k)}]
-        if takers:
-            raise ConfigError(
-                f"search.{key}: a key of a {' or '.join(takers)} search, not of this {cls.KIND} search (search.kind)"
-            )
+        foreign = foreign_key(key, cls.KIND)
+        if foreign:
+            raise ConfigError(foreign)
     return build(cls, data, "search.").settled()
+
+
+def foreign_key(key: str, kind: str | None) -> str | None:
+    """The line for ``search.KEY`` given to a search of ``kind`` (None: not known) when KEY is a key of other kinds
+    only, naming them; None when KEY is no kind's own key."""
+    takers = [k.KIND for k in SEARCH_KINDS if key in {f.name for f in dataclasses.fields(k)} and k.KIND != kind]
+    if not takers or key in {f.name for f in dataclasses.fields(SearchConfig)}:
+        return None
+    article = "an" if takers[0][0] in "aeiou" else "a"
+    this = f"this {kind} search" if kind else "the chosen search's kind"
+    return f"search.{key}: a key of {article} {' or '.join(takers)} search, not of {this} (search.kind)"
+
+
+def own_keys(kind: str) -> list[str]:
+    """The keys a search of ``kind`` takes: the shared base's and its own."""
+    return [f.name for f in dataclasses.fields(SEARCH_KINDS.get(kind, key="search.kind"))]
 
 
 def kind_chosen(overrides) -> list[str]:
