@@ -310,6 +310,21 @@ def test_a_resumed_study_extended_from_4_to_8_settings_measures_8_distinct_ones(
             assert t.values[1] == pytest.approx(row["agreement"])
 
 
+def test_an_optuna_sweep_run_again_continues_its_study_and_shows_every_setting_of_it(ray_session, tmp_path):
+    """A plain re-run (no resume, no sweep.name) of the same definition continues the earlier sweep, as a screen's or
+    a skip-set study's does: nothing new is drawn (before: a fresh study drew search.n_trials more settings each time),
+    and its end, like a resume's, shows every setting the study holds, not only this run's."""
+    space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.3,0.4,0.5)'}]"
+    first = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=3")
+    trials = len(load(first).trials)
+    again = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=3")
+    assert again.name == first.name and again.written == 0 and len(load(again).trials) == trials
+    assert {r["trial_id"] for r in again.rows} == {r["trial_id"] for r in first.rows}
+    more = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=4", "resume=true", f"sweep.name={first.name}")
+    assert {r["trial_id"] for r in more.rows} >= {r["trial_id"] for r in first.rows}  # the earlier ones too
+    assert len({r["trial_id"] for r in more.rows if r["repeats"] == 1}) == 4
+
+
 def test_the_settings_a_study_ends_with_are_retimed_to_the_floor_target(ray_session, tmp_path):
     """The study climbs speedup_model; its Pareto set (feasible, found here by brute force) is timed again with
     the rounds that bring each one's A/A floor to analysis.floor_target (projected from its own rounds, at most

@@ -44,8 +44,8 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     earlier = continued(cfg, search, storage, root)
     if earlier is not None:  # its selection is work of its own: a plain re-run continues it, as a resume does
         log.info(
-            "continuing sweep %s, the earlier %s sweep with this run's definition, from its written selection "
-            "(nothing is traced again; sweep.rerun=true starts afresh)",
+            "continuing sweep %s, the earlier %s sweep with this run's definition, from its written selection or "
+            "study (nothing is traced or drawn again; sweep.rerun=true starts afresh)",
             earlier,
             cfg.search.name,
         )

@@ -36,6 +36,21 @@ class Optuna(Search):
                     compose(merge(base, [*fixed, as_override(p.key, value)]))
         return None
 
+    def continues(self, root, path) -> bool:
+        """A plain re-run of the same definition continues the earlier sweep once its study is there: the study's
+        search.n_trials settings are the sweep's (a fresh study would draw search.n_trials more)."""
+        from sweep.orchestrate.searches.study import study_written
+
+        return study_written(path)
+
+    def held(self, plan) -> list[dict]:
+        """The rows of the settings the study already holds (a resumed or continued sweep's), in the study's order."""
+        from sweep.orchestrate.searches.study import open_study
+
+        study = open_study(plan.cfg.search, plan.path)
+        ids = [t.user_attrs.get("trial_id") for t in study.get_trials(deepcopy=False)] if study is not None else []
+        return [plan.done[tid] for tid in dict.fromkeys(ids) if tid in plan.done]
+
     def searcher(self, plan, device):
         """The study's spec: Ray Tune's searcher is OptunaSearch over its define-by-run space
         (``sweep.orchestrate.ray.searcher``), whose proposals already measured are told from their rows."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 
 from sweep import progress
@@ -36,7 +35,9 @@ class SkipSetSearch(Search):
     def continues(self, root, path) -> bool:
         """A sweep of the same definition continues its earlier one once that one's study is there (finished or
         not: a resume finishes it)."""
-        return os.path.isfile(path / "optuna.db") and not os.path.islink(path / "optuna.db")
+        from sweep.orchestrate.searches.study import study_written
+
+        return study_written(path)
 
     def select(self, plan: Plan, worker: InWorker) -> Selection:
         """The screen study in a worker with the trials' resources (resumed from its SQLite study when one is

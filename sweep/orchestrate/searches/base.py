@@ -73,6 +73,11 @@ class Search:
         default: settings whose rows exist are skipped by any run."""
         return False
 
+    def held(self, plan: Plan) -> list[dict]:
+        """For a search that samples: the rows, already done, of the settings it held before this run (shown with this
+        run's rows at the end); none by default."""
+        return []
+
     def searcher(self, plan: Plan, device: str):
         """For a search that samples: what Ray Tune's searcher needs (its state persisted beside the sweep)."""
         raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")

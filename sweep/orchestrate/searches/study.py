@@ -174,6 +174,15 @@ def optuna_storage_url(path: Path) -> str:
     return f"sqlite:///{study_file(path)}"
 
 
+def study_written(path: Path) -> bool:
+    """Whether the sweep in ``path`` has its study file (a regular file, not a link): a plain re-run of the same
+    definition continues that sweep (``Search.continues``), finished or not."""
+    import os
+
+    db = path / "optuna.db"
+    return os.path.isfile(db) and not os.path.islink(db)
+
+
 def study_file(path: Path) -> Path:
     """The sweep's study file, refused in one line when something that is not a regular file is in its place (SQLite
     would wait forever on a FIFO)."""
