@@ -14,8 +14,8 @@ The job server is --address, else $RAY_API_SERVER_ADDRESS, else $RAY_ADDRESS (Ra
 Ray's order), else http://127.0.0.1:8265; it must be the dashboard's http(s):// URL: a cluster (GCS)
 address such as RAY_ADDRESS=10.0.0.5:6379 is refused with the URL to pass instead.
 
-The job's rows carry this checkout's commit (git_sha, `-dirty` when the shipped files differ from
-it) and the submission id, which this script chooses and passes to the job (SWEEP_GIT_SHA,
+The job's rows carry this checkout's commit (git_sha, `-dirty` when a tracked file has changes or a
+shipped file is not in git) and the submission id, which this script chooses and passes to the job (SWEEP_GIT_SHA,
 SWEEP_SUBMISSION_ID); the Ray job's metadata names the experiment, search, model and commit.
 
     python jobs/submit.py --dry-run -- OVERRIDES
@@ -60,10 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig, compose
     from sweep.errors import ConfigError, SweepError
-    from sweep.orchestrate.submit import job_metadata, resolve_address, submitted_commit
+    from sweep.orchestrate.submit import check_job_overrides, job_metadata, resolve_address, submitted_commit
 
     try:
         args.address = resolve_address(args.address)
+        check_job_overrides(args.overrides)
         roots = [o.split("=", 1)[1] for o in args.overrides if o.startswith("results.root=")]
         if not roots or not os.path.isabs(roots[-1]):
             raise ConfigError(
@@ -93,12 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"submitted {submission_id} to {args.address} (commit {commit})", flush=True)
         if args.no_follow:
             return 0
-        status = follow_job(args.address, submission_id, sys.stdout)
+        status, message = follow_job(args.address, submission_id, sys.stdout)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(f"job {submission_id}: {status}; rows under {roots[-1]}/trials")
-    return 0 if status == "SUCCEEDED" else 1
+    if status == "SUCCEEDED":
+        print(f"job {submission_id}: {status}; rows under {roots[-1]}/trials")
+        return 0
+    why = (message.strip().splitlines() or ["the job server gave no reason"])[0][:300]
+    print(f"job {submission_id}: {status} ({why}); rows it wrote, if any, are under {roots[-1]}/trials")
+    return 1
 
 
 def _dry_run(args, commit: str, metadata: dict[str, str]) -> int:

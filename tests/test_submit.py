@@ -136,7 +136,7 @@ def test_dry_run_lists_the_files_and_contacts_nothing(checkout):
     assert f"{len(files)} files, {size} bytes" in res.stdout
     entry = next(line for line in lines if line.startswith("entrypoint: "))
     assert entry == (
-        "entrypoint: python -m sweep.cli.commands run model=tiny-llama results.root=/shared/results "
+        "entrypoint: python -m sweep.cli run model=tiny-llama results.root=/shared/results "
         "cluster=existing cluster.auth=token"
     )
     assert "submitted" not in res.stdout and "no Ray job server" not in res.stderr
@@ -188,6 +188,7 @@ def test_the_job_gets_the_commit_and_its_submission_id(monkeypatch, tmp_path, re
     assert job["submission_id"] == "raysubmit_abc"
     env_vars = job["runtime_env"]["env_vars"]
     assert env_vars["SWEEP_GIT_SHA"] == sha and env_vars["SWEEP_SUBMISSION_ID"] == "raysubmit_abc"
+    assert int(env_vars["RAY_JOB_STOP_WAIT_TIME_S"]) >= 30  # `ray job stop`'s SIGKILL waits for the sweep's own stop
     assert job["metadata"] == {"sweep_experiment": "cluster-gpu", "git_sha": sha}
 
 

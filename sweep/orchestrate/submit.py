@@ -31,7 +31,7 @@ from typing import Any
 
 from sweep.errors import ConfigError
 
-# What `python -m sweep.cli.commands run ...` needs on the cluster: the package, its configs, the job
+# What `python -m sweep.cli run ...` needs on the cluster: the package, its configs, the job
 # tooling, and the project metadata (pyproject.toml names README.md; constraints.txt pins installs).
 SHIPPED = ("sweep", "conf", "jobs", "pyproject.toml", "README.md", "constraints.txt")
 SKIPPED_DIRS = ("__pycache__",)
@@ -148,10 +148,24 @@ def staged_project(root: Path) -> Iterator[tuple[Path, list[str]]]:
         yield staged, files
 
 
+JOB_STOP_WAIT_S = 60
+
+
+def check_job_overrides(overrides: list[str]) -> None:
+    """The job joins the cluster it is submitted to (its entrypoint sets ``cluster=existing`` and ``cluster.auth``):
+    an override of the cluster group or a ``cluster.*`` key would send it elsewhere, and is refused naming it."""
+    for o in overrides:
+        key = str(o).partition("=")[0].lstrip("+~")
+        if key == "cluster" or key.startswith("cluster."):
+            raise ConfigError(
+                f"{o}: the job joins the cluster it is submitted to (--address; its auth: --auth); drop {key}"
+            )
+
+
 def job_entrypoint(overrides: list[str], auth: str = "token", python: str = "python") -> str:
     """The job's command: `sweep run OVERRIDES cluster=existing cluster.auth=AUTH` from its working directory."""
     args = [*overrides, "cluster=existing", f"cluster.auth={auth}"]
-    return " ".join([python, "-m", "sweep.cli.commands", "run", *map(shlex.quote, args)])
+    return " ".join([python, "-m", "sweep.cli", "run", *map(shlex.quote, args)])
 
 
 def job_runtime_env(staged: Path, git_sha: str = "unknown", submission_id: str | None = None) -> dict[str, Any]:
@@ -159,7 +173,10 @@ def job_runtime_env(staged: Path, git_sha: str = "unknown", submission_id: str |
     submission id as environment variables of every process of the job (``sweep.config.provenance``)."""
     from sweep.config.provenance import GIT_SHA_ENV, SUBMISSION_ID_ENV
 
-    env_vars = {GIT_SHA_ENV: git_sha}
+    # `ray job stop` sends SIGTERM, then SIGKILL after this many seconds (Ray's default, 3, is read by the job's
+    # supervisor, which runs in this environment): time for `sweep run` to stop its trials, release its claims and
+    # print its resume line, as it does on any SIGTERM
+    env_vars = {GIT_SHA_ENV: git_sha, "RAY_JOB_STOP_WAIT_TIME_S": str(JOB_STOP_WAIT_S)}
     if submission_id:
         env_vars[SUBMISSION_ID_ENV] = submission_id
     if os.environ.get("SWEEP_DEBUG"):

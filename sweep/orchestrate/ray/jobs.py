@@ -30,11 +30,17 @@ def job_client(dashboard: str):
     """Ray's job client for exactly ``dashboard``: Ray's constructor prefers ``$RAY_API_SERVER_ADDRESS``
     and ``$RAY_ADDRESS`` over the address it is given, so both are hidden from it meanwhile
     (``resolve_address`` has already weighed them)."""
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     hidden = {name: os.environ.pop(name) for name in ADDRESS_ENV if name in os.environ}
     try:
         return JobSubmissionClient(dashboard)
+    except AuthenticationError as exc:  # another token, or none where the cluster wants one
+        raise ConfigError(
+            f"--address {dashboard}: the job server refused this client ({first_line(exc)}); set --auth to the "
+            "cluster's RAY_AUTH_MODE and give its token (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH; docs/cluster.md)"
+        ) from None
     finally:
         os.environ.update(hidden)
 
@@ -83,8 +89,9 @@ def submit_job(
                 time.sleep(2)
 
 
-def follow_job(dashboard: str, submission_id: str, out) -> str:
-    """Stream the job's logs to ``out`` until it ends; returns its final status."""
+def follow_job(dashboard: str, submission_id: str, out) -> tuple[str, str]:
+    """Stream the job's logs to ``out`` until it ends; returns its final status and what the job server says of it
+    (why it failed: an entrypoint's exit code, a runtime environment that could not be set up)."""
     from ray.job_submission import JobStatus
 
     client = job_client(dashboard)
@@ -97,9 +104,12 @@ def follow_job(dashboard: str, submission_id: str, out) -> str:
     try:
         asyncio.run(tail())
     except KeyboardInterrupt:
-        raise SweepError(
-            f"stopped following; job {submission_id} keeps running (`ray job stop {submission_id}` stops it)"
-        ) from None
+        stopped = SweepError(
+            f"stopped following; job {submission_id} keeps running "
+            f"(`ray job stop --address {dashboard} {submission_id}` stops it)"
+        )
+        stopped.exit_code = 130  # 128 + SIGINT, as `sweep run` ends on Ctrl-C
+        raise stopped from None
     except (ConnectionError, OSError, RuntimeError) as exc:
         raise SweepError(
             f"lost the job server while following {submission_id} ({first_line(exc)}); the job may still be running"
@@ -107,4 +117,5 @@ def follow_job(dashboard: str, submission_id: str, out) -> str:
     ended = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
     while (status := client.get_job_status(submission_id)) not in ended:
         time.sleep(1)
-    return str(status.value if hasattr(status, "value") else status)
+    message = client.get_job_info(submission_id).message or ""
+    return str(status.value if hasattr(status, "value") else status), message

@@ -66,7 +66,9 @@ def start_ray(cluster: ClusterConfig) -> bool:
 
 
 def _refused(cluster: ClusterConfig, reason: str, who: str = "the Ray cluster there refused this client's token"):
-    first = (reason.strip().splitlines() or [""])[0][:160]
+    first = (reason.strip().splitlines() or [""])[0]
+    if len(first) > 160:  # Ray's sentence cut where a word ends, and said to be cut
+        first = first[:160].rsplit(" ", 1)[0] + " ..."
     return (
         f"cluster.address={cluster.address}: {who} ({first}); "
         f"set cluster.auth to the cluster's mode (now {cluster.auth}) and give its token (RAY_AUTH_TOKEN or "
@@ -116,7 +118,7 @@ def trial_resources(cfg: Config) -> dict[str, float]:
     if gpu > max(gpus_per_node, default=0.0):
         raise ConfigError(
             f"resources.gpu={cfg.resources.gpu}: no node of this cluster has {gpu:g} GPU(s) "
-            f"(GPUs per node: {gpus_per_node or [0]}); use resources.gpu=0 or gpu=auto"
+            f"(GPUs per node: {gpus_per_node or [0]}); use resources.gpu=0 or resources.gpu=auto"
         )
     if cfg.device == "cuda" and gpu == 0:
         raise ConfigError(
