@@ -100,6 +100,28 @@ def test_every_shipped_search_composes_with_the_real_conf(name):
             "interval(...) is continuous; a grid needs choice(...) or range(...)",
         ),
         (["+search.objectives.speed=max"], "search.objectives.speed: not a metric"),
+        # keys that would change nothing: refused rather than accepted silently
+        (
+            ["search=saturation-grid", "search.n_trials=3"],
+            "search.n_trials=3: a grid search runs every setting of its sub-spaces; n_trials counts the settings of "
+            "an optuna, bracket or skipset search (leave it null)",
+        ),
+        (["search=screen", "search.n_trials=3"], "search.n_trials=3: a screen search replays every setting"),
+        (["search=bracket", "search.n_trials=1"], "search.n_trials=1: at least 2 for a bracket search"),
+        (
+            ["search=optuna-constrained", "search.constraints.agreement=1.5"],
+            "search.constraints.agreement=1.5: must be a number in [0, 1] (agreement is a fraction",
+        ),
+        (["search=optuna-constrained", "search.constraints.agreement=-1"], "search.constraints.agreement=-1: must be"),
+        (
+            ["search.spaces=[{gate: saturation, gate.eps: 'range(0.3,0.1)'}]"],
+            "search.spaces[0].gate.eps=range(0.3,0.1): range(...) has no values (it runs from 0.3 towards 0.1",
+        ),
+        (
+            ["search.max_accuracy_loss=0.1"],
+            "search.max_accuracy_loss=0.1: stops a task's gated side on its accuracy loss; measure a task with "
+            "eval.task=humaneval|harness, or leave it null",
+        ),
         # a key of another kind, typed with or without '+': the kinds that take it (once: "a value, not a section")
         (
             ["search=optuna-mo", "search.neighbours=2"],

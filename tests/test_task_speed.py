@@ -128,7 +128,9 @@ def test_a_setting_certain_to_lose_more_than_the_bar_stops(tmp_path):
     from sweep.orchestrate.done import done_rows
 
     for bar, done in (("0.5", True), ("0.6", True), ("0.7", False), ("null", False)):
-        cfg = compose(f"model={MODEL}", f"results.root={tmp_path / 'results'}", f"search.max_accuracy_loss={bar}")
+        cfg = compose(
+            f"model={MODEL}", f"results.root={tmp_path / 'results'}", *TASK, f"search.max_accuracy_loss={bar}"
+        )
         assert (row["trial_id"] in done_rows(cfg)) is done, bar
     assert full["trial_id"] in done_rows(compose(f"results.root={tmp_path / 'all' / 'results'}"))
 

@@ -252,6 +252,11 @@ def _check_eval(cfg: Config) -> None:
                 raise ConfigError(
                     f"search.{section}.{named[0]}: a task's metric; measure a task with eval.task=humaneval|harness"
                 )
+        if cfg.search.max_accuracy_loss is not None:  # it would stop nothing, and say nothing of it
+            raise ConfigError(
+                f"search.max_accuracy_loss={cfg.search.max_accuracy_loss}: stops a task's gated side on its accuracy "
+                "loss; measure a task with eval.task=humaneval|harness, or leave it null"
+            )
         return
     if e.task == "humaneval" and not e.allow_code_execution:
         raise ConfigError(CODE_EXECUTION_OPT_IN)

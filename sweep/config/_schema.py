@@ -162,7 +162,7 @@ class SearchConfig:
     # each sub-space maps config paths (or the groups model/gate/prompts) to a value or a sweep
     # expression: choice(...), range(a,b,step=s), interval(a,b), int(interval(a,b)), tag(log, interval(a,b))
     spaces: list = field(check=lambda v: len(v) > 0, allowed="a non-empty list of mappings")
-    # the settings a search draws or keeps (its kind says which; null where a kind takes none)
+    # the settings a search draws or keeps (required by optuna, bracket, skipset; null for a grid or a screen)
     n_trials: int | None = field(None, check=in_range(1, 100000), allowed="an integer in 1..100000")
     seed: int = field(check=in_range(0, 2**32 - 1), allowed="an integer in 0..4294967295 (2^32 - 1, Optuna's samplers)")
     # what the sweep's settings are judged by (an Optuna search optimises them; every kind records them; null: an

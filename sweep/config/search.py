@@ -38,6 +38,8 @@ METRICS = (
     "accuracy_loss",
 )
 TASK_METRICS = ("accuracy", "accuracy_loss")
+# metrics that are fractions (docs/schema.md): a constraint's minimum outside [0, 1] is never met, or always
+FRACTIONS = ("agreement", "prefix_agreement", "exact_match", "exit_rate", "layers_saved", "accuracy")
 
 
 MAX_VALUES = 10_000  # values one range(...) may expand to
@@ -117,6 +119,10 @@ def _frange(start, stop, step, what: str = "range(...)"):
     if step == 0:
         raise ConfigError(f"{what}: range(...) step must not be 0")
     count = math.ceil((stop - start) / step)
+    if count <= 0:  # an empty space would run nothing and say only that
+        raise ConfigError(
+            f"{what}: range(...) has no values (it runs from {start} towards {stop}, stop excluded, by {step})"
+        )
     if count > MAX_VALUES:
         raise ConfigError(f"{what}: range(...) has {count} values; at most {MAX_VALUES} (use a larger step)")
     integer = all(isinstance(v, int) for v in (start, stop, step))
@@ -183,6 +189,11 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
             raise ConfigError(f"search.constraints.{metric}: not a metric; allowed: {', '.join(METRICS)}")
         if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
             raise ConfigError(f"search.constraints.{metric}={bound}: must be a number (finite: the metric's minimum)")
+        if metric in FRACTIONS and not 0 <= bound <= 1:
+            raise ConfigError(
+                f"search.constraints.{metric}={bound}: must be a number in [0, 1] ({metric} is a fraction: a minimum "
+                "above 1 is never met, one below 0 always)"
+            )
     if search.constraints and len(search.objectives or {}) != 1:
         raise ConfigError("search.constraints: supported with a single objective (e.g. speedup_wall: max)")
     for i, params in enumerate(spaces(search)):  # parse errors surface here, before Ray starts

@@ -112,7 +112,8 @@ class BracketSettings(Screening):
     def check(self) -> None:
         super().check()  # the lines: every combination of the other values
         if self.n_trials is None or self.n_trials < 2:
-            raise ConfigError("search.n_trials: required for a bracket search (thresholds kept per line, >= 2)")
+            given = ": required" if self.n_trials is None else f"={self.n_trials}: at least 2"
+            raise ConfigError(f"search.n_trials{given} for a bracket search (thresholds kept per line, >= 2)")
         for i, params in enumerate(spaces(self)):
             gate = next((p for p in params if p.key == "gate" and p.kind == "fixed"), None)
             if gate is None:
@@ -136,6 +137,17 @@ class GridSettings(SearchConfig):
 
     def check(self) -> None:
         no_intervals(self)
+        _every_setting(self)
+
+
+def _every_setting(search: SearchConfig) -> None:
+    """A grid or a screen runs (or screens) every setting of its sub-spaces: ``n_trials`` would change nothing."""
+    if search.n_trials is not None:
+        raise ConfigError(
+            f"search.n_trials={search.n_trials}: a {search.kind} search "
+            f"{'replays' if search.kind == 'screen' else 'runs'} every setting of its sub-spaces; "
+            "n_trials counts the settings of an optuna, bracket or skipset search (leave it null)"
+        )
 
 
 @search_kind
@@ -164,6 +176,10 @@ class ScreenSettings(Screening):
     ``neighbours`` run closed-loop."""
 
     KIND: ClassVar[str] = "screen"
+
+    def check(self) -> None:
+        super().check()
+        _every_setting(self)
 
 
 def _distinct(each):
