@@ -136,3 +136,29 @@ def test_without_a_knee_the_end_gives_the_replays_fastest_setting_at_the_bar():
     plain = knee_lines(front, 0.9, simulated.drop("speedup_model", "agreement_tf"))
     assert plain == knee_lines(front, 0.9) and plain[0].startswith("no knee on m's front")
     assert "replayed" not in " ".join(plain)
+
+
+def test_settings_that_differ_only_in_batch_size_are_told_apart():
+    """A batching grid's settings differ only in bench.batch_size: the end's table has it as a column (said once above
+    the table where every row shares it), and each setting's progress line names it."""
+    from sweep.orchestrate.writer import SweepOutcome, describe
+
+    def row(batch: int) -> dict:
+        return {"model": "m", "gate": "fixed", "min_layer": 2, "exit_layer": 2, "kv_policy": "propagate",
+                "mode": "early_exit", "batch_size": batch, "repeats": 1, "status": "ok", "agreement": 0.5,
+                "speedup_wall": 1.0 + batch / 10, "noise_floor": 0.01, "speedup_aa": 1.0,
+                "step_layers_saved": 0.5, "trial_id": f"t{batch}"}  # fmt: skip
+
+    rows = [row(b) for b in (4, 1, 2)]
+    text = sweep_report(SweepOutcome("s", "p", "r", 3, 0, written=3, rows=rows))
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("gate ") and "batch_size" in line)
+    column = header.split().index("batch_size")
+    table = lines[lines.index(header) + 2 : lines.index(header) + 5]
+    assert [line.split()[column] for line in table] == ["1", "2", "4"]
+    assert "batch_size" not in describe(row(1), cached=False) and " batch_size=4:" in describe(row(4), cached=False)
+    two = [row(1), {**row(1), "exit_layer": 3, "trial_id": "t1b"}]
+    every = next(
+        line for line in sweep_report(SweepOutcome("s", "p", "r", 2, 0, rows=two)).splitlines() if "every" in line
+    )
+    assert "batch_size=1" in every  # one value: said once, with the columns every row shares

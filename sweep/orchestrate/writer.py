@@ -269,7 +269,7 @@ def row_work(row: dict) -> float | None:
 
 def describe(row: dict, cached: bool, computed_by: str | None = None) -> str:
     """One progress line for a finished trial."""
-    head = f"{row['model']} gate={row['gate']} {gate_text(row)}"
+    head = f"{row['model']} gate={row['gate']} {gate_text(row)}{bench_text(row)}"
     if row["status"] == "failed":
         return f"{head}: failed ({row.get('error')})"
     if row["status"] == "stopped":
@@ -285,6 +285,19 @@ def describe(row: dict, cached: bool, computed_by: str | None = None) -> str:
             f"model loads {row.get('worker_model_loads')})"
         )
     return f"{head}: {row['status']} agreement {row['agreement']:.3f} speedup_wall {row['speedup_wall']:.3f}x" + tail
+
+
+def bench_text(row: dict) -> str:
+    """The bench keys a sweep can vary beside the gate's (``sweep.shared_baseline``'s bundles differ only in gate,
+    kv_policy and mode; a batching grid in batch_size), where they are not the defaults: '' or ' key=value ...'."""
+    said = []
+    if row.get("mode") == "self_speculative":
+        said.append(f"draft_len={row.get('draft_len')}")
+    elif row.get("kv_policy") not in (None, "propagate"):
+        said.append(f"kv_policy={row['kv_policy']}")
+    if (row.get("batch_size") or 1) > 1:
+        said.append(f"batch_size={row['batch_size']}")
+    return "".join(f" {s}" for s in said)
 
 
 def overhead_summary(outcome: SweepOutcome) -> str:

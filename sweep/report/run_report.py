@@ -22,6 +22,7 @@ TABLE_COLUMNS = (
     "mode",
     "draft_len",
     "draft_stop",
+    "batch_size",
     "repeats",
     "status",
     "agreement",
@@ -58,7 +59,7 @@ def sweep_report(outcome, analysis=None) -> str:
         lines += screen_report(outcome)
     cols = [c for name in TABLE_COLUMNS for c in (GATE_COLUMNS if name == "GATE_COLUMNS" else [name])]
     df = pl.DataFrame([{c: r.get(c) for c in cols} for r in outcome.rows], infer_schema_length=None)
-    df = df.sort("model", "gate", "min_layer", *GATE_COLUMNS, nulls_last=True)
+    df = df.sort("model", "gate", "min_layer", *GATE_COLUMNS, "batch_size", nulls_last=True)
     new = outcome.written
     lines += [f"settings ({df.height}; {df.height - new} with rows from an earlier run or another sweep):"]
     lines += table(df, keys=("gate",))
