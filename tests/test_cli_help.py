@@ -89,6 +89,20 @@ def test_help_shows_the_chosen_gates_threshold_as_overridden(capsys):
     assert "\n  gate.eps=0.05\n  gate.k=64\n" in out and "gate.theta" not in out.split("gates (")[0]
 
 
+def test_run_help_shows_the_chosen_search_kinds_own_keys(capsys):
+    assert main(["run", "search=screen", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  search.neighbours=1 +the knee's neighbours on each side", out, re.MULTILINE)
+    assert main(["run", "search=skipset-random", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        re.search(r"^  search.sampler=random +tpe \| random$", out, re.MULTILINE) and "  search.closed_loop=8 " in out
+    )
+    assert main(["run", "search=optuna-mo", "--help"]) == 0  # another kind's keys are not its own
+    out = capsys.readouterr().out.split("search kinds")[0]
+    assert "search.sampler=tpe" in out and "search.neighbours" not in out and "search.closed_loop" not in out
+
+
 def test_bench_help_lists_every_gate_with_its_conf_defaults(capsys):
     assert main(["help", "bench"]) == 0
     out = capsys.readouterr().out

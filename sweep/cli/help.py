@@ -216,7 +216,8 @@ def show_help(command: str, overrides: list[str]) -> int:
         lines += ["", f"main keys ({'defaults' if not overrides else 'values'} from the composed config, conf/):"]
         if note:
             lines.append(f"  ({note})")
-        rows = [_key_text(key, data, choices) for key in _with_gate_params(h.keys, data)]
+        kind = (data.get("search") or {}).get("kind") if isinstance(data.get("search"), dict) else None
+        rows = [_key_text(key, data, choices, kind) for key in _with_chosen(h.keys, data)]
         width = min(36, max(len(text) for text, _ in rows))
         lines += [f"  {text:<{width}}  {note}".rstrip() for text, note in rows]
         if h.gates:
@@ -240,16 +241,25 @@ def show_help(command: str, overrides: list[str]) -> int:
     return 0
 
 
-def _with_gate_params(keys: tuple[str, ...], data: dict) -> list[str]:
-    """``keys`` with the chosen gate's own parameters (its threshold, as composed) after ``gate``."""
+def _with_chosen(keys: tuple[str, ...], data: dict) -> list[str]:
+    """``keys`` with the chosen gate's own parameters (its threshold, as composed) after ``gate``, and the chosen
+    search kind's own keys after ``search.kind``."""
+    from sweep.config import SearchConfig
+    from sweep.config.search_kinds import SEARCH_KINDS
     from sweep.gates import PARAMS
 
     gate = data.get("gate") if isinstance(data.get("gate"), dict) else {}
+    search = data.get("search") if isinstance(data.get("search"), dict) else {}
     out: list[str] = []
     for key in keys:
         out.append(key)
         if key == "gate":
             out += [f"gate.{p}" for p in PARAMS if gate.get(p) is not None and f"gate.{p}" not in keys]
+        if key == "search.kind" and search.get("kind") in SEARCH_KINDS.names():
+            shared = {f.name for f in dataclasses.fields(SearchConfig)}
+            settings = SEARCH_KINDS.get(search["kind"], key="search.kind")
+            own = [f.name for f in dataclasses.fields(settings) if f.name not in shared]
+            out += [f"search.{k}" for k in own if f"search.{k}" not in keys]
     return out
 
 
@@ -266,7 +276,7 @@ def _composed(overrides: list[str]) -> tuple[dict, dict, str]:
     return {}, {}, note
 
 
-def _key_text(key: str, data: dict, choices: dict) -> tuple[str, str]:
+def _key_text(key: str, data: dict, choices: dict, kind: str | None = None) -> tuple[str, str]:
     """``key=value`` as composed (a group: its option) and what conf/ says of it (its comment;
     a group: the other options)."""
     from sweep.config import config_dir
@@ -281,7 +291,7 @@ def _key_text(key: str, data: dict, choices: dict) -> tuple[str, str]:
     value: Any = data
     for part in key.split("."):
         value = value.get(part, "?") if isinstance(value, dict) else "?"
-    return f"{key}={_yaml_value(value)}", _comments(choices).get(key, "")
+    return f"{key}={_yaml_value(value)}", _comments(choices, kind).get(key, "")
 
 
 def _yaml_value(value: Any) -> str:
@@ -294,7 +304,7 @@ def _yaml_value(value: Any) -> str:
     return text if len(text) <= 70 else text[:67] + "..."
 
 
-def _comments(choices: dict) -> dict[str, str]:
+def _comments(choices: dict, kind: str | None = None) -> dict[str, str]:
     """The trailing comment of each key in conf/config.yaml and in the chosen group files, by
     dotted key: the one place the keys are described (what `sweep <command> --help` shows)."""
     import re
@@ -307,6 +317,8 @@ def _comments(choices: dict) -> dict[str, str]:
         return {}
     files = [(root / "config.yaml", "")]
     files += [(root / g / f"{choices[g]}.yaml", g + ".") for g in GROUPS[:5] if choices.get(g)]
+    if kind:  # the search kind's own keys are described in its file, over the shared base's
+        files.insert(1, (root / "search" / "kind" / f"{kind}.yaml", "search."))
     out: dict[str, str] = {}
     for path, prefix in files:
         if not path.is_file():

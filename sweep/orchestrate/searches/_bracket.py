@@ -34,7 +34,9 @@ CANDIDATES = 64  # thresholds replayed per line before n_trials of them are kept
 @register
 class Bracket(Search):
     settings = BracketSettings
-    summary = "thresholds at quantiles of each gate's own signal in a profile trace; the simulated front runs"
+    summary = (
+        "search.n_trials thresholds per line from its gate's signal on a trace; the simulated front runs closed-loop"
+    )
 
     def foresee(self, cfg, base) -> GridTrials:
         """Every line of the search composed (its threshold at the gate's default, which the trace replaces)."""
