@@ -325,6 +325,25 @@ def test_an_optuna_sweep_run_again_continues_its_study_and_shows_every_setting_o
     assert len({r["trial_id"] for r in more.rows if r["repeats"] == 1}) == 4
 
 
+def test_a_trial_stopped_before_its_id_was_recorded_counts_by_its_setting_on_a_resume(ray_session, tmp_path):
+    """A stop signal can end a study trial (told failed, no user attributes) after its setting's row was written: a
+    resume knows the trial by its parameters, so the row counts and the sweep does not draw a setting more than
+    search.n_trials (before: n_trials=2 ended with 3 distinct settings)."""
+    import sqlite3
+
+    space = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1,0.2,0.3,0.4,0.5)'}]"
+    first = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=2")
+    db = Path(first.root) / "ray" / first.name / "optuna.db"
+    with sqlite3.connect(db) as con:  # as the interruption leaves it: failed, its attributes never set
+        (last,) = con.execute("SELECT max(trial_id) FROM trials").fetchone()
+        con.execute("DELETE FROM trial_user_attributes WHERE trial_id = ?", (last,))
+        con.execute("DELETE FROM trial_values WHERE trial_id = ?", (last,))
+        con.execute("UPDATE trials SET state = 'FAIL' WHERE trial_id = ?", (last,))
+    resumed = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=2", "resume=true", f"sweep.name={first.name}")
+    assert resumed.written == 0
+    assert read("trials", tmp_path).filter(pl.col("repeats") == 1)["trial_id"].n_unique() == 2
+
+
 def test_the_settings_a_study_ends_with_are_retimed_to_the_floor_target(ray_session, tmp_path):
     """The study climbs speedup_model; its Pareto set (feasible, found here by brute force) is timed again with
     the rounds that bring each one's A/A floor to analysis.floor_target (projected from its own rounds, at most

@@ -74,7 +74,7 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
         log.info(
             "resuming sweep %s from its rows and study in %s (no pickled Tune state is loaded)", plan.name, plan.path
         )
-    total = len(planned) if planned is not None else search.trials(plan)  # what this run runs
+    total = len(planned) if planned is not None else search.trials(plan, device)  # what this run runs
     size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
     # shown with this run's rows at the end: a grid's done settings, or those a sampling search already held
     existing = done_settings(grid_trials, plan.done, device) if grid_trials is not None else search.held(plan)

@@ -4,6 +4,7 @@ sweep: ``sweep.orchestrate.searches.study``)."""
 from __future__ import annotations
 
 from sweep.config import compose
+from sweep.errors import SweepError
 from sweep.config.search import as_override, spaces
 from sweep.config.search_kinds import OptunaSettings
 from sweep.orchestrate.done import row_ids, sweep_rows
@@ -84,12 +85,23 @@ class Optuna(Search):
             out.append([*setting, f"bench.repeats={rounds}"])
         return out
 
-    def trials(self, plan) -> int:
+    def trials(self, plan, device: str) -> int:
         """``search.n_trials``, or on a resume those the study still lacks (a trial counts only with its row:
         ``sweep.orchestrate.searches.study.remaining_trials``)."""
         from sweep.orchestrate.searches.study import remaining_trials
 
+        from sweep.config.identity import trial_identity
+        from sweep.orchestrate.searches.study import DefineByRun, fixed_setting
+
         if not plan.cfg.resume:
             return plan.cfg.search.n_trials
         own = sweep_rows(plan.root, plan.name)
-        return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root), own=own)
+        space = DefineByRun(spaces(plan.cfg.search))
+
+        def identify(params: dict) -> str | None:  # a trial stopped before its trial id was recorded
+            try:
+                return trial_identity(compose(merge(plan.base, fixed_setting(space, params))), device).id
+            except (SweepError, KeyError, ValueError):  # parameters a planted study holds may compose to nothing
+                return None
+
+        return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root), own=own, identify=identify)

@@ -82,7 +82,7 @@ class Search:
         """For a search that samples: what Ray Tune's searcher needs (its state persisted beside the sweep)."""
         raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")
 
-    def trials(self, plan: Plan) -> int:
+    def trials(self, plan: Plan, device: str) -> int:
         """For a search that samples: how many trials this run draws (on a resume, what the search still lacks)."""
         raise NotImplementedError(f"search.kind={self.kind} hands Ray Tune a grid")
 

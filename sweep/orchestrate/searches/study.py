@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,7 +204,14 @@ def study_file(path: Path) -> Path:
     return db
 
 
-def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: set[str] = frozenset()) -> int:
+def remaining_trials(
+    search: SearchConfig,
+    path: Path,
+    *,
+    rows: set[str],
+    own: set[str] = frozenset(),
+    identify: Callable[[dict], str | None] | None = None,
+) -> int:
     """Trials an interrupted or extended Optuna sweep still has to run: ``n_trials`` (distinct settings) less the
     distinct settings of the study's finished trials whose row exists (``rows``: the trial ids with a row under
     results.root). A study trial
@@ -212,7 +220,9 @@ def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: s
     again, once. Trials left running are marked failed (no worker will finish them). The study
     is SQLite rows, read as data; one that cannot be read is a ConfigError naming the file. Without a study (it was
     moved away), the sweep's own rows (``own``: their trial ids) are its finished trials: the fresh study learns
-    them as the sampler proposes them again, and only the settings they lack are drawn."""
+    them as the sampler proposes them again, and only the settings they lack are drawn. A trial the interruption
+    ended before its trial id was recorded is known by its parameters (``identify``: parameters -> trial id), so
+    the row its setting wrote as the sweep stopped counts."""
     study = open_study(search, path) if study_file(path).exists() else None
     if study is None:  # no study of that name (yet, or any more)
         return max(search.n_trials - len(own), 0)
@@ -221,11 +231,15 @@ def remaining_trials(search: SearchConfig, path: Path, *, rows: set[str], own: s
         waiting = [t.params for t in trials if t.state == TrialState.WAITING]
         done, lost = set(), []
         for trial in trials:
-            if trial.state == TrialState.RUNNING:
+            if trial.state == TrialState.RUNNING:  # no worker will finish it; its setting may have its row
                 study.tell(trial.number, state=TrialState.FAIL)
-            elif trial.state != TrialState.WAITING and trial.user_attrs.get("trial_id") in rows:
-                done.add(trial.user_attrs["trial_id"])  # a setting counts once, however often it was proposed
-                continue
+            if trial.state != TrialState.WAITING:
+                tid = trial.user_attrs.get("trial_id")
+                if tid is None and identify is not None and trial.params:
+                    tid = identify(trial.params)
+                if tid in rows:
+                    done.add(tid)  # a setting counts once, however often it was proposed
+                    continue
             if trial.user_attrs.get("repeat_of"):  # a proposal told failed because it repeated one: not lost
                 continue
             if trial.state != TrialState.WAITING and trial.params and trial.params not in waiting + lost:
