@@ -3,6 +3,8 @@ claims of dead workers broken, and a resume that loads no pickle from shared sto
 
 from __future__ import annotations
 
+import logging
+
 import json
 import os
 import pickle
@@ -402,3 +404,5 @@ def test_a_sweep_into_a_root_whose_claims_is_a_file_completes_unclaimed(ray_sess
     )
     assert sum("runs unclaimed" in m for m in messages if m.startswith("trial ")) == 2  # each trial said so
     assert not [m for m in messages if "invalid value" in m]  # the notes reach Tune, not its TensorBoard logger's line
+    # (Ray says it once per process, so an earlier test may have used it up: the logger itself is quiet)
+    assert not logging.getLogger("ray.tune.logger.tensorboardx").isEnabledFor(logging.WARNING)

@@ -10,18 +10,18 @@ import dataclasses
 import hashlib
 import os
 import re
-import typing
 from pathlib import Path
 from typing import Any
 
 from sweep.config._composed import CONFIG_DIR_ENV, composed, config_dir
+from sweep.config._override_errors import first_line, missing_option as _missing_option
 from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
-from sweep.errors import ConfigError, SweepError
+from sweep.errors import ConfigError
 from sweep.gates import check_gate, check_k
 from sweep.config.paths import is_name, read_paths
 from sweep.config.search import check_ladder, check_search
-from sweep.config.search_kinds import SEARCH_KINDS, build_search, kind_chosen
+from sweep.config.search_kinds import build_search, kind_chosen
 
 # A gate's conf file holds only its own keys; every other GateConfig key composes to these (lens: the logit
 # lens, as a gate built in code reads a null one), and ``gate.KEY=VALUE`` may set any of them: ``check_gate``
@@ -64,6 +64,10 @@ def _hydra(overrides, *, hydra_config: bool = False):
         raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error(exc)) from None
+
+
+def _first_line(exc: BaseException, cause: BaseException | None = None, overrides=()) -> str:
+    return first_line(exc, cause, overrides, compose_dict)
 
 
 def compose_dict(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
@@ -294,125 +298,3 @@ def _derive_name(path: str | None) -> str:
     if len(name) > 128:  # keep it unique: a cut name plus a hash of the whole path
         name = f"{name[:119]}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
     return name if is_name(name) else "model"
-
-
-def _missing_option(exc: Any) -> str:
-    missing = getattr(exc, "missing_cfg_file", "") or ""
-    options = getattr(exc, "options", None)
-    group, _, option = missing.rpartition("/")
-    if group and options:
-        return f"{group}={option}: unknown option; allowed: {', '.join(sorted(options))}"
-    return _first_line(exc)
-
-
-def _first_line(exc: BaseException, cause: BaseException | None = None, overrides=()) -> str:
-    text = str(exc).strip()
-    m = re.match(r"Ambiguous value for argument '([^'=]+)=(.*)'", text)
-    if m:
-        return _comma_list(m.group(1).lstrip("+"), m.group(2), overrides)
-    m = re.search(r"Could not override '([^']+)'", text)
-    if m:
-        deeper = re.search(r"full_key: (\S+)", str(cause or ""))
-        return _unknown_key(m.group(1), deeper.group(1) if deeper else m.group(1), overrides)
-    m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
-    if m:
-        return f"+{m.group(1)}: already set; drop the '+'"
-    first = text.splitlines()[0] if text else type(exc).__name__
-    if isinstance(exc, _override_parse_error()):
-        bad = next((o for o in overrides if any(c in o for c in "\n\r\t\x00")), None)
-        if bad is not None:  # a control character would cut this line: the override is shown escaped
-            return f"cannot parse the override {bad!r}: it holds a control character (newline, tab, NUL)"
-        return f"cannot parse the overrides ({first}); see Hydra's override grammar"
-    m = re.search(r"Sweep parameters '([^'=]+)=(.*)' requires --multirun", first)
-    if m:  # a sweep expression as a plain value: only quotes make it a string
-        return f"{m.group(1)}={m.group(2)}: a sweep expression as a value must be quoted: {m.group(1)}='{m.group(2)}'"
-    return first
-
-
-def _comma_list(key: str, value: str, overrides=()) -> str:
-    """A comma list as a value (Hydra's multirun sweep): one line pointing to `sweep run search=...`
-    with this key's sub-space as the example (naming the gate when the key is a gate parameter)."""
-    from sweep.gates import GATES, LAYER_KEYS
-
-    param = key.removeprefix("gate.")
-    entries = [f"{key}: 'choice({value})'"]
-    if key.startswith("gate.") and param != "name":
-        chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") in ("gate", "gate.name")]
-        takes = [s.name for s in GATES if param in s.accepts]
-        gate = chosen[-1] if chosen else (takes[0] if takes and param not in LAYER_KEYS else "saturation")
-        entries.insert(0, f"gate: {gate}")
-    space = "{" + ", ".join(entries) + "}"
-    return (
-        f"{key}={value}: a comma list is a sweep; sweeps are `sweep run search=...`, e.g. "
-        f'sweep run "search.spaces=[{space}]" or a shipped search such as search=saturation-grid '
-        f"(conf/search/)" + (f"; a list value is written {key}=[{value}]" if "." in key else "")
-    )
-
-
-def _unknown_key(key: str, missing: str, overrides=()) -> str:
-    """The error for override ``key`` when ``missing`` (Hydra's full_key: the first part of
-    ``key`` not in the config, or a key inside a mapping ``key`` sets whole) does not exist:
-    names both, and what is allowed where (in ``search``: what the chosen kind takes)."""
-    if missing.startswith(key + "."):  # a mapping set whole (search.objectives={speed: max}): name the new key
-        key = missing
-    parent, _, leaf = missing.rpartition(".")
-    kind, allowed = _section(parent)
-    if parent == "search":  # the keys of the search's kind, which the composed search lacks: its kind's own only
-        from sweep.config.search_kinds import foreign_key, own_keys
-
-        chosen = _search_kind(overrides, key)
-        foreign = foreign_key(leaf, chosen)
-        if foreign:
-            return foreign
-        allowed = own_keys(chosen) if chosen else allowed
-    at = f" ({missing})" if missing != key else ""
-    if kind == "mapping":  # a free mapping such as search.objectives: new keys need a '+'
-        return f"{key}: not a key of {parent}{at}; add it with +{key}=VALUE"
-    if kind == "value" or leaf in allowed:  # the path goes through a value, not a section
-        value = parent if kind == "value" else missing
-        return f"{key}: {value} is a value, not a section; set {value}=VALUE"
-    where = f"in {parent}" if parent else "at the top level"
-    if allowed:
-        return f"{key}: unknown key {where}{at}; allowed: {', '.join(allowed)}"
-    return f"{key}: unknown key{at}"
-
-
-def _search_kind(overrides, key: str) -> str | None:
-    """The search kind ``overrides`` choose, composed without the override of ``key`` (None: they do not compose)."""
-    rest = [o for o in overrides if str(o).partition("=")[0].lstrip("+~") != key]
-    try:
-        kind = compose_dict(rest).get("search", {}).get("kind")
-    except SweepError:
-        return None
-    return kind if kind in {k.KIND for k in SEARCH_KINDS} else None
-
-
-def _section(path: str) -> tuple[str, list[str]]:
-    """What the config holds at dotted ``path`` ('' = top level): ("section", its field
-    names), ("mapping", []) for a free mapping, ("value", []) for a leaf, ("", []) if unknown."""
-    cls: Any = Config
-    for part in [p for p in path.split(".") if p]:
-        if not dataclasses.is_dataclass(cls):
-            return "", []
-        hints = {k: v for c in _kinds(cls) for k, v in typing.get_type_hints(c).items()}
-        if part not in hints:
-            return "", []
-        args = [a for a in typing.get_args(hints[part]) if dataclasses.is_dataclass(a)]
-        optional = [a for a in typing.get_args(hints[part]) if a is not type(None)]
-        cls = args[0] if args else optional[0] if len(optional) == 1 else hints[part]
-    if dataclasses.is_dataclass(cls):
-        return "section", list(dict.fromkeys(f.name for c in _kinds(cls) for f in dataclasses.fields(c)))
-    return ("mapping" if cls is dict else "value"), []
-
-
-def _kinds(cls: Any) -> list:
-    """A section's classes: the search's base and every kind's settings over it; any other section itself."""
-    from sweep.config._schema import SearchConfig
-
-    return [cls, *SEARCH_KINDS] if cls is SearchConfig else [cls]
-
-
-def _override_parse_error() -> type:
-    from hydra.errors import OverrideParseException
-
-    return OverrideParseException

@@ -60,6 +60,18 @@ def trial_config(base: list[str], trial: list[str], device: str) -> Config:
     return dataclasses.replace(compose(merge(base, trial)), device=device)
 
 
+def setting_id(base: list[str], trial: list[str], device: str) -> str | None:
+    """The trial id of a setting (``trial``: its overrides over ``base``) as the driver composes it on ``device``;
+    None when it does not compose."""
+    from sweep.config.identity import trial_identity
+    from sweep.errors import SweepError
+
+    try:
+        return trial_identity(trial_config(base, trial, device), device).id
+    except SweepError:
+        return None
+
+
 def tune_settings(config: dict) -> list[list[str]]:
     """The settings (override lists) a Tune trial's config holds: one (``trial``) or a bundle
     timed against one shared baseline (``trials``, ``baseline_groups``)."""

@@ -38,8 +38,9 @@ def own_sessions() -> Iterator[None]:
     monitors: ``services.start_ray_process``) each start a session of their own. A stop signal sent to the driver's
     process group (``timeout`` sends its signal to the group, as a shell's job control may) then reaches the driver,
     which stops the sweep and Ray in order, and not Ray's servers under it: a GCS killed first left the driver
-    waiting 60 s for it, with no resume line and its claims held. Ray still ties each of them to the driver's life
-    (Linux's parent-death signal), and stops them by pid."""
+    waiting 60 s for it, with no resume line and its claims held. On Linux (the project's platform: it reads
+    ``/proc``) Ray still ties each of them to the driver's life with the parent-death signal, which ``setsid`` keeps,
+    and stops them by pid."""
     import ray._private.services as services
 
     started = services.ConsolePopen

@@ -101,8 +101,12 @@ def follow_job(dashboard: str, submission_id: str, out) -> tuple[str, str]:
             out.write(lines)
             out.flush()
 
+    ended = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
     try:
         asyncio.run(tail())
+        while (status := client.get_job_status(submission_id)) not in ended:
+            time.sleep(1)
+        message = client.get_job_info(submission_id).message or ""
     except KeyboardInterrupt:
         stopped = SweepError(
             f"stopped following; job {submission_id} keeps running "
@@ -114,8 +118,4 @@ def follow_job(dashboard: str, submission_id: str, out) -> tuple[str, str]:
         raise SweepError(
             f"lost the job server while following {submission_id} ({first_line(exc)}); the job may still be running"
         ) from None
-    ended = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
-    while (status := client.get_job_status(submission_id)) not in ended:
-        time.sleep(1)
-    message = client.get_job_info(submission_id).message or ""
     return str(status.value if hasattr(status, "value") else status), message

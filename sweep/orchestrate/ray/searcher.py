@@ -20,7 +20,7 @@ from sweep.orchestrate.ray import internals as _ray_private
 from sweep.orchestrate.report import ROW, row_of, trial_report
 from sweep.orchestrate.searches import study as optuna_api
 from sweep.orchestrate.searches.study import DefineByRun, StudySpec
-from sweep.orchestrate.settings import trial_config
+from sweep.orchestrate.settings import setting_id, trial_config
 
 
 class ConstrainedOptunaSearch(OptunaSearch):
@@ -100,10 +100,7 @@ class ConstrainedOptunaSearch(OptunaSearch):
         does not compose (its worker reports it failed) or there is none."""
         if not config or "trial" not in config or self._device is None:
             return None
-        try:
-            return trial_identity(trial_config(self._base, list(config["trial"]), self._device), self._device).id
-        except SweepError:
-            return None
+        return setting_id(self._base, list(config["trial"]), self._device)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """Nothing: a trial reports once, and the study has no pruner (OptunaSearch would

@@ -4,7 +4,6 @@ sweep: ``sweep.orchestrate.searches.study``)."""
 from __future__ import annotations
 
 from sweep.config import compose
-from sweep.errors import SweepError
 from sweep.config.search import as_override, spaces
 from sweep.config.search_kinds import OptunaSettings
 from sweep.orchestrate.done import row_ids, sweep_rows
@@ -44,12 +43,16 @@ class Optuna(Search):
 
         return study_written(path)
 
-    def held(self, plan) -> list[dict]:
-        """The rows of the settings the study already holds (a resumed or continued sweep's), in the study's order."""
+    def held(self, plan, device: str) -> list[dict]:
+        """The rows of the settings the study already holds (a resumed or continued sweep's), in the study's order:
+        each trial known by its trial id, or by its parameters where a stop ended it before its id was recorded."""
         from sweep.orchestrate.searches.study import open_study
 
         study = open_study(plan.cfg.search, plan.path)
-        ids = [t.user_attrs.get("trial_id") for t in study.get_trials(deepcopy=False)] if study is not None else []
+        if study is None:
+            return []
+        identify = _identifier(plan, device)
+        ids = [t.user_attrs.get("trial_id") or identify(t.params) for t in study.get_trials(deepcopy=False)]
         return [plan.done[tid] for tid in dict.fromkeys(ids) if tid in plan.done]
 
     def searcher(self, plan, device):
@@ -90,18 +93,27 @@ class Optuna(Search):
         ``sweep.orchestrate.searches.study.remaining_trials``)."""
         from sweep.orchestrate.searches.study import remaining_trials
 
-        from sweep.config.identity import trial_identity
-        from sweep.orchestrate.searches.study import DefineByRun, fixed_setting
-
         if not plan.cfg.resume:
             return plan.cfg.search.n_trials
         own = sweep_rows(plan.root, plan.name)
-        space = DefineByRun(spaces(plan.cfg.search))
-
-        def identify(params: dict) -> str | None:  # a trial stopped before its trial id was recorded
-            try:
-                return trial_identity(compose(merge(plan.base, fixed_setting(space, params))), device).id
-            except (SweepError, KeyError, ValueError):  # parameters a planted study holds may compose to nothing
-                return None
-
+        identify = _identifier(plan, device)
         return remaining_trials(plan.cfg.search, plan.path, rows=row_ids(plan.root), own=own, identify=identify)
+
+
+def _identifier(plan, device: str):
+    """Study parameters -> the trial id of their setting (None where they compose to nothing: a planted study's)."""
+    from sweep.orchestrate.searches.study import DefineByRun, fixed_setting
+    from sweep.orchestrate.settings import setting_id
+
+    space = DefineByRun(spaces(plan.cfg.search))
+
+    def identify(params: dict) -> str | None:
+        if not params:
+            return None
+        try:
+            setting = fixed_setting(space, params)
+        except Exception:  # noqa: BLE001 - whatever a planted study's parameters make Optuna's fixed trial raise
+            return None
+        return setting_id(plan.base, setting, device)
+
+    return identify

@@ -73,7 +73,7 @@ class Search:
         default: settings whose rows exist are skipped by any run."""
         return False
 
-    def held(self, plan: Plan) -> list[dict]:
+    def held(self, plan: Plan, device: str) -> list[dict]:
         """For a search that samples: the rows, already done, of the settings it held before this run (shown with this
         run's rows at the end); none by default."""
         return []
