@@ -200,6 +200,36 @@ def test_a_failed_job_says_why(two_node_cluster, tmp_path):
     assert ": FAILED (" in line and "exit code 127" in line, line  # the job server's reason, not only "FAILED"
 
 
+def test_ctrl_c_while_following_a_job_leaves_it_running_and_names_the_stop_command(two_node_cluster, tmp_path):
+    """Ctrl-C stops following, not the job: rc 130 (as `sweep run` ends on Ctrl-C) and the stop command with the
+    address; the job then stopped by it."""
+    import threading
+
+    from helpers.waiting import wait_for
+
+    root = tmp_path / "r"
+    command = [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", two_node_cluster["dashboard"], "--",
+               *SLOW_TRIALS, *FOUR, f"results.root={root}"]  # fmt: skip
+    proc = subprocess.Popen(command, env=two_node_cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
+    reader.start()
+    wait_for(lambda: files("trials", root), "the job's first row", timeout=400, poll=0.5)  # it is being followed
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    reader.join(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    [line] = [line for line in err.splitlines() if line.startswith("error:")]
+    job = re.search(r"submitted (raysubmit_\w+)", "".join(out)).group(1)
+    stop = f"`ray job stop --address {two_node_cluster['dashboard']} {job}` stops it"
+    assert line == f"error: stopped following; job {job} keeps running ({stop})", line
+    done = subprocess.run([str(Path(sys.executable).with_name("ray")), "job", "stop", "--address",
+                           two_node_cluster["dashboard"], job], env=two_node_cluster["env"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]  # it was still running
+
+
 def test_ray_job_stop_lets_the_sweep_release_its_claims_and_print_its_resume_line(two_node_cluster, tmp_path):
     """`ray job stop` sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s by Ray's default, too short
     for a sweep to stop its trials on a loaded machine): the job's environment gives it the time to end as it does on
