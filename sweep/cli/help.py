@@ -216,8 +216,8 @@ def show_help(command: str, overrides: list[str]) -> int:
         lines += ["", f"main keys ({'defaults' if not overrides else 'values'} from the composed config, conf/):"]
         if note:
             lines.append(f"  ({note})")
-        kind = (data.get("search") or {}).get("kind") if isinstance(data.get("search"), dict) else None
-        rows = [_key_text(key, data, choices, kind) for key in _with_chosen(h.keys, data)]
+        kind = _search_kind(data)
+        rows = [_key_text(key, data, choices, kind) for key in _with_chosen(h.keys, data, kind)]
         width = min(36, max(len(text) for text, _ in rows))
         lines += [f"  {text:<{width}}  {note}".rstrip() for text, note in rows]
         if h.gates:
@@ -241,25 +241,28 @@ def show_help(command: str, overrides: list[str]) -> int:
     return 0
 
 
-def _with_chosen(keys: tuple[str, ...], data: dict) -> list[str]:
-    """``keys`` with the chosen gate's own parameters (its threshold, as composed) after ``gate``, and the chosen
-    search kind's own keys after ``search.kind``."""
-    from sweep.config import SearchConfig
+def _search_kind(data: dict) -> str | None:
+    """The composed search's kind, where it is a registered one."""
     from sweep.config.search_kinds import SEARCH_KINDS
+
+    search = data.get("search") if isinstance(data.get("search"), dict) else {}
+    return search.get("kind") if search.get("kind") in SEARCH_KINDS.names() else None
+
+
+def _with_chosen(keys: tuple[str, ...], data: dict, kind: str | None) -> list[str]:
+    """``keys`` with the chosen gate's own parameters (its threshold, as composed) after ``gate``, and the search
+    ``kind``'s own keys after ``search.kind``."""
+    from sweep.config.search_kinds import kind_keys
     from sweep.gates import PARAMS
 
     gate = data.get("gate") if isinstance(data.get("gate"), dict) else {}
-    search = data.get("search") if isinstance(data.get("search"), dict) else {}
     out: list[str] = []
     for key in keys:
         out.append(key)
         if key == "gate":
             out += [f"gate.{p}" for p in PARAMS if gate.get(p) is not None and f"gate.{p}" not in keys]
-        if key == "search.kind" and search.get("kind") in SEARCH_KINDS.names():
-            shared = {f.name for f in dataclasses.fields(SearchConfig)}
-            settings = SEARCH_KINDS.get(search["kind"], key="search.kind")
-            own = [f.name for f in dataclasses.fields(settings) if f.name not in shared]
-            out += [f"search.{k}" for k in own if f"search.{k}" not in keys]
+        if key == "search.kind" and kind is not None:
+            out += [f"search.{k}" for k in kind_keys(kind) if f"search.{k}" not in keys]
     return out
 
 

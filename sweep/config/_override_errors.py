@@ -105,13 +105,15 @@ def _search_kind(overrides, compose) -> str | None:
     asked already (an error inside this composition names no kind: no second one)."""
     if _ASKING.get():
         return None
-    rest = []
-    for o in overrides:
-        key = str(o).partition("=")[0].lstrip("+~")
-        if key == "search.kind" or not (key == "search" or key.startswith("search.")) or "=" not in str(o):
-            rest.append(o)
-        elif key == "search" and not str(o).partition("=")[2].lstrip().startswith("{"):
-            rest.append(o)  # search=NAME, a conf file; not a mapping set whole
+
+    def chooses_or_elsewhere(o) -> bool:  # search=NAME (a conf file, not a mapping set whole), search.kind, not search
+        key, _, value = str(o).partition("=")
+        key = key.lstrip("+~")
+        if key == "search":
+            return not value.lstrip().startswith("{")
+        return key == "search.kind" or not key.startswith("search.")
+
+    rest = [o for o in overrides if chooses_or_elsewhere(o)]
     token = _ASKING.set(True)
     try:
         kind = compose(rest).get("search", {}).get("kind")

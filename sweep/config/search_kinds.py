@@ -67,6 +67,12 @@ def own_keys(kind: str) -> list[str]:
     return [f.name for f in dataclasses.fields(SEARCH_KINDS.get(kind, key="search.kind"))]
 
 
+def kind_keys(kind: str) -> list[str]:
+    """The keys only a search of ``kind`` takes (its own, beyond the shared base's)."""
+    shared = {f.name for f in dataclasses.fields(SearchConfig)}
+    return [k for k in own_keys(kind) if k not in shared]
+
+
 def kind_chosen(overrides) -> list[str]:
     """``search.kind=KIND`` as the choice of the kind's own settings (conf/search/kind/KIND.yaml, over the shared
     base and under the search's own values): a kind's keys and their defaults come with it. An unknown kind is one

@@ -29,9 +29,8 @@ class ReportContext:
     settings: pl.DataFrame = field(default_factory=pl.DataFrame)  # the best setting per target, full depth aside
     floors: pl.DataFrame = field(default_factory=pl.DataFrame)  # the A/A noise floor per model (noise_floors)
     knee_min_agreement: float = 0.9  # analysis.knee_min_agreement
-    headline: float = (
-        HEADLINE_TARGET  # the verdicts' agreement target (``plotting.headline_target`` of analysis.targets)
-    )
+    # the verdicts' agreement target (``plotting.headline_target`` of analysis.targets)
+    headline: float = HEADLINE_TARGET
 
     @cached_property
     def curves(self) -> pl.DataFrame:
