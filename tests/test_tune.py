@@ -139,6 +139,22 @@ def test_cli_gpu_request_fails_on_its_own_embedded_ray(tmp_path):
     assert len(errors) == 1 and "resources.gpu=1.0: no node of this cluster has 1 GPU(s)" in errors[0]
 
 
+@pytest.mark.ray
+def test_cli_advertised_gpu_without_cuda_is_refused_before_any_trial(tmp_path):
+    """A Ray node that advertises a GPU (here `cluster.num_gpus=1` on a machine whose torch sees none) would fail
+    every trial, each with its row: asked once before them, one line, rc 2, nothing written."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a CUDA device here: the advertised GPU is real")
+    res = run_cli("run", *TINY_SWEEP, "cluster.num_gpus=1", f"results.root={tmp_path}", timeout=120)
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "resources.gpu=auto: the cluster advertises GPUs" in errors[0], res.stderr
+    assert "sees no CUDA device" in errors[0] and "use device=cpu" in errors[0]
+    assert "failed" not in res.stderr and not (tmp_path / "trials").exists()
+
+
 def test_unreachable_cluster_address_fails_fast(tmp_path):
     res = run_cli(
         "run", *TINY_SWEEP, "cluster=existing", "cluster.address=127.0.0.1:9", f"results.root={tmp_path}", timeout=120

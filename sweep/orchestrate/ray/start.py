@@ -11,6 +11,8 @@ from sweep.config import ClusterConfig, Config
 from sweep.errors import ConfigError, SweepError
 from sweep.orchestrate.ray import internals as _ray_private
 
+log = logging.getLogger("sweep.orchestrate.ray.start")
+
 
 def start_ray(cluster: ClusterConfig) -> bool:
     """Start an embedded Ray on 127.0.0.1 or join ``cluster.address``; True if started here."""
@@ -134,3 +136,35 @@ def trial_resources(cfg: Config) -> dict[str, float]:
             f"(CPUs per node: {cpus_per_node})"
         )
     return {"cpu": float(cfg.resources.cpu), "gpu": float(gpu)}
+
+
+def require_cuda(cfg: Config, resources: dict[str, float], wait_s: float = 60.0) -> None:
+    """A trial given a GPU of this cluster sees CUDA there: asked once, before any trial, in a task with a trial's
+    resources (a node that advertises a GPU its torch cannot use would fail every trial, one by one). When no GPU
+    frees within ``wait_s`` (other work holds them) or the task cannot run, the trials go on unasked."""
+    probe = ray.remote(num_cpus=resources["cpu"], num_gpus=resources["gpu"])(_no_cuda_here)
+    ref = probe.remote()
+    try:
+        ready, _ = ray.wait([ref], timeout=wait_s)
+        if not ready:
+            ray.cancel(ref, force=True)
+            log.info("no GPU of the cluster was free for %.0f s to check CUDA on; the trials will say", wait_s)
+            return
+        seen = ray.get(ref)
+    except ray.exceptions.RayError as exc:
+        log.info("the check that a GPU task sees CUDA did not run (%s)", str(exc).strip().splitlines()[0])
+        return
+    if seen is not None:
+        raise ConfigError(
+            f"resources.gpu={cfg.resources.gpu}: the cluster advertises GPUs, but a task given one there sees no "
+            f"CUDA device ({seen}); use device=cpu, or resources.gpu=0"
+        )
+
+
+def _no_cuda_here() -> str | None:
+    """None where torch sees a CUDA device; else torch's version and build."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return f"torch {torch.__version__}, {'a CPU-only build' if torch.version.cuda is None else f'CUDA {torch.version.cuda}'}"

@@ -26,7 +26,7 @@ from sweep.orchestrate.ray.callbacks import Progress, StopWhenRowsCannotBeWritte
 from sweep.orchestrate.ray.hub import Hub, cannot_start_workers, forwarding
 from sweep.orchestrate.ray.internals import embedded_session
 from sweep.orchestrate.ray.searcher import searcher
-from sweep.orchestrate.ray.start import start_ray, stop_ray, trial_resources
+from sweep.orchestrate.ray.start import require_cuda, start_ray, stop_ray, trial_resources
 from sweep.orchestrate.report import row_of
 from sweep.orchestrate.settings import Pass, Plan
 from sweep.orchestrate.worker import tune_trial
@@ -66,9 +66,12 @@ class TuneCluster:
 
     @classmethod
     def on(cls, cfg: Config) -> TuneCluster:
-        """The trials' resources, checked against the cluster, and their device."""
+        """The trials' resources, checked against the cluster, and their device (a GPU's CUDA asked for)."""
         resources = trial_resources(cfg)
-        return cls(resources, trial_device(cfg.device, resources["gpu"]), Hub())
+        device = trial_device(cfg.device, resources["gpu"])
+        if device == "cuda":
+            require_cuda(cfg, resources)
+        return cls(resources, device, Hub())
 
     def broken(self) -> str | None:
         return None if self.hub.broken is None else workers_broken(self.hub.broken)
