@@ -167,4 +167,5 @@ def _no_cuda_here() -> str | None:
 
     if torch.cuda.is_available():
         return None
-    return f"torch {torch.__version__}, {'a CPU-only build' if torch.version.cuda is None else f'CUDA {torch.version.cuda}'}"
+    build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+    return f"torch {torch.__version__}, {build}"
