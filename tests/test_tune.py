@@ -162,6 +162,30 @@ def test_unreachable_cluster_address_fails_fast(tmp_path):
     assert res.returncode == 2 and "cluster.address=127.0.0.1:9: nothing answers" in res.stderr
 
 
+@pytest.mark.parametrize("auth", ["token", "disabled"])
+def test_cluster_address_of_something_else_fails_fast(tmp_path, auth):
+    """A port where a server that is not Ray's GCS answers (here an HTTP server): ray.init would retry for minutes,
+    a warning line every few seconds; refused in one line instead."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        res = run_cli(
+            "run", *TINY_SWEEP, "cluster=existing", f"cluster.auth={auth}", f"cluster.address={address}",
+            f"results.root={tmp_path}", env={"RAY_AUTH_TOKEN": "0123456789abcdef0123456789abcdef"}, timeout=120,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"something answers at {address}, but not a Ray cluster's GCS" in errors[0]
+    assert "Failed to connect to GCS" not in res.stderr and not (tmp_path / "trials").exists()
+
+
 @pytest.mark.ray
 def test_run_prints_progress_table_and_front(tmp_path):
     res = run_cli("run", *TINY_SWEEP, "search=conformal-grid", f"results.root={tmp_path}", timeout=300)

@@ -19,7 +19,7 @@ FUNCTIONS = (
     "embedded_session",
     "reset_token_cache",
     "set_trial_system_attr",
-    "token_refusal",
+    "ask_gcs",
     "own_sessions",
 )
 
@@ -114,24 +114,35 @@ def set_trial_system_attr(trial: Any, key: str, value: Any) -> None:
     trial.storage.set_trial_system_attr(trial._trial_id, key, value)
 
 
-def token_refusal(address: str, timeout_s: float = 5.0) -> str | None:
+def ask_gcs(address: str, timeout_s: float = 5.0, tries: int = 3) -> tuple[str, str] | None:
     """What the GCS at ``address`` says when asked, over a channel as Ray makes it (its TLS settings, its token
-    interceptor, no HTTP proxy), for its cluster id: its reason when it refuses the token (a missing or other
-    token), else None (it answers, or says nothing within ``timeout_s``: ``ray.init`` then decides). ``ray.init``
-    itself retries a refused token for about 20 seconds and then names no token. Raises Ray's
-    ``AuthenticationError`` when token auth is on and this client has no token at all (nothing is sent)."""
+    interceptor, no HTTP proxy), for its cluster id: ``("refused", reason)`` when it refuses the token (a missing or
+    other token); ``("silent", reason)`` when no try of ``tries`` (a second apart, each waiting ``timeout_s``) has an
+    answer from a gRPC server there (something else holds the port: ``ray.init`` would retry for minutes); else None
+    (it answers). ``ray.init`` itself retries a refused token for about 20 seconds and then names no token. Raises
+    Ray's ``AuthenticationError`` when token auth is on and this client has no token at all (nothing is sent)."""
+    import time
+
     import grpc
     from ray._private.grpc_utils import init_grpc_channel
     from ray._private.ray_constants import GLOBAL_GRPC_OPTIONS
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    channel = init_grpc_channel(address, options=GLOBAL_GRPC_OPTIONS)
-    try:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-            return exc.details() or "unauthenticated"
-    finally:
-        channel.close()
-    return None
+    silent = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(1.0)
+        channel = init_grpc_channel(address, options=GLOBAL_GRPC_OPTIONS)
+        try:
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+            return None
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return "refused", exc.details() or "unauthenticated"
+            if exc.code() not in silent:
+                return None
+            reason = (exc.details() or exc.code().name).strip().splitlines()[0]
+        finally:
+            channel.close()
+    return "silent", reason

@@ -57,9 +57,14 @@ def start_ray(cluster: ClusterConfig) -> bool:
         from ray.exceptions import AuthenticationError
 
         try:
-            refused = _ray_private.token_refusal(address)  # in a second: ray.init retries for 20, naming no token
-            if refused is not None:
-                raise ConfigError(_refused(cluster, refused))
+            reply = _ray_private.ask_gcs(address)  # in a second: ray.init retries a refusal for 20 s, naming no token
+            if reply is not None and reply[0] == "refused":
+                raise ConfigError(_refused(cluster, reply[1]))
+            if reply is not None:  # ray.init would retry for minutes, a warning every few seconds
+                raise ConfigError(
+                    f"cluster.address={cluster.address}: something answers at {address}, but not a Ray cluster's GCS "
+                    f"({_first(reply[1])}); give the GCS's host:port (`ray start --head` prints it; port 6379 unless set)"
+                )
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except AuthenticationError as exc:  # token auth, and no token here at all: Ray sends nothing
             raise ConfigError(_refused(cluster, str(exc), "Ray would not connect without a token")) from None
@@ -71,14 +76,17 @@ def start_ray(cluster: ClusterConfig) -> bool:
 
 
 def _refused(cluster: ClusterConfig, reason: str, who: str = "the Ray cluster there refused this client's token"):
-    first = (reason.strip().splitlines() or [""])[0]
-    if len(first) > 160:  # Ray's sentence cut where a word ends, and said to be cut
-        first = first[:160].rsplit(" ", 1)[0] + " ..."
     return (
-        f"cluster.address={cluster.address}: {who} ({first}); "
+        f"cluster.address={cluster.address}: {who} ({_first(reason)}); "
         f"set cluster.auth to the cluster's mode (now {cluster.auth}) and give its token (RAY_AUTH_TOKEN or "
         "RAY_AUTH_TOKEN_PATH; docs/cluster.md)"
     )
+
+
+def _first(reason: str) -> str:
+    """Ray's or gRPC's first line, cut where a word ends (and said to be cut) past 160 characters."""
+    first = (reason.strip().splitlines() or [""])[0]
+    return first if len(first) <= 160 else first[:160].rsplit(" ", 1)[0] + " ..."
 
 
 def _require_reachable(address: str) -> str:
