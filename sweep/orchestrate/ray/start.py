@@ -63,7 +63,7 @@ def start_ray(cluster: ClusterConfig) -> bool:
             if reply is not None:  # ray.init would retry for minutes, a warning every few seconds
                 raise ConfigError(
                     f"cluster.address={cluster.address}: something answers at {address}, but not a Ray cluster's GCS "
-                    f"({_first(reply[1])}); give the GCS's host:port (`ray start --head` prints it; port 6379 unless set)"
+                    f"({_first(reply[1])}); give the GCS's host:port (`ray start --head` prints it; 6379 unless set)"
                 )
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except AuthenticationError as exc:  # token auth, and no token here at all: Ray sends nothing
