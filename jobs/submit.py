@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig, compose
     from sweep.errors import ConfigError, SweepError
+    from sweep.orchestrate.plan import foresee_settings
     from sweep.orchestrate.submit import check_job_overrides, job_metadata, resolve_address, submitted_commit
 
     try:
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         # bad overrides fail here, not on the cluster
         cfg = compose([*args.overrides, "cluster=existing", f"cluster.auth={args.auth}"])
+        foresee_settings(cfg, args.overrides)  # and every setting the search can foresee, as `sweep run` would
         ray_environment(ClusterConfig(address=args.address, auth=args.auth, dashboard=False))
         commit = submitted_commit(ROOT)
         metadata = job_metadata(cfg, args.overrides, commit)

@@ -151,6 +151,8 @@ SUBMIT_CASES = [
     (["--", "results.root=relative/path"], "results.root"),
     (["--", "results.root=/shared/r", "gate.eps=inf", "gate=saturation"], "gate.eps"),
     (["--address", "http://127.0.0.1:9", "--", "results.root=/shared/r", "search.name=../x"], "search.name"),
+    # a sub-space's bad value: refused here, not by the job on the cluster
+    (["--", "results.root=/shared/r", "search.spaces=[{gate: saturation, bench.gen_tokens: 0}]"], "bench.gen_tokens=0"),
 ]
 
 

@@ -65,6 +65,18 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
 
 
+def foresee_settings(cfg: Config, overrides: list[str]) -> GridTrials | None:
+    """Every setting ``cfg``'s search can foresee, composed on the command line's ``overrides`` (its paths as read):
+    a bad value in a sub-space fails here as it would in ``sweep run`` before Ray starts (jobs/submit.py checks with
+    this before it submits); None for settings sampled later."""
+    from sweep.store.run_info import new_run_id
+
+    check_search(cfg.search)
+    root = Path(cfg.results.root).expanduser().resolve()
+    base = base_overrides(read_overrides(overrides, cfg), cfg.run_id or new_run_id(), root)
+    return search_for(cfg.search).foresee(cfg, base)
+
+
 DEFINITION = "sweep-definition.json"  # what defines a sweep, beside Tune's state in its directory
 
 

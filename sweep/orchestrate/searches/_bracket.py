@@ -18,7 +18,6 @@ import itertools
 import time
 
 import polars as pl
-import torch
 
 from sweep.config import build, compose
 from sweep.config.search import as_override, spaces
@@ -101,6 +100,8 @@ def candidates(spec, gate, signals) -> list:
     if traced is not None:
         seen = traced[:, min_layer - 1 : L - 1].double().flatten().unique().sort().values
         if len(seen) > 1:
+            import torch  # here, not at import: jobs/submit.py foresees a search without it
+
             at = torch.linspace(0, len(seen) - 2, min(CANDIDATES, len(seen) - 1)).round().long().unique()
             mids = ((seen[at] + seen[at + 1]) / 2).tolist()
             values += mids + [1.0 - m for m in mids]
