@@ -170,6 +170,18 @@ def test_best_speedup_at_each_target():
     assert ids(tied) == ["t001"]
 
 
+def test_agreement_exactly_at_a_target_reaches_it():
+    """3 prompts of 20 tokens, 19 agreeing in each: 57 of 60 positions, 0.95 exactly. A float mean of the three
+    fractions is 0.9499999999999998, which a target of 0.95 would refuse; the row's agreement is the exact mean."""
+    from sweep.bench.estimators import mean_agreement
+
+    agreement = mean_agreement([19 / 20] * 3)
+    assert agreement == 0.95 == 57 / 60
+    assert mean_agreement([9 / 10] * 7) == 0.9 and mean_agreement([0.5, 1.0]) == 0.75
+    best = best_at_targets(trials([(1.5, agreement)]), targets=(0.95,), reference=False)
+    assert ids(best) == ["t000"]
+
+
 def test_settings_that_rank_equal_go_to_the_higher_measured_speedup_then_agreement():
     """Inside their noise floors both rank 1.0x: the best setting there is the one measured faster (0.961x over
     0.915x), then the one that agrees more; full depth still wins every tie it is in."""
