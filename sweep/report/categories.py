@@ -1,5 +1,5 @@
 """Speedup and acceptance per prompt category, as Spec-Bench reports them: for each model's best setting at the
-headline agreement target and its best self-speculative draft, per category of its prompts (``prompt_categories``:
+headline agreement target (the verdicts', ranked as the targets table ranks) and its best self-speculative draft, per category of its prompts (``prompt_categories``:
 chat, code, or a JSONL file's own), the geometric mean of the prompts' measured speedups (``prompt_speedup_wall``)
 and, for a draft, the pooled share of its prompts' drafts accepted (``prompt_acceptance``, each prompt weighted
 equally)."""
@@ -10,6 +10,7 @@ import math
 
 import polars as pl
 
+from sweep.analysis import best_at_targets, params_text
 from sweep.report.context import ReportContext
 
 
@@ -34,11 +35,17 @@ def category_lines(ctx: ReportContext) -> list[str]:
     ok = ctx.ok
     if not ok.height or "prompt_categories" not in ok.columns:
         return []
+    metric = ok["speedup_metric"][0]
+    plain = ok.filter(pl.col("mode") != "self_speculative")
+    at = best_at_targets(plain, (ctx.headline,), metric=metric, reference=False) if plain.height else plain
     picks = []
     for model in sorted(ok["model"].unique().to_list()):
-        rows = ok.filter(pl.col("model") == model)
-        best = rows.filter(pl.col("mode") != "self_speculative").sort("speedup", descending=True).head(1)
-        draft = rows.filter(pl.col("mode") == "self_speculative").sort("speedup", descending=True).head(1)
+        # the verdicts' pick among the settings that are not drafts (as the targets table ranks them), and the draft
+        # the tables rank first (a lossless draft keeps agreement 1)
+        chosen = at.filter((pl.col("model") == model) & pl.col("trial_id").is_not_null()) if at.height else at
+        best = ok.filter(pl.col("trial_id").is_in(chosen["trial_id"].to_list())) if chosen.height else chosen
+        rows = ok.filter((pl.col("model") == model) & (pl.col("mode") == "self_speculative"))
+        draft = rows.sort(["speedup", metric, "trial_id"], descending=[True, True, False]).head(1)
         for frame, kind in ((best, "best setting"), (draft, "best draft")):
             if frame.height:
                 picks.append((model, kind, frame.row(0, named=True)))
@@ -48,7 +55,7 @@ def category_lines(ctx: ReportContext) -> list[str]:
     lines = []
     for model, kind, r, cats in split:
         for cat, (speedup, acceptance, n) in cats.items():
-            what = f"{r['gate']} {r.get('params') or ''}".strip()
+            what = f"{r['gate']} {params_text(r)}".strip()
             lines.append(
                 f"| {model} | {kind}: {what} | {cat} | {n} | {'n/a' if speedup is None else f'{speedup:.3f}x'} | "
                 f"{'n/a' if acceptance is None else f'{acceptance:.2f}'} |"
@@ -58,8 +65,10 @@ def category_lines(ctx: ReportContext) -> list[str]:
     head = [
         "## Per prompt category",
         "",
-        "Per category of the prompts (chat, code, or a JSONL file's own): the geometric mean of the prompts' measured "
-        "speedups (median over rounds each) and, for a self-speculative draft, the mean share of drafts accepted.",
+        f"Per category of the prompts (chat, code, or a JSONL file's own), for each model's best setting at agreement "
+        f">= {ctx.headline:g} (the verdicts' target; none where no setting reaches it) and its fastest "
+        "self-speculative draft: the geometric mean of the prompts' measured speedups (median over rounds each) and, "
+        "for a draft, the mean share of drafts accepted.",
         "",
         "| model | setting | category | prompts | speedup | acceptance |",
         "|---|---|---|---|---|---|",
