@@ -1,8 +1,8 @@
 """Speedup and acceptance per prompt category, as Spec-Bench reports them: for each model's best setting at the
-headline agreement target (the verdicts', ranked as the targets table ranks) and its best self-speculative draft, per category of its prompts (``prompt_categories``:
-chat, code, or a JSONL file's own), the geometric mean of the prompts' measured speedups (``prompt_speedup_wall``)
-and, for a draft, the pooled share of its prompts' drafts accepted (``prompt_acceptance``, each prompt weighted
-equally)."""
+headline agreement target (the verdicts', ranked as the targets table ranks) and its best self-speculative draft,
+per category of its prompts (``prompt_categories``: chat, code, or a JSONL file's own), the geometric mean of the
+prompts' measured speedups (``prompt_speedup_wall``) and, for a draft, the pooled share of its prompts' drafts
+accepted (``prompt_acceptance``, each prompt weighted equally)."""
 
 from __future__ import annotations
 
