@@ -1,6 +1,6 @@
 """Analysis for downstream teams: lazy polars over the results tables.
 
-Load every stored run, find Pareto fronts of speedup against agreement (full depth a point of
+Load every stored run, find Pareto fronts of speedup against agreement (full depth a candidate on
 every one) and their knees, the best trial at each agreement target, bootstrap confidence
 intervals over prompts, the A/A noise floor per model, and
 the profile summaries (layer curve, EAS, oracle exits, tuned lens against logit lens).

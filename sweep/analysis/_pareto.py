@@ -2,9 +2,10 @@
 
 Every function ranks by the ``speedup`` column of ``ranked`` (capped at 1.0 from above where no
 compute was skipped, 1.0 inside the trial's noise floor), so timing noise never wins a front.
-Full depth, at 1.0x and agreement 1.0, is always available to a user: it is a point of every
-front and a candidate at every target (``FULL_DEPTH_ID``), so a setting it dominates is on no
-front, and a setting that only ties it loses to it.
+Full depth, at 1.0x and agreement 1.0, is always available to a user: it is a candidate on
+every front and at every target (``FULL_DEPTH_ID``), so a setting it dominates is on no front, a
+setting that only ties it loses to it, and it leaves a front only where a setting at agreement 1.0
+ranks above 1x.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def fronts(
 ) -> pl.DataFrame:
     """Both fronts the report uses, told apart by ``front``: per model across gates (``model``) and
     per (model, gate) (``model+gate``, named by ``front_gate``); ``gate`` stays each row's own. With
-    ``reference``, full depth is a point of every one of them (``pareto_front``)."""
+    ``reference``, full depth is a candidate on every one of them (``pareto_front``)."""
     rows = trials.lazy()
     across = pareto_front(rows, metric, by=("model",), reference=reference).with_columns(
         front=pl.lit("model"), front_gate=pl.lit(None, pl.String)

@@ -68,9 +68,9 @@ def sweep_report(outcome, analysis=None) -> str:
         "model", "gate", "min_layer", *GATE_COLUMNS, "agreement", "speedup", "speedup_wall", "trial_id"
     )
     lines += wrap(
-        "Pareto front (speedup and agreement, both maximised; status ok; full depth, 1x at agreement 1, is a point "
-        "of it; speedup = speedup_wall capped at 1 from above where no compute was skipped, and 1 inside the "
-        "trial's A/A noise floor):"
+        "Pareto front (speedup and agreement, both maximised; status ok; full depth, 1x at agreement 1, a candidate: "
+        "on it unless a setting at agreement 1 ranks above 1x; speedup = speedup_wall capped at 1 from above where "
+        "no compute was skipped, and 1 inside the trial's A/A noise floor):"
     )
     lines += table(front, keys=("gate",)) if front.height else ["(no ok settings)"]
     if analysis is not None:

@@ -68,7 +68,7 @@ def task_section(ctx: ReportContext) -> list[str]:
             f"{'n/a' if saved is None else f'{100 * saved:.1f}%'} |"
         )
     front = accuracy_front(ctx.ok)
-    lines += ["", "Fronts of speedup against accuracy (full depth always on them):", ""]
+    lines += ["", "Fronts of speedup against accuracy (full depth a candidate on each):", ""]
     for (model, task), group in front.group_by(["model", "task"], maintain_order=True):
         points = ", ".join(
             f"{_name(r)} {r['speedup']:.3f}x at {r['accuracy']:.3f}" for r in group.iter_rows(named=True)

@@ -122,9 +122,10 @@ PARETO = Table(
         "Written by `sweep analyze` as <results.root>/pareto/pareto.parquet: the rows on a Pareto front of `speedup` "
         "(max; the ranked speedup) against agreement (max), over `status == ok` rows and the full-depth reference. "
         "Full depth (trial_id `full-depth`, gate `full`, source `reference`: 1.0x at agreement 1.0, always available) "
-        "is a point of every front, so a setting it dominates is on none, and a setting that only ties it (1.0x at "
-        "agreement 1.0) gives way to it; its trial columns other than those it sets are null. A trial on both fronts "
-        "is two rows, told apart by `front`: `model` (all gates of a model) or `model+gate` (named by front_gate). "
+        "is a candidate on every front, so a setting it dominates is on none, a setting that only ties it (1.0x at "
+        "agreement 1.0) gives way to it, and it is on a front unless a setting at agreement 1.0 ranks above 1x; its "
+        "trial columns other than those it sets are null. A trial on both fronts is two rows, told apart by "
+        "`front`: `model` (all gates of a model) or `model+gate` (named by front_gate). "
         "Every column of `trials`, plus the ones below."
     ),
     columns=tuple(c if c.name in REFERENCE_KEEPS else dataclasses.replace(c, nullable=True) for c in TRIALS.columns)
