@@ -320,6 +320,13 @@ def test_intervals_from_few_prompts_are_flagged():
     assert out["two"]["ci_few_prompts"] and out["two"]["ci_prompts"] == 2
     assert not out["eight"]["ci_few_prompts"]
     assert with_confidence(frame(eight), seed=0, min_prompts=9)["ci_few_prompts"].to_list() == [True]
+    from sweep.report.build import verdict
+
+    # 8 prompts decoded in 2 batches of 4: the speedup interval resamples the 2 batches (its timings are per batch)
+    batched = timed_row("batched", [[4.0, 4.0]] * 3, [[2.0, 2.5]] * 3, agree=[1.0] * 8)
+    row = with_confidence(frame(batched), seed=0).row(0, named=True)
+    assert (row["ci_prompts"], row["ci_units"], row["ci_few_prompts"]) == (8, 2, True)
+    assert "[interval from 2 batches, fewer than 8: too coarse to trust]" in verdict({**row, "params": "eps=0.1"}, 8)
 
 
 def verdict_row(**kw):

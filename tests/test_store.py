@@ -87,7 +87,7 @@ def test_every_table_carries_provenance():
 
 def test_trials_store_their_key_beside_their_id():
     trials = [c.name for c in TABLES["trials"].columns]
-    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 15
+    assert trials[trials.index("trial_id") + 1] == "trial_key" and SCHEMA_VERSION == 16
     assert "trial_key" not in {c.name for c in TABLES["simulated"].columns}
 
 

@@ -123,7 +123,7 @@ def with_confidence(
     min_prompts: int = 8,
 ) -> pl.DataFrame:
     """Add the ranked speedup columns (``ranked``) and agreement_lo/hi, speedup_lo/hi,
-    ci_level, ci_prompts and ci_few_prompts.
+    ci_level, ci_prompts, ci_units and ci_few_prompts (either interval from fewer than ``min_prompts`` units).
 
     Agreement: prompts resampled. Speedup (the ranked ``metric``): prompts (batches for
     batched trials) and timed rounds resampled from the round_* timings, the estimator
@@ -145,8 +145,9 @@ def with_confidence(
             "speedup_floor",
         )
     }
+    counts = ("ci_prompts", "ci_units")
     out: dict[str, list] = {
-        k: [] for k in ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", "ci_prompts")
+        k: [] for k in ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", *counts)
     }
     for i in range(frame.height):
         row = {k: v[i] for k, v in cols.items()}
@@ -162,11 +163,13 @@ def with_confidence(
         out["speedup_hi"].append(s_hi)
         out["ci_level"].append(level if agree or s_lo is not None else None)
         out["ci_prompts"].append(len(agree) if agree else None)
+        # the speedup's units: the prompts, or a batched trial's batches (its timings are per batch)
+        out["ci_units"].append(len(row["round_ms"][0]) if s_lo is not None else None)
     frame = frame.with_columns(
-        *(pl.Series(k, v, dtype=pl.Float64) for k, v in out.items() if k != "ci_prompts"),
-        pl.Series("ci_prompts", out["ci_prompts"], dtype=pl.Int32),
+        *(pl.Series(k, v, dtype=pl.Float64) for k, v in out.items() if k not in counts),
+        *(pl.Series(k, out[k], dtype=pl.Int32) for k in counts),
     )
-    return frame.with_columns(ci_few_prompts=pl.col("ci_prompts") < min_prompts)
+    return frame.with_columns(ci_few_prompts=pl.min_horizontal(*counts) < min_prompts)
 
 
 def _speedup_interval(row: dict, metric: str, rng: np.random.Generator, n_boot: int, tail: float):

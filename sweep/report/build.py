@@ -220,7 +220,9 @@ def _carry_cache(src: ReportContext, dst: ReportContext) -> None:
             dst.__dict__[name] = src.__dict__[name]
 
 
-CI_COLUMNS = ("agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", "ci_prompts", "ci_few_prompts")
+CI_COLUMNS = (
+    "agreement_lo", "agreement_hi", "speedup_lo", "speedup_hi", "ci_level", "ci_prompts", "ci_units", "ci_few_prompts"
+)  # fmt: skip
 
 
 def _measured_intervals(front: pl.DataFrame, conf: dict) -> pl.DataFrame:

@@ -87,11 +87,12 @@ def _what(row: dict, min_prompts: int) -> str:
     """A setting's name and its figures: the measured ratio, the ranked one and its interval."""
     metric, speedup, lo, hi = row["speedup_metric"], row["speedup"], row.get("speedup_lo"), row.get("speedup_hi")
     ci = f", 95% CI {lo:.2f}-{hi:.2f}x" if lo is not None and hi is not None else ""
-    few = (
-        f" [interval from {row['ci_prompts']} prompts, fewer than {min_prompts}: too coarse to trust]"
-        if row.get("ci_few_prompts")
-        else ""
-    )
+    few = ""
+    if row.get("ci_few_prompts"):
+        prompts, units = row.get("ci_prompts"), row.get("ci_units")
+        batched = units is not None and (prompts is None or units < prompts)
+        counted = f"{units} batches" if batched else f"{prompts} prompts"
+        few = f" [interval from {counted}, fewer than {min_prompts}: too coarse to trust]"
     measured = row.get(metric)
     shown = f"{metric} {speedup:.3f}x{ci}"
     if measured is not None and abs(measured - speedup) > 1e-12:

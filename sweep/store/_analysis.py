@@ -85,12 +85,20 @@ CONFIDENCE: tuple[Column, ...] = (
     metric(
         "ci_level", "fraction", "confidence level of the intervals (0.95); null when the row has no per-prompt values"
     ),
-    Column("ci_prompts", pl.Int32(), "prompts", "prompts the intervals were resampled from", nullable=True),
+    Column("ci_prompts", pl.Int32(), "prompts", "prompts the agreement interval was resampled from", nullable=True),
+    Column(
+        "ci_units",
+        pl.Int32(),
+        "units",
+        "units the speedup interval was resampled from: the prompts, or the batches of a batched trial (its timings "
+        "are per batch)",
+        nullable=True,
+    ),
     Column(
         "ci_few_prompts",
         pl.Boolean(),
         "",
-        "ci_prompts < analysis.ci_min_prompts (default 8): the interval is too coarse to trust",
+        "ci_prompts or ci_units < analysis.ci_min_prompts (default 8): an interval is too coarse to trust",
         nullable=True,
     ),
 )

@@ -47,7 +47,9 @@ from sweep.gates import GATES, PARAMS, ParamSpec
 #    prompt_categories
 # 15: stopped trials carry their stopping rule (stop_min_agreement, stop_rung_prompts); a task's gated side stopped
 #    by search.max_accuracy_loss carries accuracy_loss_min (its accuracy and loss then null)
-SCHEMA_VERSION = 15
+# 16: the analysis tables' ci_units (the units the speedup interval resampled: a batched trial's batches), and
+#    ci_few_prompts set when either interval has fewer than analysis.ci_min_prompts units
+SCHEMA_VERSION = 16
 
 
 @dataclass(frozen=True)
