@@ -224,8 +224,8 @@ TARGETS = Table(
         "Written by `sweep analyze` as <results.root>/targets/targets.parquet: per model and agreement target, the "
         "`ok` trial with the highest ranked `speedup` among those with agreement >= target, full depth included "
         "(trial_id `full-depth`, gate `full`: 1.0x at agreement 1.0, so it reaches every target and wins its ties; "
-        "ties among trials: higher measured speedup, then higher agreement, then trial_id). A row names a setting only where one beats full "
-        "depth."
+        "ties among trials: higher measured speedup, then higher agreement, then trial_id). A row names a setting "
+        "only where one beats full depth."
     ),
     columns=(
         Column("schema_version", pl.Int32(), "", "version of this schema"),
