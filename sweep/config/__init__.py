@@ -11,7 +11,7 @@ from sweep.config._compose import (
     validate,
 )
 from sweep.config._fields import build
-from sweep.config.paths import read_overrides
+from sweep.config.paths import override_key, read_overrides
 from sweep.config._schema import (
     AnalysisConfig,
     BenchConfig,
@@ -58,6 +58,7 @@ __all__ = [
     "compose_dict",
     "config_dir",
     "group_choices",
+    "override_key",
     "read_overrides",
     "validate",
 ]

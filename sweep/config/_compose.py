@@ -19,7 +19,7 @@ from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
 from sweep.errors import ConfigError
 from sweep.gates import check_gate, check_k
-from sweep.config.paths import is_name, read_paths
+from sweep.config.paths import is_name, override_key, read_paths
 from sweep.config.search import check_ladder, check_search
 from sweep.config.search_kinds import build_search, kind_chosen
 
@@ -51,7 +51,7 @@ def _hydra(overrides, *, hydra_config: bool = False):
     from omegaconf.errors import OmegaConfBaseException
 
     for override in overrides:  # Hydra would look a long key up as a file name: "File name too long"
-        key = override.partition("=")[0].lstrip("+~")
+        key = override_key(override)
         if len(key) > 128:
             raise ConfigError(f"{key[:40]}...: not a config key ({len(key)} characters; `sweep config` shows the keys)")
     chosen = kind_chosen(_gate_keys_settable(overrides))
@@ -108,7 +108,7 @@ def _yaml_error(exc) -> str:
 
 def _given(overrides: list[str] | tuple[str, ...]) -> set[str]:
     """The keys the overrides set (``+``/``++`` stripped; ``~`` deletions are not settings)."""
-    return {o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o and not o.startswith("~")}
+    return {override_key(o) for o in overrides if "=" in o and not o.startswith("~")}
 
 
 def _layer_keys(gate: dict[str, Any], given: set[str]) -> None:

@@ -93,6 +93,11 @@ def read_paths(cfg: Config) -> Config:
     return cfg
 
 
+def override_key(override: str) -> str:
+    """The config key a Hydra override sets, adds or deletes: ``+gate.eps=0.1`` and ``~gate.eps`` are ``gate.eps``."""
+    return str(override).partition("=")[0].lstrip("+~")
+
+
 def read_overrides(overrides: list[str] | tuple[str, ...], cfg: Config) -> list[str]:
     """``overrides`` with each path key they set (``PATH_KEYS``) set to the path ``cfg`` read from it
     (``read_paths``), quoted for Hydra: what a sweep's driver hands its workers, so that a worker reads the very path

@@ -17,6 +17,8 @@ import signal
 import threading
 from typing import Iterator
 
+from sweep.config import override_key
+
 _received: list[int] = []  # the stop signals received within sigterm_as_sigint, in order
 _active: list[bool] = []  # inside sigterm_as_sigint (in the main thread)
 
@@ -59,7 +61,7 @@ def resume_command(overrides: list[str], name: str) -> str:
     """The `sweep run` command that resumes sweep ``name``: ``overrides`` without the keys a resume
     sets itself (resume, sweep.name, run_id), then ``resume=true sweep.name=NAME``, each once."""
     drop = ("resume", "sweep.name", "run_id")
-    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in drop]
+    kept = [o for o in overrides if override_key(o) not in drop]
     return "sweep run " + shlex.join([*kept, "resume=true", f"sweep.name={name}"])
 
 

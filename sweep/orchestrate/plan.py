@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sweep.orchestrate import claims
 from sweep.orchestrate.done import done_rows
-from sweep.config import Config, read_overrides
+from sweep.config import Config, override_key, read_overrides
 from sweep.errors import ConfigError, first_line
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
@@ -247,7 +247,7 @@ def base_overrides(overrides: list[str], run_id: str, root: Path) -> list[str]:
     """The command line's overrides, less the driver's own, plus this run's id and root."""
     from sweep.config.search import as_override
 
-    kept = [o for o in overrides if o.split("=", 1)[0] not in DRIVER_KEYS]
+    kept = [o for o in overrides if override_key(o) not in DRIVER_KEYS]
     return [*kept, f"run_id={run_id}", as_override("results.root", str(root))]
 
 

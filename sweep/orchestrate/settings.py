@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep.config import Config, compose
+from sweep.config import Config, compose, override_key
 
 GridTrials = list[tuple[list[str], Config]]
 
@@ -51,8 +51,8 @@ class Pass:
 
 def merge(base: list[str], trial: list[str]) -> list[str]:
     """Trial overrides replace base overrides of the same key."""
-    keys = {o.split("=", 1)[0].lstrip("+~") for o in trial}
-    return [o for o in base if o.split("=", 1)[0].lstrip("+~") not in keys] + list(trial)
+    keys = {override_key(o) for o in trial}
+    return [o for o in base if override_key(o) not in keys] + list(trial)
 
 
 def trial_config(base: list[str], trial: list[str], device: str) -> Config:

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sweep.config import override_key
 from sweep.errors import ConfigError
 
 # What `python -m sweep.cli run ...` needs on the cluster: the package, its configs, the job
@@ -155,7 +156,7 @@ def check_job_overrides(overrides: list[str]) -> None:
     """The job joins the cluster it is submitted to (its entrypoint sets ``cluster=existing`` and ``cluster.auth``):
     an override of the cluster group or a ``cluster.*`` key would send it elsewhere, and is refused naming it."""
     for o in overrides:
-        key = str(o).partition("=")[0].lstrip("+~")
+        key = override_key(o)
         if key == "cluster" or key.startswith("cluster."):
             raise ConfigError(
                 f"{o}: the job joins the cluster it is submitted to (--address; its auth: --auth); drop {key}"
@@ -187,7 +188,7 @@ def job_runtime_env(staged: Path, git_sha: str = "unknown", submission_id: str |
 def job_metadata(cfg, overrides: list[str], git_sha: str) -> dict[str, str]:
     """The Ray job's metadata (strings; `ray job list`, the dashboard and the job's driver see
     them): the sweep's experiment, search, model and name (when set), the commit, where rows go."""
-    experiments = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == "experiment"]
+    experiments = [o.split("=", 1)[1] for o in overrides if override_key(o) == "experiment"]
     metadata = {
         "sweep_search": cfg.search.name,
         "sweep_model": cfg.model.name or "model",
