@@ -66,6 +66,12 @@ CASES: list[tuple[list[str], str]] = [
     (["run", *TINY, "search=optuna-mo", "search.n_trials=0"], "search.n_trials"),
     (["run", *TINY, "results.root={file}"], "results.root"),
     (["run", *TINY, "sweep.storage={file}/ray"], "sweep.storage"),
+    # a prompt set is read before Ray starts (as bench reads it before its model loads), not by each trial
+    (["run", *TINY, "prompts=jsonl", "prompts.path={root}/missing.jsonl"], "missing.jsonl"),
+    (["run", *TINY, "search.spaces=[{gate: margin, prompts: jsonl, prompts.path: '{file}'}]"], "prompts.path"),
+    # a sub-space varies what a setting is; the sweep's own keys there were dropped (or wrote claims elsewhere)
+    (["run", *TINY, "search.spaces=[{gate: margin, results.root: '{root}/other'}]"], "search.spaces[0].results.root"),
+    (["run", *TINY, "search.spaces=[{gate: margin, device: cuda}]"], "search.spaces[0].device"),
     # analyze
     (["analyze", "results.root={root}"], "results.root"),
     (["analyze", "results.root={root}", "analysis.targets=[1.5]"], "analysis.targets"),

@@ -44,6 +44,11 @@ def trial_device(requested: str, gpus: float | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# what one setting of a sweep can vary (a sub-space's keys): the sections of a trial's identity (its device is the
+# driver's to resolve) and its task; the rest (results, sweep, cluster, resources, ...) is the sweep's own
+TRIAL_SECTIONS = ("model", "gate", "prompts", "bench", "eval", "dtype", "seed")
+
+
 def trial_identity(cfg: Config, device: str) -> TrialIdentity:
     """The trial ``cfg`` describes, run on ``device`` (cpu | cuda, from ``trial_device``):
     its key and id. The one function every caller derives a trial's identity with."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweep.errors import ConfigError
 from sweep.gates import GATES, PARAMS, check_value
+from sweep.config.identity import TRIAL_SECTIONS
 from sweep.config.paths import check_name, quoted
 
 if TYPE_CHECKING:
@@ -73,6 +74,12 @@ def parse_space(space: dict[str, Any], where: str) -> list[Param]:
     """Typed parameters of one sub-space, groups first (as Hydra applies them)."""
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{where}: must be a non-empty mapping of config path: value or sweep expression")
+    for key in space:
+        if str(key).split(".")[0] not in TRIAL_SECTIONS:
+            raise ConfigError(
+                f"{where}.{key}: not a key a setting can vary (the sweep's own: set it on the command line); a "
+                f"sub-space varies {', '.join(TRIAL_SECTIONS)}"
+            )
     params = [parse_value(key, raw, f"{where}.{key}") for key, raw in space.items()]
     return sorted(params, key=lambda p: "." in p.key)
 

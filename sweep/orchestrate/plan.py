@@ -61,6 +61,7 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
     _check_task_inputs(cfg, grid_trials)
+    _check_prompts(cfg, grid_trials)
     check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
 
@@ -233,6 +234,18 @@ def _check_task_inputs(cfg: Config, grid_trials: GridTrials | None) -> None:
         if e.task is not None and key not in seen:
             seen.add(key)
             check_inputs(trial_cfg)
+
+
+def _check_prompts(cfg: Config, grid_trials: GridTrials | None) -> None:
+    """Before Ray starts: each prompt set the sweep's settings read can be read (``read_prompts``, as `sweep bench`
+    reads it before its model loads), one line otherwise, instead of a failed row per setting."""
+    from sweep.models.prompts import read_prompts
+
+    seen = set()
+    for _, trial_cfg in grid_trials or [(None, cfg)]:
+        if repr(trial_cfg.prompts) not in seen:
+            seen.add(repr(trial_cfg.prompts))
+            read_prompts(trial_cfg.prompts)
 
 
 def _storage(cfg: Config, root: Path) -> Path:
