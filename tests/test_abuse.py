@@ -104,6 +104,13 @@ CASES: list[tuple[list[str], str]] = [
     # config, schema, the command itself
     (["config", "gate.nope=1"], "gate.nope"),
     (["config", "gate=saturation", "gate.eps=nan"], "gate.eps"),
+    # a config group's value is one of its options; an override has a key of this tool's config
+    (["config", "model=null"], "model=null: one option of conf/model/"),
+    (["config", "gate=3"], "gate=3: one option of conf/gate/"),
+    (["config", "gate=[full,margin]"], "gate=[full,margin]: one option of conf/gate/"),  # Hydra merged the two
+    (["bench", *TINY, "=1"], "=1: not a config key=value"),
+    (["config", "gate@x=margin"], "gate@x=margin"),
+    (["config", "hydra.run.dir=x"], "hydra.run.dir=x"),
     (["schema", "extra=1"], "schema"),
     (["nosuchcommand"], "nosuchcommand"),
 ]
@@ -157,6 +164,7 @@ SUBMIT_CASES = [
     (["--", "results.root=relative/path"], "results.root"),
     (["--", "results.root=/shared/r", "gate.eps=inf", "gate=saturation"], "gate.eps"),
     (["--address", "http://127.0.0.1:9", "--", "results.root=/shared/r", "search.name=../x"], "search.name"),
+    (["--", "results.root=/shared/r", "model=null"], "model=null"),  # a traceback before
     # a sub-space's bad value: refused here, not by the job on the cluster
     (["--", "results.root=/shared/r", "search.spaces=[{gate: saturation, bench.gen_tokens: 0}]"], "bench.gen_tokens=0"),
 ]

@@ -54,6 +54,7 @@ def _hydra(overrides, *, hydra_config: bool = False):
         key = override_key(override)
         if len(key) > 128:
             raise ConfigError(f"{key[:40]}...: not a config key ({len(key)} characters; `sweep config` shows the keys)")
+        _check_group_choice(str(override), key)
     chosen = kind_chosen(_gate_keys_settable(overrides))
     try:
         with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
@@ -64,6 +65,26 @@ def _hydra(overrides, *, hydra_config: bool = False):
         raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error(exc)) from None
+
+
+def _check_group_choice(override: str, key: str) -> None:
+    """An override's key is a config key, and a config group's value one option of it (``gate=margin``): an empty
+    key, Hydra's own settings, a package (``gate@x``), and a null, number or list for a group (Hydra would merge a
+    list's options or fail inside itself) are one line naming the override."""
+    if "=" not in override:
+        return
+    value = override.partition("=")[2]
+    if not key or "@" in key:
+        raise ConfigError(f"{override}: not a config key=value (`sweep config` shows the keys; gate=NAME picks a gate)")
+    if key == "hydra" or key.startswith("hydra."):
+        raise ConfigError(f"{override}: Hydra's own settings are not this tool's config (`sweep config` shows its keys)")
+    group = config_dir() / key
+    if not group.is_dir() or (group / f"{value}.yaml").is_file():
+        return
+    scalar = value.lower() in ("null", "true", "false") or re.fullmatch(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?", value)
+    if scalar or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
+        options = sorted(p.stem for p in group.glob("*.yaml") if not p.name.startswith("_"))
+        raise ConfigError(f"{override}: one option of conf/{key}/; allowed: {', '.join(options)}")
 
 
 def _first_line(exc: BaseException, cause: BaseException | None = None, overrides=()) -> str:
