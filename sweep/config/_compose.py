@@ -77,7 +77,7 @@ def _check_group_choice(override: str, key: str) -> None:
     if not key or "@" in key:
         raise ConfigError(f"{override}: not a config key=value (`sweep config` shows the keys; gate=NAME picks a gate)")
     if key == "hydra" or key.startswith("hydra."):
-        raise ConfigError(f"{override}: Hydra's own settings are not this tool's config (`sweep config` shows its keys)")
+        raise ConfigError(f"{override}: Hydra's own settings, not this tool's config (`sweep config` shows its keys)")
     group = config_dir() / key
     if not group.is_dir() or (group / f"{value}.yaml").is_file():
         return

@@ -128,7 +128,8 @@ SPECULATION_COLUMNS = (
     metric(
         "tokens_per_verification",
         "tokens",
-        "self_speculative: tokens committed per full-model pass (accepted drafts + 1)",
+        "self_speculative: tokens kept per full-model pass: accepted drafts + 1, less what a prompt's last pass "
+        "commits past its gen_tokens (so at most acceptance_length)",
     ),
     metric(
         "draft_ms_per_token",
