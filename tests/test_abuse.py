@@ -104,6 +104,10 @@ CASES: list[tuple[list[str], str]] = [
     # config, schema, the command itself
     (["config", "gate.nope=1"], "gate.nope"),
     (["config", "gate=saturation", "gate.eps=nan"], "gate.eps"),
+    # keys nothing reads without another key: refused, not run as if given (prompts.path changed only the trial id)
+    (["bench", *TINY, "prompts.path={file}"], "read by prompts=jsonl only"),
+    (["bench", *TINY, "eval.samples=2"], "eval.samples: read only with eval.task"),
+    (["calibrate", *TINY, "gate=margin", "calibrate.heldout_n=5"], "calibrate.heldout_n: read only with"),
     # a config group's value is one of its options; an override has a key of this tool's config
     (["config", "model=null"], "model=null: one option of conf/model/"),
     (["config", "gate=3"], "gate=3: one option of conf/gate/"),

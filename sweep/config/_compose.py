@@ -108,7 +108,28 @@ def _compose_dict(overrides) -> dict[str, Any]:
     if isinstance(data.get("gate"), dict):
         data["gate"] = {**GATE_BASE, **data["gate"]}
         _layer_keys(data["gate"], _given(overrides))
+    _unread(data, _given(overrides))
     return data
+
+
+# keys read only beside another: (the key's section, what must be set, the keys it alone reads, what they are for)
+_READ_WITH = (
+    ("eval", "task", ("problems", "max_tokens", "samples", "temperature", "ks", "workers", "timeout_s", "batch_size"),
+     "eval.task (humaneval or harness)"),
+    ("calibrate", "heldout_prompts", ("heldout_n",), "calibrate.heldout_prompts (chat or humaneval)"),
+)  # fmt: skip
+
+
+def _unread(data: dict[str, Any], given: set[str]) -> None:
+    """A key given on the command line that nothing reads without another key (``eval.samples`` without a task):
+    one line naming it, as a key that would change nothing."""
+    for section, needed, keys, needs in _READ_WITH:
+        values = data.get(section)
+        if not isinstance(values, dict) or values.get(needed) is not None:
+            continue
+        for key in keys:
+            if f"{section}.{key}" in given:
+                raise ConfigError(f"{section}.{key}: read only with {needs}, which is not set; it would change nothing")
 
 
 def group_choices(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, str | None]:
@@ -184,6 +205,11 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         )
     if cfg.prompts.name == "jsonl" and cfg.prompts.path is None:
         raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
+    if cfg.prompts.name != "jsonl" and cfg.prompts.path is not None:  # it would change the trial id, not the prompts
+        raise ConfigError(
+            f"prompts.path={cfg.prompts.path}: read by prompts=jsonl only (prompts={cfg.prompts.name} is a built-in "
+            "set); add prompts=jsonl, or leave prompts.path out"
+        )
     cfg = read_paths(cfg)  # every path read once: what every command checks and writes (and names a model by)
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
