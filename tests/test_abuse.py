@@ -77,6 +77,9 @@ CASES: list[tuple[list[str], str]] = [
     (["analyze", "results.root={root}", "analysis.targets=[1.5]"], "analysis.targets"),
     (["analyze", "results.root={root}", "analysis.n_boot=1"], "analysis.n_boot"),
     (["analyze", "results.root={file}"], "results.root"),
+    # a report inside a table's directory broke every reader of that table
+    (["analyze", "results.root={root}", "analysis.out={root}/trials"], "inside the results' trials/ directory"),
+    (["analyze", "results.root={root}", "analysis.out={root}/pareto/sub"], "inside the results' pareto/ directory"),
     # calibrate
     (["calibrate", *TINY, "gate=saturation", "calibrate.delta=1"], "calibrate.delta"),
     (["calibrate", *TINY, "gate=saturation", "calibrate.grid='choice(a,b)'"], "calibrate.grid"),

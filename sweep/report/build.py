@@ -44,7 +44,7 @@ from sweep.analysis import (
 from sweep.errors import ConfigError, InputError, SweepError, os_error
 from sweep.report.context import ReportContext
 from sweep.report.plotting import headline_target
-from sweep.store import atomic_write
+from sweep.store import TABLES, atomic_write
 from sweep.report.sections import SECTIONS, Section
 from sweep.report.verdicts import verdict, verdicts
 
@@ -66,6 +66,13 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
     from sweep.config.paths import check_writable_dir, inside
 
     root = Path(cfg.results.root)
+    out = Path(cfg.analysis.out) if cfg.analysis.out else root / "report"
+    for name in (*TABLES, "claims", "ray"):  # the readers open a table's directory whole: a report there breaks them
+        if out == root / name or out.is_relative_to(root / name):
+            raise ConfigError(
+                f"analysis.out={out}: inside the results' {name}/ directory, which readers open whole (a report "
+                "there breaks them); name a directory of its own (the default: results.root/report)"
+            )
     trials = distinct_trials(load_trials(root).collect())
     _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = distinct_profiles(load_profiles(root))
@@ -74,7 +81,6 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
         raise InputError(
             f"results.root={root}: no trials or profiles there to analyze (run `sweep run` or `sweep profile` first)"
         )
-    out = Path(cfg.analysis.out) if cfg.analysis.out else root / "report"
     if not cfg.analysis.out:
         inside(root, out)  # <root>/report, not a symlink to elsewhere
         try:  # as analysis.out is checked when it is given: a file in its place is refused before any work
