@@ -107,6 +107,12 @@ CASES: list[tuple[list[str], str]] = [
     # config, schema, the command itself
     (["config", "gate.nope=1"], "gate.nope"),
     (["config", "gate=saturation", "gate.eps=nan"], "gate.eps"),
+    # errors name the override as typed: an interpolation's key, a gate key without the tool's '++', the one override
+    # that does not parse
+    (["config", "gate=margin", "gate.theta=${oc.env:SWEEP_ABUSE_UNSET_X}"], "error: gate.theta: cannot resolve"),
+    (["config", "gate=saturation", "gate.eps=choice(1,2)"], "error: gate.eps=choice(1,2): a sweep expression"),
+    (["config", "gate=saturation", "gate.eps=("], "cannot parse the overrides: gate.eps=( "),
+    (["config", "analysis.out=/tmp/x/model=tiny"], "cannot parse the overrides: analysis.out=/tmp/x/model=tiny "),
     # keys nothing reads without another key: refused, not run as if given (prompts.path changed only the trial id)
     (["bench", *TINY, "prompts.path={file}"], "read by prompts=jsonl only"),
     (["bench", *TINY, "eval.samples=2"], "eval.samples: read only with eval.task"),

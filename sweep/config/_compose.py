@@ -79,8 +79,8 @@ def _check_group_choice(override: str, key: str) -> None:
     if key == "hydra" or key.startswith("hydra."):
         raise ConfigError(f"{override}: Hydra's own settings, not this tool's config (`sweep config` shows its keys)")
     group = config_dir() / key
-    if not group.is_dir() or (group / f"{value}.yaml").is_file():
-        return
+    if not group.is_dir() or (group / f"{value}.yaml").is_file() or ("," in value and "[" not in value):
+        return  # (a comma list is Hydra's sweep: its own line says where sweeps go)
     scalar = value.lower() in ("null", "true", "false") or re.fullmatch(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?", value)
     if scalar or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
         options = sorted(p.stem for p in group.glob("*.yaml") if not p.name.startswith("_"))

@@ -39,16 +39,47 @@ def first_line(exc: BaseException, cause: BaseException | None = None, overrides
     m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if m:
         return f"+{m.group(1)}: already set; drop the '+'"
-    first = text.splitlines()[0] if text else type(exc).__name__
+    first = _as_typed(text.splitlines()[0] if text else type(exc).__name__, overrides)
+    if getattr(exc, "full_key", None) and "interpolation" in first.lower():
+        return f"{exc.full_key}: cannot resolve its interpolation ({first})"
     if isinstance(exc, _override_parse_error()):
         bad = next((o for o in overrides if any(c in o for c in "\n\r\t\x00")), None)
         if bad is not None:  # a control character would cut this line: the override is shown escaped
             return f"cannot parse the override {bad!r}: it holds a control character (newline, tab, NUL)"
+        bad = _unparsable(overrides)
+        if bad is not None:
+            return (
+                f"cannot parse the overrides: {bad} ({first}); see Hydra's override grammar (a value holding '=', "
+                "brackets or parentheses is quoted: key='a=b')"
+            )
         return f"cannot parse the overrides ({first}); see Hydra's override grammar"
     m = re.search(r"Sweep parameters '([^'=]+)=(.*)' requires --multirun", first)
     if m:  # a sweep expression as a plain value: only quotes make it a string
         return f"{m.group(1)}={m.group(2)}: a sweep expression as a value must be quoted: {m.group(1)}='{m.group(2)}'"
     return first
+
+
+def _as_typed(text: str, overrides) -> str:
+    """``text`` with a gate key's ``++`` (``_gate_keys_settable``'s rewrite) given back as the user typed it."""
+    for o in overrides:
+        key = str(o).partition("=")[0]
+        bare = key.lstrip("+")
+        if not key.startswith("++") and f"++{bare}=" in text:
+            text = text.replace(f"++{bare}=", f"{key}=")
+    return text
+
+
+def _unparsable(overrides) -> str | None:
+    """The first of ``overrides`` Hydra's grammar cannot parse alone."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides:
+        try:
+            parser.parse_overrides([str(o)])
+        except Exception:  # noqa: BLE001 (Hydra raises its own kinds for a bad override)
+            return str(o)
+    return None
 
 
 def _comma_list(key: str, value: str, overrides=()) -> str:
