@@ -527,6 +527,22 @@ def test_a_bad_published_skip_set_is_one_line(tmp_path, content, says):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_published_set_is_named_only_where_the_file_names_sets_and_a_path_may_hold_an_at(tmp_path):
+    """A file of one unnamed set given @NAME picked nothing (the name was dropped); a directory holding '@' is a
+    path, not a name."""
+    import json
+
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"attention": [1], "mlp": []}))
+    with pytest.raises(ConfigError, match="the file holds one set, not a mapping of named sets; drop @nope"):
+        compose("model=tiny-llama", "gate=skip", f"gate.skip=file:{one}@nope", "bench.mode=self_speculative")
+    (tmp_path / "a@b").mkdir()
+    at = tmp_path / "a@b" / "s.json"
+    at.write_text(json.dumps({"attention": [1], "mlp": [0]}))
+    cfg = compose("model=tiny-llama", "gate=skip", f"gate.skip=file:{at}", "bench.mode=self_speculative")
+    assert cfg.gate.skip == SkipSet.parse("a2+m1").text()
+
+
 def test_a_sublayer_a_layer_lacks_is_one_line_naming_what_it_has():
     lm = load("model=tiny-jamba")  # layers 1 and 3: a state-space mixer and an MLP; 2 and 4: attention and MLP
     with pytest.raises(ConfigError, match=r"layer 2 has no state-space mixer sublayer \(s2\); it has a \(attention\)"):

@@ -88,7 +88,10 @@ class SkipSet:
         from sweep.errors import ConfigError, first_line
         from sweep.userfiles import expand, read_json
 
-        path, _, name = where.partition("@")
+        import os
+
+        # PATH@NAME at the last '@', unless the whole names a file (a path holding '@')
+        path, _, name = where.rpartition("@") if "@" in where and not os.path.isfile(expand(where)) else (where, "", "")
         key = f"gate.skip=file:{where}"
         try:
             data = read_json(expand(path))
@@ -108,6 +111,8 @@ class SkipSet:
                 raise ConfigError(
                     f"{key}: the file holds {len(names)} sets; name one: file:{path}@NAME ({', '.join(names)})"
                 )
+        elif name:  # one set, not named: a name would pick nothing
+            raise ConfigError(f"{key}: the file holds one set, not a mapping of named sets; drop @{name}")
         if not isinstance(data, dict) or not ({"attention", "mlp"} >= set(data)) or not data:
             raise ConfigError(f'{key}: expected {{"attention": [...], "mlp": [...]}} of 0-based layer indices')
         layers = {}
