@@ -208,6 +208,23 @@ def test_run_with_an_out_of_domain_search_value_fails_before_ray_starts():
     assert "search.spaces[0].gate.theta=1.5: must be a number in [0, 1]" in seen["stderr"]
 
 
+def test_an_unreadable_readouts_file_fails_before_any_model_loads_or_ray_starts(tmp_path):
+    """A readouts file that is missing, or not one, was found when the model had loaded (`sweep run`: in every
+    trial, a failed row each, rc 1); its header is read when the config is validated."""
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    bench = ("bench", "model=tiny-llama", "gate=classifier", "gate.theta=0.9", f"results.root={tmp_path / 'r'}")
+    seen = _python(SCRIPT, *bench, f"gate.readouts={empty}")
+    assert seen["code"] == 2 and seen["loads"] == 0
+    assert f"error: gate.readouts={empty}: not a readable safetensors file" in seen["stderr"]
+    missing = tmp_path / "missing.safetensors"
+    space = "search.spaces=[{gate.theta: 'choice(0.5, 0.9)'}]"
+    seen = _python(SCRIPT, "run", *bench[1:4], f"gate.readouts={missing}", space, f"results.root={tmp_path / 'r'}")
+    assert seen["code"] == 2 and seen["loads"] == 0 and seen["ray"] is False
+    assert f"error: gate.readouts={missing}: no such file" in seen["stderr"]
+    assert not (tmp_path / "r").exists()
+
+
 # ---------------------------------------------------------------- depth-relative defaults (issue 13, item 10)
 
 SMOLLM2_DEPTH = 30  # SmolLM2-135M's layers: the defaults keep the layers it had before min_depth (layer 8, exit 15)

@@ -211,6 +211,11 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
             "set); add prompts=jsonl, or leave prompts.path out"
         )
     cfg = read_paths(cfg)  # every path read once: what every command checks and writes (and names a model by)
+    for key, readouts in (("gate.readouts", cfg.gate.readouts), ("profile.readouts", cfg.profile.readouts)):
+        if readouts is not None:  # its header now; its content and its fit to the model when the model loads
+            from sweep.gates.readouts import check_readouts_file
+
+            check_readouts_file(readouts, key)
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
     cfg = _mode_defaults(cfg)

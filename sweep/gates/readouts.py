@@ -156,7 +156,15 @@ def load_readouts(path, lm, key: str = "gate.readouts", cache: ReadoutsCache | N
     return readouts
 
 
-def _load_readouts(path, lm, key: str) -> Readouts:
+def check_readouts_file(path, key: str) -> None:
+    """Before any model loads: ``path`` is a regular file holding a readouts file's header (its metadata and
+    tensors named as `sweep fit` writes them); one ConfigError line naming ``key`` otherwise. Its content (the
+    digest) and its fit to a model are checked when it loads (``load_readouts``)."""
+    _read_readouts(path, key, tensors=False)
+
+
+def _read_readouts(path, key: str, *, tensors: bool = True) -> tuple[dict, dict]:
+    """The metadata and the tensors (only their names unless ``tensors``) of the readouts file at ``path``."""
     from safetensors import SafetensorError, safe_open
 
     where = f"{key}={path}"
@@ -168,13 +176,20 @@ def _load_readouts(path, lm, key: str) -> Readouts:
     try:
         with safe_open(str(p), framework="pt") as f:
             meta = dict(f.metadata() or {})
-            weights = {k: f.get_tensor(k) for k in f.keys()}
+            weights = {k: f.get_tensor(k) if tensors else None for k in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:120]
         raise ConfigError(f"{where}: not a readable safetensors file ({type(exc).__name__}: {first})") from None
     missing = [k for k in (*META, "digest") if k not in meta] + [k for k in TENSORS if k not in weights]
     if missing:
         raise ConfigError(f"{where}: not a readouts file from `sweep fit` (missing {', '.join(missing)})")
+    return meta, weights
+
+
+def _load_readouts(path, lm, key: str) -> Readouts:
+    where = f"{key}={path}"
+    p = Path(path).expanduser()
+    meta, weights = _read_readouts(path, key)
     stored = meta.pop("digest")
     stem = p.name.removesuffix(".safetensors")
     if content_digest(weights, meta) != stored or (re.fullmatch("[0-9a-f]{16}", stem) and stem != stored[:16]):
