@@ -119,6 +119,29 @@ def test_bad_calibrate_input(overrides, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["prompts.n=1"], "prompts.n: calibration needs at least 2 prompts"),
+        (["prompts.n=2", "calibrate.heldout_prompts=chat"], "calibrate.heldout_prompts=chat: 2 of its prompts are"),
+    ],
+)
+def test_what_the_prompt_sets_decide_is_refused_before_the_model_loads(overrides, message):
+    """Both were found once the model had loaded (7 s and 21 s on SmolLM2): the sets' ids are read first."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys; import sweep.models as models; from sweep.cli.commands import main; "
+        "code = main(sys.argv[1:]); print(json.dumps({'code': code, 'loads': models.model_loads()}))"
+    )
+    argv = ["calibrate", "model=tiny-llama", "gate=margin", "bench.gen_tokens=2", *overrides]
+    out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"code": 2, "loads": 0} and message in out.stderr, out.stderr
+
+
 def test_calibrate_reports_progress_on_long_loops(caplog, monkeypatch):
     monkeypatch.delenv("CI", raising=False)  # a CI runner's CI=true turns the display off
     caplog.set_level(logging.INFO, logger="sweep")

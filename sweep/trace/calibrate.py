@@ -131,9 +131,8 @@ def prepare(cfg: Config, session) -> tuple:
     if ladder is None and spec.threshold is not None:
         raise ConfigError(f"calibrate.grid: required for gate={spec.name} (e.g. 'range(1, 30)')")
     values = ordered(spec.name, check_ladder(ladder or "", spec.name))
+    _check_prompt_sets(cfg)  # before the model loads
     lm, prepared, prompts = command.prepare(cfg, session)
-    if len(prompts) < 2:
-        raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
     cal, held = split(prompts, c.split, cfg.seed)
     return values, lm, prepared, prompts, cal, held, _heldout_set(cfg, lm, prepared, prompts)
 
@@ -208,25 +207,43 @@ def run_calibrate(cfg: Config, session=None) -> Calibration:
     return calibrate(cfg, prepare(cfg, process_session() if session is None else session))
 
 
+def _check_prompt_sets(cfg: Config) -> None:
+    """What the prompt sets' ids decide, read before any model loads: at least 2 prompts to split, and a
+    calibrate.heldout_prompts set that shares none of them."""
+    from sweep.models.prompts import read_prompts
+
+    ids = {pid for pid, *_ in read_prompts(cfg.prompts)}
+    if len(ids) < 2:
+        raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
+    if cfg.calibrate.heldout_prompts is not None:
+        same = ids & {pid for pid, *_ in read_prompts(_heldout_prompts(cfg))}
+        if same:
+            raise ConfigError(
+                f"calibrate.heldout_prompts={cfg.calibrate.heldout_prompts}: {len(same)} of its prompts are "
+                f"calibration prompts ({sorted(same)[0]}, ...); name another set"
+            )
+
+
+def _heldout_prompts(cfg: Config):
+    """The prompts config of calibrate.heldout_prompts: its first calibrate.heldout_n, with the set's own template
+    setting."""
+    from sweep.config import compose
+
+    c = cfg.calibrate
+    return dataclasses.replace(compose([f"prompts={c.heldout_prompts}"]).prompts, start=0, n=c.heldout_n)
+
+
 def _heldout_set(cfg: Config, lm, gate, prompts: list) -> list:
     """calibrate.heldout_prompts: the first calibrate.heldout_n prompts of another set (chat or
     humaneval, with that set's template setting), disjoint from the calibration prompts and from
     the readouts' fitting prompts; [] when not asked for."""
-    from sweep.config import compose
     from sweep.models.prompts import read_prompts
     from sweep.models.workload import tokenize_for
 
-    c = cfg.calibrate
-    if c.heldout_prompts is None:
+    if cfg.calibrate.heldout_prompts is None:
         return []
-    pc = dataclasses.replace(compose([f"prompts={c.heldout_prompts}"]).prompts, start=0, n=c.heldout_n)
+    pc = _heldout_prompts(cfg)  # (disjoint from the calibration prompts: ``_check_prompt_sets``)
     drift = tokenize_for(lm, read_prompts(pc), pc, ("bench.gen_tokens", cfg.bench.gen_tokens))
-    same = {p.id for p in prompts} & {p.id for p in drift}
-    if same:
-        raise ConfigError(
-            f"calibrate.heldout_prompts={c.heldout_prompts}: {len(same)} of its prompts are calibration prompts "
-            f"({sorted(same)[0]}, ...); name another set"
-        )
     if gate.readouts is not None:
         from sweep.gates.readouts import check_disjoint
 
