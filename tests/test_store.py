@@ -28,6 +28,21 @@ def test_round_trip_with_schema_version_and_partition(tmp_path):
     assert "model" not in pq.read_schema(path).names and pl.read_parquet(tmp_path / "profile")["model"][0] == "m-1"
 
 
+def test_a_linked_partition_is_not_read_and_is_named(tmp_path, caplog):
+    """A partition directory that is a symbolic link was passed over in silence ("no trials there"): it is still
+    not read (a link could lead anywhere), and a warning names it."""
+    import logging
+
+    elsewhere = tmp_path / "elsewhere"
+    write_table("profile", profile_rows(), root=elsewhere, provenance=PROV, stem="r1")
+    root = tmp_path / "root"
+    (root / "profile").mkdir(parents=True)
+    (root / "profile" / "model=m-1").symlink_to(elsewhere / "profile" / "model=m-1")
+    with caplog.at_level(logging.WARNING, logger="sweep.store"):
+        assert read("profile", root).height == 0
+    assert any("symbolic link" in r.message and "model=m-1" in r.message for r in caplog.records), caplog.text
+
+
 def test_failure_mid_write_leaves_no_readable_file(tmp_path, monkeypatch):
     def half_write(table, where, **kwargs):
         with open(where, "wb") as f:

@@ -280,11 +280,17 @@ def files(name: str, root: str | Path, *, checked: bool = True) -> list[Path]:
     base = Path(root) / table.name
     if not base.is_dir():
         return []
-    cut = len(str(base)) + 1  # (string slicing: pathlib's relative_to costs most of a listing of 10,000 files)
-    found = sorted(
-        p for p in base.rglob("*.parquet") if not any(part.startswith(".") for part in str(p)[cut:].split(os.sep))
-    )
-    return usable(table, found) if checked else found
+    found, links = [], []
+    for directory, subdirs, names in os.walk(base):  # (not into hidden directories, nor through links)
+        for d in [d for d in subdirs if d.startswith(".") or os.path.islink(os.path.join(directory, d))]:
+            subdirs.remove(d)
+            if not d.startswith("."):
+                links.append(os.path.join(directory, d))
+        found += [Path(directory, f) for f in names if f.endswith(".parquet") and not f.startswith(".")]
+    if links:  # never read (a link could take the reader anywhere): said, not passed over in silence
+        shown = ", ".join(links[:3]) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
+        log.warning("%d symbolic link(s) to directories under %s are not read: %s", len(links), base, shown)
+    return usable(table, sorted(found)) if checked else sorted(found)
 
 
 def scan(name: str, root: str | Path, *, cache_from: int = CACHE_FROM) -> pl.LazyFrame:
