@@ -565,3 +565,5 @@ def test_analyze_leaves_out_a_non_finite_speedup_and_never_prints_nan(root, caps
     report = (root / "report" / "report.md").read_text()
     assert "nan" not in out.lower() and "nanx" not in report, out
     assert any("not a finite number; left out" in r.getMessage() for r in caplog.records)
+    ok = [p for p in files("trials", root) if pl.read_parquet(p)["status"][0] == "ok"]
+    assert f"({len(ok) - 1} ok trials)" in out, out  # the row left out is not counted among those judged

@@ -21,7 +21,14 @@ def verdicts(ctx: ReportContext) -> list[str]:
     """One line per model: the verdict at the headline target, or EAS for models only profiled."""
     trials = ctx.trials
     models = sorted(set(trials["model"].unique().to_list()) if trials.height else set())
-    lines = model_verdicts(trials, ctx.targets, ctx.settings, ctx.min_prompts, target=ctx.headline)
+    # the ok rows judged are those the tables rank (a non-finite speedup or agreement is left out, and not counted)
+    judged = ctx.ok["trial_id"] if ctx.ok.height else pl.Series("trial_id", [], pl.String)
+    counted = (
+        trials.filter((pl.col("status") != "ok") | pl.col("trial_id").is_in(judged.implode()))
+        if trials.height
+        else trials
+    )
+    lines = model_verdicts(counted, ctx.targets, ctx.settings, ctx.min_prompts, target=ctx.headline)
     if ctx.profiles is not None:
         for model in sorted(set(ctx.eas["model"].to_list()) - set(models)):
             e = {r["variant"]: r["eas"] for r in ctx.eas.filter(pl.col("model") == model).iter_rows(named=True)}
