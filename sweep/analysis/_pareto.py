@@ -27,7 +27,8 @@ FULL_DEPTH_ID = "full-depth"  # the trial_id of the full-depth reference (1.0x, 
 def ok_trials(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
     """Rows that count: ``status == ok`` with the metric and agreement present and finite (a NaN
     would rank above every number), with the ranked speedup columns (``ranked``)."""
-    ok = trials.lazy().filter((pl.col("status") == "ok") & pl.col(metric).is_finite() & pl.col(y).is_finite())
+    counted = pl.col(metric).is_finite() & (pl.col(metric) > 0) & pl.col(y).is_finite()  # a ratio of times: > 0
+    ok = trials.lazy().filter((pl.col("status") == "ok") & counted)
     return ranked(ok, metric)
 
 

@@ -143,15 +143,19 @@ def compute(cfg, prepared) -> ReportContext:
 
 
 def _warn_non_finite(trials: pl.DataFrame, metric: str) -> None:
-    """Name the ok rows whose speedup or agreement is not a finite number (edited files): they are
-    left out of fronts, knees and targets (``ok_trials``)."""
+    """Name the ok rows whose speedup or agreement is not a finite number, or whose speedup is not above 0 (edited
+    files): they are left out of fronts, knees and targets (``ok_trials``)."""
     if not trials.height:
         return
-    bad = trials.filter((pl.col("status") == "ok") & ~(pl.col(metric).is_finite() & pl.col("agreement").is_finite()))
+    counted = pl.col(metric).is_finite() & (pl.col(metric) > 0) & pl.col("agreement").is_finite()
+    bad = trials.filter((pl.col("status") == "ok") & ~counted)
     if bad.height:
         ids = ", ".join(bad["trial_id"].head(5).to_list()) + (" ..." if bad.height > 5 else "")
         log.warning(
-            "%d ok rows have a %s or agreement that is not a finite number; left out: %s", bad.height, metric, ids
+            "%d ok rows have a %s (a ratio of times, above 0) or agreement that is not a finite number; left out: %s",
+            bad.height,
+            metric,
+            ids,
         )
 
 
