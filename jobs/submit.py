@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="sweep: %(message)s", stream=sys.stderr)
 
     from sweep.orchestrate.ray.env import ray_environment
-    from sweep.config import ClusterConfig, compose
+    from sweep.config import ClusterConfig, compose, override_key
     from sweep.errors import ConfigError, SweepError
     from sweep.orchestrate.plan import foresee_settings
     from sweep.orchestrate.submit import check_job_overrides, job_metadata, resolve_address, submitted_commit
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.address = resolve_address(args.address)
         check_job_overrides(args.overrides)
-        roots = [o.split("=", 1)[1] for o in args.overrides if o.startswith("results.root=")]
+        roots = [o.split("=", 1)[1] for o in args.overrides if "=" in o and override_key(o) == "results.root"]
         if not roots or not os.path.isabs(roots[-1]):
             raise ConfigError(
                 "results.root: pass an absolute path on storage shared by the cluster's nodes "

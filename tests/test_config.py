@@ -262,3 +262,21 @@ def test_sweep_config_prints_the_values_the_commands_use(capsys):
     assert main(["config", "bench.mode=self_speculative", "gate=fixed", "gate.exit_layer=10"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["bench"]["kv_policy"] == "full" and printed["gate"]["exit_layer"] == 10
+
+
+def test_what_the_new_refusals_leave_alone(tmp_path):
+    """A second reader's list of valid command lines the session's refusals must not touch: a quoted option, a
+    sub-space key with Hydra's '+', a task or a prompt file that only the sweep's settings set."""
+    from sweep.orchestrate.plan import foresee_settings
+
+    assert compose("gate='margin'").gate.name == "margin" and compose('model="tiny-llama"').model.name == "tiny-llama"
+    plus = ["model=tiny-llama", "search.spaces=[{gate: margin, ++gate.theta: 'choice(0.5,1.0)'}]"]
+    assert [c.gate.theta for _, c in foresee_settings(compose(*plus), plus)] == [0.5, 1.0]
+    task = ["model=tiny-llama", "eval.problems=5", "eval.allow_code_execution=true",
+            "search.spaces=[{gate: margin, eval.task: humaneval}, {gate: full, eval.task: humaneval}]"]  # fmt: skip
+    assert {c.eval.problems for _, c in foresee_settings(compose(*task), task)} == {5}
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "yo"}\n')
+    both = ["model=tiny-llama", "prompts=jsonl", f"prompts.path={path}",
+            "search.spaces=[{gate: margin, prompts: 'choice(chat, jsonl)'}]"]  # fmt: skip
+    assert sorted(c.prompts.name for _, c in foresee_settings(compose(*both), both)) == ["chat", "jsonl"]

@@ -24,11 +24,15 @@ KNEE_MIN_AGREEMENT = 0.9  # analysis.knee_min_agreement's default: knees among f
 FULL_DEPTH_ID = "full-depth"  # the trial_id of the full-depth reference (1.0x, agreement 1.0)
 
 
+def counted(metric: str = "speedup_wall", y: str = "agreement") -> pl.Expr:
+    """An ok row that counts: the metric finite and above 0 (a ratio of times; a NaN would rank above every number)
+    and ``y`` finite."""
+    return (pl.col("status") == "ok") & pl.col(metric).is_finite() & (pl.col(metric) > 0) & pl.col(y).is_finite()
+
+
 def ok_trials(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
-    """Rows that count: ``status == ok`` with the metric and agreement present and finite (a NaN
-    would rank above every number), with the ranked speedup columns (``ranked``)."""
-    counted = pl.col(metric).is_finite() & (pl.col(metric) > 0) & pl.col(y).is_finite()  # a ratio of times: > 0
-    ok = trials.lazy().filter((pl.col("status") == "ok") & counted)
+    """Rows that count (``counted``), with the ranked speedup columns (``ranked``)."""
+    ok = trials.lazy().filter(counted(metric, y))
     return ranked(ok, metric)
 
 

@@ -15,6 +15,7 @@ from sweep.bench.session import Session, process_session
 from sweep.textfit import fit_lines
 from sweep.config import Config
 from sweep.gates import Gate, make_gate
+from sweep.gates.readouts import check_readouts_file
 from sweep.models import LoadedModel
 from sweep.models.prompts import Prompt
 
@@ -38,6 +39,8 @@ def load(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate
 
 def _load(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
     prepare_task(cfg)  # the task's problems and files, and the sandbox its programs run in, before the model loads
+    if cfg.gate.readouts is not None:  # its file, before the model loads (its fit to the model after)
+        check_readouts_file(cfg.gate.readouts, "gate.readouts")
 
     def check(lm: LoadedModel) -> None:
         gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing

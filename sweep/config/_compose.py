@@ -73,7 +73,9 @@ def _check_group_choice(override: str, key: str) -> None:
     list's options or fail inside itself) are one line naming the override."""
     if "=" not in override:
         return
-    value = override.partition("=")[2]
+    value = override.partition("=")[2].strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":  # Hydra's quotes, as Hydra reads them
+        value = value[1:-1]
     if not key or "@" in key:
         raise ConfigError(f"{override}: not a config key=value (`sweep config` shows the keys; gate=NAME picks a gate)")
     if key == "hydra" or key.startswith("hydra."):
@@ -81,6 +83,8 @@ def _check_group_choice(override: str, key: str) -> None:
     group = config_dir() / key
     if not group.is_dir() or (group / f"{value}.yaml").is_file() or ("," in value and "[" not in value):
         return  # (a comma list is Hydra's sweep: its own line says where sweeps go)
+    if value.startswith("{"):
+        return  # a mapping set whole: its keys are checked as keys (``_override_errors``)
     scalar = value.lower() in ("null", "true", "false") or re.fullmatch(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?", value)
     if scalar or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value):
         options = sorted(p.stem for p in group.glob("*.yaml") if not p.name.startswith("_"))
@@ -120,13 +124,24 @@ _READ_WITH = (
 )  # fmt: skip
 
 
+def spaces_vary(spaces, section: str) -> bool:
+    """Whether a search's sub-spaces set a key of ``section`` (its settings then differ from the base there)."""
+    return any(
+        str(k).lstrip("+~").split(".")[0] == section
+        for space in (spaces or [])
+        if isinstance(space, dict)
+        for k in space
+    )
+
+
 def _unread(data: dict[str, Any], given: set[str]) -> None:
     """A key given on the command line that nothing reads without another key (``eval.samples`` without a task):
     one line naming it, as a key that would change nothing."""
+    spaces = (data.get("search") or {}).get("spaces") if isinstance(data.get("search"), dict) else None
     for section, needed, keys, needs in _READ_WITH:
         values = data.get(section)
-        if not isinstance(values, dict) or values.get(needed) is not None:
-            continue
+        if not isinstance(values, dict) or values.get(needed) is not None or spaces_vary(spaces, section):
+            continue  # (a sweep's settings may set what the key needs: each setting's composition is its own)
         for key in keys:
             if f"{section}.{key}" in given:
                 raise ConfigError(f"{section}.{key}: read only with {needs}, which is not set; it would change nothing")
@@ -205,17 +220,13 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         )
     if cfg.prompts.name == "jsonl" and cfg.prompts.path is None:
         raise ConfigError('prompts.path: required for prompts=jsonl (a file of {"id": ..., "prompt": ...} lines)')
-    if cfg.prompts.name != "jsonl" and cfg.prompts.path is not None:  # it would change the trial id, not the prompts
+    varied = spaces_vary(cfg.search.spaces if cfg.search is not None else None, "prompts")
+    if cfg.prompts.name != "jsonl" and cfg.prompts.path is not None and not varied:  # it changed only the trial id
         raise ConfigError(
             f"prompts.path={cfg.prompts.path}: read by prompts=jsonl only (prompts={cfg.prompts.name} is a built-in "
             "set); add prompts=jsonl, or leave prompts.path out"
         )
     cfg = read_paths(cfg)  # every path read once: what every command checks and writes (and names a model by)
-    for key, readouts in (("gate.readouts", cfg.gate.readouts), ("profile.readouts", cfg.profile.readouts)):
-        if readouts is not None:  # its header now; its content and its fit to the model when the model loads
-            from sweep.gates.readouts import check_readouts_file
-
-            check_readouts_file(readouts, key)
     if cfg.model.name is None:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=_derive_name(cfg.model.path)))
     cfg = _mode_defaults(cfg)

@@ -75,7 +75,7 @@ def parse_space(space: dict[str, Any], where: str) -> list[Param]:
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{where}: must be a non-empty mapping of config path: value or sweep expression")
     for key in space:
-        if str(key).split(".")[0] not in TRIAL_SECTIONS:
+        if str(key).lstrip("+~").split(".")[0] not in TRIAL_SECTIONS:
             raise ConfigError(
                 f"{where}.{key}: not a key a setting can vary (the sweep's own: set it on the command line); a "
                 f"sub-space varies {', '.join(TRIAL_SECTIONS)}"

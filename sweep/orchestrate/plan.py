@@ -237,8 +237,9 @@ def _check_task_inputs(cfg: Config, grid_trials: GridTrials | None) -> None:
 
 
 def _check_prompts(cfg: Config, grid_trials: GridTrials | None) -> None:
-    """Before Ray starts: each prompt set the sweep's settings read can be read (``read_prompts``, as `sweep bench`
-    reads it before its model loads), one line otherwise, instead of a failed row per setting."""
+    """Before Ray starts: each prompt set and readouts file the sweep's foreseeable settings read (a search that
+    samples later: its base setting's) can be read, as `sweep bench` reads them before its model loads; one line
+    otherwise, instead of a failed row per setting."""
     from sweep.models.prompts import read_prompts
 
     seen = set()
@@ -246,6 +247,11 @@ def _check_prompts(cfg: Config, grid_trials: GridTrials | None) -> None:
         if repr(trial_cfg.prompts) not in seen:
             seen.add(repr(trial_cfg.prompts))
             read_prompts(trial_cfg.prompts)
+        if trial_cfg.gate.readouts is not None and trial_cfg.gate.readouts not in seen:
+            from sweep.gates.readouts import check_readouts_file
+
+            seen.add(trial_cfg.gate.readouts)
+            check_readouts_file(trial_cfg.gate.readouts, "gate.readouts")
 
 
 def _storage(cfg: Config, root: Path) -> Path:

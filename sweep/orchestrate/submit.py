@@ -188,7 +188,7 @@ def job_runtime_env(staged: Path, git_sha: str = "unknown", submission_id: str |
 def job_metadata(cfg, overrides: list[str], git_sha: str) -> dict[str, str]:
     """The Ray job's metadata (strings; `ray job list`, the dashboard and the job's driver see
     them): the sweep's experiment, search, model and name (when set), the commit, where rows go."""
-    experiments = [o.split("=", 1)[1] for o in overrides if override_key(o) == "experiment"]
+    experiments = [o.split("=", 1)[1] for o in overrides if "=" in o and override_key(o) == "experiment"]
     metadata = {
         "sweep_search": cfg.search.name,
         "sweep_model": cfg.model.name or "model",

@@ -28,6 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from sweep.analysis import (
+    counted,
     FULL_DEPTH_ID,
     best_at_targets,
     distinct_profiles,
@@ -147,8 +148,7 @@ def _warn_non_finite(trials: pl.DataFrame, metric: str) -> None:
     files): they are left out of fronts, knees and targets (``ok_trials``)."""
     if not trials.height:
         return
-    counted = pl.col(metric).is_finite() & (pl.col(metric) > 0) & pl.col("agreement").is_finite()
-    bad = trials.filter((pl.col("status") == "ok") & ~counted)
+    bad = trials.filter((pl.col("status") == "ok") & ~counted(metric))
     if bad.height:
         ids = ", ".join(bad["trial_id"].head(5).to_list()) + (" ..." if bad.height > 5 else "")
         log.warning(

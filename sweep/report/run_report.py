@@ -213,7 +213,9 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     target = headline_target(analysis.targets)
     targets = targets_at(ok, (target,), conf)
     settings = targets_at(ok, (target,), conf, reference=False)
-    return model_verdicts(trials, targets, settings, analysis.ci_min_prompts, noun="settings", target=target)
+    return model_verdicts(
+        trials, targets, settings, analysis.ci_min_prompts, noun="settings", target=target, metric=analysis.speedup
+    )
 
 
 def oracle_lines(outcome) -> list[str]:

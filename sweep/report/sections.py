@@ -64,8 +64,8 @@ def header(ctx: ReportContext) -> Section:
                 "unless a setting at agreement 1.0 ranks above 1x) and at every target: a setting it dominates is on "
                 "no front, and a target names a setting only where one beats it. Intervals: 95% bootstrap of the "
                 "same estimator, prompts and timed rounds resampled, seeded per trial; "
-                f"† marks an interval from fewer than {ctx.min_prompts} prompts (analysis.ci_min_prompts), "
-                "too coarse to trust."
+                f"† marks an interval from fewer than {ctx.min_prompts} prompts, or batches for a batched trial's "
+                "speedup (analysis.ci_min_prompts), too coarse to trust."
             ),
             "",
         ]

@@ -21,14 +21,8 @@ def verdicts(ctx: ReportContext) -> list[str]:
     """One line per model: the verdict at the headline target, or EAS for models only profiled."""
     trials = ctx.trials
     models = sorted(set(trials["model"].unique().to_list()) if trials.height else set())
-    # the ok rows judged are those the tables rank (a non-finite speedup or agreement is left out, and not counted)
-    judged = ctx.ok["trial_id"] if ctx.ok.height else pl.Series("trial_id", [], pl.String)
-    counted = (
-        trials.filter((pl.col("status") != "ok") | pl.col("trial_id").is_in(judged.implode()))
-        if trials.height
-        else trials
-    )
-    lines = model_verdicts(counted, ctx.targets, ctx.settings, ctx.min_prompts, target=ctx.headline)
+    metric = ctx.ok["speedup_metric"][0] if ctx.ok.height else "speedup_wall"
+    lines = model_verdicts(trials, ctx.targets, ctx.settings, ctx.min_prompts, target=ctx.headline, metric=metric)
     if ctx.profiles is not None:
         for model in sorted(set(ctx.eas["model"].to_list()) - set(models)):
             e = {r["variant"]: r["eas"] for r in ctx.eas.filter(pl.col("model") == model).iter_rows(named=True)}
@@ -45,12 +39,16 @@ def model_verdicts(
     min_prompts: int,
     noun: str = "trials",
     target: float = HEADLINE_TARGET,
+    metric: str = "speedup_wall",
 ) -> list[str]:
     """One line per model of ``trials``: ``verdict`` on its pick in ``targets`` (full depth among the
-    candidates) and its best setting in ``settings`` at agreement ``target``, and its count of ok ``noun``."""
+    candidates) and its best setting in ``settings`` at agreement ``target``, and its count of ok ``noun`` that the
+    tables judge (``counted`` on ``metric``: a row left out for a non-finite or non-positive speedup is not)."""
+    from sweep.analysis import counted
+
     lines = []
     for model in sorted(set(trials["model"].unique().to_list()) if trials.height else set()):
-        n_ok = trials.filter((pl.col("model") == model) & (pl.col("status") == "ok")).height
+        n_ok = trials.filter((pl.col("model") == model) & counted(metric)).height
         if not n_ok:
             lines.append(f"{model}: no ok {noun} to judge")
             continue

@@ -261,7 +261,12 @@ def traced_run(
 
 def prepare(cfg, session) -> tuple[LoadedModel, list[Prompt], Any]:
     """`sweep profile`'s model and prompts from ``session`` (``sweep.bench.session``), and the readouts
-    profile.readouts names, checked here (against the model, disjoint from the prompts) before any work."""
+    profile.readouts names, checked here (its file before the model loads; against the model, disjoint from the
+    prompts, after) before any work."""
+    if cfg.profile.readouts is not None:
+        from sweep.gates.readouts import check_readouts_file
+
+        check_readouts_file(cfg.profile.readouts, "profile.readouts")
     lm, prompts = session.workload(cfg, ("profile.gen_tokens", cfg.profile.gen_tokens))
     if cfg.profile.readouts is not None:
         session.readouts_for(cfg.profile.readouts, lm, prompts, "profile.readouts")
