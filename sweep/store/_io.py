@@ -286,7 +286,8 @@ def files(name: str, root: str | Path, *, checked: bool = True) -> list[Path]:
             subdirs.remove(d)
             if not d.startswith("."):
                 links.append(os.path.join(directory, d))
-        found += [Path(directory, f) for f in names if f.endswith(".parquet") and not f.startswith(".")]
+        # (a directory named *.parquet is found too, as a glob finds it: the check then says it is no file)
+        found += [Path(directory, f) for f in (*subdirs, *names) if f.endswith(".parquet") and not f.startswith(".")]
     if links:  # never read (a link could take the reader anywhere): said, not passed over in silence
         shown = ", ".join(links[:3]) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
         log.warning("%d symbolic link(s) to directories under %s are not read: %s", len(links), base, shown)
