@@ -127,7 +127,7 @@ _READ_WITH = (
 def spaces_vary(spaces, section: str) -> bool:
     """Whether a search's sub-spaces set a key of ``section`` (its settings then differ from the base there)."""
     return any(
-        str(k).lstrip("+~").split(".")[0] == section
+        override_key(str(k)).split(".")[0] == section
         for space in (spaces or [])
         if isinstance(space, dict)
         for k in space

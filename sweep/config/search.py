@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sweep.errors import ConfigError
 from sweep.gates import GATES, PARAMS, check_value
 from sweep.config.identity import TRIAL_SECTIONS
-from sweep.config.paths import check_name, quoted
+from sweep.config.paths import check_name, override_key, quoted
 
 if TYPE_CHECKING:
     from sweep.config import SearchConfig
@@ -75,7 +75,7 @@ def parse_space(space: dict[str, Any], where: str) -> list[Param]:
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{where}: must be a non-empty mapping of config path: value or sweep expression")
     for key in space:
-        if str(key).lstrip("+~").split(".")[0] not in TRIAL_SECTIONS:
+        if override_key(str(key)).split(".")[0] not in TRIAL_SECTIONS:
             raise ConfigError(
                 f"{where}.{key}: not a key a setting can vary (the sweep's own: set it on the command line); a "
                 f"sub-space varies {', '.join(TRIAL_SECTIONS)}"
