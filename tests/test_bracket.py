@@ -60,6 +60,20 @@ def test_kept_thresholds_are_dense_near_agreement_1():
     assert kept(table.with_columns(exit_rate=pl.lit(0.0)), 5) == []
 
 
+def test_kept_thresholds_differ_in_what_they_do_on_the_trace():
+    """Two thresholds that replay alike (same agreement, exits and exit layers: no value the model shows lies
+    between them) are one closed-loop trial's worth: a line keeps n settings that each do something else."""
+    table = pl.DataFrame(
+        {
+            "agreement_tf": [1.0, 0.96, 0.96, 0.96, 0.5, 0.2],
+            "exit_rate": [0.0, 0.04, 0.04, 0.04, 0.5, 0.8],
+            "mean_exit_layer": [30.0, 29.5, 29.5, 29.5, 25.0, 20.0],
+        }
+    )
+    picked = kept(table, 4)  # the second target (0.89) lies nearest the three alike: a third setting takes it
+    assert picked == [1, 4, 5]  # of the three alike, the first replayed; three distinct settings are all there are
+
+
 def test_candidates_lie_between_the_values_the_model_shows():
     """A saturation line's candidates on a tiny model's trace: in eps's domain, and none on a traced signal value
     (a threshold on one would make its decision a close call)."""

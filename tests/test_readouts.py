@@ -176,14 +176,21 @@ def test_a_tampered_renamed_garbage_or_missing_file_is_refused_in_one_line(saved
     cases = {
         "a tensor": rewrite(path, tmp_path / path.name, change_tensors=bump),
         "the metadata": rewrite(path, tmp_path / "meta" / path.name, change_meta=other_prompts),
-        "another name": shutil.copy(path, tmp_path / ("0" * 16 + ".safetensors")),
     }
     for what, target in cases.items():
         with pytest.raises(ConfigError) as exc:
             load_readouts(target, lm)
         assert one_line(exc) == f"gate.readouts={target}: was modified after it was written " + (
-            "(its content no longer hashes to its name)"
+            "(its content no longer hashes to its digest)"
         ), what
+    renamed = shutil.copy(path, tmp_path / ("0" * 16 + ".safetensors"))  # intact, under another fit's name
+    with pytest.raises(ConfigError) as exc:
+        load_readouts(renamed, lm)
+    assert one_line(exc) == (
+        f"gate.readouts={renamed}: its content is intact, but its name is another file's: `sweep fit` named it "
+        f"{readouts.digest[:16]}.safetensors (a name of 16 hex digits is the content's); rename it, or give it a "
+        "name of your own"
+    )
     assert load_readouts(shutil.copy(path, tmp_path / "my-readouts.safetensors"), lm).digest == readouts.digest
     (tmp_path / "garbage.safetensors").write_bytes(b"\x00\xff not a safetensors file" * 8)
     (tmp_path / "empty.safetensors").write_bytes(b"")
@@ -213,6 +220,33 @@ def test_the_path_is_content_addressed(saved, tmp_path):
     assert len(others) == 2 and readouts.digest not in others
     with pytest.raises(ValueError, match="do not match the digest"):
         save_readouts(readouts.to("cpu", torch.bfloat16), tmp_path)  # a cast copy is not what the digest names
+
+
+def test_the_classifiers_are_solved_whatever_the_seed(saved):
+    """The classifiers' problem is convex: solved, two seeds give the same weights (a solver stopped early
+    leaves each where its start led it)."""
+    lm, readouts, _ = saved
+    other = fit(lm, prompts_for(lm, "prompts.n=3"), gen_tokens=4, seed=1)
+    for name in TENSORS[2:]:
+        a, b = readouts.weights[name], other.weights[name]
+        if name.endswith("bias"):  # a layer whose labels are all one class has its bias's optimum at infinity
+            finite = a.abs() < 15
+            assert finite.sum() >= 2
+            a, b = a[finite], b[finite]
+        assert (a - b).abs().max() < 2e-5, name
+
+
+def test_a_readouts_file_is_readable_as_rows_are(saved, tmp_path):
+    import os
+    import stat
+
+    lm, readouts, _ = saved
+    mask = os.umask(0o022)
+    try:
+        path = save_readouts(readouts, tmp_path)
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
 # --- fitting set and evaluation set ------------------------------------------------------------------------------
@@ -253,6 +287,20 @@ def test_sweep_fit_writes_the_readouts_and_prints_their_path(tmp_path, capsys):
     )
 
 
+def test_sweep_fit_checks_its_files_directory_before_it_fits(tmp_path, capsys):
+    """A file where the readouts' model directory goes: one line naming fit.out, before any fit; a results.root
+    that cannot be written does not matter where fit.out takes the file."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "tiny-llama").write_text("not a directory")
+    args = ["fit", "model=tiny-llama", "prompts.n=1", "fit.gen_tokens=2"]
+    assert main([*args, f"fit.out={tmp_path / 'out'}", f"results.root={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: fit.out={tmp_path / 'out' / 'tiny-llama'}: is a file"), err
+    (tmp_path / "a-file").write_text("")
+    assert main([*args, f"fit.out={tmp_path / 'elsewhere'}", f"results.root={tmp_path / 'a-file'}"]) == 0
+    assert len(list((tmp_path / "elsewhere" / "tiny-llama").glob("*.safetensors"))) == 1
+
+
 def test_sweep_fit_refuses_a_bad_value_in_one_line(tmp_path, capsys):
     assert main(["fit", "model=tiny-llama", "fit.ridge=-1", f"results.root={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -278,7 +326,7 @@ def test_a_session_loads_one_file_once_and_again_when_it_changes(saved, tmp_path
     other = save_readouts(fit(lm, prompts_for(lm, "prompts.n=3"), gen_tokens=4, seed=1), tmp_path / "b")
     shutil.copyfile(other, src)  # another fit's bytes under the first one's name
     os.utime(src, ns=(1, 1))
-    with pytest.raises(ConfigError, match="modified after it was written"):
+    with pytest.raises(ConfigError, match="its name is another file's"):
         load_readouts(src, lm, cache=cache)
 
 

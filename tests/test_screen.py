@@ -4,6 +4,7 @@ the simulated front (and the knee's neighbours) closed-loop, rows for both."""
 from __future__ import annotations
 
 import polars as pl
+import pytest
 
 from conftest import sweep
 from sweep.store import read
@@ -129,3 +130,27 @@ def test_knee_neighbours_stay_on_their_lens():
     out = select(table, neighbours=1)
     assert out.filter("on_front")["trial_id"].sort().to_list() == ["t1", "t2", "t3"]
     assert out.filter("selected")["trial_id"].sort().to_list() == ["t1", "t2", "t3"]  # l1, l2 never
+
+
+def test_a_screen_charges_each_probe_what_a_step_pays_for_it(tmp_path):
+    """The replay of a setting that never exits is full depth plus its probes: step / (step + probes x probe),
+    the probe measured in situ, as a trial's own cost model measures it (a probe timed alone misses what a step
+    pays for it, and the replay then predicts a speedup its closed-loop trial does not reach)."""
+    from conftest import TINY_SWEEP, compose
+    from sweep.bench.costs import CostModel
+    from sweep.orchestrate.plan import plan_sweep
+    from sweep.orchestrate.searches.base import InWorker
+    from sweep.orchestrate.searches.screening import trace_for
+    from sweep.trace.simulate import signals_from_trace, simulate
+
+    space = "search.spaces=[{gate: saturation, gate.eps: 'choice(0.000001,0.9)', gate.min_depth: 0.25}]"
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=screen", space]
+    plan = plan_sweep(compose(*args), args)
+    traced = trace_for(plan, plan.grid_trials, InWorker(lambda fn, _label, *a: fn(*a), "cpu"))
+    costs = CostModel(**traced["costs"])
+    in_situ = costs.extra_probe_ms["saturation/hidden"]
+    never = next(c.gate for _, c in plan.grid_trials if c.gate.eps == 0.000001)
+    row = simulate([never], signals_from_trace(traced["trace"]), costs, "propagate").row(0, named=True)
+    probes = costs.num_layers - row["min_layer"]  # after layers min_layer .. L - 1
+    assert row["exit_rate"] == 0.0
+    assert row["speedup_model"] == pytest.approx(costs.step_ms / (costs.step_ms + probes * in_situ), rel=1e-9)

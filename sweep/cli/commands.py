@@ -26,7 +26,7 @@ OUTPUTS = {
     "bench": ("results.root",),
     "run": ("results.root", "sweep.storage"),
     "analyze": ("results.root", "analysis.out"),
-    "fit": ("results.root", "fit.out"),
+    "fit": ("fit.out",),  # results.root, where fit.out is null: `sweep fit`'s prepare, with its model's directory
 }
 
 

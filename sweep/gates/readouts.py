@@ -192,8 +192,14 @@ def _load_readouts(path, lm, key: str) -> Readouts:
     meta, weights = _read_readouts(path, key)
     stored = meta.pop("digest")
     stem = p.name.removesuffix(".safetensors")
-    if content_digest(weights, meta) != stored or (re.fullmatch("[0-9a-f]{16}", stem) and stem != stored[:16]):
-        raise ConfigError(f"{where}: was modified after it was written (its content no longer hashes to its name)")
+    if content_digest(weights, meta) != stored:
+        raise ConfigError(f"{where}: was modified after it was written (its content no longer hashes to its digest)")
+    if re.fullmatch("[0-9a-f]{16}", stem) and stem != stored[:16]:
+        raise ConfigError(
+            f"{where}: its content is intact, but its name is another file's: `sweep fit` named it "
+            f"{stored[:16]}.safetensors (a name of 16 hex digits is the content's); rename it, or give it a name "
+            "of your own"
+        )
     if meta["model_hash"] != lm.content_hash:
         raise ConfigError(
             f"{where}: fitted to model {meta['model']} (hash {meta['model_hash'][:20]}...), not {lm.name} "

@@ -17,7 +17,7 @@ def prepare(cfg, session) -> tuple:
     """`sweep fit`'s checks, then its model and prompts from ``session`` (``sweep.bench.session``): the
     prompts file, the model's name as a path part, the output directory inside its root (a link planted
     there is refused before any work); (lm, prompts, out_dir, root, key)."""
-    from sweep.config.paths import check_name, inside
+    from sweep.config.paths import check_name, check_writable_dir, inside
     from sweep.models.prompts import read_prompts
 
     read_prompts(cfg.prompts)  # a bad prompts file fails before anything else
@@ -25,6 +25,7 @@ def prepare(cfg, session) -> tuple:
     out_dir = Path(cfg.fit.out) if cfg.fit.out is not None else Path(cfg.results.root) / "readouts"
     root, key = (cfg.fit.out, "fit.out") if cfg.fit.out is not None else (cfg.results.root, "results.root")
     inside(root, out_dir / (cfg.model.name or "model"), key=key)
+    check_writable_dir(key, out_dir / (cfg.model.name or "model"))  # the file's own directory, before the fit
     # translators and classifiers are fitted to the lens at layer L
     lm, prompts = session.workload(cfg, ("fit.gen_tokens", cfg.fit.gen_tokens), check=lambda lm: lm.require(lens=True))
     return lm, prompts, out_dir, root, key

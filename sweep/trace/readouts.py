@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +30,7 @@ from sweep.gates.spec import LENSES
 
 log = logging.getLogger("sweep.trace.readouts")
 
-_LBFGS_ITERS = 50
+_LBFGS_ITERS = 2000  # iterations at most: the classifiers' convex problem solved until its gradient is flat
 _LENS_ELEMENTS = 1 << 25  # logits held at once while scoring (rows x vocab)
 
 
@@ -56,9 +57,17 @@ def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out
     path.parent.mkdir(parents=True, exist_ok=True)
     from sweep.store import atomic_write
 
-    return atomic_write(
-        path, lambda tmp: save_file(tensors, str(tmp), metadata={**readouts.meta, "digest": readouts.digest})
-    )
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp), metadata={**readouts.meta, "digest": readouts.digest})
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors makes its file owner-only; readouts are shared as rows are
+
+    return atomic_write(path, write)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 # --- fitting ------------------------------------------------------------------------------------------------------
@@ -77,7 +86,7 @@ def fit_readouts(
     log_every: int = 1,
 ) -> Readouts:
     """Translators and exit classifiers of ``lm`` fitted on ``prompts`` and ``gen_tokens`` greedy tokens
-    each. The translators are a closed-form ridge regression (penalty ``ridge`` toward the identity)
+    each. The translators are a closed-form ridge regression (penalty ``ridge`` on D, toward the identity; b free)
     on every position but each sequence's first; the classifiers an L2-penalised (``l2``) logistic
     regression on the decode positions (where gates decide). ``meta["fit_summary"]`` holds per-layer
     figures on the fitting set (top-1 agreement, KL(final || lens), classifier accuracy). The tensors
@@ -185,13 +194,22 @@ def _score(readouts: Readouts, adapter, states, final, layer: int) -> tuple[dict
 
 def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Weights and bias of a logistic regression with penalty l2 ||w||^2 (bias not penalised): full-batch
-    LBFGS in float64 on the CPU from a small seeded start; the problem is convex, the start only seeds it."""
+    LBFGS in float64 on the CPU from a small seeded start, until the gradient is flat: the problem is convex,
+    so the start only seeds it."""
     with torch.inference_mode(False), torch.enable_grad():
         x64, y64 = x.double().cpu().clone(), y.double().cpu().clone()
         gen = torch.Generator().manual_seed(seed)
         w = (1e-3 * torch.randn(x.shape[1], generator=gen, dtype=torch.float64)).requires_grad_()
         b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b], max_iter=_LBFGS_ITERS, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            [w, b],
+            max_iter=_LBFGS_ITERS,
+            max_eval=2 * _LBFGS_ITERS,
+            tolerance_grad=1e-10,
+            tolerance_change=1e-14,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+        )
 
         def closure():
             opt.zero_grad()

@@ -112,8 +112,11 @@ def kept(table: pl.DataFrame, n: int) -> list[int]:
     """The indices of ``n`` settings of one line: from the gentlest setting that exits (the highest replayed
     agreement any reaches) to the harshest (the lowest), at equal steps of log disagreement, so most of them sit
     close to agreement 1 where a closed loop's agreement falls fastest (one early token that differs changes every
-    token after it); each the nearest to its target (then the one exiting more), all distinct."""
-    rows = table.with_row_index("_i").filter(pl.col("exit_rate") > 0)
+    token after it); each the nearest to its target (then the one exiting more), all distinct in what they do on
+    the trace: two thresholds between the same two values the model shows decide alike, and one closed-loop trial
+    measures them both (the first replayed is kept)."""
+    same = [c for c in ("agreement_tf", "exit_rate", "mean_exit_layer") if c in table.columns]
+    rows = table.with_row_index("_i").filter(pl.col("exit_rate") > 0).unique(same, keep="first", maintain_order=True)
     if rows.height == 0:
         return []
     hi, lo = rows["agreement_tf"].max(), rows["agreement_tf"].min()

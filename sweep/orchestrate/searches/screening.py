@@ -41,14 +41,18 @@ def screen(plan: Plan, settings: GridTrials, worker: InWorker) -> Selection:
 
 
 def trace_for(plan: Plan, settings: GridTrials, worker: InWorker) -> dict[str, Any]:
-    """The profile trace of the sweep's model and prompts and its cost model, taken in a worker, with the probes
-    of ``settings``' gates that the standard cost model does not measure."""
-    probes = {  # the probes the standard cost model does not measure: pca, classifier, a tuned lens
-        c.gate
-        for _, c in settings
-        if GATES.get(c.gate.name, key="gate").probe not in STANDARD_PROBES or c.gate.lens == "tuned"
-    }
-    probes = sorted(probes, key=str)
+    """The profile trace of the sweep's model and prompts and its cost model, taken in a worker, with the probe of
+    every gate of ``settings`` that probes measured in situ, as a bench measures its own: a probe timed alone
+    misses what a step pays for it (the decision's device sync, the loop's break after each probed layer), and a
+    replay charged that would predict a speedup the closed loop does not reach."""
+    probes = {}  # one gate per probe a step pays: a standard probe costs the same at every threshold and layer
+    for _, c in settings:
+        probe = GATES.get(c.gate.name, key="gate").probe
+        if probe == "none":
+            continue
+        standard = probe in STANDARD_PROBES and c.gate.lens != "tuned"
+        probes.setdefault(c.gate.name if standard else c.gate, c.gate)
+    probes = sorted(probes.values(), key=str)
     readouts = {g.readouts for g in probes} - {None}
     if len(readouts) > 1:
         raise ConfigError(
@@ -215,7 +219,7 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
     return {
         "trace": trace,
         "provenance": prov,
-        # the probes alone too: the replay charges them to every gate not measured in situ here
+        # the probes alone too (the cost table shows them); the replay charges every gate its probe in situ
         "costs": cost_model(
             lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy], probes_alone=True
         ).as_dict(),
