@@ -71,7 +71,7 @@ def test_kept_thresholds_differ_in_what_they_do_on_the_trace():
         }
     )
     picked = kept(table, 4)  # the second target (0.89) lies nearest the three alike: a third setting takes it
-    assert picked == [1, 4, 5]  # of the three alike, the first replayed; three distinct settings are all there are
+    assert picked == [2, 4, 5]  # of the three alike, the middle one; three distinct settings are all there are
 
 
 def test_candidates_lie_between_the_values_the_model_shows():

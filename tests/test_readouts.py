@@ -187,9 +187,8 @@ def test_a_tampered_renamed_garbage_or_missing_file_is_refused_in_one_line(saved
     with pytest.raises(ConfigError) as exc:
         load_readouts(renamed, lm)
     assert one_line(exc) == (
-        f"gate.readouts={renamed}: its content is intact, but its name is another file's: `sweep fit` named it "
-        f"{readouts.digest[:16]}.safetensors (a name of 16 hex digits is the content's); rename it, or give it a "
-        "name of your own"
+        f"gate.readouts={renamed}: its content is intact, but a name of 16 hex digits must be its digest's: rename "
+        f"it {readouts.digest[:16]}.safetensors, as `sweep fit` named it (or give it a name of your own)"
     )
     assert load_readouts(shutil.copy(path, tmp_path / "my-readouts.safetensors"), lm).digest == readouts.digest
     (tmp_path / "garbage.safetensors").write_bytes(b"\x00\xff not a safetensors file" * 8)
@@ -234,6 +233,17 @@ def test_the_classifiers_are_solved_whatever_the_seed(saved):
             assert finite.sum() >= 2
             a, b = a[finite], b[finite]
         assert (a - b).abs().max() < 2e-5, name
+
+
+def test_a_classifier_the_solver_could_not_finish_is_said(saved, monkeypatch, caplog):
+    import sweep.trace.readouts as fitting
+
+    lm, _, _ = saved
+    monkeypatch.setattr(fitting, "_LBFGS_ITERS", 1)  # a cap the problem cannot be solved within
+    with caplog.at_level("WARNING", logger="sweep.trace.readouts"):
+        fit(lm, prompts_for(lm, "prompts.n=3"), gen_tokens=4)
+    said = [r.getMessage() for r in caplog.records if "an exit classifier stopped" in r.getMessage()]
+    assert said and all("after 1 iterations" in line and "not the optimum" in line for line in said)
 
 
 def test_a_readouts_file_is_readable_as_rows_are(saved, tmp_path):
@@ -295,7 +305,8 @@ def test_sweep_fit_checks_its_files_directory_before_it_fits(tmp_path, capsys):
     args = ["fit", "model=tiny-llama", "prompts.n=1", "fit.gen_tokens=2"]
     assert main([*args, f"fit.out={tmp_path / 'out'}", f"results.root={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: fit.out={tmp_path / 'out' / 'tiny-llama'}: is a file"), err
+    where = tmp_path / "out" / "tiny-llama"
+    assert err == [f"error: fit.out={tmp_path / 'out'}: {where}, where the readouts go, is not a directory"]
     (tmp_path / "a-file").write_text("")
     assert main([*args, f"fit.out={tmp_path / 'elsewhere'}", f"results.root={tmp_path / 'a-file'}"]) == 0
     assert len(list((tmp_path / "elsewhere" / "tiny-llama").glob("*.safetensors"))) == 1
@@ -326,7 +337,7 @@ def test_a_session_loads_one_file_once_and_again_when_it_changes(saved, tmp_path
     other = save_readouts(fit(lm, prompts_for(lm, "prompts.n=3"), gen_tokens=4, seed=1), tmp_path / "b")
     shutil.copyfile(other, src)  # another fit's bytes under the first one's name
     os.utime(src, ns=(1, 1))
-    with pytest.raises(ConfigError, match="its name is another file's"):
+    with pytest.raises(ConfigError, match="must be its digest's"):
         load_readouts(src, lm, cache=cache)
 
 

@@ -146,7 +146,14 @@ def test_a_screen_charges_each_probe_what_a_step_pays_for_it(tmp_path):
     space = "search.spaces=[{gate: saturation, gate.eps: 'choice(0.000001,0.9)', gate.min_depth: 0.25}]"
     args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=screen", space]
     plan = plan_sweep(compose(*args), args)
-    traced = trace_for(plan, plan.grid_trials, InWorker(lambda fn, _label, *a: fn(*a), "cpu"))
+    probed = []  # the gates whose probes the screen's worker measures in situ
+
+    def in_process(fn, _label, *args):
+        probed.extend(args[-1])
+        return fn(*args)
+
+    traced = trace_for(plan, plan.grid_trials, InWorker(in_process, "cpu"))
+    assert [g.name for g in probed] == ["saturation"]  # once: a standard probe costs the same at every threshold
     costs = CostModel(**traced["costs"])
     in_situ = costs.extra_probe_ms["saturation/hidden"]
     never = next(c.gate for _, c in plan.grid_trials if c.gate.eps == 0.000001)

@@ -40,7 +40,7 @@ class CostModel:
     layer_ms: float  # one decoder layer of a decode step
     head_ms: float  # final norm + lm_head on one position (the logit lens)
     # the probes alone, measured on demand (``cost_model(..., probes_alone=True)``; None until then): what a
-    # gate whose probe was not measured in situ is charged (a screen's replay); a bench measures its gate in situ
+    # gate whose probe was not measured in situ is charged; a bench and a screen measure their gates' in situ
     lens_probe_ms: float | None  # a margin/conformal probe alone: lens + top-2 + decision
     hidden_probe_ms: float | None  # a saturation probe alone: two norms of h + decision
     # K/V fill of one skipped layer (kv_policy=propagate), by the path the engine takes; None until a

@@ -196,9 +196,8 @@ def _load_readouts(path, lm, key: str) -> Readouts:
         raise ConfigError(f"{where}: was modified after it was written (its content no longer hashes to its digest)")
     if re.fullmatch("[0-9a-f]{16}", stem) and stem != stored[:16]:
         raise ConfigError(
-            f"{where}: its content is intact, but its name is another file's: `sweep fit` named it "
-            f"{stored[:16]}.safetensors (a name of 16 hex digits is the content's); rename it, or give it a name "
-            "of your own"
+            f"{where}: its content is intact, but a name of 16 hex digits must be its digest's: rename it "
+            f"{stored[:16]}.safetensors, as `sweep fit` named it (or give it a name of your own)"
         )
     if meta["model_hash"] != lm.content_hash:
         raise ConfigError(

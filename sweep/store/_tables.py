@@ -117,7 +117,7 @@ PROFILE = Table(
 SIMULATED = Table(
     name="simulated",
     partition_by=("model",),
-    unit_of_work="`sweep run search=screen` or `search=bracket` (every setting it replayed)",
+    unit_of_work="`sweep run search=screen` (every setting of its grid) or `search=bracket` (the thresholds it kept)",
     description=(
         "Settings replayed on a profile trace instead of run: per decision position (each prompt's last prefill "
         "position and its decode positions) the layer where the gate would exit, as the closed-loop engine decides; "

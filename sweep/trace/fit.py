@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 
 from sweep.gates.readouts import Readouts
@@ -18,6 +19,7 @@ def prepare(cfg, session) -> tuple:
     prompts file, the model's name as a path part, the output directory inside its root (a link planted
     there is refused before any work); (lm, prompts, out_dir, root, key)."""
     from sweep.config.paths import check_name, check_writable_dir, inside
+    from sweep.errors import ConfigError
     from sweep.models.prompts import read_prompts
 
     read_prompts(cfg.prompts)  # a bad prompts file fails before anything else
@@ -25,7 +27,14 @@ def prepare(cfg, session) -> tuple:
     out_dir = Path(cfg.fit.out) if cfg.fit.out is not None else Path(cfg.results.root) / "readouts"
     root, key = (cfg.fit.out, "fit.out") if cfg.fit.out is not None else (cfg.results.root, "results.root")
     inside(root, out_dir / (cfg.model.name or "model"), key=key)
-    check_writable_dir(key, out_dir / (cfg.model.name or "model"))  # the file's own directory, before the fit
+    check_writable_dir(key, root)
+    for where in (out_dir, out_dir / (cfg.model.name or "model")):  # the file's own directory, before the fit
+        if not os.path.lexists(where):
+            continue
+        if not where.is_dir():
+            raise ConfigError(f"{key}={root}: {where}, where the readouts go, is not a directory")
+        if not os.access(where, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}={root}: {where}, where the readouts go, is not writable (no write permission)")
     # translators and classifiers are fitted to the lens at layer L
     lm, prompts = session.workload(cfg, ("fit.gen_tokens", cfg.fit.gen_tokens), check=lambda lm: lm.require(lens=True))
     return lm, prompts, out_dir, root, key

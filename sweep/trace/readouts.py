@@ -31,6 +31,7 @@ from sweep.gates.spec import LENSES
 log = logging.getLogger("sweep.trace.readouts")
 
 _LBFGS_ITERS = 2000  # iterations at most: the classifiers' convex problem solved until its gradient is flat
+_FLAT = 1e-6  # the largest gradient entry of a solved classifier (a warning above it)
 _LENS_ELEMENTS = 1 << 25  # logits held at once while scoring (rows x vocab)
 
 
@@ -65,6 +66,15 @@ def save_readouts(readouts: Readouts, out_dir, *, root=None, key: str = "fit.out
 
 
 def _umask() -> int:
+    """The process's umask: read from /proc where it is shown (setting it to read it would change it for every
+    thread meanwhile), else set and restored."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -218,6 +228,16 @@ def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, seed: int) -> tuple[t
             return loss
 
         opt.step(closure)
+        closure()
+        flat = max(w.grad.abs().max().item(), b.grad.abs().item())
+    if flat > _FLAT:  # stopped by the iteration cap, not at the optimum: said, not hidden
+        log.warning(
+            "an exit classifier stopped %.1e from flat after %d iterations (fit.l2=%g): its weights are not the "
+            "optimum; a larger fit.l2 makes the problem better conditioned",
+            flat,
+            _LBFGS_ITERS,
+            l2,
+        )
     return w.detach().float(), b.detach().float()
 
 

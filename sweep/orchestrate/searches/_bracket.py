@@ -4,7 +4,8 @@ A profile trace of the sweep's model and prompts (taken in a worker, as a screen
 signal at every decision position and layer. For each line of the search (a sub-space's gate and its other values:
 ``gate: saturation, gate.min_depth: choice(0.25, 0.5)`` is two lines) the threshold's candidates are values spread
 over the gate's own signal where it decides (each midway between two values the model shows, the rule's either
-side of the signal), every one replayed on the trace; ``search.n_trials`` of them are kept per line, at equal steps
+side of the signal) and a quantile's grid of (0, 1], every one replayed on the trace; thresholds that replay alike
+count once, and ``search.n_trials`` of them are kept per line, at equal steps
 of the replayed agreement from the gentlest setting that exits down to the lowest agreement any reaches, so they
 are dense where agreement changes fastest (a cliff between eps 0.1 and 0.2 gets its points), not evenly in the
 threshold. The kept settings are replayed again and run closed-loop where the simulated front is (the screen's
@@ -87,7 +88,8 @@ def bracketed(plan: Plan, trace: pl.DataFrame) -> GridTrials:
 def candidates(spec, gate, signals) -> list:
     """Threshold values to replay for ``gate`` on the trace: every layer for a layer index; otherwise values
     midway between neighbours of the gate's own signal where it decides (and their complements, for a rule on
-    1 - signal), each inside the parameter's domain for this gate."""
+    1 - signal) and ``CANDIDATES`` evenly spaced values of (0, 1] (a quantile's own scale), each inside the
+    parameter's domain for this gate."""
     L, param = signals.num_layers, spec.threshold
     domain = spec.domain(param)
     if PARAMS[param].type is int:
@@ -113,10 +115,15 @@ def kept(table: pl.DataFrame, n: int) -> list[int]:
     agreement any reaches) to the harshest (the lowest), at equal steps of log disagreement, so most of them sit
     close to agreement 1 where a closed loop's agreement falls fastest (one early token that differs changes every
     token after it); each the nearest to its target (then the one exiting more), all distinct in what they do on
-    the trace: two thresholds between the same two values the model shows decide alike, and one closed-loop trial
-    measures them both (the first replayed is kept)."""
+    the trace: thresholds that replay alike (every gate's rule is monotone in its threshold, so the same agreement,
+    exit rate and mean exit layer are the same exits) are one setting to the replay, which cannot tell them apart,
+    and only the middle one of them is a candidate (the farthest from the values the model shows)."""
     same = [c for c in ("agreement_tf", "exit_rate", "mean_exit_layer") if c in table.columns]
-    rows = table.with_row_index("_i").filter(pl.col("exit_rate") > 0).unique(same, keep="first", maintain_order=True)
+    rows = table.with_row_index("_i").filter(pl.col("exit_rate") > 0)
+    alike: dict[tuple, list[int]] = {}
+    for i, *outcome in rows.select("_i", *same).iter_rows():
+        alike.setdefault(tuple(outcome), []).append(i)
+    rows = rows.filter(pl.col("_i").is_in([group[len(group) // 2] for group in alike.values()]))
     if rows.height == 0:
         return []
     hi, lo = rows["agreement_tf"].max(), rows["agreement_tf"].min()

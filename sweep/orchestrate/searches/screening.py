@@ -28,7 +28,7 @@ from sweep.orchestrate.searches.base import InWorker, Selection
 
 log = logging.getLogger("sweep.orchestrate.searches.screen")
 BASELINE = FULL_DEPTH_ID  # the reference point (1x, agreement 1) on every simulated front, as on every measured one
-STANDARD_PROBES = ("none", "hidden", "lens")  # what the standard cost model measures: others are probed in the trace
+STANDARD_PROBES = ("hidden", "lens")  # probes a step pays alike at every setting of one gate (others: per setting)
 
 
 def screen(plan: Plan, settings: GridTrials, worker: InWorker) -> Selection:
