@@ -45,11 +45,11 @@ def saturation(lm):
 
 @pytest.fixture
 def shared_machine(monkeypatch):
-    """A check as wide as a machine shared with other work needs (a step within 4x of the cached one is the same
+    """A check as wide as a machine shared with other work needs (a step within 9x of the cached one is the same
     machine; the machine that moved 10x, below, still is not): whether the cache is taken then does not hang on
-    the load of whatever else runs beside the test."""
-    monkeypatch.setattr(costs_cache, "MIN_FLOOR", 3.0)
-    monkeypatch.setattr(costs_cache, "MAX_FLOOR", 3.0)
+    the load of whatever else runs beside the test (a CI run at 83b6b89 saw a check wider than 4x)."""
+    monkeypatch.setattr(costs_cache, "MIN_FLOOR", 8.0)
+    monkeypatch.setattr(costs_cache, "MAX_FLOOR", 8.0)
 
 
 def test_a_later_process_takes_the_machines_cost_model_after_its_check(cache, shared_machine):
