@@ -230,11 +230,13 @@ def _logistic(x: torch.Tensor, y: torch.Tensor, l2: float, seed: int) -> tuple[t
         opt.step(closure)
         closure()
         flat = max(w.grad.abs().max().item(), b.grad.abs().item())
-    if flat > _FLAT:  # stopped by the iteration cap, not at the optimum: said, not hidden
+        iterations = opt.state[w].get("n_iter", 0)
+    if flat > _FLAT:  # stopped short of the optimum (the cap, or steps too small to change the loss): said
         log.warning(
-            "an exit classifier stopped %.1e from flat after %d iterations (fit.l2=%g): its weights are not the "
-            "optimum; a larger fit.l2 makes the problem better conditioned",
+            "an exit classifier stopped %.1e from flat after %d iterations (at most %d; fit.l2=%g): its weights "
+            "are not the optimum; a larger fit.l2 makes the problem better conditioned",
             flat,
+            iterations,
             _LBFGS_ITERS,
             l2,
         )
