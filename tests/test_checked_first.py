@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose, run_cli
+from conftest import compose, load, run_cli
 from helpers.contract import chat_prompts
 
 pytestmark = pytest.mark.faults
@@ -375,3 +375,101 @@ def test_self_speculation_ignores_the_early_exit_kv_policy():
     assert len(ids) == 1 and compose(*spec).bench.kv_policy == "full"
     early = ["model=tiny-llama", "gate=fixed", "gate.exit_layer=1"]
     assert compose(*early, "bench.kv_policy=propagate").bench.kv_policy == "propagate"
+
+
+# ------------------------------------------------------------------ 7. a model's depth, before it loads
+
+
+def _gguf(path: Path, layers: int, hidden: int) -> Path:
+    """A GGUF file written by the format's own writer (the ``gguf`` package): a token list before the depth and the
+    width, so a reader walks past an array of strings and one of floats to reach them; no usable weights."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["a", "bb", "ccc"])
+    writer.add_token_scores([0.0, 1.0, 2.0])
+    writer.add_block_count(layers)
+    writer.add_embedding_length(hidden)
+    writer.add_tensor("token_embd.weight", np.zeros((3, hidden), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_headers_depth_and_width_are_what_its_writer_wrote(tmp_path):
+    from sweep.models import Shape
+    from sweep.models._shape import gguf_shape
+
+    assert gguf_shape(_gguf(tmp_path / "a.gguf", 7, 48)) == Shape(7, 48)
+    (tmp_path / "b.gguf").write_bytes((tmp_path / "a.gguf").read_bytes()[:60])  # ends inside the token list
+    with pytest.raises(EOFError):
+        gguf_shape(tmp_path / "b.gguf")
+    (tmp_path / "c.gguf").write_bytes(b"GGML" + (tmp_path / "a.gguf").read_bytes()[4:])
+    assert gguf_shape(tmp_path / "c.gguf") is None
+
+
+@pytest.mark.parametrize(
+    "model, gate, line",
+    [
+        (["model=tiny-llama"], ["gate=fixed", "gate.exit_layer=9"], "gate.exit_layer=9: must be in 1..4"),
+        (["model=tiny-llama", "model.tiny.layers=6"], ["gate=margin", "gate.min_layer=7"], "gate.min_layer=7: must"),
+        (["model=hf", "model.path=HF"], ["gate=pca", "gate.k=65"], "gate.k=65: must be an integer in 1..64"),
+        (["model=gguf", "model.path=GGUF"], ["gate=fixed", "gate.exit_layer=8"], "gate.exit_layer=8: must be in 1..7"),
+        (["model=hf", "model.path=HF"], ["gate=margin", "gate.min_layer=5"], "gate.min_layer=5: must be in 1..4"),
+    ],
+)
+def test_a_layer_past_the_models_depth_is_refused_before_it_loads(tmp_path, model, gate, line):
+    """Before: the model loaded first (SmolLM2: 16 s; a GGUF or HF directory without usable weights: refused for
+    its weights instead), then the same line. The depth comes from a tiny model's config, a GGUF's header (written
+    here by the format's own writer), an HF directory's config.json (written by transformers)."""
+    from transformers import LlamaConfig
+
+    hf = tmp_path / "hf"
+    LlamaConfig(num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4).save_pretrained(hf)
+    where = {"GGUF": str(_gguf(tmp_path / "m.gguf", 7, 48)), "HF": str(hf)}
+    model = [m.split("=")[0] + "=" + where.get(m.split("=")[1], m.split("=")[1]) for m in model]
+    seen, errors = fresh_process("bench", *model, *gate, *BENCH[1:], f"results.root={tmp_path / 'r'}")
+    assert seen == {"code": 2, "loads": 0}, errors
+    [error] = errors
+    assert error.startswith(f"error: {line}"), error
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_with_a_setting_past_the_models_depth_is_refused_before_ray_starts(tmp_path):
+    """Before: Ray started, the model loaded in a worker, and the setting became a failed row beside the others."""
+    space = "search.spaces=[{gate: fixed, gate.exit_layer: 'choice(2, 9)'}]"
+    done = run_cli("run", *BENCH, space, f"results.root={tmp_path}")
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: gate.exit_layer=9: must be in 1..4 (from gate.min_layer to L=4 for this model)"]
+    assert "Ray" not in done.stderr and not any(tmp_path.iterdir())
+
+
+def test_readouts_fitted_to_another_depth_are_refused_before_the_model_loads(tmp_path):
+    """Before: the 6-layer model loaded, then its readouts were refused for the model's hash."""
+    from sweep.models.prompts import read_prompts, tokenize_prompts
+    from sweep.trace.readouts import fit_readouts, save_readouts
+
+    lm = load("model=tiny-llama")
+    pcfg = compose("prompts=chat", "prompts.n=2").prompts
+    prompts = tokenize_prompts(read_prompts(pcfg), pcfg, lm.tokenizer)
+    settings = dict(gen_tokens=4, ridge=1.0, l2=1e-3, seed=0, prompt_set="chat", prompt_start=0)
+    path = save_readouts(fit_readouts(lm, prompts, **settings), tmp_path / "fit")
+    six = [
+        "model=tiny-llama",
+        "model.tiny.layers=6",
+        "prompts.n=1",
+        "prompts.start=4",
+        f"results.root={tmp_path / 'r'}",
+    ]
+    for command, key, args in (
+        ("bench", "gate.readouts", ["gate=classifier", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]),
+        ("profile", "profile.readouts", ["profile.gen_tokens=4"]),
+    ):
+        seen, errors = fresh_process(command, *six, *args, f"{key}={path}")
+        assert seen == {"code": 2, "loads": 0}, errors
+        assert errors == [f"error: {key}={path}: fitted to 4 layers x 64 hidden, the model has 6 x 64"]
+        assert not (tmp_path / "r").exists()

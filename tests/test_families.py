@@ -83,6 +83,16 @@ def test_the_tiny_model_is_tiny(fam):
     assert lm.adapter.lm_head.weight.shape[0] == len(lm.tokenizer) == 260
 
 
+def test_the_shape_read_before_the_load_is_the_loaded_models(fam):
+    """What a gate is checked against before a model loads (``sweep.models.shape_before_load``) is what the loaded
+    model has: its adapter's layer list and its head's width, for every family (tests/test_real_model.py and
+    tests/test_split_model.py hold the packaged GGUFs' headers against their loads)."""
+    from sweep.models import Shape, shape_before_load
+
+    shape = shape_before_load(compose(f"model=tiny-{fam.family}").model)
+    assert shape == Shape(len(fam.lm.adapter.layers), fam.lm.adapter.lm_head.weight.shape[1])
+
+
 BATCH_REFUSED = {"mamba"}  # its own forward's left padding is not exact (transformers' Mamba, 5.24)
 
 

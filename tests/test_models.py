@@ -113,6 +113,25 @@ def test_gguf_bad_paths(tmp_path):
         load("model=gguf", f"model.path={truncated}")
 
 
+def test_a_gguf_whose_config_transformers_refuses_is_one_line_saying_why(tmp_path):
+    """A header whose sizes no config can take (a hidden size of 48 under llama's default 32 heads). Before:
+    "unexpected StrictDataclassClassValidationError" with only the validator's name."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "llama")
+    writer.add_block_count(2)
+    writer.add_embedding_length(48)
+    writer.add_tensor("token_embd.weight", np.zeros((3, 48), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(InputError) as exc:
+        load("model=gguf", f"model.path={tmp_path / 'odd.gguf'}")
+    assert "cannot load this GGUF file (StrictDataclassClassValidationError: The hidden size (48)" in str(exc.value)
+
+
 def test_hf_directory_round_trip(tmp_path):
     tiny = load("model=tiny-qwen3")
     tiny.model.save_pretrained(tmp_path / "m")

@@ -24,6 +24,9 @@ def test_packaged_model_identity(smollm):
     assert smollm.model.config.hidden_size == 576 and smollm.model.config.vocab_size == 49152
     assert smollm.content_hash.startswith("sha256:")
     assert smollm.tokenizer.chat_template is not None
+    from sweep.models import Shape, shape_before_load  # read from the package's GGUF header, not from the load
+
+    assert shape_before_load(compose("model=smollm2-135m").model) == Shape(smollm.num_layers, 576)
 
 
 def test_profile_humaneval_on_the_real_model(tmp_path, smollm):

@@ -203,6 +203,10 @@ def test_the_packaged_qwen_loads_and_decodes_as_transformers_does():
     cfg = lm.model.config
     assert (cfg.hidden_size, cfg.vocab_size, cfg.tie_word_embeddings) == (896, 151936, False)
     assert lm.content_hash == f"sha256:{QWEN_SHA256}"
+    from conftest import compose
+    from sweep.models import Shape, shape_before_load  # the first part's GGUF header, read before any load
+
+    assert shape_before_load(compose("model=qwen2.5-coder-0.5b").model) == Shape(lm.num_layers, 896)
     assert lm.fidelity.step_ok and lm.fidelity.lens_err < 1e-5
     prompt = 'def add(a: int, b: int) -> int:\n    """Return the sum of a and b."""\n'
     ids = lm.tokenizer(prompt)["input_ids"]

@@ -87,16 +87,19 @@ def test_constrained_search_hands_agreement_to_the_sampler(ray_session, tmp_path
 
 
 def test_failed_trials_are_rows(ray_session, tmp_path):
+    """A setting that fails in its worker (what the model cannot do is known once it loads: a layer past its depth
+    is refused before Ray starts, tests/test_checked_first.py) is a failed row beside the others."""
     outcome = sweep(
         tmp_path,
         "search=saturation-grid",
-        "search.spaces=[{gate: saturation, gate.eps: 0.1, gate.min_layer: 'choice(2, 9)'}]",
+        "model=tiny-mamba",
+        "search.spaces=[{gate: saturation, gate.eps: 0.1, bench.kv_policy: 'choice(full, propagate)'}]",
     )
-    df = read("trials", tmp_path).sort("min_layer")
+    df = read("trials", tmp_path).sort("kv_policy")
     # bundled by default (sweep.shared_baseline): the setting that cannot run fails alone
     assert df["status"].to_list() == ["ok", "failed"]
     assert df["baseline_shared"][0] == 1
-    assert "gate.min_layer=9: must be in 1..4" in df["error"][1]
+    assert "bench.kv_policy=propagate: refused for model=tiny-mamba" in df["error"][1]
     assert df["agreement"][1] is None and df["model_hash"][1] == "unknown"
     assert len(outcome.rows) == 2
 

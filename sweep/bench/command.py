@@ -14,9 +14,9 @@ from sweep.bench.rows import complete_row, failed_row, format_row
 from sweep.bench.session import Session, process_session
 from sweep.textfit import fit_lines
 from sweep.config import Config
-from sweep.gates import Gate, make_gate
+from sweep.gates import Gate, check_model, make_gate
 from sweep.gates.readouts import check_readouts_file
-from sweep.models import LoadedModel
+from sweep.models import LoadedModel, Shape, shape_before_load
 from sweep.models.prompts import Prompt
 
 log = logging.getLogger("sweep.bench.command")
@@ -39,8 +39,9 @@ def load(cfg: Config, session: Session | None = None) -> tuple[LoadedModel, Gate
 
 def _load(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt]]:
     prepare_task(cfg)  # the task's problems and files, and the sandbox its programs run in, before the model loads
-    if cfg.gate.readouts is not None:  # its file, before the model loads (its fit to the model after)
-        check_readouts_file(cfg.gate.readouts, "gate.readouts")
+    shape = check_fits(cfg)
+    if cfg.gate.readouts is not None:  # its file, before the model loads (its fit to the loaded model after)
+        check_readouts_file(cfg.gate.readouts, "gate.readouts", shape)
 
     def check(lm: LoadedModel) -> None:
         gate = make_gate(cfg.gate, lm.num_layers)  # the one check against the model, before tokenizing
@@ -54,6 +55,21 @@ def _load(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt
 
     lm, prompts = session.workload(cfg, ("bench.gen_tokens", cfg.bench.gen_tokens), check=check)
     return lm, make_gate(cfg.gate, lm, gate_readouts(cfg.gate, lm, prompts, session)), prompts
+
+
+def check_fits(cfg: Config, shapes: dict | None = None) -> Shape | None:
+    """Before the model loads: the gate's layer indices (and a PCA gate's k) against the model's depth and width
+    read from its config or its file's header (``sweep.models.shape_before_load``; kept in ``shapes`` by model
+    when given), one line as the check at load words it, seconds to minutes before that load; the shape (layers,
+    hidden), or None where it cannot be read without the load (then the load checks)."""
+    shapes = {} if shapes is None else shapes
+    if (key := repr(cfg.model)) not in shapes:
+        shapes[key] = shape_before_load(cfg.model)
+    shape = shapes[key]
+    if shape is None:
+        return None
+    check_model(cfg.gate, shape.layers, shape.hidden)
+    return shape
 
 
 def _check_row(cfg: Config) -> None:

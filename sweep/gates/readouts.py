@@ -156,11 +156,20 @@ def load_readouts(path, lm, key: str = "gate.readouts", cache: ReadoutsCache | N
     return readouts
 
 
-def check_readouts_file(path, key: str) -> None:
+def check_readouts_file(path, key: str, shape: tuple[int, int] | None = None) -> None:
     """Before any model loads: ``path`` is a regular file holding a readouts file's header (its metadata and
-    tensors named as `sweep fit` writes them); one ConfigError line naming ``key`` otherwise. Its content (the
-    digest) and its fit to a model are checked when it loads (``load_readouts``)."""
-    _read_readouts(path, key, tensors=False)
+    tensors named as `sweep fit` writes them), fitted to a model of ``shape`` (layers, hidden) when the model's
+    shape is known before it loads (``sweep.models.shape_before_load``); one ConfigError line naming ``key``
+    otherwise. Its content (the digest) and its fit to the loaded model are checked when it loads
+    (``load_readouts``)."""
+    meta, _ = _read_readouts(path, key, tensors=False)
+    if shape is not None and _meta_problem(meta) is None:
+        fitted = (int(meta["num_layers"]), int(meta["hidden"]))
+        if fitted != tuple(shape):
+            raise ConfigError(
+                f"{key}={path}: fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {shape[0]} x "
+                f"{shape[1]}"
+            )
 
 
 def _read_readouts(path, key: str, *, tensors: bool = True) -> tuple[dict, dict]:

@@ -4,6 +4,7 @@ from sweep.models._adapter import KINDS, Adapter, StepExit
 from sweep.models._fidelity import Fidelity
 from sweep.models._loader import DTYPES, LoadedModel, ModelCache, load_model, model_loads, ready, resolve_device
 from sweep.models._padding import PAD_ID, Padded, left_pad
+from sweep.models._shape import Shape, shape_before_load
 from sweep.models._sources import cache_dir
 from sweep.models._table import family_rows
 from sweep.models._table import markdown as family_table
@@ -18,6 +19,7 @@ __all__ = [
     "ModelCache",
     "PAD_ID",
     "Padded",
+    "Shape",
     "StepExit",
     "byte_tokenizer",
     "cache_dir",
@@ -28,4 +30,5 @@ __all__ = [
     "model_loads",
     "ready",
     "resolve_device",
+    "shape_before_load",
 ]

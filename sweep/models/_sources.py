@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from sweep.config import ModelConfig
@@ -294,6 +295,9 @@ def _require_hub(ref: str) -> None:
 
 
 def _short(exc: BaseException) -> str:
+    """The first line of ``exc``'s message; a config's validation error says what failed in its cause."""
+    if isinstance(exc, StrictDataclassError) and exc.__cause__ is not None:
+        exc = exc.__cause__
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else ""
 
@@ -314,4 +318,5 @@ LOAD_ERRORS = (
     OverflowError,
     MemoryError,
     SafetensorError,
+    StrictDataclassError,  # a config transformers' validators refuse (a hidden size no head count divides)
 )

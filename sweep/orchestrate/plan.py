@@ -61,7 +61,7 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
     _check_task_inputs(cfg, grid_trials)
-    _check_files_read(cfg, grid_trials)
+    _check_files_read(cfg, grid_trials)  # with each setting's gate against its model's depth and width
     check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
 
@@ -239,19 +239,25 @@ def _check_task_inputs(cfg: Config, grid_trials: GridTrials | None) -> None:
 def _check_files_read(cfg: Config, grid_trials: GridTrials | None) -> None:
     """Before Ray starts: each prompt set and readouts file the sweep's foreseeable settings read (a search that
     samples later: its base setting's) can be read, as `sweep bench` reads them before its model loads; one line
-    otherwise, instead of a failed row per setting."""
+    otherwise, instead of a failed row per setting. Each setting's gate is checked against its model's depth and
+    width where they can be read before the model loads (``sweep.bench.command.check_fits``), readouts files
+    against them too: a layer past the model's depth is one line here, not a failed row per setting after a load."""
+    from sweep.bench.command import check_fits
+    from sweep.gates.readouts import check_readouts_file
     from sweep.models.prompts import read_prompts
 
-    prompt_sets, readouts = set(), set()
+    prompt_sets, readouts, gates, shapes = set(), set(), set(), {}
     for _, trial_cfg in grid_trials or [(None, cfg)]:
         if repr(trial_cfg.prompts) not in prompt_sets:
             prompt_sets.add(repr(trial_cfg.prompts))
             read_prompts(trial_cfg.prompts)
-        if trial_cfg.gate.readouts is not None and trial_cfg.gate.readouts not in readouts:
-            from sweep.gates.readouts import check_readouts_file
-
-            readouts.add(trial_cfg.gate.readouts)
-            check_readouts_file(trial_cfg.gate.readouts, "gate.readouts")
+        if repr((trial_cfg.model, trial_cfg.gate)) in gates:
+            continue
+        gates.add(repr((trial_cfg.model, trial_cfg.gate)))
+        shape = check_fits(trial_cfg, shapes)
+        if trial_cfg.gate.readouts is not None and (trial_cfg.gate.readouts, shape) not in readouts:
+            readouts.add((trial_cfg.gate.readouts, shape))
+            check_readouts_file(trial_cfg.gate.readouts, "gate.readouts", shape)
 
 
 def _storage(cfg: Config, root: Path) -> Path:

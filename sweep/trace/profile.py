@@ -265,8 +265,10 @@ def prepare(cfg, session) -> tuple[LoadedModel, list[Prompt], Any]:
     prompts, after) before any work."""
     if cfg.profile.readouts is not None:
         from sweep.gates.readouts import check_readouts_file
+        from sweep.models import shape_before_load
 
-        check_readouts_file(cfg.profile.readouts, "profile.readouts")
+        shape = shape_before_load(cfg.model)  # its depth and width too, where they can be read before the load
+        check_readouts_file(cfg.profile.readouts, "profile.readouts", shape)
     lm, prompts = session.workload(cfg, ("profile.gen_tokens", cfg.profile.gen_tokens))
     if cfg.profile.readouts is not None:
         session.readouts_for(cfg.profile.readouts, lm, prompts, "profile.readouts")
