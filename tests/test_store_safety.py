@@ -49,8 +49,10 @@ def root(bench_root, tmp_path):
 @pytest.fixture(autouse=True)
 def fresh_verdicts():
     guard._verdicts.clear()  # every test sees its own warnings
+    guard._told.clear()
     yield
     guard._verdicts.clear()
+    guard._told.clear()
 
 
 def skipped(caplog) -> list[str]:
@@ -102,6 +104,30 @@ def test_foreign_parquet_files_are_named_and_skipped(tmp_path, caplog):
             f"skipping {typed}: column layer is String, table 'profile' declares Int32",
             f"skipping {ours}: lacks required column(s) delta of table 'profile'",
         ]
+    )
+
+
+def test_files_of_a_newer_schema_version_are_read_as_this_one_and_said_so(root, caplog):
+    """A newer release bumps the version when a column's meaning or unit changes: its rows read here as this
+    version's columns (one it added is left out), with one warning per table and version. Before: silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sweep.store._columns import SCHEMA_VERSION
+
+    newer = sorted((root / "trials").rglob("*.parquet"))[0]
+    table = pq.read_table(newer)
+    meta = {**table.schema.metadata, b"sweep.schema_version": str(SCHEMA_VERSION + 1).encode()}
+    table = table.append_column("added_later", pa.array([1.0] * table.num_rows)).replace_schema_metadata(meta)
+    pq.write_table(table, newer)
+    with caplog.at_level(logging.WARNING, logger="sweep.store"):
+        first, again = read("trials", root), read("trials", root)
+    assert first.height == again.height == 2 and "added_later" not in first.columns
+    [line] = skipped(caplog)
+    assert line == (
+        f"1 file(s) of table 'trials' (e.g. {newer}) were written under schema version {SCHEMA_VERSION + 1}, newer "
+        f"than this release's {SCHEMA_VERSION}: read as version {SCHEMA_VERSION} (its columns only; see "
+        "docs/schema.md); update sweep to read them as written"
     )
 
 

@@ -42,6 +42,8 @@ _PARALLEL_FROM = 32  # unchecked files from which footers are read on threads
 
 # path -> (mtime_ns, size, reason it is skipped or None)
 _verdicts: dict[str, tuple[int, int, str | None]] = {}
+_newer: dict[str, int] = {}  # path -> the schema version it was written under, where newer than this release's
+_told: set[tuple[str, int]] = set()  # (table, version) a reader was already told it reads as this version
 
 
 # --- which files a reader trusts -------------------------------------------------------------------------------
@@ -128,6 +130,10 @@ def problem(table: Table, path: Path) -> str | None:
             version = int(meta.get("sweep.schema_version", ""))
         except ValueError:
             version = None
+    if version is not None and version > SCHEMA_VERSION:
+        _newer[str(path)] = version
+    else:
+        _newer.pop(str(path), None)
     missing = [c for c in required_columns(table, version) if c not in schema]
     if missing:
         return f"lacks required column(s) {', '.join(missing)} of table '{table.name}'"
@@ -161,7 +167,32 @@ def usable(table: Table, paths: list[Path]) -> list[Path]:
         _verdicts[str(path)] = (*stats[path], reason)
         if reason is not None:
             log.warning("skipping %s: %s", path, reason)
-    return [p for p in stats if _verdicts[str(p)][2] is None]
+    kept = [p for p in stats if _verdicts[str(p)][2] is None]
+    _tell_newer(table, kept)
+    return kept
+
+
+def _tell_newer(table: Table, paths: list[Path]) -> None:
+    """One warning per table and version, per process: files written under a newer schema version than this
+    release's are read as this version (its columns; a column whose meaning or unit changed under the newer
+    version, which bumps it, reads as this version's), not silently."""
+    versions: dict[int, list[Path]] = {}
+    for path in paths:
+        if (version := _newer.get(str(path))) is not None:
+            versions.setdefault(version, []).append(path)
+    for version, found in sorted(versions.items()):
+        if (table.name, version) not in _told:
+            _told.add((table.name, version))
+            log.warning(
+                "%d file(s) of table '%s' (e.g. %s) were written under schema version %d, newer than this release's "
+                "%d: read as version %d (its columns only; see docs/schema.md); update sweep to read them as written",
+                len(found),
+                table.name,
+                found[0],
+                version,
+                SCHEMA_VERSION,
+                SCHEMA_VERSION,
+            )
 
 
 # --- temporary files -------------------------------------------------------------------------------------------
