@@ -208,3 +208,50 @@ def test_a_task_sweep_ends_with_its_accuracy_table_and_verdicts():
     assert "stopped: saturation c after 25 problems" in text and "+55.0%" in text
     assert "6.0% of the completions' layers skipped at <= 5% loss (a)" in text
     assert run_task_lines(pl.DataFrame(), [{"gate": "full", "trial_id": "x"}]) == []
+
+
+@pytest.mark.ray
+@pytest.mark.faults  # runs the model's programs in the sandbox
+@pytest.mark.parametrize("reads", [("~search.constraints", "+search.constraints={accuracy: 0.5}"),
+                                   ("~search.objectives", "+search.objectives={accuracy: max}")])  # fmt: skip
+def test_an_optuna_study_is_told_that_a_stopped_task_row_failed(tmp_path, reads):
+    """Every gated trial stops (a stored side that passes all 3 problems, a tiny model that passes none). Before: a
+    constraint on accuracy raised TypeError in the searcher (float(None)), the trial stayed in the study as COMPLETE
+    without constraints (feasible), and the stopped setting was re-timed as the best; an objective on accuracy left
+    the study's trials RUNNING. A `sweep run` of its own, whose workers read this test's machine cache."""
+    import optuna
+    import torch
+
+    from conftest import TINY_SWEEP
+    from sweep.store import read
+    from sweep.tasks import reference
+    from sweep.tasks.completions import Side
+    from sweep.tasks.evaluate import reference_key
+
+    lm = load(f"model={MODEL}")
+    cfg = compose(*TINY_SWEEP, *TASK)
+    threads = torch.get_num_threads()
+    for n in {1, threads}:  # the key holds the torch threads: a worker's and this process's
+        torch.set_num_threads(n)
+        reference.save(reference_key(cfg, lm), Side([1.0] * 3, [["x"]] * 3, [[[1]]] * 3, [4], {1: 1.0}, "pass@1"))
+    torch.set_num_threads(threads)
+    space = "search.spaces=[{gate: fixed, gate.exit_layer: 'int(interval(1, 3))'}]"
+    args = [*TINY_SWEEP, *TASK, space, *reads, "search.max_accuracy_loss=0.5", "search.n_trials=2", "search.seed=0"]
+    done = run_cli("run", "search=optuna-constrained", *args, f"results.root={tmp_path}")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    rows = read("trials", tmp_path)
+    assert rows.height == 2 and rows["accuracy"].null_count() == 2, rows.select("accuracy", "task_reference")
+    assert rows["accuracy_loss_min"].to_list() == pytest.approx([2 / 3] * 2)
+    assert rows["repeats"].to_list() == [1, 1]  # none re-timed as a feasible best
+    [db] = (tmp_path / "ray").glob("*/optuna.db")
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
+    trials = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}").trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
+    name = reads[1].split("{")[1].split(":")[0]
+    for t in trials:
+        assert t.user_attrs["error"] == (
+            f"no {name} in its row: its task stopped once its accuracy loss was certain to be >= 0.667 "
+            "(search.max_accuracy_loss)"
+        )
+        assert "constraints" not in t.system_attrs
+    assert {t.user_attrs["trial_id"] for t in trials} == set(rows["trial_id"])

@@ -136,6 +136,11 @@ class ConstrainedOptunaSearch(OptunaSearch):
             ot_trial.set_user_attr(key, value)
         if result and result.get("status") != "ok":
             return None, True
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        unmeasured = [m for m in dict.fromkeys([*metrics, *self._bounds]) if result and result.get(m) is None]
+        if unmeasured:  # an ok row without a figure the study reads: a task side stopped under its loss bar
+            ot_trial.set_user_attr("error", _unmeasured(unmeasured, _row(result)))
+            return None, True
         if result:
             for key, value in _measured_attrs(result).items():
                 ot_trial.set_user_attr(key, value)
@@ -201,6 +206,17 @@ def _measured_attrs(result: dict) -> dict[str, Any]:
     row = _row(result)
     attrs = {key: float(row[col]) for key, col in MEASURED_ATTRS.items() if row.get(col) is not None}
     return {**attrs, "skipped_compute": _skipped(result)}
+
+
+def _unmeasured(metrics: list[str], row: dict) -> str:
+    """Why the study is told a trial with an ok row failed: the figures it reads that the row does not hold."""
+    why = (
+        f"its task stopped once its accuracy loss was certain to be >= {row['accuracy_loss_min']:.3f} "
+        "(search.max_accuracy_loss)"
+        if row.get("accuracy_loss_min") is not None
+        else "not measured"
+    )
+    return f"no {', '.join(metrics)} in its row: {why}"
 
 
 def _skipped(result: dict) -> bool:
