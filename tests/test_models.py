@@ -143,6 +143,29 @@ def test_hf_directory_round_trip(tmp_path):
         assert torch.equal(lm.model(input_ids=x).logits, tiny.model(input_ids=x).logits)
 
 
+def test_an_hf_directorys_hash_covers_its_tokenizer_files(tmp_path):
+    """A changed chat template (transformers writes it as chat_template.jinja) or BPE merges file is another model:
+    another hash, so other trial ids and another stored task side. Before: only the weights and the .json files
+    counted, and both kept the hash."""
+    from sweep.models import load_model
+
+    tiny = load("model=tiny-qwen3")
+    d = tmp_path / "m"
+    tiny.model.save_pretrained(d)
+    tiny.tokenizer.save_pretrained(d)
+
+    def content_hash() -> str:
+        return load_model(compose("model=hf", f"model.path={d}").model).content_hash  # no cache: loaded again
+
+    first = content_hash()
+    template = d / "chat_template.jinja"
+    template.write_text(template.read_text() + "{# edited #}")
+    second = content_hash()
+    (d / "merges.txt").write_text("#version: 0.2\n")
+    third = content_hash()
+    assert len({first, second, third}) == 3
+
+
 def test_hf_bad_paths(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="without config.json"):

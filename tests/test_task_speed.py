@@ -255,3 +255,99 @@ def test_an_optuna_study_is_told_that_a_stopped_task_row_failed(tmp_path, reads)
         )
         assert "constraints" not in t.system_attrs
     assert {t.user_attrs["trial_id"] for t in trials} == set(rows["trial_id"])
+
+
+def _plant(side) -> None:
+    """``side`` stored as tiny-llama's full-depth side of ``TASK`` (under the torch threads of a subprocess run with
+    OMP_NUM_THREADS=1, as `make test` runs, and of this one)."""
+    import torch
+
+    from sweep.tasks import reference
+    from sweep.tasks.evaluate import reference_key
+
+    lm, cfg, threads = load(f"model={MODEL}"), compose(f"model={MODEL}", *BENCH, *TASK), torch.get_num_threads()
+    for n in {1, threads}:
+        torch.set_num_threads(n)
+        reference.save(reference_key(cfg, lm), side)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.faults  # runs the model's programs in the sandbox
+def test_a_stored_side_is_keyed_by_what_changes_its_scores_not_by_a_label(tmp_path):
+    """Before: a side stored under one eval.timeout_s was read under another (a program that runs long passes under
+    one limit and fails under another), and a model renamed (model.name, a label) measured its side again."""
+    first, _ = _cli_row(tmp_path, "a")
+    renamed, _ = _cli_row(tmp_path, "b", "model.name=another-name")
+    assert first["task_reference"] == "fresh" and renamed["task_reference"] == "stored"
+    assert renamed["task_scores_full"] == first["task_scores_full"] and len(_stored()) == 1
+    limit, _ = _cli_row(tmp_path, "c", "eval.timeout_s=3")
+    assert limit["task_reference"] == "fresh" and len(_stored()) == 2
+
+
+@pytest.mark.faults  # runs the model's programs in the sandbox
+@pytest.mark.parametrize(
+    "scores, pass_at, why",
+    [
+        ([1.0, 1.0], {1: 1.0}, "2 problems' scores, the task has 3"),
+        ([1.0, 0.0, 5.0], {1: 2.0}, "a field of the wrong type, length or range"),
+        ([1.0, 0.0, 0.0], {1: 1.0}, "pass@1 1.0 is not its scores' mean 0.333"),
+    ],
+)
+def test_a_stored_side_that_no_run_of_the_task_gives_is_measured_over(tmp_path, scores, pass_at, why):
+    """Before: trusted (an accuracy of 1.5; a gated trial's row lost to "operands could not be broadcast")."""
+    from sweep.tasks.completions import Side
+
+    n = len(scores)
+    _plant(Side(scores, [["x"]] * n, [[[1]]] * n, [4], pass_at, "pass@1"))
+    row, err = _cli_row(tmp_path, "a", "gate=fixed", "gate.exit_layer=2")
+    assert row["status"] == "ok" and row["task_reference"] == "fresh" and row["task_problems"] == 3, err
+    assert "cannot be used (" + why in err and "measuring it again" in err
+    assert all(0 <= s <= 1 for s in row["task_scores_full"])
+
+
+def test_a_tasks_data_is_in_its_sides_key(tmp_path):
+    """Before: only eval.harness_include's path was: a task's YAML or data edited there kept the stored side."""
+    from sweep.tasks.evaluate import task_data_digest
+
+    (tmp_path / "tiny.yaml").write_text("task: tiny\n")
+    (tmp_path / "data.jsonl").write_text('{"q": 1, "label": 0}\n')
+    cfg = compose("eval.task=harness", "eval.harness_tasks=[tiny]", f"eval.harness_include={tmp_path}")
+    before = task_data_digest(cfg)
+    (tmp_path / "data.jsonl").write_text('{"q": 1, "label": 1}\n')
+    assert task_data_digest(cfg) != before
+    assert task_data_digest(compose(*TASK)) == task_data_digest(compose(*TASK)) is not None  # HumanEval's file
+
+
+def test_the_loss_bar_is_refused_where_it_would_stop_nothing():
+    from sweep.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^search.max_accuracy_loss=0.1: stops eval.task=humaneval's gated side "):
+        compose("eval.task=harness", "eval.harness_tasks=[gsm8k]", "search.max_accuracy_loss=0.1")
+
+
+def test_the_code_that_decodes_a_side_is_in_its_key(tmp_path):
+    """A copy of the package with one decoder module changed hashes otherwise. Before: only sweep/tasks' modules
+    (and not all of them) were hashed: a change to the engine kept the stored side."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import sweep
+
+    def scorer(package: Path) -> str:
+        code = "from sweep.tasks.reference import scorer_hash; print(scorer_hash())"
+        env = {**os.environ, "PYTHONPATH": str(package.parent)}
+        run = subprocess.run([sys.executable, "-c", code], env=env, cwd=package.parent, capture_output=True, text=True)
+        return run.stdout.strip()
+
+    copy = tmp_path / "sweep"
+    shutil.copytree(Path(sweep.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    same = scorer(copy)
+    assert same == scorer(Path(sweep.__file__).parent)  # the copy is the package
+    for module in ("decode/engine.py", "tasks/_seccomp.py", "models/_adapter.py"):
+        with open(copy / module, "a") as f:
+            f.write("\n# changed\n")
+        changed = scorer(copy)
+        assert len(same) == 16 and changed != same, module
+        same = changed

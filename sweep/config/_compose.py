@@ -327,6 +327,11 @@ def _check_eval(cfg: Config) -> None:
         return
     if e.task == "humaneval" and not e.allow_code_execution:
         raise ConfigError(CODE_EXECUTION_OPT_IN)
+    if e.task == "harness" and cfg.search.max_accuracy_loss is not None:  # it would stop nothing, silently
+        raise ConfigError(
+            f"search.max_accuracy_loss={cfg.search.max_accuracy_loss}: stops eval.task=humaneval's gated side only "
+            "(lm-evaluation-harness scores a task's documents as a whole); leave it null for eval.task=harness"
+        )
     if (e.task == "harness") != (e.harness_tasks is not None):
         raise ConfigError(
             "eval.harness_tasks: lm-evaluation-harness task names, given with eval.task=harness (and only then); "

@@ -151,11 +151,16 @@ def fingerprint_file(path: str | Path) -> str:
     return _fingerprint_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
 
+# a model directory's files that decide what it computes: weights, configs, and the tokenizer's files (a BPE's
+# merges.txt, a SentencePiece model, a tiktoken file, the chat template transformers writes beside the config)
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".gguf", ".pt", ".txt", ".model", ".tiktoken", ".jinja")
+
+
 def fingerprint_dir(path: str | Path) -> str:
-    """Combined fingerprint of a model directory's config and weight files."""
+    """Combined fingerprint of a model directory's config, weight and tokenizer files (``MODEL_FILE_SUFFIXES``)."""
     h = hashlib.sha256()
     for f in sorted(Path(path).iterdir()):
-        if f.suffix in (".safetensors", ".bin", ".json", ".gguf", ".pt"):
+        if f.suffix in MODEL_FILE_SUFFIXES:
             h.update(f.name.encode())
             h.update(fingerprint_file(f).encode())
     return "dir-sha256:" + h.hexdigest()

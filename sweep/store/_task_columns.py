@@ -91,8 +91,9 @@ TASK_COLUMNS = (
         "task_reference",
         "",
         "fresh: the full-depth side was measured in this trial; cached: this process "
-        "measured it for an earlier trial of the same model and task settings; stored: read from this machine's "
-        "store of full-depth sides ($SWEEP_CACHE_DIR/tasks, sweep.tasks.reference), measured by an earlier process",
+        "measured it, or read it from the store, for an earlier trial of the same model and task settings; stored: "
+        "read from this machine's store of full-depth sides ($SWEEP_CACHE_DIR/tasks, sweep.tasks.reference), "
+        "measured by an earlier process",
         pl.String(),
     ),
 )

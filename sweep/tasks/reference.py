@@ -1,11 +1,14 @@
 """The full-depth side of a task, kept on disk once per machine (``$SWEEP_CACHE_DIR/tasks/``): every later trial,
 sweep or process with the same key reads it instead of decoding and scoring every problem again.
 
-The key is what the side depends on: the model's content hash, dtype and device, the seed, the task's settings
-(``sweep.config.identity.EVAL_KEYS``), the torch threads (a CPU matmul may sum in another order), and the source of
-the code that scores it (the sandbox and the task's own modules: a change there measures the side again). An entry
-holds its key and is read only from a regular file of bounded size whose fields have the types and lengths a side
-has; anything else is measured over, with a warning, and replaced.
+The key is what the side depends on: the model's content hash, dtype and device, the seed where completions are
+sampled, the task's settings (``sweep.config.identity.EVAL_KEYS``) and the sandbox's timeout, the task's data (a
+digest of HumanEval's data file, or of the files under ``eval.harness_include``), the torch threads (a CPU matmul may
+sum in another order), torch's and transformers' versions, and the source of the code that decodes and scores it
+(this package's, ``sweep.decode``'s and ``sweep.models``' modules: a change there measures the side again). An entry
+holds its key and is read only from a regular file of bounded size whose fields have the types, lengths and ranges a
+side has (one score in [0, 1] per problem of the task, its samples' completions, pass@k in [0, 1] and pass@1 the
+mean score); anything else is measured over, with a warning, and replaced.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import logging
 import math
 import os
+import stat
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -26,30 +30,45 @@ log = logging.getLogger("sweep.tasks")
 
 VERSION = 1
 MAX_BYTES = 64 * 2**20  # an entry of 164 problems x 256 tokens is about 1 MB; anything far larger is not one
-_SCORERS = (
-    "sandbox.py",
-    "_jail.py",
-    "_bwrap.py",
-    "_slots.py",
-    "humaneval.py",
-    "harness.py",
-    "completions.py",
-    "evaluate.py",
-)
+_SCORERS = ("tasks", "decode", "models")  # the packages (under sweep/) whose code decodes and scores a side
 
 
 def scorer_hash() -> str:
-    """A hash of the source that decodes and scores a side (this package's modules), computed once per process."""
+    """A hash of the source that decodes and scores a side (every module of ``_SCORERS``' packages) and of torch's
+    and transformers' versions, computed once per process."""
     global _SCORER
     if _SCORER is None:
-        h = hashlib.sha256()
-        here = Path(__file__).parent
-        for name in _SCORERS:
-            path = here / name
-            h.update(name.encode())
-            h.update(path.read_bytes() if path.is_file() else b"")
+        import torch
+        import transformers
+
+        h = hashlib.sha256(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
+        root = Path(__file__).resolve().parent.parent
+        for path in sorted(p for name in _SCORERS for p in (root / name).glob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
         _SCORER = h.hexdigest()[:16]
     return _SCORER
+
+
+def files_digest(paths: list[Path], cap: int = 256 * 2**20) -> str:
+    """A digest of the regular files at ``paths`` (their names and bytes, in name order; a file past ``cap`` bytes by
+    its size and modification time): what a task's data is, for the key."""
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        h.update(str(path).encode())
+        if st.st_size > cap:
+            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+            continue
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(2**20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 _SCORER: str | None = None
@@ -61,15 +80,16 @@ def entry_path(key: str) -> Path:
     return cache_dir() / "tasks" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
-def load(key: str) -> Side | None:
-    """The side stored under ``key``; None when there is none, or the entry cannot be trusted (said in a warning)."""
+def load(key: str, problems: int | None = None, samples: int | None = None) -> Side | None:
+    """The side stored under ``key`` (of ``problems`` problems, ``samples`` completions each, where known); None when
+    there is none, or the entry cannot be trusted (said in a warning)."""
     from sweep.userfiles import read_json
 
     path = entry_path(key)
     if not os.path.lexists(path):
         return None
     try:  # only a regular file of bounded size and JSON depth is read (sweep.userfiles)
-        side = _side(read_json(path, MAX_BYTES), key)
+        side = _side(read_json(path, MAX_BYTES), key, problems, samples)
     except (OSError, ValueError) as exc:
         side = first_line(exc)
     if isinstance(side, Side):
@@ -97,8 +117,9 @@ def save(key: str, side: Side) -> Path | None:
         tmp.unlink(missing_ok=True)
 
 
-def _side(record, key: str) -> Side | str:
-    """The Side an entry holds, or why it holds none (its key, version or a field's type or length)."""
+def _side(record, key: str, problems: int | None = None, samples: int | None = None) -> Side | str:
+    """The Side an entry holds, or why it holds none (its key, version, its number of problems or of samples, or a
+    field's type, length or range)."""
     if not isinstance(record, dict) or record.get("version") != VERSION or record.get("key") != key:
         return "another key or version"
     s = record.get("side")
@@ -107,18 +128,28 @@ def _side(record, key: str) -> Side | str:
     scores, completions, tokens = s.get("scores"), s.get("completions"), s.get("tokens")
     exits, pass_at, metric = s.get("exit_layers"), s.get("pass_at"), s.get("metric")
     n = len(scores) if isinstance(scores, list) else -1
+    if problems is not None and n != problems:
+        return f"{n} problems' scores, the task has {problems}"
+    if (
+        samples is not None
+        and isinstance(completions, list)
+        and any(isinstance(c, list) and len(c) != samples for c in completions)
+    ):
+        return f"a problem without {samples} completions (eval.samples)"
     checks = (
-        n >= 1 and all(_number(x) for x in scores),
+        n >= 1 and all(_number(x) and 0 <= x <= 1 for x in scores),
         completions == [] or _nested(completions, n, str, depth=2),  # a harness task keeps no completions
         tokens == [] or _nested(tokens, n, int, depth=3),
-        isinstance(exits, list) and all(_int(x) for x in exits),
-        isinstance(pass_at, dict) and all(k.isdigit() and _number(v) for k, v in pass_at.items()),
+        isinstance(exits, list) and all(_int(x) and x >= 0 for x in exits),
+        isinstance(pass_at, dict) and all(k.isdigit() and _number(v) and 0 <= v <= 1 for k, v in pass_at.items()),
         isinstance(metric, str),
         s.get("isolation") is None or isinstance(s.get("isolation"), str),
         s.get("stopped_at") is None,
     )
     if not all(checks):
-        return "a field of the wrong type or length"
+        return "a field of the wrong type, length or range"
+    if metric == "pass@1" and "1" in pass_at and abs(pass_at["1"] - sum(scores) / n) > 1e-9:
+        return f"pass@1 {pass_at['1']} is not its scores' mean {sum(scores) / n}"
     return Side(
         scores=[float(x) for x in scores],
         completions=completions,
