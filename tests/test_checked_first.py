@@ -366,6 +366,18 @@ def test_self_speculation_runs_state_space_families_on_the_defaults(tmp_path, fa
     assert row["status"] == "ok" and row["agreement"] == 1.0 and row["kv_policy"] == "full"
 
 
+def test_early_exit_ignores_the_self_speculation_draft_len():
+    """Before: bench.draft_len=2 on an early-exit trial (which drafts nothing) was another trial id: the same setting
+    measured twice and counted twice."""
+    from sweep.config.identity import trial_identity
+
+    early = ["model=tiny-llama", "gate=saturation", "gate.eps=0.3"]
+    ids = {trial_identity(compose(*early, f"bench.draft_len={n}"), "cpu").id for n in (2, 4, 8)}
+    assert len(ids) == 1 and ids == {trial_identity(compose(*early), "cpu").id}
+    spec = ["model=tiny-llama", "gate=fixed", "gate.exit_layer=1", "bench.mode=self_speculative"]
+    assert len({trial_identity(compose(*spec, f"bench.draft_len={n}"), "cpu").id for n in (2, 4, 8)}) == 3
+
+
 def test_self_speculation_ignores_the_early_exit_kv_policy():
     """One trial whatever bench.kv_policy says; early exit still reads it."""
     from sweep.config.identity import trial_identity

@@ -393,3 +393,18 @@ def test_gate_keys_a_conf_file_leaves_out_compose_as_every_gate_had_them():
     with pytest.raises(ConfigError, match=r"^gate.theta=2.0: not a parameter of gate=saturation"):
         compose(["gate=saturation", "gate.theta=2"])
     assert compose(["gate=saturation", "+gate.eps=0.3"]).gate.eps == 0.3
+
+
+@pytest.mark.parametrize(
+    "gate, takes",
+    [
+        ("margin", "theta, min_layer, min_depth, lens, readouts"),  # a tuned lens reads readouts
+        ("classifier", "theta, min_layer, min_depth, lens, readouts"),
+        ("fixed", "exit_layer, min_layer, min_depth"),
+    ],
+)
+def test_a_key_a_gate_does_not_take_names_every_key_it_does(gate, takes):
+    """Before: margin's list left out lens and readouts, which it takes."""
+    with pytest.raises(ConfigError) as exc:
+        compose([f"gate={gate}", "gate.decay=0.5"])
+    assert str(exc.value) == f"gate.decay=0.5: not a parameter of gate={gate} (it takes: {takes})"

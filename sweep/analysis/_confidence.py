@@ -4,7 +4,8 @@ The ranked ``speedup`` is ``sweep.bench.estimators.ranked_speedup`` of the measu
 skipped no compute (no decode step exited, or kv_policy=full ran every skipped layer anyway) is
 capped at 1.0 from above (above 1.0 its ratio is timing noise; below, its probes and heads cost
 real time and the slowdown stays), and a speedup inside the trial's A/A noise floor is 1.0 (it
-cannot be told from full depth). The Optuna objective is the same function (``sweep.orchestrate.report``).
+cannot be told from full depth). An Optuna objective on speedup_wall is the same function
+(``sweep.orchestrate.report``).
 Intervals bootstrap the very estimators the bench reports (``sweep.bench.estimators``), ranked the same
 way on every resample, seeded per trial.
 """

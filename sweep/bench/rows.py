@@ -255,9 +255,9 @@ def format_row(row: dict[str, Any], costs=None) -> str:
 
 
 def aa_lines(row: dict[str, Any]) -> list[str]:
-    """The A/A control's spread and the trial's noise floor, and the ranked speedup the analysis and
-    the Optuna objective use (``sweep.bench.estimators.row_speedup``), with why it differs from the measured
-    one where it does."""
+    """The A/A control's spread and the trial's noise floor, and the ranked speedup the analysis and an Optuna
+    objective on speedup_wall use (``sweep.bench.estimators.row_speedup``), with why it differs from the measured one
+    where it does."""
     from sweep.bench.estimators import row_speedup, skips_compute
 
     if row.get("speedup_aa") is None or row.get("noise_floor") is None or not row.get("round_aa_ms"):
@@ -278,7 +278,7 @@ def aa_lines(row: dict[str, Any]) -> list[str]:
         why = "it skipped no compute: the slowdown is its probes' and heads' real cost"
     else:
         why = "outside the noise floor"
-    lines.append(f"ranked speedup (what `sweep analyze` and the Optuna objective use): {ranked:.3f}x ({why})")
+    lines.append(f"ranked speedup (what `sweep analyze` ranks by): {ranked:.3f}x ({why})")
     return lines
 
 

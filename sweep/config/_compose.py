@@ -275,11 +275,17 @@ def _check_model(cfg: Config) -> None:
 def _mode_defaults(cfg: Config) -> Config:
     """What a mode needs, whatever the other mode's keys say: self-speculation's cache holds the full model's K/V at
     every kept position, which is ``bench.kv_policy=full`` (propagate, early exit's default, would ask state-space
-    families for a K/V fill they cannot have): one trial whatever kv_policy says. ``_check_bench`` refuses the
+    families for a K/V fill they cannot have): one trial whatever kv_policy says; early exit drafts nothing, one trial
+    whatever ``bench.draft_len`` says. ``_check_bench`` refuses the
     mode-only keys whose default means "off" (``bench.draft_stop``, ``bench.batch_size``) set for the other mode."""
     if cfg.bench.mode == "self_speculative" and cfg.bench.kv_policy != "full":
         cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, kv_policy="full"))
+    if cfg.bench.mode == "early_exit" and cfg.bench.draft_len != DRAFT_LEN:  # drafts nothing: one trial whatever it is
+        cfg = dataclasses.replace(cfg, bench=dataclasses.replace(cfg.bench, draft_len=DRAFT_LEN))
     return cfg
+
+
+DRAFT_LEN = 4  # conf/config.yaml's bench.draft_len, the value an early-exit trial's id has always held
 
 
 def _check_bench(cfg: Config) -> None:

@@ -186,7 +186,8 @@ class lazy:
 def check_value(spec: GateSpec, param: str, value: Any, key: str) -> None:
     """``value`` of ``param`` is in its domain for this gate; ``key`` names it in the error."""
     if param not in spec.accepts:
-        takes = ", ".join((*spec.accepts, *LAYER_KEYS))
+        lens = ("lens", "readouts") if "tuned" in spec.lenses else ("readouts",) if spec.readouts else ()
+        takes = ", ".join((*spec.accepts, *LAYER_KEYS, *lens))
         raise ConfigError(f"{key}={value}: not a parameter of gate={spec.name} (it takes: {takes})")
     if value is None:
         if param in spec.params:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from sweep.config import PromptsConfig
 from sweep.errors import ConfigError, InputError
+
+log = logging.getLogger("sweep.models.prompts")
 
 CHAT_PROMPTS: tuple[tuple[str, str], ...] = (
     ("chat/0", "What is the capital of France? Answer in one sentence."),
@@ -56,7 +59,21 @@ def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str, str]]:
             f"prompts.start={cfg.start}: the {cfg.name} set has {len(items)} prompts (start at 0..{len(items) - 1})"
         )
     items = items[cfg.start :]
+    if cfg.n is not None and cfg.n > len(items) and (cfg.name, cfg.path, cfg.start, cfg.n) not in _SHORT:
+        _SHORT.add((cfg.name, cfg.path, cfg.start, cfg.n))  # said once per process
+        log.warning(
+            "prompts.n=%d: the %s set has %d prompts from prompts.start=%d; taking those %d (rows count them in "
+            "n_prompts)",
+            cfg.n,
+            cfg.name,
+            len(items),
+            cfg.start,
+            len(items),
+        )
     return items if cfg.n is None else items[: cfg.n]
+
+
+_SHORT: set[tuple] = set()  # sets asked for more prompts than they have, already said
 
 
 def tokenize_prompts(

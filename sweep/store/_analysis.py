@@ -36,7 +36,7 @@ RANKED: tuple[Column, ...] = (
         "speedup",
         pl.Float64(),
         "ratio",
-        "the ranked speedup (sweep.bench.estimators.ranked_speedup; the Optuna objective is the same): "
+        "the ranked speedup (sweep.bench.estimators.ranked_speedup; an Optuna objective on speedup_wall is the same): "
         "speedup_metric's "
         "value, capped at 1.0 from above where the trial skipped no compute (a measured slowdown stays: its probes "
         "and heads cost real time), then 1.0 where it lies inside speedup_floor (within_noise)",
