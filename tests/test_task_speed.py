@@ -318,11 +318,16 @@ def test_a_tasks_data_is_in_its_sides_key(tmp_path):
     assert task_data_digest(compose(*TASK)) == task_data_digest(compose(*TASK)) is not None  # HumanEval's file
 
 
-def test_the_loss_bar_is_refused_where_it_would_stop_nothing():
+def test_the_loss_bar_and_batches_are_refused_where_they_would_change_nothing():
+    """Before: the bar stopped nothing; a batch size batched nothing and made another trial id."""
     from sweep.errors import ConfigError
 
+    harness = ("eval.task=harness", "eval.harness_tasks=[gsm8k]")
     with pytest.raises(ConfigError, match=r"^search.max_accuracy_loss=0.1: stops eval.task=humaneval's gated side "):
-        compose("eval.task=harness", "eval.harness_tasks=[gsm8k]", "search.max_accuracy_loss=0.1")
+        compose(*harness, "search.max_accuracy_loss=0.1")
+    with pytest.raises(ConfigError, match=r"^eval.batch_size=4: batches eval.task=humaneval's completions only "):
+        compose(*harness, "eval.batch_size=4")
+    assert compose(*TASK, "eval.batch_size=4").eval.batch_size == 4
 
 
 def test_the_code_that_decodes_a_side_is_in_its_key(tmp_path):

@@ -333,6 +333,11 @@ def _check_eval(cfg: Config) -> None:
         return
     if e.task == "humaneval" and not e.allow_code_execution:
         raise ConfigError(CODE_EXECUTION_OPT_IN)
+    if e.task == "harness" and e.batch_size != 1:  # it would batch nothing, and only change the trial's id
+        raise ConfigError(
+            f"eval.batch_size={e.batch_size}: batches eval.task=humaneval's completions only (lm-evaluation-harness "
+            "requests decode one at a time); leave it 1 for eval.task=harness"
+        )
     if e.task == "harness" and cfg.search.max_accuracy_loss is not None:  # it would stop nothing, silently
         raise ConfigError(
             f"search.max_accuracy_loss={cfg.search.max_accuracy_loss}: stops eval.task=humaneval's gated side only "
