@@ -43,11 +43,10 @@ def test_n_is_a_deterministic_prefix():
 
 
 def test_n_larger_than_the_set_takes_all(caplog):
-    """... and says so once (before: silently, though the row's n_prompts counted them)."""
+    """... and says so (before: silently, though the row's n_prompts counted them)."""
     import logging
 
     with caplog.at_level(logging.WARNING, logger="sweep.models.prompts"):
-        assert len(read_prompts(compose("prompts=chat", "prompts.n=997").prompts)) == len(CHAT_PROMPTS)
         assert len(read_prompts(compose("prompts=chat", "prompts.n=997").prompts)) == len(CHAT_PROMPTS)
         read_prompts(compose("prompts=chat", f"prompts.n={len(CHAT_PROMPTS)}").prompts)  # exactly all: nothing said
     lines = [r.getMessage() for r in caplog.records if r.name == "sweep.models.prompts"]

@@ -59,8 +59,7 @@ def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str, str]]:
             f"prompts.start={cfg.start}: the {cfg.name} set has {len(items)} prompts (start at 0..{len(items) - 1})"
         )
     items = items[cfg.start :]
-    if cfg.n is not None and cfg.n > len(items) and (cfg.name, cfg.path, cfg.start, cfg.n) not in _SHORT:
-        _SHORT.add((cfg.name, cfg.path, cfg.start, cfg.n))  # said once per process
+    if cfg.n is not None and cfg.n > len(items):
         log.warning(
             "prompts.n=%d: the %s set has %d prompts from prompts.start=%d; taking those %d (rows count them in "
             "n_prompts)",
@@ -71,9 +70,6 @@ def read_prompts(cfg: PromptsConfig) -> list[tuple[str, str, str]]:
             len(items),
         )
     return items if cfg.n is None else items[: cfg.n]
-
-
-_SHORT: set[tuple] = set()  # sets asked for more prompts than they have, already said
 
 
 def tokenize_prompts(

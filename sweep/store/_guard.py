@@ -42,8 +42,6 @@ _PARALLEL_FROM = 32  # unchecked files from which footers are read on threads
 
 # path -> (mtime_ns, size, reason it is skipped or None)
 _verdicts: dict[str, tuple[int, int, str | None]] = {}
-_newer: dict[str, int] = {}  # path -> the schema version it was written under, where newer than this release's
-_told: set[tuple[str, int]] = set()  # (table, version) a reader was already told it reads as this version
 
 
 # --- which files a reader trusts -------------------------------------------------------------------------------
@@ -107,40 +105,42 @@ def _schema(path: Path, arrow_schema: str | None) -> pl.Schema:
 
 def problem(table: Table, path: Path) -> str | None:
     """Why ``path`` cannot be read as a file of ``table``; None when it can."""
+    return _check(table, path)[0]
+
+
+def _check(table: Table, path: Path) -> tuple[str | None, int | None]:
+    """Why ``path`` cannot be read as a file of ``table`` (None when it can), and the schema version it was written
+    under where that is newer than this release's (None otherwise)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read forever: never opened
-            return "not a regular file (a FIFO, a directory or a device planted in the results)"
+            return "not a regular file (a FIFO, a directory or a device planted in the results)", None
     except OSError as exc:
-        return f"cannot stat it ({exc.strerror or exc})"
+        return f"cannot stat it ({exc.strerror or exc})", None
     if partition_values(table, path) is None:
         layout = "/".join(f"{k}=<value>" for k in table.partition_by)
-        return f"not in the layout of table '{table.name}' ({table.name}/{layout}/<file>.parquet)"
+        return f"not in the layout of table '{table.name}' ({table.name}/{layout}/<file>.parquet)", None
     try:
         meta = pl.read_parquet_metadata(path)
         schema = _schema(path, meta.get("ARROW:schema"))
     except Exception as exc:  # noqa: BLE001 - any failure to read the footer means the same: not usable
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"not a readable Parquet file ({type(exc).__name__}: {first[:200]})"
+        return f"not a readable Parquet file ({type(exc).__name__}: {first[:200]})", None
     owner = meta.get("sweep.table")
     if owner is not None and owner != table.name:
-        return f"written for table '{owner}', not '{table.name}'"
+        return f"written for table '{owner}', not '{table.name}'", None
     version: int | None = None
     if owner is not None:
         try:
             version = int(meta.get("sweep.schema_version", ""))
         except ValueError:
             version = None
-    if version is not None and version > SCHEMA_VERSION:
-        _newer[str(path)] = version
-    else:
-        _newer.pop(str(path), None)
     missing = [c for c in required_columns(table, version) if c not in schema]
     if missing:
-        return f"lacks required column(s) {', '.join(missing)} of table '{table.name}'"
+        return f"lacks required column(s) {', '.join(missing)} of table '{table.name}'", None
     for c in table.columns:
         if c.name in schema and schema[c.name] != c.dtype and schema[c.name] != pl.Null():
-            return f"column {c.name} is {schema[c.name]}, table '{table.name}' declares {c.dtype}"
-    return None
+            return f"column {c.name} is {schema[c.name]}, table '{table.name}' declares {c.dtype}", None
+    return None, (version if version is not None and version > SCHEMA_VERSION else None)
 
 
 def usable(table: Table, paths: list[Path]) -> list[Path]:
@@ -160,39 +160,35 @@ def usable(table: Table, paths: list[Path]) -> list[Path]:
     if len(unchecked) >= _PARALLEL_FROM:
         chunks = [unchecked[i : i + _PARALLEL_FROM] for i in range(0, len(unchecked), _PARALLEL_FROM)]
         with ThreadPoolExecutor(max_workers=8) as pool:  # in chunks: a future per file costs more than its check
-            reasons = [r for chunk in pool.map(lambda c: [problem(table, p) for p in c], chunks) for r in chunk]
+            checks = [r for chunk in pool.map(lambda c: [_check(table, p) for p in c], chunks) for r in chunk]
     else:
-        reasons = [problem(table, p) for p in unchecked]
-    for path, reason in zip(unchecked, reasons):
+        checks = [_check(table, p) for p in unchecked]
+    newer: dict[int, list[Path]] = {}
+    for path, (reason, version) in zip(unchecked, checks):
         _verdicts[str(path)] = (*stats[path], reason)
         if reason is not None:
             log.warning("skipping %s: %s", path, reason)
-    kept = [p for p in stats if _verdicts[str(p)][2] is None]
-    _tell_newer(table, kept)
-    return kept
+        elif version is not None:
+            newer.setdefault(version, []).append(path)
+    _tell_newer(table, newer)
+    return [p for p in stats if _verdicts[str(p)][2] is None]
 
 
-def _tell_newer(table: Table, paths: list[Path]) -> None:
-    """One warning per table and version, per process: files written under a newer schema version than this
-    release's are read as this version (its columns; a column whose meaning or unit changed under the newer
-    version, which bumps it, reads as this version's), not silently."""
-    versions: dict[int, list[Path]] = {}
-    for path in paths:
-        if (version := _newer.get(str(path))) is not None:
-            versions.setdefault(version, []).append(path)
-    for version, found in sorted(versions.items()):
-        if (table.name, version) not in _told:
-            _told.add((table.name, version))
-            log.warning(
-                "%d file(s) of table '%s' (e.g. %s) were written under schema version %d, newer than this release's "
-                "%d: read as version %d (its columns only; see docs/schema.md); update sweep to read them as written",
-                len(found),
-                table.name,
-                found[0],
-                version,
-                SCHEMA_VERSION,
-                SCHEMA_VERSION,
-            )
+def _tell_newer(table: Table, newer: dict[int, list[Path]]) -> None:
+    """Files written under a newer schema version than this release's, checked now (a file is checked once while it
+    is unchanged), are read as this version (its columns; a column whose meaning or unit changed under the newer
+    version, which bumps it, reads as this version's): said in one warning per version, not silently."""
+    for version, found in sorted(newer.items()):
+        log.warning(
+            "%d file(s) of table '%s' (e.g. %s) were written under schema version %d, newer than this release's "
+            "%d: read as version %d (its columns only; see docs/schema.md); update sweep to read them as written",
+            len(found),
+            table.name,
+            found[0],
+            version,
+            SCHEMA_VERSION,
+            SCHEMA_VERSION,
+        )
 
 
 # --- temporary files -------------------------------------------------------------------------------------------
