@@ -356,3 +356,23 @@ def test_the_code_that_decodes_a_side_is_in_its_key(tmp_path):
         changed = scorer(copy)
         assert len(same) == 16 and changed != same, module
         same = changed
+
+
+@pytest.mark.faults  # runs the model's programs in the sandbox
+def test_sweep_analyze_says_the_accuracy_verdicts_and_names_a_stopped_setting(tmp_path):
+    """Before: `sweep analyze` printed the agreement verdict alone, and said nothing of a setting stopped on its
+    accuracy loss (its report: "0 stopped early", no task section)."""
+    from sweep.tasks.completions import Side
+
+    _plant(Side([1.0] * 3, [["x"]] * 3, [[[1]]] * 3, [4], {1: 1.0}, "pass@1"))
+    row, err = _cli_row(tmp_path, "a", "gate=fixed", "gate.exit_layer=2", "search.max_accuracy_loss=0.5")
+    assert row["accuracy_loss_min"] == pytest.approx(2 / 3), err
+    done = run_cli("analyze", f"results.root={tmp_path / 'a'}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = " ".join(done.stdout.split())
+    assert (
+        "tiny-llama on humaneval, 3 problems (pass@1 1.000 at full depth): within 1% loss: full depth, 1.000x" in said
+    )
+    report = " ".join((tmp_path / "a" / "report" / "report.md").read_text().split())
+    assert "(and 1 ok whose task stopped on its accuracy loss: the task section names them)" in report
+    assert f"stopped: fixed exit_layer=2 min_layer=1 {row['trial_id']} after 2 problems" in report

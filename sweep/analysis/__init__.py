@@ -37,7 +37,15 @@ from sweep.analysis._pareto import (
     pareto_front,
 )
 from sweep.analysis._screen import comparison, distinct_simulated, gap_by_gate
-from sweep.analysis._tasks import LOSS_TARGETS, accuracy_front, accuracy_targets, task_eas, task_trials
+from sweep.analysis._tasks import (
+    LOSS_TARGETS,
+    accuracy_front,
+    accuracy_targets,
+    setting_name,
+    stopped_task_rows,
+    task_eas,
+    task_trials,
+)
 from sweep.analysis._profiles import (
     S_VARIANTS,
     eas_per_layer,
@@ -55,6 +63,8 @@ __all__ = [
     "accuracy_front",
     "accuracy_targets",
     "task_eas",
+    "setting_name",
+    "stopped_task_rows",
     "task_trials",
     "agreement_interval",
     "FLOORS",

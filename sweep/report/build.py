@@ -104,7 +104,10 @@ def render(cfg, prepared, ctx: ReportContext, path: Path) -> tuple[list[str], in
     """One verdict line per model, and the report's path."""
     from sweep.textfit import fit_lines
 
-    return [*map(fit_lines, verdicts(ctx)), f"report: {path}"], 0
+    from sweep.report.tasks import task_verdict_lines
+
+    said = [*verdicts(ctx), *task_verdict_lines(ctx.ok)]  # the accuracy verdicts too, as `sweep run` ends with them
+    return [*map(fit_lines, said), f"report: {path}"], 0
 
 
 def analyse(cfg) -> ReportContext:

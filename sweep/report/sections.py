@@ -35,6 +35,14 @@ class Section:
     figures: list[str] = field(default_factory=list)
 
 
+def _on_accuracy(ok: pl.DataFrame) -> str:
+    """How many ok trials' task sides stopped on their accuracy loss (search.max_accuracy_loss), where any did."""
+    from sweep.analysis import stopped_task_rows
+
+    n = stopped_task_rows(ok).height
+    return f" (and {n} ok whose task stopped on its accuracy loss: the task section names them)" if n else ""
+
+
 def header(ctx: ReportContext) -> Section:
     lines = ["# Early-exit report", ""]
     trials, ok = ctx.trials, ctx.ok
@@ -45,7 +53,7 @@ def header(ctx: ReportContext) -> Section:
                 f"{trials.height} trials from {trials['run_id'].n_unique()} run(s); {ok.height} ok, "
                 f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
                 f"{trials.filter(pl.col('status') == 'failed').height} failed, "
-                f"{trials.filter(pl.col('status') == 'stopped').height} stopped early "
+                f"{trials.filter(pl.col('status') == 'stopped').height} stopped early{_on_accuracy(ok)} "
                 "(fronts and targets use ok trials only)."
             ),
             "",

@@ -1,12 +1,21 @@
 """The report's task section and verdict lines (trials with ``eval.task``): accuracy under each gate beside full
 depth's, the best speedup within 1% and 5% accuracy loss, the front of speedup against accuracy, and the EAS paper's
-table (``sweep.analysis._tasks``)."""
+table (``sweep.analysis._tasks``). A loss is in points of the task's metric (full depth's minus the setting's)."""
 
 from __future__ import annotations
 
 import polars as pl
 
-from sweep.analysis import FULL_DEPTH_ID, accuracy_front, accuracy_targets, oracle_bound, task_eas, task_trials
+from sweep.analysis import (
+    FULL_DEPTH_ID,
+    accuracy_front,
+    accuracy_targets,
+    oracle_bound,
+    setting_name,
+    stopped_task_rows,
+    task_eas,
+    task_trials,
+)
 from sweep.report.context import ReportContext
 
 
@@ -14,66 +23,93 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
+def _num(x, fmt: str = "{:.3f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _speed(r: dict) -> str:
+    """The ranked speedup as the report writes it: ≈1x inside the trial's A/A noise floor."""
+    return "≈1x" if r.get("within_noise") and r["trial_id"] != FULL_DEPTH_ID else f"{r['speedup']:.3f}x"
+
+
 def _acc(r: dict) -> str:
     lo, hi = r.get("accuracy_loss_lo"), r.get("accuracy_loss_hi")
     ci = f" [{_pct(lo)}, {_pct(hi)}]" if lo is not None and hi is not None and r["trial_id"] != FULL_DEPTH_ID else ""
-    return f"{r['accuracy']:.3f} (loss {_pct(r['accuracy_loss'])}{ci})"
+    return f"{_num(r['accuracy'])} (loss {_pct(r['accuracy_loss'])}{ci})"
 
 
-def _name(r: dict) -> str:
-    if r["trial_id"] == FULL_DEPTH_ID:
-        return "full depth"
-    return f"{r['gate']} {r.get('params') or ''}".strip()
+def _group(r: dict) -> str:
+    """A group as the lines name it: model, task, and its problem set where known."""
+    n, samples = r.get("problem_set"), r.get("task_samples")
+    over = f", {n} problems" if n is not None else ""
+    over += f" x {samples} completions" if samples is not None and samples > 1 else ""
+    return f"{r['model']} on {r['task']}{over}"
+
+
+def _pick(r: dict) -> str:
+    """One target's pick: a setting whose speedup's interval lies above 1x, else what the interval says."""
+    lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
+    said = f"{setting_name(r)}, {_speed(r)}, {r['task_metric']} {_acc(r)}"
+    if r["trial_id"] != FULL_DEPTH_ID and lo is not None and lo <= 1.0:
+        return f"none distinguishable from 1x (best: {said}; its speedup's interval [{lo:.3f}, {_num(hi)}] includes 1x)"
+    return said
 
 
 def task_verdict_lines(ok: pl.DataFrame) -> list[str]:
-    """Per model and task: the best speedup within 1% and 5% accuracy loss (full depth when no setting beats it)."""
+    """Per group: the best speedup within 1% and 5% accuracy loss (full depth when no setting beats it; no setting
+    whose speedup's bootstrap interval includes 1x, as the agreement verdicts judge)."""
     targets = accuracy_targets(ok)
     lines = []
-    for (model, task), group in targets.group_by(["model", "task"], maintain_order=True) if targets.height else []:
-        parts = []
-        for r in group.iter_rows(named=True):
-            parts.append(
-                f"within {100 * r['max_loss']:.0f}% loss: {_name(r)}, {r['speedup']:.3f}x, {r['task_metric']} {_acc(r)}"
-            )
-        full = group.row(0, named=True)["accuracy_full"]
-        lines.append(
-            f"{model} on {task} ({group.row(0, named=True)['task_metric']} {full:.3f} at full depth): "
-            + "; ".join(parts)
-        )
+    for _, group in targets.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True):
+        first = group.row(0, named=True)
+        parts = [f"within {100 * r['max_loss']:.0f}% loss: {_pick(r)}" for r in group.iter_rows(named=True)]
+        full = first["accuracy_full"]
+        vacuous = "; it solves none: no loss can show" if full == 0 else ""
+        lines.append(f"{_group(first)} ({first['task_metric']} {full:.3f} at full depth{vacuous}): " + "; ".join(parts))
     return lines
+
+
+def stopped_task_lines(ok: pl.DataFrame) -> list[str]:
+    """A line per setting stopped once its loss over all problems was certain to exceed search.max_accuracy_loss."""
+    rows = stopped_task_rows(ok)
+    return [
+        f"stopped: {setting_name(r)} {r['trial_id']} after {r['task_problems']} problems: its loss over all of them "
+        f"is at least {_pct(r['accuracy_loss_min'])} (above search.max_accuracy_loss)"
+        for r in (rows.sort("model", "trial_id").iter_rows(named=True) if rows.height else [])
+    ]
 
 
 def task_section(ctx: ReportContext) -> list[str]:
     """Markdown lines: every task trial, the fronts of speedup against accuracy, the targets, the EAS paper's table."""
-    rows = task_trials(ctx.ok)
-    if not rows.height:
+    rows, stopped = task_trials(ctx.ok), stopped_task_lines(ctx.ok)
+    if not rows.height and not stopped:
         return []
     lines = [
         "## Task accuracy",
         "",
         "Accuracy under each setting beside full depth's on the same problems (greedy, same run); loss = full minus "
-        "gated, its 95% interval from problems resampled in pairs. Speedups are the ranked ones of the tables above.",
+        "gated, in points of the task's metric, its 95% interval from problems resampled in pairs. Speedups are the "
+        "ranked ones of the tables above.",
         "",
-        "| model | task | setting | speedup | agreement | accuracy [95% CI] | full depth | loss [95% CI] "
+        "| model | task | problems | setting | speedup | agreement | accuracy [95% CI] | full depth | loss [95% CI] "
         "| layers skipped |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows.sort("model", "task", "speedup", descending=[False, False, True]).iter_rows(named=True):
         saved = r.get("task_layers_saved")
         lines.append(
-            f"| {r['model']} | {r['task']} | {_name(r)} | {r['speedup']:.3f}x | {r['agreement']:.3f} | "
-            f"{r['accuracy']:.3f} [{r['accuracy_lo']:.3f}, {r['accuracy_hi']:.3f}] | {r['accuracy_full']:.3f} | "
-            f"{_pct(r['accuracy_loss'])} [{_pct(r['accuracy_loss_lo'])}, {_pct(r['accuracy_loss_hi'])}] | "
+            f"| {r['model']} | {r['task']} | {_num(r.get('task_problems'), '{}')} | {setting_name(r)} | {_speed(r)} | "
+            f"{_num(r['agreement'])} | {_num(r['accuracy'])} [{_num(r.get('accuracy_lo'))}, "
+            f"{_num(r.get('accuracy_hi'))}] | {_num(r['accuracy_full'])} | {_pct(r['accuracy_loss'])} "
+            f"[{_pct(r.get('accuracy_loss_lo'))}, {_pct(r.get('accuracy_loss_hi'))}] | "
             f"{'n/a' if saved is None else f'{100 * saved:.1f}%'} |"
         )
+    lines += ["", *[f"- {line}" for line in stopped]] if stopped else []
     front = accuracy_front(ctx.ok)
     lines += ["", "Fronts of speedup against accuracy (full depth a candidate on each):", ""]
-    for (model, task), group in front.group_by(["model", "task"], maintain_order=True):
-        points = ", ".join(
-            f"{_name(r)} {r['speedup']:.3f}x at {r['accuracy']:.3f}" for r in group.iter_rows(named=True)
-        )
-        lines.append(f"- {model} on {task}: {points}")
+    for _, group in front.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True):
+        points = ", ".join(f"{setting_name(r)} {_speed(r)} at {r['accuracy']:.3f}" for r in group.iter_rows(named=True))
+        lines.append(f"- {_group(group.row(0, named=True))}: {points}")
     lines += ["", "Best speedup within an accuracy loss:", ""] + [f"- {line}" for line in task_verdict_lines(ctx.ok)]
     oracle = oracle_bound(ctx.profiles) if ctx.profiles is not None else None
     table = task_eas(ctx.ok, ctx.eas if ctx.profiles is not None else None, oracle)
@@ -81,23 +117,22 @@ def task_section(ctx: ReportContext) -> list[str]:
         "",
         "Layers skipped at <= 5% accuracy loss (the EAS paper's bound, measured: the setting that skips most of the "
         "task's own tokens' layers within that loss), beside the oracle bound at agreement 1.0 and EAS where the "
-        "model was profiled:",
+        "model was profiled (on the profiled prompts, which need not be the task's):",
         "",
-        "| model | task | layers skipped at <= 5% loss | by | speedup | loss | oracle at agreement 1.0 | EAS hidden "
-        "| EAS logits | EAS top-K |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | task | problems | layers skipped at <= 5% loss | by | speedup | loss | oracle at agreement 1.0 "
+        "| EAS hidden | EAS logits | EAS top-K |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in table.iter_rows(named=True):
+    for r in table.iter_rows(named=True) if table.height else []:
 
         def get(key, fmt="{:.3f}"):
             v = r.get(key)
             return "n/a" if v is None else fmt.format(v)
 
         lines.append(
-            f"| {r['model']} | {r['task']} | {100 * r['layers_skipped_5pct']:.1f}% | "
-            f"{'full depth' if r['setting'] == FULL_DEPTH_ID else r['setting']} | {r['speedup']:.3f}x | "
-            f"{_pct(r['accuracy_loss'])} | {get('oracle_skippable', '{:.1%}')} | {get('eas_hidden')} | "
-            f"{get('eas_logits')} | {get('eas_topk')} |"
+            f"| {r['model']} | {r['task']} | {get('problem_set', '{}')} | {100 * r['layers_skipped_5pct']:.1f}% | "
+            f"{r['name']} | {r['speedup']:.3f}x | {_pct(r['accuracy_loss'])} | {get('oracle_skippable', '{:.1%}')} | "
+            f"{get('eas_hidden')} | {get('eas_logits')} | {get('eas_topk')} |"
         )
     return lines + [""]
 
@@ -113,14 +148,15 @@ def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | No
     if not measured.height and not stopped:
         return []
     lines = wrap(
-        "task accuracy (loss = full depth minus the setting, its 95% interval over problems resampled in pairs; "
-        "speedup: the ranked one):"
+        "task accuracy (loss = full depth minus the setting, in points of the task's metric, its 95% interval over "
+        "problems resampled in pairs; speedup: the ranked one):"
     )
     if measured.height:
         df = measured.sort("model", "task", "speedup", descending=[False, False, True]).select(
             "model",
             "task",
-            setting=pl.struct("gate", "trial_id").map_elements(lambda r: f"{r['gate']} {r['trial_id']}", pl.String),
+            setting=pl.struct(pl.all()).map_elements(setting_name, return_dtype=pl.String),
+            trial_id=pl.col("trial_id"),
             problems=pl.col("task_problems"),
             speedup=pl.col("speedup"),
             agreement=pl.col("agreement"),
@@ -136,8 +172,8 @@ def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | No
         lines += table(df, keys=("setting",))
     for r in stopped:
         lines += wrap(
-            f"  stopped: {r['gate']} {r['trial_id']} after {r['task_problems']} problems: its loss over all of them "
-            f"is at least {_pct(r['accuracy_loss_min'])} (above search.max_accuracy_loss)"
+            f"  stopped: {setting_name(r)} {r['trial_id']} after {r['task_problems']} problems: its loss over all of "
+            f"them is at least {_pct(r['accuracy_loss_min'])} (above search.max_accuracy_loss)"
         )
     lines += [line for v in task_verdict_lines(ok) for line in wrap(f"  {v}")]
     eas = task_eas(ok, None, oracle)
@@ -145,7 +181,7 @@ def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | No
         bound = r.get("oracle_skippable")
         beside = f", beside an oracle bound of {100 * bound:.1f}% at agreement 1.0" if bound is not None else ""
         lines += wrap(
-            f"  {r['model']} on {r['task']}: {100 * r['layers_skipped_5pct']:.1f}% of the completions' layers skipped "
-            f"at <= 5% loss ({'full depth' if r['setting'] == FULL_DEPTH_ID else r['setting']}){beside}"
+            f"  {_group(r)}: {100 * r['layers_skipped_5pct']:.1f}% of the completions' layers skipped at <= 5% loss "
+            f"({'full depth' if r['setting'] == FULL_DEPTH_ID else r['setting'] + ') by (' + r['name']}){beside}"
         )
     return lines
