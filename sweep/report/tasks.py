@@ -38,12 +38,21 @@ def _acc(r: dict) -> str:
     return f"{_num(r['accuracy'])} (loss {_pct(r['accuracy_loss'])}{ci})"
 
 
-def _group(r: dict) -> str:
-    """A group as the lines name it: model, task, and its problem set where known."""
+def _group(r: dict, several: set) -> str:
+    """A group as the lines name it: model and task, with its problem set where the model and task have several
+    (``several``: those pairs, ``_several``)."""
     n, samples = r.get("problem_set"), r.get("task_samples")
-    over = f", {n} problems" if n is not None else ""
-    over += f" x {samples} completions" if samples is not None and samples > 1 else ""
+    over = f", {n} problems" if n is not None and (r["model"], r["task"]) in several else ""
+    over += f" x {samples} completions" if over and samples is not None and samples > 1 else ""
     return f"{r['model']} on {r['task']}{over}"
+
+
+def _several(frame: pl.DataFrame) -> set:
+    """The (model, task) pairs of ``frame`` measured over more than one problem set."""
+    if not frame.height:
+        return set()
+    sets = frame.group_by("model", "task").agg(pl.struct("problem_set", "task_samples").n_unique().alias("n"))
+    return {(r["model"], r["task"]) for r in sets.filter(pl.col("n") > 1).iter_rows(named=True)}
 
 
 def _pick(r: dict) -> str:
@@ -59,13 +68,16 @@ def task_verdict_lines(ok: pl.DataFrame) -> list[str]:
     """Per group: the best speedup within 1% and 5% accuracy loss (full depth when no setting beats it; no setting
     whose speedup's bootstrap interval includes 1x, as the agreement verdicts judge)."""
     targets = accuracy_targets(ok)
-    lines = []
+    if not targets.height:
+        return []
+    lines, several = [], _several(targets)
     for _, group in targets.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True):
         first = group.row(0, named=True)
         parts = [f"within {100 * r['max_loss']:.0f}% loss: {_pick(r)}" for r in group.iter_rows(named=True)]
         full = first["accuracy_full"]
         vacuous = "; it solves none: no loss can show" if full == 0 else ""
-        lines.append(f"{_group(first)} ({first['task_metric']} {full:.3f} at full depth{vacuous}): " + "; ".join(parts))
+        said = f"{_group(first, several)} ({first['task_metric']} {full:.3f} at full depth{vacuous}): "
+        lines.append(said + "; ".join(parts))
     return lines
 
 
@@ -107,9 +119,13 @@ def task_section(ctx: ReportContext) -> list[str]:
     lines += ["", *[f"- {line}" for line in stopped]] if stopped else []
     front = accuracy_front(ctx.ok)
     lines += ["", "Fronts of speedup against accuracy (full depth a candidate on each):", ""]
-    for _, group in front.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True):
+    for _, group in (
+        []
+        if not front.height
+        else front.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True)
+    ):
         points = ", ".join(f"{setting_name(r)} {_speed(r)} at {r['accuracy']:.3f}" for r in group.iter_rows(named=True))
-        lines.append(f"- {_group(group.row(0, named=True))}: {points}")
+        lines.append(f"- {_group(group.row(0, named=True), _several(front))}: {points}")
     lines += ["", "Best speedup within an accuracy loss:", ""] + [f"- {line}" for line in task_verdict_lines(ctx.ok)]
     oracle = oracle_bound(ctx.profiles) if ctx.profiles is not None else None
     table = task_eas(ctx.ok, ctx.eas if ctx.profiles is not None else None, oracle)
@@ -177,11 +193,13 @@ def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | No
         )
     lines += [line for v in task_verdict_lines(ok) for line in wrap(f"  {v}")]
     eas = task_eas(ok, None, oracle)
+    several = _several(eas)
     for r in eas.iter_rows(named=True) if eas.height else []:
         bound = r.get("oracle_skippable")
         beside = f", beside an oracle bound of {100 * bound:.1f}% at agreement 1.0" if bound is not None else ""
+        by = "full depth" if r["setting"] == FULL_DEPTH_ID else f"{r['setting']}) by ({r['name']}"
+        share = f"{100 * r['layers_skipped_5pct']:.1f}%"
         lines += wrap(
-            f"  {_group(r)}: {100 * r['layers_skipped_5pct']:.1f}% of the completions' layers skipped at <= 5% loss "
-            f"({'full depth' if r['setting'] == FULL_DEPTH_ID else r['setting'] + ') by (' + r['name']}){beside}"
+            f"  {_group(r, several)}: {share} of the completions' layers skipped at <= 5% loss ({by}){beside}"
         )
     return lines
