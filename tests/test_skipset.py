@@ -54,6 +54,35 @@ def test_a_bad_skip_set_is_one_line_before_any_work(tmp_path):
         compose("gate=skip", "gate.skip=a1")
 
 
+def test_a_layer_number_past_any_model_is_refused_saying_what_is_wrong():
+    """Before: a range was expanded whole (a reader's `gate.skip=a1-99999999999` took 24 GB until the kernel killed
+    it), and a text the parser refused for a reason got the grammar alone."""
+    with pytest.raises(ValueError, match="'a1-20000': names layer 20000; a layer number is at most 10000"):
+        SkipSet.parse("a1-20000")
+    for text, why in (("a1-20000", "names layer 20000; a layer number is at most 10000"), ("a3-2", "runs upwards")):
+        with pytest.raises(ConfigError) as exc:
+            compose("gate=skip", f"gate.skip={text}", "bench.mode=self_speculative")
+        said = str(exc.value)
+        assert said.startswith(f"gate.skip={text}: must be a skip set: ") and said.endswith(f"{why})"), said
+
+
+@pytest.mark.ray
+def test_a_grid_of_relative_skip_set_files_runs_where_its_workers_run(tmp_path):
+    """`file:one.json` relative to where `sweep run` ran. Before: the driver read it and merged it with the same set
+    spelled otherwise, and the worker, composing the raw override in its own directory, failed ("no such file")."""
+    import json
+
+    from sweep.store import read
+
+    (tmp_path / "one.json").write_text(json.dumps({"attention": [1], "mlp": [1]}))
+    space = "search.spaces=[{gate: skip, bench.mode: self_speculative, gate.skip: 'choice(file:one.json, a1)'}]"
+    args = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+    done = run_cli("run", *args, space, "results.root=results", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read("trials", tmp_path / "results")
+    assert sorted(rows["skip"].to_list()) == ["a1", "a2+m2"] and set(rows["status"]) == {"ok"}
+
+
 def hand_built(lm, skip: SkipSet):
     """A copy of the model with the skipped sublayers' output projections zeroed: they add nothing."""
     model = copy.deepcopy(lm.model)

@@ -134,6 +134,9 @@ def build(cls: type, data: dict, prefix: str = "") -> Any:
                 raise ConfigError(f"{key}={value!r}: must be {f.metadata['allowed']}") from None
             check = f.metadata.get("check")
             if not _finite(value) or (check is not None and not check(value)):
-                raise ConfigError(f"{key}={value}: must be {f.metadata.get('allowed') or 'valid'}")
+                why = getattr(check, "why", None)  # a check that can say what is wrong with the value
+                reason = why(value) if why is not None and _finite(value) else None
+                said = f" ({reason})" if reason else ""
+                raise ConfigError(f"{key}={value}: must be {f.metadata.get('allowed') or 'valid'}{said}")
         values[f.name] = value
     return cls(**values)

@@ -222,6 +222,11 @@ def _check_gate_values(params: list[Param], gate: str | None, where: str) -> Non
             if not p.key.startswith("gate.") or param not in PARAMS:
                 continue
             for value in p.values if p.kind != "interval" else (p.low, p.high):
+                if param == "skip" and isinstance(value, str) and value.strip().startswith("file:"):
+                    # a published set's file is read where each setting composes (relative to that process's
+                    # directory): by the driver for every foreseeable setting, and it hands its workers the set's
+                    # layers (``sweep.orchestrate.plan.as_read``); never here, where a worker composes its base
+                    continue
                 check_value(spec, param, value, f"{where}.{p.key}")
 
 

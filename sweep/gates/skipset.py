@@ -26,6 +26,7 @@ GRAMMAR = (
     "1-indexed), 'attention-free' (every attention sublayer), a published set 'file:PATH', or 'none'"
 )
 ATTENTION_FREE = "attention-free"  # every attention sublayer bypassed: a hybrid's state-space path alone
+MAX_LAYER = 10_000  # more layers than any decoder has: a number past it is a typo, not a model
 _ITEM = re.compile(r"^([ams])(\d+)(?:-(\d+))?$")
 
 
@@ -74,6 +75,8 @@ class SkipSet:
             kind, lo, hi = match.group(1), int(match.group(2)), int(match.group(3) or match.group(2))
             if lo < 1 or hi < lo:
                 raise ValueError(f"'{item}': layers are 1-indexed and a range runs upwards")
+            if hi > MAX_LAYER:  # (a range is expanded: a huge one would take the machine's memory)
+                raise ValueError(f"'{item}': names layer {hi}; a layer number is at most {MAX_LAYER}")
             layers[kind].update(range(lo, hi + 1))
         return cls(frozenset(layers["a"]), frozenset(layers["m"]), frozenset(layers["s"]))
 
@@ -119,9 +122,11 @@ class SkipSet:
         for kind in ("attention", "mlp"):
             values = data.get(kind, [])
             if not isinstance(values, list) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_LAYER for v in values
             ):
-                raise ConfigError(f"{key}: {kind} must be a list of 0-based layer indices (integers >= 0)")
+                raise ConfigError(
+                    f"{key}: {kind} must be a list of 0-based layer indices (integers in 0..{MAX_LAYER - 1})"
+                )
             layers[kind] = frozenset(v + 1 for v in values)
         return cls(layers["attention"], layers["mlp"])
 

@@ -66,13 +66,23 @@ def _integer(v: Any) -> bool:
 
 
 def _skip_set(v: Any) -> bool:
+    return _skip_set_problem(v) is None
+
+
+def _skip_set_problem(v: Any) -> str | None:
+    """What the skip-set parser says is wrong with ``v``; None when it parses."""
     from sweep.gates.skipset import SkipSet
 
     try:
         SkipSet.parse(v)
-    except ValueError:
-        return False
-    return True
+    except ValueError as exc:
+        return str(exc).split(" is not an item of ")[0] + (
+            " is not an item" if " is not an item of " in str(exc) else ""
+        )
+    return None
+
+
+_skip_set.why = _skip_set_problem  # type: ignore[attr-defined]  (read by the config's field check)
 
 
 PARAMS: dict[str, ParamSpec] = {
@@ -195,7 +205,9 @@ def check_value(spec: GateSpec, param: str, value: Any, key: str) -> None:
         return
     domain = spec.domain(param)
     if not domain.check(value):  # each domain checks its type too (a bool is neither an int nor a float here)
-        raise ConfigError(f"{key}={value}: must be {domain.allowed} for gate={spec.name}")
+        why = getattr(domain.check, "why", None)  # a check that can say what is wrong with the value
+        said = f" ({why(value)})" if why is not None and why(value) else ""
+        raise ConfigError(f"{key}={value}: must be {domain.allowed} for gate={spec.name}{said}")
 
 
 def check_gate(gate: Any, prefix: str = "gate") -> GateSpec:

@@ -58,12 +58,33 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
         check_tree(root, storage / name, key="results.root")
     claims.check_dir(root)
     base = base_overrides(read_overrides(overrides, cfg), run_id, root)  # the paths as read, for every worker
-    grid_trials = search.foresee(cfg, base)  # every setting it can foresee composed: a bad value fails here
+    grid_trials = as_read(search.foresee(cfg, base))  # every setting it can foresee composed: a bad value fails here
     _check_row_paths(cfg, grid_trials)
     _check_task_inputs(cfg, grid_trials)
     _check_files_read(cfg, grid_trials)  # with each setting's gate against its model's depth and width
     check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
     return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
+
+
+def as_read(grid_trials: GridTrials | None) -> GridTrials | None:
+    """Each foreseen setting's overrides as its config read them: a path a sub-space names (``PATH_KEYS``) as the
+    path read here, a skip set as its canonical text (a ``file:`` set's layers, not a path a worker would read
+    against its own working directory). The setting's config, and so its id, is unchanged."""
+    from sweep.config.paths import quoted, read_overrides
+
+    if grid_trials is None:
+        return None
+    out = []
+    for trial, trial_cfg in grid_trials:
+        trial = read_overrides(trial, trial_cfg)
+        trial = [
+            f"{o.partition('=')[0]}={quoted(trial_cfg.gate.skip)}"
+            if override_key(o) == "gate.skip" and trial_cfg.gate.skip is not None
+            else o
+            for o in trial
+        ]
+        out.append((trial, trial_cfg))
+    return out
 
 
 def foresee_settings(cfg: Config, overrides: list[str]) -> GridTrials | None:
