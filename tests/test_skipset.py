@@ -598,3 +598,48 @@ def test_the_skip_map_draws_a_hybrids_bypassed_mixers_and_an_attention_free_set(
     assert free[0] == ("attention (all it has)", [True] * 3) and free[1] == ("MLP", [False] * 3)
     name = skip_map_figure([("hyb", "s1+s4+m2", 4, 0.5), ("dense", "a2+m3-4", 5, None)], tmp_path)
     assert (tmp_path / name).stat().st_size > 0
+
+
+SCREEN = ("search=skipset-random", "search.closed_loop=1", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1")
+
+
+@pytest.mark.ray
+def test_a_space_with_fewer_sets_than_n_trials_is_screened_once(tmp_path):
+    """A 2-layer state-space model has 4 skip sets; 5 asked. Before: the log said 5 screened, and every continued
+    run screened again, its study drawing another 100 proposals."""
+    import optuna
+
+    args = [*SCREEN, "model=tiny-mamba", "model.tiny.layers=2", "search.n_trials=5", "search.skip_ratio=[0,1]"]
+    args += [f"results.root={tmp_path}", "sweep.name=s"]
+    first = run_cli("run", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    said = " ".join(first.stderr.split())
+    assert "skip-set screen: 4 sets screened on tiny-mamba in " in said
+    storage = f"sqlite:///{tmp_path / 'ray' / 's' / 'optuna.db'}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    proposals = len(optuna.load_study(study_name=summary.study_name, storage=storage).trials)
+    again = run_cli("run", *args, "resume=true")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "skip-set screen: 4 sets screened on tiny-mamba before (its study, read again)" in " ".join(
+        again.stderr.split()
+    )
+    assert len(optuna.load_study(study_name=summary.study_name, storage=storage).trials) == proposals
+
+
+@pytest.mark.ray
+def test_a_skip_ratio_no_screened_set_meets_is_one_line(tmp_path):
+    """tiny-llama's 8 sublayers give shares in eighths: none in [0.05, 0.1]. Before: "the best 0 run closed-loop:",
+    then nothing ran, rc 0."""
+    args = [
+        *SCREEN,
+        "model=tiny-llama",
+        "search.n_trials=4",
+        "search.skip_ratio=[0.05,0.1]",
+        f"results.root={tmp_path}",
+    ]
+    done = run_cli("run", *args)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and errors == [
+        "error: search.skip_ratio=[0.05, 0.1]: none of the 4 sets screened on tiny-llama skips a share of its "
+        "sublayers in that range, so none runs closed-loop; widen it, or screen more sets (search.n_trials)"
+    ], done.stderr[-3000:]

@@ -12,6 +12,7 @@ from sweep import progress
 from sweep.config import Config, compose
 from sweep.config.search import WITH_THE_SET, as_override, spaces
 from sweep.config.search_kinds import SkipSetSettings
+from sweep.errors import ConfigError
 from sweep.gates.skipset import Candidate
 from sweep.orchestrate.settings import Plan, merge, trial_config
 from sweep.orchestrate.searches.base import InWorker, Search, Selection, register
@@ -61,9 +62,16 @@ class SkipSetSearch(Search):
 
         figures = [f"predicted {v:.3f}x, acceptance length {a or float('nan'):.2f}" for v, a in found["screened"]]
         when = f"in {found['seconds']:.1f} s" if found["seconds"] is not None else "before (its study, read again)"
+        if not chosen:  # every set screened lies outside search.skip_ratio: nothing to measure, and not silently
+            ratio = plan.cfg.search.skip_ratio
+            raise ConfigError(
+                f"search.skip_ratio={list(ratio) if ratio is not None else None}: none of the {found['distinct']} "
+                f"sets screened on {found['model']} skips a share of its sublayers in that range, so none runs "
+                "closed-loop; widen it, or screen more sets (search.n_trials)"
+            )
         log.info(
             "skip-set screen: %d sets screened on %s %s; the best %d run closed-loop: %s",
-            plan.cfg.search.n_trials,
+            found.get("distinct", plan.cfg.search.n_trials),
             found["model"],
             when,
             len(chosen),
@@ -91,8 +99,10 @@ def screened(plan: Plan, device: str) -> dict | None:
     if study is None:
         return None
     cfg = _screen_config(plan.base, device)
-    if len(screened_sets(study, cfg.bench.draft_stop, cfg.bench.draft_len)) < cfg.search.n_trials:
-        return None
+    n = cfg.search.n_trials
+    if len(screened_sets(study, cfg.bench.draft_stop, cfg.bench.draft_len)) < n:
+        if int(study.user_attrs.get("screened_for", 0)) < n:  # (a space with fewer sets than n_trials ran its course)
+            return None
     return _answer(study, cfg, cfg.model.name or "model", None)
 
 
@@ -101,6 +111,8 @@ def _answer(study, cfg: Config, model: str, seconds: float | None) -> dict:
     draft_len) and each one's screen figures (predicted speedup, acceptance length)."""
     from sweep.orchestrate.searches.skipstudy import best_trials, candidate
 
+    from sweep.orchestrate.searches.skipstudy import screened_sets
+
     b = cfg.bench
     best = best_trials(study, cfg.search.closed_loop, b.draft_stop, b.draft_len)
     return {
@@ -108,6 +120,7 @@ def _answer(study, cfg: Config, model: str, seconds: float | None) -> dict:
         "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
         "seconds": seconds,
         "model": model,
+        "distinct": len(screened_sets(study, b.draft_stop, b.draft_len)),
     }
 
 

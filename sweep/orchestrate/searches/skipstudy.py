@@ -108,6 +108,9 @@ def search(
         seen[Candidate(skip.text(), stop, n)] = study.tell(trial, pred.speedup if pred.speedup is not None else 0.0)
         if progress is not None:
             progress(len(seen), n_trials)
+    # the study has run its course for n_trials (its distinct sets, or every proposal a space with fewer allows):
+    # a sweep continued with the same n_trials reads it, and screens nothing again
+    study.set_user_attr("screened_for", max(n_trials, int(study.user_attrs.get("screened_for", 0))))
     return study
 
 
