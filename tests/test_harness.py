@@ -225,3 +225,26 @@ def test_analyze_reports_accuracy_beside_agreement(tmp_path):
     assert "within 5% loss:" in verdicts
     for r in rows:
         assert f"{r['accuracy']:.3f} [{r['accuracy_lo']:.3f}, {r['accuracy_hi']:.3f}]" in report
+
+
+def test_a_harness_tasks_side_is_keyed_by_its_documents_not_by_the_files_beside_them(tmp_path):
+    """Before: only eval.harness_include's path was in the key (the documents edited, the stale side read); then,
+    briefly, every file under it (results written there made every trial measure the side afresh)."""
+    from sweep.tasks.evaluate import reference_key, task_data_digest
+    from sweep.tasks.harness import check_tasks
+
+    _mc(tmp_path)
+    args = ("eval.task=harness", "eval.harness_tasks=[tiny_mc]", f"eval.harness_include={tmp_path}")
+    cfg = compose(*args)
+    first = task_data_digest(cfg)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "row.parquet").write_bytes(b"a row written beside the task")
+    check_tasks.cache_clear()  # (a process reads a task set once)
+    assert task_data_digest(cfg) == first
+    data = [{"question": q, "choices": CHOICES, "label": (i + 1) % 3} for i, q in enumerate(QUESTIONS)]
+    body = "output_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_target: label\ndoc_to_choice: choices\n"
+    _task(tmp_path, "tiny_mc", data, body + "metric_list:\n  - metric: acc\n    aggregation: mean\n")
+    check_tasks.cache_clear()
+    assert task_data_digest(cfg) != first
+    lm = load(f"model={MODEL}")  # a harness task draws its few-shot examples from the seed: the seed is in the key
+    assert reference_key(cfg, lm) != reference_key(compose(*args, "seed=1"), lm)

@@ -164,6 +164,8 @@ def test_an_hf_directorys_hash_covers_its_tokenizer_files(tmp_path):
     (d / "merges.txt").write_text("#version: 0.2\n")
     third = content_hash()
     assert len({first, second, third}) == 3
+    (d / "README.txt").write_text("notes beside the model")  # no part of it
+    assert content_hash() == third
 
 
 def test_hf_bad_paths(tmp_path):

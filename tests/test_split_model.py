@@ -147,6 +147,24 @@ def test_a_flipped_byte_names_its_part(parts_root):
     _refused(split_config(parts, b"".join(BLOBS)), "part 2 of 3", "63 bytes, recorded 64")
 
 
+def test_the_depth_read_before_the_load_comes_only_from_a_first_part_as_recorded(parts_root, tmp_path):
+    """The header a gate is checked against before the load is the recorded first part's. Before: a damaged first
+    part's header was read as it was (a bogus depth refusing valid gates before the load could name the part)."""
+    from sweep.models import Shape, shape_before_load
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    whole = gguf.read_bytes()
+    mcfg = split_config(make_parts(parts_root, _thirds(whole)), whole)
+    importlib.invalidate_caches()
+    direct = load_model(compose("model=gguf", f"model.path={gguf}").model, device="cpu")
+    assert shape_before_load(mcfg) == Shape(direct.num_layers, direct.adapter.config.hidden_size)
+    first = parts_root / "sweeptestpart1" / "data" / "part.bin"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0x01  # past the header: the header still reads, the part is not the one recorded
+    first.write_bytes(bytes(data))
+    assert shape_before_load(mcfg) is None
+
+
 def test_a_link_or_fifo_in_place_of_a_part_is_refused_unread(parts_root, tmp_path):
     parts = make_parts(parts_root, BLOBS)
     target = parts_root / "sweeptestpart2" / "data" / "part.bin"

@@ -305,19 +305,6 @@ def test_a_stored_side_that_no_run_of_the_task_gives_is_measured_over(tmp_path, 
     assert all(0 <= s <= 1 for s in row["task_scores_full"])
 
 
-def test_a_tasks_data_is_in_its_sides_key(tmp_path):
-    """Before: only eval.harness_include's path was: a task's YAML or data edited there kept the stored side."""
-    from sweep.tasks.evaluate import task_data_digest
-
-    (tmp_path / "tiny.yaml").write_text("task: tiny\n")
-    (tmp_path / "data.jsonl").write_text('{"q": 1, "label": 0}\n')
-    cfg = compose("eval.task=harness", "eval.harness_tasks=[tiny]", f"eval.harness_include={tmp_path}")
-    before = task_data_digest(cfg)
-    (tmp_path / "data.jsonl").write_text('{"q": 1, "label": 1}\n')
-    assert task_data_digest(cfg) != before
-    assert task_data_digest(compose(*TASK)) == task_data_digest(compose(*TASK)) is not None  # HumanEval's file
-
-
 def test_the_loss_bar_and_batches_are_refused_where_they_would_change_nothing():
     """Before: the bar stopped nothing; a batch size batched nothing and made another trial id."""
     from sweep.errors import ConfigError
@@ -374,3 +361,16 @@ def test_sweep_analyze_says_the_accuracy_verdicts_and_names_a_stopped_setting(tm
     report = " ".join((tmp_path / "a" / "report" / "report.md").read_text().split())
     assert "(and 1 ok whose task stopped on its accuracy loss: the task section names them)" in report
     assert f"stopped: fixed exit_layer=2 min_layer=1 {row['trial_id']} after 2 problems" in report
+
+
+def test_a_stored_harness_side_of_a_metric_past_one_is_read_back():
+    """A harness metric may be any number (BLEU 0-100, a difference below 0). Before: such a side was stored, then
+    refused at every read and measured again ("a field of the wrong type, length or range")."""
+    from sweep.tasks import reference
+    from sweep.tasks.completions import Side
+
+    side = Side([42.5, -3.0], [], [], [4, 4], {}, "bleu_max")
+    reference.save("a harness key", side)
+    assert reference.load("a harness key") == side
+    reference.save("a pass@1 key", Side([1.0, 5.0], [], [], [4], {}, "pass@1"))
+    assert reference.load("a pass@1 key") is None  # pass@1 stays a fraction

@@ -153,14 +153,17 @@ def fingerprint_file(path: str | Path) -> str:
 
 # a model directory's files that decide what it computes: weights, configs, and the tokenizer's files (a BPE's
 # merges.txt, a SentencePiece model, a tiktoken file, the chat template transformers writes beside the config)
-MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".gguf", ".pt", ".txt", ".model", ".tiktoken", ".jinja")
+# (a .txt only where it is a tokenizer's: merges.txt, vocab.txt; a README.txt or a log is no part of the model)
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".gguf", ".pt", ".model", ".tiktoken", ".jinja")
+TOKENIZER_TEXTS = ("merges.txt", "vocab.txt")
 
 
 def fingerprint_dir(path: str | Path) -> str:
-    """Combined fingerprint of a model directory's config, weight and tokenizer files (``MODEL_FILE_SUFFIXES``)."""
+    """Combined fingerprint of a model directory's config, weight and tokenizer files (``MODEL_FILE_SUFFIXES``,
+    ``TOKENIZER_TEXTS``)."""
     h = hashlib.sha256()
     for f in sorted(Path(path).iterdir()):
-        if f.suffix in MODEL_FILE_SUFFIXES:
+        if f.suffix in MODEL_FILE_SUFFIXES or f.name in TOKENIZER_TEXTS:
             h.update(f.name.encode())
             h.update(fingerprint_file(f).encode())
     return "dir-sha256:" + h.hexdigest()

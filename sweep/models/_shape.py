@@ -69,7 +69,9 @@ def _gguf_path(mcfg: ModelConfig) -> Path | None:
     elif mcfg.source == "packaged" and mcfg.parts:
         from sweep.models._split import _locate
 
-        path = _locate(mcfg, 0)  # the header is at the start of the first part
+        path = _locate(mcfg, 0)  # the header is at the start of the first part: read only once it is the one recorded
+        if not _regular(path) or not _is_recorded(path, mcfg.parts[0]):
+            return None  # (the load names the part that is wrong)
     elif mcfg.source == "packaged" and mcfg.package and mcfg.file:
         spec = importlib.util.find_spec(mcfg.package)
         if spec is None or not spec.submodule_search_locations:
@@ -78,6 +80,19 @@ def _gguf_path(mcfg: ModelConfig) -> Path | None:
     else:
         return None
     return path if _regular(path) else None  # a FIFO or a device is never opened here
+
+
+def _is_recorded(path: Path, part) -> bool:
+    """Whether the file at ``path`` is of the part's recorded size and sha256."""
+    import hashlib
+
+    if os.stat(path).st_size != part.size:
+        return False
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            h.update(chunk)
+    return h.hexdigest() == part.sha256
 
 
 def _regular(path: Path) -> bool:
@@ -115,7 +130,7 @@ def gguf_shape(path: str | Path) -> Shape | None:
                 found[key] = value
             if arch is not None and {f"{arch}.block_count", f"{arch}.embedding_length"} <= found.keys():
                 layers, hidden = found[f"{arch}.block_count"], found[f"{arch}.embedding_length"]
-                if isinstance(layers, int) and isinstance(hidden, int) and layers > 0 and hidden > 0:
+                if all(type(v) is int and v > 0 for v in (layers, hidden)):  # (a bool is no count)
                     return Shape(layers, hidden)
                 return None
     return None

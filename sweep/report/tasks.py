@@ -55,25 +55,47 @@ def _several(frame: pl.DataFrame) -> set:
     return {(r["model"], r["task"]) for r in sets.filter(pl.col("n") > 1).iter_rows(named=True)}
 
 
-def _pick(r: dict) -> str:
-    """One target's pick: a setting whose speedup's interval lies above 1x, else what the interval says."""
-    lo, hi = r.get("speedup_lo"), r.get("speedup_hi")
-    said = f"{setting_name(r)}, {_speed(r)}, {r['task_metric']} {_acc(r)}"
-    if r["trial_id"] != FULL_DEPTH_ID and lo is not None and lo <= 1.0:
-        return f"none distinguishable from 1x (best: {said}; its speedup's interval [{lo:.3f}, {_num(hi)}] includes 1x)"
-    return said
+def _said(r: dict) -> str:
+    return f"{setting_name(r)}, {_speed(r)}, {r['task_metric']} {_acc(r)}"
+
+
+def _unsure(r: dict) -> bool:
+    """A setting whose speedup's bootstrap interval reaches 1x (full depth is 1x exactly)."""
+    return r["trial_id"] != FULL_DEPTH_ID and r.get("speedup_lo") is not None and r["speedup_lo"] <= 1.0
+
+
+def _pick(r: dict, sure: dict | None) -> str:
+    """One target's pick: the fastest setting within the loss; where its speedup's interval includes 1x, the fastest
+    whose interval lies above 1x (``sure``; full depth where none does), beside it."""
+    if not _unsure(r):
+        return _said(r)
+    why = f"{setting_name(r)} is faster by its point, {_speed(r)}, but its interval [{r['speedup_lo']:.3f}, "
+    why += f"{_num(r.get('speedup_hi'))}] includes 1x"
+    return f"{_said(sure) if sure is not None else 'full depth, 1.000x'} ({why})"
 
 
 def task_verdict_lines(ok: pl.DataFrame) -> list[str]:
-    """Per group: the best speedup within 1% and 5% accuracy loss (full depth when no setting beats it; no setting
-    whose speedup's bootstrap interval includes 1x, as the agreement verdicts judge)."""
+    """Per group: the best speedup within 1% and 5% accuracy loss (full depth when no setting beats it), judged as the
+    agreement verdicts judge: a setting whose speedup's bootstrap interval includes 1x is not the answer; the fastest
+    whose interval lies above it is (full depth where none does), the other named beside it."""
     targets = accuracy_targets(ok)
     if not targets.height:
         return []
+    sure_rows = task_trials(ok)
+    sure_rows = sure_rows.filter(pl.col("speedup_lo") > 1.0) if "speedup_lo" in sure_rows.columns else sure_rows
+    sure = {
+        (r["model"], r["task"], r["problem_set"], r["task_samples"], r["max_loss"]): r
+        for r in (accuracy_targets(sure_rows).iter_rows(named=True) if sure_rows.height else [])
+        if r["trial_id"] != FULL_DEPTH_ID
+    }
     lines, several = [], _several(targets)
     for _, group in targets.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True):
         first = group.row(0, named=True)
-        parts = [f"within {100 * r['max_loss']:.0f}% loss: {_pick(r)}" for r in group.iter_rows(named=True)]
+        parts = [
+            f"within {100 * r['max_loss']:.0f}% loss: "
+            + _pick(r, sure.get((r["model"], r["task"], r["problem_set"], r["task_samples"], r["max_loss"])))
+            for r in group.iter_rows(named=True)
+        ]
         full = first["accuracy_full"]
         vacuous = "; it solves none: no loss can show" if full == 0 else ""
         said = f"{_group(first, several)} ({first['task_metric']} {full:.3f} at full depth{vacuous}): "

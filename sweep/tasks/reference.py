@@ -2,13 +2,14 @@
 sweep or process with the same key reads it instead of decoding and scoring every problem again.
 
 The key is what the side depends on: the model's content hash, dtype and device, the seed where completions are
-sampled, the task's settings (``sweep.config.identity.EVAL_KEYS``) and the sandbox's timeout, the task's data (a
-digest of HumanEval's data file, or of the files under ``eval.harness_include``), the torch threads (a CPU matmul may
-sum in another order), torch's and transformers' versions, and the source of the code that decodes and scores it
-(this package's, ``sweep.decode``'s and ``sweep.models``' modules: a change there measures the side again). An entry
-holds its key and is read only from a regular file of bounded size whose fields have the types, lengths and ranges a
-side has (one score in [0, 1] per problem of the task, its samples' completions, pass@k in [0, 1] and pass@1 the
-mean score); anything else is measured over, with a warning, and replaced.
+sampled or a harness task draws its few-shot examples, the task's settings (``sweep.config.identity.EVAL_KEYS``) and
+the sandbox's timeout, the task's data (a digest of HumanEval's data file, or of each harness task's config and
+documents as the harness loads them), the torch threads (a CPU matmul may sum in another order), torch's and
+transformers' versions, and the source of the code that decodes and scores it (this package's, ``sweep.decode``'s
+and ``sweep.models``' modules: a change there measures the side again). An entry holds its key and is read only from
+a regular file of bounded size whose fields have the types, lengths and ranges a side has (one score per problem of
+the task, in [0, 1] for pass@1, its samples' completions, pass@k in [0, 1] and pass@1 the mean score); anything else
+is measured over, with a warning, and replaced.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 import logging
 import math
 import os
-import stat
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -50,24 +50,12 @@ def scorer_hash() -> str:
     return _SCORER
 
 
-def files_digest(paths: list[Path], cap: int = 256 * 2**20) -> str:
-    """A digest of the regular files at ``paths`` (their names and bytes, in name order; a file past ``cap`` bytes by
-    its size and modification time): what a task's data is, for the key."""
+def file_digest(path: Path) -> str:
+    """A digest of the bytes of the file at ``path`` (not its place: two installs of one file share it)."""
     h = hashlib.sha256()
-    for path in sorted(paths):
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        h.update(str(path).encode())
-        if st.st_size > cap:
-            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
-            continue
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(2**20), b""):
-                h.update(chunk)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            h.update(chunk)
     return h.hexdigest()[:16]
 
 
@@ -136,8 +124,9 @@ def _side(record, key: str, problems: int | None = None, samples: int | None = N
         and any(isinstance(c, list) and len(c) != samples for c in completions)
     ):
         return f"a problem without {samples} completions (eval.samples)"
+    bounded = metric == "pass@1"  # a fraction; a harness metric may be any number (BLEU, a difference)
     checks = (
-        n >= 1 and all(_number(x) and 0 <= x <= 1 for x in scores),
+        n >= 1 and all(_number(x) and (not bounded or 0 <= x <= 1) for x in scores),
         completions == [] or _nested(completions, n, str, depth=2),  # a harness task keeps no completions
         tokens == [] or _nested(tokens, n, int, depth=3),
         isinstance(exits, list) and all(_int(x) and x >= 0 for x in exits),
