@@ -227,6 +227,7 @@ def test_analyze_reports_accuracy_beside_agreement(tmp_path):
         assert f"{r['accuracy']:.3f} [{r['accuracy_lo']:.3f}, {r['accuracy_hi']:.3f}]" in report
 
 
+@pytest.mark.slow  # the harness loads its task three times (25 s)
 def test_a_harness_tasks_side_is_keyed_by_its_documents_not_by_the_files_beside_them(tmp_path):
     """Before: only eval.harness_include's path was in the key (the documents edited, the stale side read); then,
     briefly, every file under it (results written there made every trial measure the side afresh)."""

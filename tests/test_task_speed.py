@@ -317,6 +317,7 @@ def test_the_loss_bar_and_batches_are_refused_where_they_would_change_nothing():
     assert compose(*TASK, "eval.batch_size=4").eval.batch_size == 4
 
 
+@pytest.mark.slow  # five interpreters hash a copy of the package (10 s)
 def test_the_code_that_decodes_a_side_is_in_its_key(tmp_path):
     """A copy of the package with one decoder module changed hashes otherwise. Before: only sweep/tasks' modules
     (and not all of them) were hashed: a change to the engine kept the stored side."""
