@@ -37,6 +37,7 @@ from sweep.analysis._pareto import (
     pareto_front,
 )
 from sweep.analysis._screen import comparison, distinct_simulated, gap_by_gate
+from sweep.analysis._tasks import KEYS as TASK_KEYS
 from sweep.analysis._tasks import (
     LOSS_TARGETS,
     accuracy_front,
@@ -64,6 +65,7 @@ __all__ = [
     "accuracy_targets",
     "task_eas",
     "setting_name",
+    "TASK_KEYS",
     "stopped_task_rows",
     "task_trials",
     "agreement_interval",

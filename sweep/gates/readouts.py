@@ -163,13 +163,9 @@ def check_readouts_file(path, key: str, shape: tuple[int, int] | None = None) ->
     otherwise. Its content (the digest) and its fit to the loaded model are checked when it loads
     (``load_readouts``)."""
     meta, _ = _read_readouts(path, key, tensors=False)
-    if shape is not None and _meta_problem(meta) is None:
-        fitted = (int(meta["num_layers"]), int(meta["hidden"]))
-        if fitted != tuple(shape):
-            raise ConfigError(
-                f"{key}={path}: fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {shape[0]} x "
-                f"{shape[1]}"
-            )
+    problem = None if shape is None or _meta_problem(meta) is not None else _fit_problem(meta, *shape)
+    if problem:
+        raise ConfigError(f"{key}={path}: {problem}")
 
 
 def _read_readouts(path, key: str, *, tensors: bool = True) -> tuple[dict, dict]:
@@ -243,13 +239,22 @@ def _is_digest(value) -> bool:
     return isinstance(value, str) and re.fullmatch("[0-9a-f]{64}", value) is not None
 
 
+def _fit_problem(meta: dict, num_layers: int, hidden: int) -> str | None:
+    """Why readouts of metadata ``meta`` (checked by ``_meta_problem``) do not fit a model of ``num_layers`` x
+    ``hidden``; None when they do."""
+    fitted = (int(meta["num_layers"]), int(meta["hidden"]))
+    if fitted != (num_layers, hidden):
+        return f"fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {num_layers} x {hidden}"
+    return None
+
+
 def _shape_problem(weights: dict, meta: dict, num_layers: int, hidden: int) -> str | None:
     problem = _meta_problem(meta)
     if problem:
         return problem
-    fitted = (int(meta["num_layers"]), int(meta["hidden"]))
-    if fitted != (num_layers, hidden):
-        return f"fitted to {fitted[0]} layers x {fitted[1]} hidden, the model has {num_layers} x {hidden}"
+    problem = _fit_problem(meta, num_layers, hidden)
+    if problem:
+        return problem
     n = num_layers - 1
     expected = dict(zip(TENSORS, [(n, hidden, hidden), (n, hidden), *[(n, hidden + 2), (n,)] * len(LENSES)]))
     bad = [f"{k} {tuple(weights[k].shape)}" for k, shape in expected.items() if tuple(weights[k].shape) != shape]

@@ -57,7 +57,7 @@ class SkipSet:
 
     @classmethod
     def parse(cls, text: str) -> SkipSet:
-        """The set a text names; ValueError (saying what is allowed) when it does not parse."""
+        """The set a text names; ValueError (saying what is wrong with it) when it does not parse."""
         if not isinstance(text, str):
             raise ValueError(f"not a text: {text!r}")
         if text.strip().startswith("file:"):
@@ -71,7 +71,7 @@ class SkipSet:
         for item in body.replace(",", "+").split("+"):
             match = _ITEM.match(item)
             if match is None:
-                raise ValueError(f"'{item}' is not an item of {GRAMMAR}")
+                raise ValueError(f"'{item}' is not an item")  # (the grammar is the key's allowed text)
             kind, lo, hi = match.group(1), int(match.group(2)), int(match.group(3) or match.group(2))
             if lo < 1 or hi < lo:
                 raise ValueError(f"'{item}': layers are 1-indexed and a range runs upwards")

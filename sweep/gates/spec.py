@@ -76,9 +76,7 @@ def _skip_set_problem(v: Any) -> str | None:
     try:
         SkipSet.parse(v)
     except ValueError as exc:
-        return str(exc).split(" is not an item of ")[0] + (
-            " is not an item" if " is not an item of " in str(exc) else ""
-        )
+        return str(exc)
     return None
 
 
@@ -205,8 +203,8 @@ def check_value(spec: GateSpec, param: str, value: Any, key: str) -> None:
         return
     domain = spec.domain(param)
     if not domain.check(value):  # each domain checks its type too (a bool is neither an int nor a float here)
-        why = getattr(domain.check, "why", None)  # a check that can say what is wrong with the value
-        said = f" ({why(value)})" if why is not None and why(value) else ""
+        why = getattr(domain.check, "why", lambda _: None)(value)  # a check that can say what is wrong with it
+        said = f" ({why})" if why else ""
         raise ConfigError(f"{key}={value}: must be {domain.allowed} for gate={spec.name}{said}")
 
 

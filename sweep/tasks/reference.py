@@ -50,15 +50,6 @@ def scorer_hash() -> str:
     return _SCORER
 
 
-def file_digest(path: Path) -> str:
-    """A digest of the bytes of the file at ``path`` (not its place: two installs of one file share it)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(2**20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
-
-
 _SCORER: str | None = None
 
 
