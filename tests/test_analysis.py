@@ -385,6 +385,38 @@ def test_verdicts_follow_each_modes_own_evidence():
     assert verdict(FULL, 8, None).startswith("no setting reaches agreement >=")
 
 
+def test_an_unsure_pick_gives_way_to_the_fastest_setting_distinguishable_from_1x():
+    """The verdict's pick at its target is the fastest setting; where its speedup's interval includes 1x, the answer
+    is the fastest slower setting whose interval lies above 1x (sought past the first few candidates), else none."""
+    from sweep.report.build import sure_at, targets_at
+    from sweep.report.verdicts import model_verdicts
+    from sweep.store import TABLES
+
+    base = [[10.0, 10.0]] * 3
+    noisy = [[5.0, 5.0], [20.0, 20.0], [20 / 3, 20 / 3]]  # round ratios 2, 0.5, 1.5: 1.5x, interval [0.5, 2]
+    rows = [timed_row(f"noisy{i}", base, [[g * (1 + i / 100) for g in r] for r in noisy]) for i in range(9)]
+    steady = timed_row("steady", base, [[8.0, 8.0]] * 3)  # 1.25x every round: its interval lies above 1x
+    conf = {"metric": "speedup_wall", "n_boot": 1000, "seed": 0, "min_prompts": 2}
+
+    def said(*rows):
+        trials = frame(*rows)
+        typed = [pl.lit(None, dtype=c.dtype).alias(c.name) for c in TABLES["trials"].columns]
+        trials = trials.with_columns(c for c in typed if c.meta.output_name() not in trials.columns)
+        ok = ok_trials(trials, "speedup_wall").collect()
+        targets = targets_at(ok, (0.98,), conf)
+        settings = targets_at(ok, (0.98,), conf, reference=False)
+        sure = sure_at(ok, targets, 0.98, conf)
+        return model_verdicts(trials, targets, settings, 2, target=0.98, sure=sure)[0]
+
+    line = said(*rows, steady)
+    assert line.startswith("m: agreement >= 0.98 with a speedup: saturation eps=0.1 min_layer=2, speedup_wall 1.250x")
+    assert "(the fastest there, saturation eps=0.1 min_layer=2, speedup_wall 1.500x" in line
+    assert "but its interval includes 1x" in line and "no gate reaches" not in line
+    alone = said(*rows)
+    assert alone.startswith("m: no gate reaches agreement >= 0.98 with a speedup distinguishable from 1x")
+    assert "no slower setting's lies above 1x" in alone
+
+
 def bench_rows(root, *gates):
     for gate in gates:
         assert (

@@ -127,6 +127,7 @@ def compute(cfg, prepared) -> ReportContext:
     knees = knees_table(front, min_agreement=a.knee_min_agreement) if front.height else pl.DataFrame()
     targets = targets_at(ok, tuple(a.targets), conf)
     settings = targets_at(ok, tuple(a.targets), conf, reference=False)  # the best setting, beating full depth or not
+    sure = sure_at(ok, targets, headline_target(a.targets), conf)  # where the pick's interval reaches 1x
     ok = _front_intervals(ok, front)  # (after the targets: theirs are bootstrapped for their picks)
     return ReportContext(
         root=root,
@@ -140,6 +141,7 @@ def compute(cfg, prepared) -> ReportContext:
         alpha=cfg.eas.alpha,
         min_prompts=a.ci_min_prompts,
         settings=settings,
+        sure=sure,
         floors=noise_floors(ok, a.speedup, a.floor_target) if ok.height else pl.DataFrame(),
         knee_min_agreement=a.knee_min_agreement,
         headline=headline_target(a.targets),
@@ -278,6 +280,35 @@ def targets_at(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict, *, refe
         .select(_declared_names("targets"))
         .sort("model", "target")
     )
+
+
+def sure_at(ok: pl.DataFrame, targets: pl.DataFrame, target: float, conf: dict) -> pl.DataFrame:
+    """Per model whose pick at ``target`` in ``targets`` is a setting whose speedup's interval reaches 1x: the fastest
+    other setting at that agreement whose interval lies above 1x, ranked as the targets table ranks, its interval
+    bootstrapped (the candidates in that order, a few at a time, until one is). Models with none are absent."""
+    if not targets.height or "speedup_lo" not in targets.columns:
+        return pl.DataFrame()
+    unsure = targets.filter(
+        (pl.col("target") == target) & (pl.col("trial_id") != FULL_DEPTH_ID) & (pl.col("speedup_lo") <= 1.0)
+    )
+    metric, found = conf["metric"], []
+    ci = [c for c in CI_COLUMNS if c in ok.columns]
+    for pick in unsure.iter_rows(named=True):
+        candidates = ok.filter(
+            (pl.col("model") == pick["model"])
+            & (pl.col("agreement") >= target)
+            & (pl.col("speedup") > 1.0)
+            & (pl.col("trial_id") != pick["trial_id"])
+        ).sort(["speedup", metric, "agreement", "trial_id"], descending=[True, True, True, False])
+        for start in range(0, candidates.height, 8):
+            sure = with_confidence(candidates.slice(start, 8).drop(ci), **conf).filter(pl.col("speedup_lo") > 1.0)
+            if sure.height:
+                found.append(sure.head(1))
+                break
+    if not found:
+        return pl.DataFrame()
+    sure = pl.concat(found, how="diagonal_relaxed")
+    return sure.with_columns(params=pl.Series([params_text(r) for r in sure.iter_rows(named=True)], dtype=pl.String))
 
 
 def _declared_names(table: str) -> list[str]:

@@ -27,6 +27,8 @@ class ReportContext:
     alpha: float  # eas.alpha
     min_prompts: int  # analysis.ci_min_prompts
     settings: pl.DataFrame = field(default_factory=pl.DataFrame)  # the best setting per target, full depth aside
+    # per model whose headline pick's speedup interval reaches 1x: the fastest setting there whose interval is above
+    sure: pl.DataFrame = field(default_factory=pl.DataFrame)
     floors: pl.DataFrame = field(default_factory=pl.DataFrame)  # the A/A noise floor per model (noise_floors)
     knee_min_agreement: float = 0.9  # analysis.knee_min_agreement
     # the verdicts' agreement target (``plotting.headline_target`` of analysis.targets)

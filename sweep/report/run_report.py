@@ -202,7 +202,7 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     import polars as pl
 
     from sweep.analysis import load_trials, ok_trials
-    from sweep.report.build import targets_at
+    from sweep.report.build import sure_at, targets_at
     from sweep.report.plotting import headline_target
     from sweep.report.verdicts import model_verdicts
 
@@ -213,8 +213,16 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     target = headline_target(analysis.targets)
     targets = targets_at(ok, (target,), conf)
     settings = targets_at(ok, (target,), conf, reference=False)
+    sure = sure_at(ok, targets, target, conf)
     return model_verdicts(
-        trials, targets, settings, analysis.ci_min_prompts, noun="settings", target=target, metric=analysis.speedup
+        trials,
+        targets,
+        settings,
+        analysis.ci_min_prompts,
+        noun="settings",
+        target=target,
+        metric=analysis.speedup,
+        sure=sure,
     )
 
 

@@ -22,7 +22,9 @@ def verdicts(ctx: ReportContext) -> list[str]:
     trials = ctx.trials
     models = sorted(set(trials["model"].unique().to_list()) if trials.height else set())
     metric = ctx.ok["speedup_metric"][0] if ctx.ok.height else "speedup_wall"
-    lines = model_verdicts(trials, ctx.targets, ctx.settings, ctx.min_prompts, target=ctx.headline, metric=metric)
+    lines = model_verdicts(
+        trials, ctx.targets, ctx.settings, ctx.min_prompts, target=ctx.headline, metric=metric, sure=ctx.sure
+    )
     if ctx.profiles is not None:
         for model in sorted(set(ctx.eas["model"].to_list()) - set(models)):
             e = {r["variant"]: r["eas"] for r in ctx.eas.filter(pl.col("model") == model).iter_rows(named=True)}
@@ -40,10 +42,13 @@ def model_verdicts(
     noun: str = "trials",
     target: float = HEADLINE_TARGET,
     metric: str = "speedup_wall",
+    sure: pl.DataFrame | None = None,
 ) -> list[str]:
     """One line per model of ``trials``: ``verdict`` on its pick in ``targets`` (full depth among the
-    candidates) and its best setting in ``settings`` at agreement ``target``, and its count of ok ``noun`` that the
-    tables judge (``counted`` on ``metric``: a row left out for a non-finite or non-positive speedup is not)."""
+    candidates), its best setting in ``settings`` at agreement ``target`` and, where the pick's interval reaches 1x,
+    the fastest setting there whose interval lies above it (``sure``, ``build.sure_at``), and its count of ok
+    ``noun`` that the tables judge (``counted`` on ``metric``: a row left out for a non-finite or non-positive speedup
+    is not)."""
     from sweep.analysis import counted
 
     lines = []
@@ -53,10 +58,12 @@ def model_verdicts(
             lines.append(f"{model}: no ok {noun} to judge")
             continue
         best, setting = _at(targets, model, target), _at(settings, model, target)
+        above = sure.filter(pl.col("model") == model) if sure is not None and sure.height else None
         if best is None or best["trial_id"] is None:
             lines.append(f"{model}: no gate reaches agreement >= {target} ({n_ok} ok {noun})")
             continue
-        lines.append(f"{model}: {verdict(best, min_prompts, setting, target)} ({n_ok} ok {noun})")
+        above = above.row(0, named=True) if above is not None and above.height else None
+        lines.append(f"{model}: {verdict(best, min_prompts, setting, target, above)} ({n_ok} ok {noun})")
     return lines
 
 
@@ -67,10 +74,13 @@ def _at(table: pl.DataFrame, model: str, target: float) -> dict | None:
     return rows.row(0, named=True) if rows.height else None
 
 
-def verdict(best: dict, min_prompts: int, setting: dict | None = None, target: float = HEADLINE_TARGET) -> str:
+def verdict(
+    best: dict, min_prompts: int, setting: dict | None = None, target: float = HEADLINE_TARGET, sure: dict | None = None
+) -> str:
     """One sentence on the best at the headline target, from the figures its table row shows (the
     ranked speedup and its interval). ``best`` full depth (``FULL_DEPTH_ID``): no setting beats it, and
-    ``setting`` (the best setting there, if any) says why, in the terms of its own evidence."""
+    ``setting`` (the best setting there, if any) says why, in the terms of its own evidence. ``best`` a setting whose
+    interval includes 1x: the answer is ``sure``, the fastest there whose interval lies above 1x, if any."""
     head = f"agreement >= {target}"
     if best["trial_id"] == FULL_DEPTH_ID:
         if setting is None or setting.get("trial_id") is None:
@@ -83,8 +93,12 @@ def verdict(best: dict, min_prompts: int, setting: dict | None = None, target: f
     lo = best.get("speedup_lo")
     if lo is None or lo > 1.0:
         return f"{head} with a speedup: {what}"
+    unsure = f"{what}, is faster by its point, but its interval includes 1x"
+    if sure is not None:
+        return f"{head} with a speedup: {_what(sure, min_prompts)} (the fastest there, {unsure})"
     return (
-        f"no gate reaches {head} with a speedup distinguishable from 1x (best there: {what}; the interval includes 1x)"
+        f"no gate reaches {head} with a speedup distinguishable from 1x (the fastest there, {unsure}; no slower "
+        "setting's lies above 1x)"
     )
 
 
