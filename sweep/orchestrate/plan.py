@@ -21,7 +21,7 @@ from sweep.config import Config, override_key, read_overrides
 from sweep.errors import ConfigError, first_line
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
-from sweep.config.search import check_search
+from sweep.config.search import check_given, check_search
 from sweep.orchestrate.searches import search_for
 from sweep.orchestrate.settings import GridTrials, Plan
 
@@ -36,6 +36,7 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
 
     check_search(cfg.search)  # (sweep.storage is checked a path when the config is validated)
     search = search_for(cfg.search)  # its kind known and its own keys checked
+    check_given(cfg.search, {override_key(o) for o in overrides if "=" in o and not o.startswith("~")})
     run_id = cfg.run_id or new_run_id()
     root = Path(cfg.results.root).expanduser().resolve()
     cfg = dataclasses.replace(cfg, results=dataclasses.replace(cfg.results, root=str(root)))
