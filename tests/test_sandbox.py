@@ -133,9 +133,11 @@ attempt("netlink uevent", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_R
 attempt("fork", os.fork)
 attempt("subprocess", lambda: subprocess.run(["true"], check=True))
 attempt("thread", lambda: (lambda t: (t.start(), t.join()))(threading.Thread(target=int)))
+attempt("openpty", lambda: [os.close(fd) for fd in os.openpty()])
 context = ctypes.c_ulong(0)
 for name, nr, args in (("add_key", 248, (b"user", b"left-behind", b"x", 1, -2)), ("io_uring", 425, (4, None)),
-                       ("io_setup", 206, (8, ctypes.byref(context))), ("inotify", 294, (0,))):
+                       ("io_setup", 206, (8, ctypes.byref(context))), ("inotify", 294, (0,)),
+                       ("setns", 308, (-1, 0)), ("unshare", 272, (0x10000000,))):  # (last: a user namespace)
     said[name] = "made" if libc.syscall(nr, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
 print(json.dumps(said))
 """
@@ -146,15 +148,35 @@ def test_what_the_namespaces_leave_shared_is_refused_and_the_rest_works(machine)
     """What the namespaces and cgroups leave shared with the machine is refused: vsock (its ports are the
     machine's), inet sockets (loopback buffers escape a cgroup v1 memory limit), netlink but route (uevent sees the
     machine's devices), fork (a child runs on through the check: a search over answers), the kernel's keys (they
-    outlive the program), native AIO (the machine's quota), inotify (it watches the machine's files), io_uring. Unix
+    outlive the program), native AIO (the machine's quota), inotify (it watches the machine's files), io_uring,
+    namespaces of its own (a network namespace's memory escapes the cgroup), ptys (the machine's pool). Unix
     sockets, subprocess and threads work; a system call of another ABI (x32) kills the program."""
     said = json.loads(machine(run_program(CALLS, LIMITS)).stdout)
     assert said == {"AF_UNIX": "made", "AF_INET": "EAFNOSUPPORT", "AF_INET6": "EAFNOSUPPORT",
                     "AF_VSOCK": "EAFNOSUPPORT", "socketpair": "made", "netlink route": "made",
                     "netlink uevent": "EPROTONOSUPPORT", "fork": "EPERM", "subprocess": "made", "thread": "made",
-                    "add_key": "EPERM", "io_uring": "EPERM", "io_setup": "EPERM", "inotify": "EPERM"}  # fmt: skip
+                    "add_key": "EPERM", "io_uring": "EPERM", "io_setup": "EPERM", "inotify": "EPERM",
+                    "unshare": "EPERM", "setns": "EPERM", "openpty": "ENOENT"}  # fmt: skip
     x32 = machine(_ends_failed("import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\nprint('ran on')\n"))
     assert x32.returncode == 128 + signal.SIGSYS and "ran on" not in x32.stdout
+
+
+CYCLE = """
+import array, socket
+a, b = socket.socketpair()
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [a.fileno(), b.fileno(), 1, 2]))])
+print("in flight", flush=True)
+"""
+
+
+def test_output_kept_open_past_the_programs_end_is_read_and_its_pipes_closed(machine):
+    """A program that sends its stdout and stderr over a unix socket that holds itself keeps their write ends open
+    after it ends (until the kernel collects unreachable sockets, when some other unix socket closes): its output is
+    read all the same, and the caller keeps no reader thread and no descriptor of it."""
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    outcome = machine(run_program(CYCLE, LIMITS))
+    assert outcome.stdout == "in flight\n"
+    assert (len(os.listdir("/proc/self/fd")), threading.active_count()) == (fds, threads)
 
 
 SPINNERS = """
@@ -669,9 +691,9 @@ def _decide(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> i
     "machine_name, arch, numbers",
     [
         ("x86_64", 0xC000003E, {"socket": 41, "clone": 56, "fork": 57, "clone3": 435, "keyctl": 250, "io_setup": 206,
-                                "read": 0, "write": 1, "vfork": 58}),
+                                "read": 0, "write": 1, "vfork": 58, "unshare": 272, "setns": 308}),
         ("aarch64", 0xC00000B7, {"socket": 198, "clone": 220, "clone3": 435, "keyctl": 219, "io_setup": 0,
-                                 "read": 63, "write": 64}),
+                                 "read": 63, "write": 64, "unshare": 97, "setns": 268}),
     ],
 )  # fmt: skip
 def test_the_filter_decides_as_its_table_says_on_each_machine(machine_name, arch, numbers):
@@ -691,6 +713,9 @@ def test_the_filter_decides_as_its_table_says_on_each_machine(machine_name, arch
     assert call("socket", 16, 3, 15) == 0x00050000 | 93  # netlink uevent: EPROTONOSUPPORT
     assert call("clone", 0x11) == eperm and call("clone", 0x100 | 0x4000 | 0x11) == allow  # fork-like; vfork-like
     assert call("clone3") == 0x00050000 | 38 and call("keyctl") == eperm and call("io_setup") == eperm
+    assert call("unshare", 0x40000000) == eperm and call("setns", 3, 0) == eperm
+    for flag in (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000):  # each CLONE_NEW*
+        assert call("clone", 0x100 | 0x4000 | 0x11 | flag) == eperm  # even beside CLONE_VM
     assert _decide(program, numbers["read"], 0x40000003) == 0x80000000  # another architecture's call: killed
     if machine_name == "x86_64":
         assert call("fork") == eperm and call("vfork") == allow

@@ -79,6 +79,8 @@ class Plan:
                 args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--ro-bind", self.prefix, self.prefix]
         args += ["--ro-bind", str(JAIL), INSIDE, "--dev", "/dev", "--proc", "/proc"]
+        # no ptys: --dev's devpts draws on the machine's pool (kernel.pty.max; a program held 900 of them)
+        args += ["--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts"]
         for path in PRIVATE:
             args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", path]
         args += ["--remount-ro", "/", "--chdir", "/tmp", "--", self.python, "-I", "-S", "-B", INSIDE, *map(str, fds)]
@@ -90,12 +92,13 @@ class Plan:
         )
         memory += ", cpu cgroup (one share)" if "cpu" in cgroups else ", no cpu cgroup"
         calls = (
-            "system-call filter (sockets but unix and netlink route, fork, keys, aio, inotify, io_uring, bpf, perf)"
+            "system-call filter (sockets but unix and netlink route, fork, namespaces, keys, aio, inotify, io_uring, "
+            "bpf, perf)"
             if _seccomp.supported()
             else f"no system-call filter ({platform.machine()})"
         )
         return (
-            f"bubblewrap {self.version} (read-only /usr and /etc, private /tmp /var/tmp /dev/shm, fresh /proc; "
+            f"bubblewrap {self.version} (read-only /usr and /etc, private /tmp /var/tmp /dev/shm, fresh /proc, no ptys; "
             f"network, pid, ipc and uts namespaces), {calls}, {memory}"
         )
 

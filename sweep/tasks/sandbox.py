@@ -16,6 +16,7 @@ import concurrent.futures
 import marshal
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -267,11 +268,15 @@ def _send(fd: int, data: bytes) -> None:
 
 
 def _watch(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | None, bytearray, bytearray]:
-    """Until it ends, its output passes the cap, or its time is up: which (None: it ended), and its output."""
-    over = threading.Event()
+    """Until it ends, its output passes the cap, or its time is up: which (None: it ended), and its output.
+
+    Once it has ended (killed, if need be), what its pipes hold is read and they are closed, whether or not their
+    write ends are: a program can keep them open past its end (sent over a unix socket that holds itself, which
+    only the kernel's collection of unreachable sockets frees, whenever some other unix socket closes)."""
+    over, ended = threading.Event(), threading.Event()
     out, err = bytearray(), bytearray()
     readers = [
-        threading.Thread(target=_drain, args=(stream, buf, limits.output_bytes, over), daemon=True)
+        threading.Thread(target=_drain, args=(stream, buf, limits.output_bytes, over, ended), daemon=True)
         for stream, buf in ((proc.stdout, out), (proc.stderr, err))
     ]
     for r in readers:
@@ -287,22 +292,36 @@ def _watch(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | Non
             break
         over.wait(0.005)
     _kill(proc)
+    ended.set()
     for r, stream in zip(readers, (proc.stdout, proc.stderr)):
-        r.join(timeout=5)
-        if not r.is_alive():
-            stream.close()
+        r.join()  # (each returns within DRAIN_S of ``ended``)
+        stream.close()
     return status, out, err
 
 
-def _drain(stream, buf: bytearray, cap: int, over: threading.Event) -> None:
-    """Read ``stream`` to its end, keeping the first ``cap`` bytes; past them, say so (the program is killed)."""
+DRAIN_S = 1.0  # after the program's end, the longest its pipes are read on (a dead program writes nothing more)
+
+
+def _drain(stream, buf: bytearray, cap: int, over: threading.Event, ended: threading.Event) -> None:
+    """Read ``stream`` to its end, or, once ``ended`` is set, until it holds nothing or DRAIN_S has passed, keeping
+    the first ``cap`` bytes; past them, say so (the program is killed)."""
+    fd, poller, stop = stream.fileno(), select.poll(), None
+    poller.register(fd, select.POLLIN)
     while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        if ended.is_set():
+            stop = stop or time.monotonic() + DRAIN_S
+            if time.monotonic() >= stop:
+                return
+        if not poller.poll(50):  # nothing to read for 50 ms
+            if ended.is_set():
+                return
+            continue
+        chunk = os.read(fd, 65536)
         if not chunk:
             return
         if len(buf) < cap:
             buf.extend(chunk[: cap - len(buf)])
-        if len(buf) >= cap and chunk:
+        if len(buf) >= cap:
             over.set()
 
 
