@@ -98,8 +98,8 @@ class Plan:
             else f"no system-call filter ({platform.machine()})"
         )
         return (
-            f"bubblewrap {self.version} (read-only /usr and /etc, private /tmp /var/tmp /dev/shm, fresh /proc, no ptys; "
-            f"network, pid, ipc and uts namespaces), {calls}, {memory}"
+            f"bubblewrap {self.version} (read-only /usr and /etc, private /tmp /var/tmp /dev/shm, fresh /proc, "
+            f"no ptys; network, pid, ipc and uts namespaces), {calls}, {memory}"
         )
 
 
