@@ -556,6 +556,13 @@ def test_a_bad_published_skip_set_is_one_line(tmp_path, content, says):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_published_sets_path_with_an_unset_variable_is_named_as_such(tmp_path, monkeypatch):
+    """As every path a user names: an environment variable that is not set is said, not "no such file"."""
+    monkeypatch.delenv("SKIP_SET_DIR_UNSET", raising=False)
+    with pytest.raises(ConfigError, match=r"file:\$SKIP_SET_DIR_UNSET/s.json: the environment variable SKIP_SET_DIR"):
+        compose("model=tiny-llama", "gate=skip", "gate.skip=file:$SKIP_SET_DIR_UNSET/s.json", "bench.mode=self_speculative")
+
+
 def test_a_published_set_is_named_only_where_the_file_names_sets_and_a_path_may_hold_an_at(tmp_path):
     """A file of one unnamed set given @NAME picked nothing (the name was dropped); a directory holding '@' is a
     path, not a name."""

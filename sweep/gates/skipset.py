@@ -89,10 +89,13 @@ class SkipSet:
         ``userfiles.MAX_DEPTH`` deep is read (a FIFO or a device is never opened). A file that cannot be read or does
         not hold a skip set is one ConfigError line."""
         from sweep.errors import ConfigError, first_line
-        from sweep.userfiles import expand, read_json
+        from sweep.userfiles import expand, read_json, unset
 
         import os
 
+        missing = unset(where)
+        if missing:
+            raise ConfigError(f"gate.skip=file:{where}: the environment variable {missing[0]} is not set")
         # PATH@NAME at the last '@', unless the whole names a file (a path holding '@')
         path, _, name = where.rpartition("@") if "@" in where and not os.path.isfile(expand(where)) else (where, "", "")
         key = f"gate.skip=file:{where}"
