@@ -560,7 +560,8 @@ def test_a_published_sets_path_with_an_unset_variable_is_named_as_such(tmp_path,
     """As every path a user names: an environment variable that is not set is said, not "no such file"."""
     monkeypatch.delenv("SKIP_SET_DIR_UNSET", raising=False)
     with pytest.raises(ConfigError, match=r"file:\$SKIP_SET_DIR_UNSET/s.json: the environment variable SKIP_SET_DIR"):
-        compose("model=tiny-llama", "gate=skip", "gate.skip=file:$SKIP_SET_DIR_UNSET/s.json", "bench.mode=self_speculative")
+        skip = "gate.skip=file:$SKIP_SET_DIR_UNSET/s.json"
+        compose("model=tiny-llama", "gate=skip", skip, "bench.mode=self_speculative")
 
 
 def test_a_published_set_is_named_only_where_the_file_names_sets_and_a_path_may_hold_an_at(tmp_path):
