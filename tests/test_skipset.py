@@ -83,6 +83,26 @@ def test_a_grid_of_relative_skip_set_files_runs_where_its_workers_run(tmp_path):
     assert sorted(rows["skip"].to_list()) == ["a1", "a2+m2"] and set(rows["status"]) == {"ok"}
 
 
+@pytest.mark.ray
+def test_an_optuna_search_over_relative_skip_set_files_runs_where_its_workers_run(tmp_path):
+    """As a grid's: Optuna's drawn `file:two.json` is read where `sweep run` ran. Before: each worker composed the
+    raw path in its own directory ("a setting could not be composed ... no such file") and the set had no row."""
+    import json
+
+    from sweep.store import read
+
+    (tmp_path / "one.json").write_text(json.dumps({"attention": [1], "mlp": []}))
+    (tmp_path / "two.json").write_text(json.dumps({"attention": [], "mlp": [1]}))
+    sets = "gate.skip: 'choice(file:one.json, file:two.json)'"
+    space = f"search.spaces=[{{gate: skip, bench.mode: self_speculative, {sets}}}]"
+    args = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"]
+    args += ["search=optuna-constrained", "search.n_trials=2", space, "results.root=r"]
+    done = run_cli("run", *args, cwd=tmp_path)
+    assert done.returncode == 0 and "could not be composed" not in done.stderr, done.stderr[-3000:]
+    rows = read("trials", tmp_path / "r")
+    assert set(rows["skip"].to_list()) == {"a2", "m2"} and set(rows["status"]) == {"ok"}
+
+
 def hand_built(lm, skip: SkipSet):
     """A copy of the model with the skipped sublayers' output projections zeroed: they add nothing."""
     model = copy.deepcopy(lm.model)

@@ -77,6 +77,22 @@ def read_path(key: str, text: str) -> str:
     return str(path.resolve())
 
 
+def read_value(key: str, value):
+    """A setting's value as this process reads it, for a worker that composes it in a directory of its own: a path
+    key's path read (``read_path``; ``model.path`` only where it names a path, not a hub id), a published skip set's
+    path (``gate.skip=file:PATH``) made absolute here with ``~`` and set variables expanded; any other value as it
+    is."""
+    from sweep.userfiles import expand
+
+    if not isinstance(value, str):
+        return value
+    if key in PATH_KEYS and (key != "model.path" or names_a_path(value) or os.path.exists(value)):
+        return read_path(key, value)
+    if key == "gate.skip" and value.strip().startswith("file:"):
+        return "file:" + os.path.abspath(expand(value.strip()[len("file:") :]))
+    return value
+
+
 def read_paths(cfg: Config) -> Config:
     """``cfg`` with every path it holds (``PATH_KEYS``) read once (``read_path``: expanded, absolute, resolved), the
     path every command then checks and writes; ``model.path`` only where it names a local file or directory, not a
