@@ -163,6 +163,14 @@ def as_override(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
+def setting_override(key: str, value: Any) -> str:
+    """``as_override`` of a sub-space's value as this process reads it (``paths.read_value``: a path, a published
+    skip set's file, made absolute here), for a worker that composes it in a directory of its own."""
+    from sweep.config.paths import read_value
+
+    return as_override(key, read_value(key, value))
+
+
 def grid(search: SearchConfig) -> list[list[str]]:
     """Every trial of a grid sweep: the union over sub-spaces of each one's cross product
     (at most ``MAX_TRIALS``)."""

@@ -21,7 +21,7 @@ import time
 import polars as pl
 
 from sweep.config import build, compose
-from sweep.config.search import as_override, spaces
+from sweep.config.search import as_override, setting_override, spaces
 from sweep.config.search_kinds import BracketSettings
 from sweep.gates import GATES, PARAMS, check_model
 from sweep.orchestrate.searches.screening import screen_selection, screened_before, selection_written, trace_for
@@ -64,7 +64,7 @@ def lines(cfg, base: list[str]) -> GridTrials:
     out = []
     for params in spaces(cfg.search):
         for combo in itertools.product(*(p.grid_values() for p in params)):
-            overrides = [as_override(p.key, v) for p, v in zip(params, combo)]
+            overrides = [setting_override(p.key, v) for p, v in zip(params, combo)]
             out.append((overrides, compose(merge(base, overrides))))
     return out
 

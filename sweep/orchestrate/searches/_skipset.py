@@ -10,7 +10,7 @@ import time
 
 from sweep import progress
 from sweep.config import Config, compose
-from sweep.config.search import WITH_THE_SET, as_override, spaces
+from sweep.config.search import WITH_THE_SET, as_override, setting_override, spaces
 from sweep.config.search_kinds import SkipSetSettings
 from sweep.errors import ConfigError
 from sweep.gates.skipset import Candidate
@@ -137,7 +137,7 @@ def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
     the bench values the study drew with the set (``WITH_THE_SET``: where ``search.draft_stops`` or
     ``search.draft_lens`` is given)."""
     params = spaces(cfg.search)[0]
-    fixed = [as_override(p.key, p.values[0]) for p in params]
+    fixed = [setting_override(p.key, p.values[0]) for p in params]
     return [*fixed, as_override("gate.skip", candidate.skip), *drawn_overrides(cfg, candidate)]
 
 

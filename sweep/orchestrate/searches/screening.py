@@ -20,7 +20,7 @@ import polars as pl
 from sweep.analysis import FULL_DEPTH_ID
 from sweep.config import Config, GateConfig, build, compose
 from sweep.config.identity import trial_identity
-from sweep.config.search import as_override, spaces
+from sweep.config.search import as_override, setting_override, spaces
 from sweep.errors import ConfigError
 from sweep.gates import GATE_COLUMNS, GATES
 from sweep.orchestrate.settings import GridTrials, Plan, merge, trial_config
@@ -74,7 +74,7 @@ def dense_settings(cfg: Config, base: list[str]) -> GridTrials:
         swept = next((p for p in params if p.key == key), None)
         others = [p for p in params if p.key != key]
         for combo in itertools.product(*(p.grid_values() for p in others)):
-            fixed = [as_override(p.key, v) for p, v in zip(others, combo)]
+            fixed = [setting_override(p.key, v) for p, v in zip(others, combo)]
             corner = compose(merge(base, fixed))
             for value in swept.grid_values() if swept is not None else [None]:
                 if swept is None:

@@ -21,8 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sweep.config import SearchConfig
 from sweep.errors import ConfigError
-from sweep.config.paths import read_value
-from sweep.config.search import Param, as_override, spaces
+from sweep.config.search import Param, setting_override, spaces
 
 SAMPLERS = {
     "tpe": optuna.samplers.TPESampler,
@@ -152,14 +151,14 @@ class DefineByRun:
         self.names = param_names(subspaces, self.labels)
 
     def __call__(self, trial) -> dict:
-        """A setting's overrides; its paths as read here (``read_value``: a worker composes them elsewhere)."""
+        """A setting's overrides; its paths as read here (``setting_override``: a worker composes them elsewhere)."""
         index = 0
         if len(self.subspaces) > 1:
             index = self.labels.index(trial.suggest_categorical(SUBSPACE, self.labels))
         overrides = []
         for param in self.subspaces[index]:
             if param.kind == "fixed":
-                overrides.append(as_override(param.key, read_value(param.key, param.values[0])))
+                overrides.append(setting_override(param.key, param.values[0]))
                 continue
             dist = distribution(param)
             name = self.names[index][param.key]
@@ -169,7 +168,7 @@ class DefineByRun:
                 value = trial.suggest_int(name, dist.low, dist.high, log=dist.log)
             else:
                 value = trial.suggest_float(name, dist.low, dist.high, log=dist.log)
-            overrides.append(as_override(param.key, read_value(param.key, value)))
+            overrides.append(setting_override(param.key, value))
         return {"trial": overrides}
 
 
