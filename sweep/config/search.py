@@ -217,17 +217,11 @@ def check_search(search: SearchConfig, gate: str | None = None) -> None:
 
 
 def check_given(search: SearchConfig, given: set[str]) -> None:
-    """A key of the command line (``given``, as ``override_key`` spells it) that every sub-space sets, or that a
-    skipset search draws with the set (``WITH_THE_SET``): each setting's own value replaces it, so it would change
-    nothing. One line naming it."""
-    parsed = spaces(search)
+    """A key of the command line (``given``, as ``override_key`` spells it) that a skipset search draws with each set
+    (``WITH_THE_SET``): the drawn value replaces it, so it would change nothing. One line naming it. (A key that
+    every sub-space sets is not refused: the sweep's own config must compose, and may need it, as a classifier's
+    gate.theta.)"""
     for key in sorted(given):
-        if parsed and all(any(p.key == key for p in params) for params in parsed):
-            first = next(p for p in parsed[0] if p.key == key)
-            raise ConfigError(
-                f"{key}: every sub-space of search={search.name} sets it ({first.where}, ...); it would change "
-                "nothing (vary it in search.spaces, or leave it out)"
-            )
         listed = WITH_THE_SET.get(key)
         if listed is not None and getattr(search, listed, None) is not None:
             raise ConfigError(
