@@ -273,9 +273,11 @@ def test_the_report_states_the_floor_and_marks_speedups_inside_it(tmp_path, caps
 # ---------------------------------------------------------------- a real kv_policy=full trial keeps its slowdown
 
 
-def test_a_kv_full_trial_is_ranked_by_its_own_measured_ratio(tmp_path):
+def test_a_kv_full_trial_is_ranked_by_its_own_measured_ratio(tmp_path, capsys):
     gate = ["gate=fixed", "gate.exit_layer=1", "bench.kv_policy=full", "bench.repeats=3"]
     assert main(["bench", *TINY, *gate, f"results.root={tmp_path}"]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # its exits' layers saved, and that they still ran
+    assert "layers saved 75.0% (they still run, for their K/V: kv_policy=full saves no layer)" in said
     row = ok_trials(read("trials", tmp_path)).collect().row(0, named=True)
     assert not row["skipped_compute"] and row["exit_rate"] == 1.0  # every token exited, no layer skipped
     per_round = [sum(b) / sum(g) for b, g in zip(row["round_baseline_ms"], row["round_ms"])]

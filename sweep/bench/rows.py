@@ -224,7 +224,8 @@ def format_row(row: dict[str, Any], costs=None) -> str:
         f"agreement {row['agreement']:.3f}  prefix {row['prefix_agreement']:.3f}  exact match "
         f"{row['exact_match']:.2f}  "
         f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
-        f"layers saved {100 * row['layers_saved']:.1f}%",
+        f"layers saved {100 * row['layers_saved']:.1f}%"
+        + (" (they still run, for their K/V: kv_policy=full saves no layer)" if row["kv_policy"] == "full" else ""),
         f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
         f"speedup_wall {row['speedup_wall']:.3f}x"
         + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else "")

@@ -120,8 +120,9 @@ AGREEMENT: tuple[Column, ...] = (
     metric(
         "step_layers_saved",
         "fraction",
-        "decoder-layer work skipped on decode steps: 1 - mean layers run per step / L (a batch runs to its "
-        "deepest sequence)",
+        "decoder-layer work the exits skip on decode steps: 1 - mean layers run per step / L (a batch runs to its "
+        "deepest sequence); under kv_policy=full the exited layers still run, for their K/V, so none is saved "
+        "(skipped_compute false)",
     ),
 )
 
