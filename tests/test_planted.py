@@ -6,11 +6,13 @@ FIFOs and directories, each command with a deadline only a hang reaches."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 
 import pytest
 
 from conftest import compose, full_disk, run_cli
+from sweep.config.identity import trial_identity
 
 pytestmark = pytest.mark.faults
 
@@ -162,3 +164,38 @@ def test_a_fifo_planted_as_the_optuna_study_is_refused_in_one_line(tmp_path):
         optuna_storage_url(tmp_path)
     with pytest.raises(ConfigError, match="not a regular file"):
         remaining_trials(compose("search=optuna-mo").search, tmp_path, rows=set())
+
+
+def test_a_row_that_is_not_its_files_trial_is_measured_again_and_left_out_of_the_analysis(tmp_path, caplog):
+    """A row's trial_id rewritten (its file still the trial's), and a row copied into another gate's directory with
+    its figures changed: a resume counted the first as done and never measured the trial; the analysis ranked the copy
+    as a saturation setting at 7x. Now each is named in a warning, measured again, and left out."""
+    import logging
+
+    import polars as pl
+
+    from sweep.bench.command import run_bench
+    from sweep.orchestrate.done import finished_row_of
+    from sweep.orchestrate.plan import plan_sweep
+
+    root = tmp_path / "results"
+    full = Path(run_bench(compose(*BENCH, f"results.root={root}"))[0])
+    fixed = Path(run_bench(compose(*BENCH, "gate=fixed", "gate.exit_layer=2", f"results.root={root}"))[0])
+    pl.read_parquet(full).with_columns(trial_id=pl.lit("c" * 16)).write_parquet(full)
+    copy = root / "trials" / "model=tiny-llama" / "gate=saturation" / fixed.name
+    copy.parent.mkdir()
+    pl.read_parquet(fixed).with_columns(speedup_wall=pl.lit(7.0)).write_parquet(copy)
+    space = "search.spaces=[{gate: full}, {gate: fixed, gate.exit_layer: 2}]"
+    args = [*BENCH, space, f"results.root={root}"]
+    with caplog.at_level(logging.WARNING):
+        plan = plan_sweep(compose(*args), args)
+    ids = [t.id for t in (trial_identity(c, "cpu") for _, c in plan.grid_trials)]
+    assert set(plan.done) == {fixed.stem} and full.stem in ids  # the edited row's trial is measured again
+    said = " ".join(caplog.text.split())
+    assert "2 trial row(s) under" in said and f"{'c' * 16} (in model=tiny-llama/gate=full)" in said
+    assert f"{fixed.stem} (in model=tiny-llama/gate=saturation)" in said
+    assert finished_row_of(root, "tiny-llama", "full", full.stem) is None  # a worker's own check: not done
+    assert finished_row_of(root, "tiny-llama", "fixed", fixed.stem)["trial_id"] == fixed.stem
+    done = run_cli("analyze", f"results.root={root}", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "7.000x" not in done.stdout and "1 ok trials" in " ".join(done.stdout.split())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from sweep.store import scan
+from sweep.store import broken_identity, scan
 
 log = logging.getLogger("sweep.analysis")
 
@@ -38,7 +38,13 @@ def distinct_trials(trials: pl.DataFrame) -> pl.DataFrame:
         shown,
         more,
     )
-    return trials.sort("created_at", nulls_last=False).unique(subset="trial_id", keep="last", maintain_order=True)
+    holds = ~broken_identity(trials)  # a copy that is not the trial's (moved, edited) never wins over the trial's own
+    return (
+        trials.with_columns(_holds=holds)
+        .sort("created_at", "_holds", nulls_last=False)
+        .unique(subset="trial_id", keep="last", maintain_order=True)
+        .drop("_holds")
+    )
 
 
 # what makes two traces of a prompt the same measurement: the prompt (its set, id and tokens: two prompts of one

@@ -3,10 +3,13 @@ reports again instead of computing, and what a resumed search counts. Ray-free."
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from sweep.config import Config
 from sweep.errors import SweepError
+
+log = logging.getLogger("sweep.orchestrate.done")
 
 DONE_STATUSES = ("ok", "nondeterministic", "stopped")  # rows that count as done; failed trials are redone
 
@@ -44,7 +47,7 @@ def finished_row(path: Path, search=None) -> dict | None:
     under another stopping rule does not); without one, any done status."""
     import polars as pl
 
-    from sweep.store import read_file
+    from sweep.store import broken_identity, read_file
 
     if not path.is_file():
         return None
@@ -53,6 +56,13 @@ def finished_row(path: Path, search=None) -> dict | None:
     except (OSError, SweepError, pl.exceptions.PolarsError):
         return None
     if len(rows) != 1:
+        return None
+    if rows[0]["trial_id"] != path.stem or broken_identity(pl.DataFrame(rows)).any():
+        log.warning(
+            "%s: its row is not this trial's (trial_id %s; an edited, moved or copied file): measured again",
+            path,
+            rows[0]["trial_id"],
+        )
         return None
     return rows[0] if counts_as_done(rows[0], search) else None
 
@@ -78,11 +88,12 @@ def done_rows(cfg: Config) -> dict[str, dict]:
     sweep.rerun)."""
     import polars as pl
 
-    from sweep.store import scan
+    from sweep.store import scan, trusted_rows
 
     if cfg.sweep.rerun:
         return {}
     rows = scan("trials", cfg.results.root).filter(pl.col("status").is_in(DONE_STATUSES)).collect()
+    rows = trusted_rows(rows, cfg.results.root)
     done = (r for r in rows.sort("created_at").iter_rows(named=True) if counts_as_done(r, cfg.search))
     return {r["trial_id"]: r for r in done}
 

@@ -173,11 +173,13 @@ def task_lines(outcome, analysis) -> list[str]:
 
     from sweep.analysis import load_trials, ok_trials, oracle_bound
     from sweep.report.tasks import run_task_lines
+    from sweep.store import trusted_rows
 
     if not any(r.get("task") for r in outcome.rows):
         return []
     ids = [r["trial_id"] for r in outcome.rows]
     trials = load_trials(Path(outcome.root)).filter(pl.col("trial_id").is_in(ids)).collect()
+    trials = trusted_rows(trials, outcome.root)
     ok = ok_trials(trials, analysis.speedup).collect()
     return run_task_lines(ok, outcome.rows, _trace_bound(outcome, oracle_bound))
 
@@ -205,8 +207,9 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     from sweep.report.build import sure_at, targets_at
     from sweep.report.plotting import headline_target
     from sweep.report.verdicts import model_verdicts
+    from sweep.store import trusted_rows
 
-    trials = load_trials(root).filter(pl.col("trial_id").is_in(trial_ids)).collect()
+    trials = trusted_rows(load_trials(root).filter(pl.col("trial_id").is_in(trial_ids)).collect(), root)
     ok = ok_trials(trials, analysis.speedup).collect()
     conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
     conf["min_prompts"] = analysis.ci_min_prompts

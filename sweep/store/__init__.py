@@ -20,6 +20,7 @@ from sweep.store._io import (
 from sweep.store._schema import PROVENANCE, SCHEMA_VERSION, TABLES, Column, Table, markdown
 from sweep.store._row import TrialRow
 from sweep.store._task_columns import TASK_COLUMNS
+from sweep.store._identity import broken_identity, trusted_rows
 from sweep.store._trials import TRIAL_PARTS
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "Column",
     "Table",
     "atomic_write_parquet",
+    "broken_identity",
+    "trusted_rows",
     "check_row_path",
     "field_metadata",
     "kept_line",

@@ -15,9 +15,9 @@ MAX_ROUNDS = 64  # timed rounds a re-timed setting gets at most (a floor the off
 
 def done_rows(root) -> dict[str, dict]:
     """Every row under ``root`` by trial id (its round timings included)."""
-    from sweep.store import scan
+    from sweep.store import scan, trusted_rows
 
-    return {r["trial_id"]: r for r in scan("trials", root).collect().iter_rows(named=True)}
+    return {r["trial_id"]: r for r in trusted_rows(scan("trials", root).collect(), root).iter_rows(named=True)}
 
 
 @register

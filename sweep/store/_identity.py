@@ -1,0 +1,59 @@
+"""Whether a trial row's identity holds together: its ``trial_key`` (the canonical JSON its ``trial_id`` hashes) hashes
+to that id and names the model and gate of the directories it was read from (``model=``, ``gate=``). A file edited,
+moved to another gate's directory or copied there does not: a resume would skip a setting on its word, and an analysis
+would rank its figures under another setting's name."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import polars as pl
+
+log = logging.getLogger("sweep.store")
+
+
+def broken_identity(rows: pl.DataFrame) -> pl.Series:
+    """Per row of the trials table: True where its identity does not hold together. Rows without a ``trial_key``
+    (files of schema 2 and older), or whose key is no JSON text at all, are taken as they are."""
+    from sweep.config.identity import id_of_key
+
+    if not rows.height or "trial_key" not in rows.columns:
+        return pl.Series("broken", [False] * rows.height, dtype=pl.Boolean)
+    out = []
+    for key, trial_id, model, gate in zip(rows["trial_key"], rows["trial_id"], rows["model"], rows["gate"]):
+        if key is None:
+            out.append(False)
+            continue
+        try:
+            named = json.loads(key)
+        except ValueError:  # not a trial's key at all (another tool's text): not this check's to judge
+            out.append(False)
+            continue
+        try:
+            holds = id_of_key(key) == trial_id and named["model"]["name"] == model and named["gate"]["name"] == gate
+        except (TypeError, KeyError, AttributeError):
+            holds = False
+        out.append(not holds)
+    return pl.Series("broken", out, dtype=pl.Boolean)
+
+
+def trusted_rows(rows: pl.DataFrame, where: str) -> pl.DataFrame:
+    """``rows`` (of the trials table, read under ``where``) without those whose identity does not hold together,
+    named in one warning."""
+    broken = broken_identity(rows)
+    if not broken.any():
+        return rows
+    bad = rows.filter(broken)
+    rows_shown = bad.head(5).iter_rows(named=True)
+    shown = ", ".join(f"{r['trial_id']} (in model={r['model']}/gate={r['gate']})" for r in rows_shown)
+    more = f" and {bad.height - 5} more" if bad.height > 5 else ""
+    log.warning(
+        "%d trial row(s) under %s left out: the trial_key it holds does not hash to its trial_id, or names another "
+        "model or gate than its directories (an edited, moved or copied file): %s%s",
+        bad.height,
+        where,
+        shown,
+        more,
+    )
+    return rows.filter(~broken)
