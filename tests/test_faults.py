@@ -151,6 +151,7 @@ def test_a_full_disk_while_rows_are_written_stops_in_one_line_and_the_resume_com
     [line] = [line for line in full.stderr.splitlines() if line.startswith("error:")]
     assert "no space left on device" in line and f"{root}/trials/model=tiny-llama/gate=saturation/" in line
     assert "resume with `sweep run " in line
+    assert "(status ok, agreement " in line and ".tmp" not in line  # its figures, and the row's own path
     # nothing half-written: no row file, no temporary file, no claim left behind
     assert not [p for p in (root / "trials").rglob("*") if p.is_file()]
     assert not list((root / "claims").glob("*.json"))
@@ -160,6 +161,19 @@ def test_a_full_disk_while_rows_are_written_stops_in_one_line_and_the_resume_com
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     df = read("trials", root)
     assert df.height == 4 and df["trial_id"].n_unique() == 4 and set(df["status"]) == {"ok"}  # rows lost: 0
+
+
+@pytest.mark.ray
+def test_a_disk_full_before_the_sweep_starts_is_one_line_naming_the_file_and_leaves_no_sweep(tmp_path):
+    """Before: "unexpected OSError at pathlib.py", naming no file, and an empty sweep directory left each time."""
+    with full_disk(tmp_path / "disk", free=0):
+        root = tmp_path / "disk" / "results"
+        args = [SWEEP, "run", *TINY, f"results.root={root}", SPACE, *ONE_BY_ONE]
+        full = subprocess.run(args, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+        assert full.returncode == 1 and "Traceback" not in full.stderr and "unexpected" not in full.stderr
+        [line] = [line for line in full.stderr.splitlines() if line.startswith("error:")]
+        assert "cannot record the sweep's definition: " in line and "sweep-definition.json: no space left" in line
+        assert not list((root / "ray").iterdir())
 
 
 @pytest.mark.ray

@@ -69,6 +69,21 @@ def test_a_file_planted_where_a_partition_belongs_is_refused_before_any_work(tmp
     assert planted.read_text() == "not a directory" and not list(root.rglob("*.parquet"))
 
 
+def test_a_directory_planted_as_any_settings_row_file_is_refused_before_any_work(tmp_path):
+    """Each foreseeable setting's own row file is checked, not only the first of its model and gate: a directory
+    planted as the second margin setting's file was found once the sweep had run (naming a temporary file)."""
+    from sweep.orchestrate.plan import foresee_settings
+
+    root = tmp_path / "results"
+    args = [*BENCH, "search.spaces=[{gate: margin, gate.theta: 'choice(1, 2)'}]", f"results.root={root}"]
+    second = trial_identity(foresee_settings(compose(*args), args)[1][1], "cpu").id
+    planted = root / "trials" / "model=tiny-llama" / "gate=margin" / f"{second}.parquet"
+    planted.mkdir(parents=True)
+    done = run_cli("run", *args, "--quiet")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert str(planted) in done.stderr and not list(root.rglob("*.parquet"))[1:]
+
+
 def test_a_row_its_partition_cannot_take_is_kept_where_analyze_reads_it(tmp_path):
     from sweep.store import read
 

@@ -136,3 +136,16 @@ def test_only_tables_of_many_small_files_are_cached(tmp_path, cache):
     root = tmp_path / "results"
     write_table("profile", profile_rows(), root=root, provenance=PROV, stem="r0")
     assert scan("profile", root, cache_from=ALWAYS).collect().height == 4 and not cache_files(cache)
+
+
+def test_a_full_cache_disk_only_costs_the_cache(tmp_path, monkeypatch, write):
+    """polars says a full disk in its own error, not an OSError: the read went down with it ("unexpected
+    ComputeError") where the cache should only have been skipped."""
+    from conftest import full_disk
+
+    root = tmp_path / "results"
+    for i in range(3):
+        write(root, f"r{i}")
+    with full_disk(tmp_path / "cache", free=0):
+        monkeypatch.setenv("SWEEP_CACHE_DIR", str(tmp_path / "cache"))
+        assert rows(root, ALWAYS).equals(rows(root, NEVER))

@@ -133,8 +133,8 @@ def measure(cfg: Config, prepared: tuple[LoadedModel, Gate, list[Prompt]]) -> di
 def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The whole row (``complete_row``: with its provenance), one Parquet file under results.root: (its path,
     the row)."""
-    from sweep.errors import SweepError, os_error
-    from sweep.store import kept_line, write_or_keep
+    from sweep.errors import SweepError
+    from sweep.store import kept_line, unwritten_line, write_or_keep
     from sweep.store.run_info import new_run_id
 
     row = complete_row(cfg, prepared[0], row, cfg.run_id or new_run_id())
@@ -142,11 +142,8 @@ def write_row(cfg: Config, prepared, row: dict[str, Any]) -> tuple[str, dict[str
     with progress.timed("writing"):
         try:
             path, failure = write_or_keep("trials", {k: [v] for k, v in row.items()}, root=cfg.results.root, stem=tid)
-        except OSError as exc:  # nothing half-written (atomic); the row's figures are in the message's summary
-            raise SweepError(
-                f"cannot write the row of trial {tid} (status {row['status']}, agreement {row.get('agreement')}, "
-                f"speedup_wall {row.get('speedup_wall')}): {os_error(exc, exc.filename or cfg.results.root)}"
-            ) from exc
+        except OSError as exc:  # nothing half-written (atomic); the row's figures are in the message
+            raise SweepError(unwritten_line(row, exc, cfg.results.root)) from exc
     if failure is not None:  # the row is safe elsewhere under results.root; the bench still fails
         raise SweepError(kept_line(tid, failure, path))
     return str(path), row

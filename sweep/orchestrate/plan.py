@@ -10,6 +10,7 @@ the planner skips by are the ids the workers' rows carry.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import logging
@@ -18,7 +19,7 @@ from pathlib import Path
 from sweep.orchestrate import claims
 from sweep.orchestrate.done import done_rows
 from sweep.config import Config, override_key, read_overrides
-from sweep.errors import ConfigError, first_line
+from sweep.errors import ConfigError, SweepError, first_line
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
 from sweep.config.search import check_given, check_search
@@ -219,12 +220,21 @@ def record_definition(plan: Plan) -> None:
 
     from sweep.store import atomic_write
 
+    from sweep.errors import os_error
+
     path = plan.path / DEFINITION
     if os.path.lexists(path):
         return
-    plan.path.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_recorded_form(plan.cfg), sort_keys=True, indent=1)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    made = not plan.path.exists()
+    try:
+        plan.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    except OSError as exc:  # a full or read-only disk: before any work, one line naming the file, no sweep left
+        if made:
+            with contextlib.suppress(OSError):
+                plan.path.rmdir()  # (only while empty)
+        raise SweepError(f"cannot record the sweep's definition: {os_error(exc, path)}") from None
 
 
 def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
@@ -234,12 +244,8 @@ def _check_row_paths(cfg: Config, grid_trials: GridTrials | None) -> None:
     from sweep.store import check_row_path
 
     device = trial_device(cfg.device, 0 if cfg.resources.gpu == "auto" else float(cfg.resources.gpu))
-    seen = set()
-    for _, trial_cfg in grid_trials or [(None, cfg)]:
+    for _, trial_cfg in grid_trials or [(None, cfg)]:  # each setting's own row file (a directory planted as one)
         key = (trial_cfg.model.name, trial_cfg.gate.name)
-        if key in seen and grid_trials is not None:
-            continue
-        seen.add(key)
         tid = trial_identity(trial_cfg, device).id
         check_row_path("trials", cfg.results.root, {"model": key[0], "gate": key[1]}, tid)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweep import progress
-from sweep.errors import os_error, SweepError
+from sweep.errors import SweepError
 from sweep.gates import gate_text
 from sweep.config.identity import trial_identity
 from sweep.orchestrate.done import finished_row_of, row_path
@@ -215,7 +215,7 @@ class RowWriter:
 
         ``cached``: the worker reported a finished row that is already in the store."""
         from sweep.orchestrate import claims
-        from sweep.store import kept_line, write_or_keep
+        from sweep.store import kept_line, unwritten_line, write_or_keep
 
         tid = row["trial_id"]
         if tid in self._seen:
@@ -242,9 +242,10 @@ class RowWriter:
             self._seen.discard(tid)
             self.rows.remove(row)
             claims.release(self.root, tid, self.run_id)
+            lost = unwritten_line(row, exc, path)  # each lost row said with its figures, the first stops the sweep
             if self.fatal is None:
-                self.fatal = SweepError(f"cannot write the row of trial {tid} to {os_error(exc, exc.filename or path)}")
-                log.error("%s; stopping the sweep", self.fatal)
+                self.fatal = SweepError(lost)
+            log.error("%s; stopping the sweep", lost)
             return False
         if failure is not None and self.fatal is None:  # the row is safe, elsewhere: the sweep stops all the same
             self.fatal = SweepError(kept_line(tid, failure, written))

@@ -83,7 +83,7 @@ def _store(path: Path, rows: pl.DataFrame, table: Table) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"sweep.cache": _fingerprint(table)}
         atomic_write(path, lambda tmp: rows.write_parquet(tmp, compression="zstd", metadata=meta), durable=False)
-    except OSError as exc:  # a read-only or full cache directory: read without a cache
+    except (OSError, pl.exceptions.PolarsError) as exc:  # a read-only or full cache directory: read without one
         log.info("table cache not written (%s: %s)", type(exc).__name__, exc)
 
 

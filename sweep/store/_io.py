@@ -135,13 +135,19 @@ def write_or_keep(
     else:
         _remove_kept_twin(name, root, values, stem, path)
         return path, None
-    if failure.filename is None:
+    if failure.filename is None or _temporary(failure.filename):  # the row's own path, not the writer's scratch
         failure.filename = str(own)
     try:
         return write_table(name, data, root=root, provenance={}, stem=stem, under=KEPT), failure
     except (OSError, ConfigError) as exc:
-        log.warning("cannot keep the row at %s either: %s", Path(root) / name / KEPT, exc)
+        log.warning("cannot keep the row of %s at %s either: %s", stem, Path(root) / name / KEPT, exc)
         raise failure from None
+
+
+def _temporary(path) -> bool:
+    """Whether ``path`` is a writer's temporary file (``.<stem>~...tmp``, renamed into place when written)."""
+    name = os.path.basename(str(path))
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 def _remove_kept_twin(name: str, root: str | Path, values: Mapping[str, Any], stem: str, written: Path) -> None:
@@ -153,6 +159,17 @@ def _remove_kept_twin(name: str, root: str | Path, values: Mapping[str, Any], st
             kept.unlink()
     except (OSError, ConfigError) as exc:
         log.warning("cannot remove the kept twin of %s: %s", written, exc)
+
+
+def unwritten_line(row: Mapping[str, Any], failure: OSError, where: str | Path) -> str:
+    """The one line a row that could not be written anywhere says: its trial, its figures (they are lost with it) and
+    where and why its write failed (``where`` when the failure names no path)."""
+    from sweep.errors import os_error
+
+    figures = ", ".join(f"{k} {row.get(k)}" for k in ("status", "agreement", "speedup_wall"))
+    if failure.filename is None or _temporary(failure.filename):
+        failure.filename = str(where)
+    return f"cannot write the row of trial {row['trial_id']} ({figures}) to {os_error(failure, failure.filename)}"
 
 
 def kept_line(trial_id: str, failure: OSError, kept: Path) -> str:
