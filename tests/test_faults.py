@@ -69,6 +69,40 @@ def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_onc
 
 
 @pytest.mark.ray
+def test_sigterm_while_ray_starts_stops_the_sweep_in_one_line(tmp_path):
+    """A SIGTERM that lands while ray.init runs reached the handler Ray installs there (sys.exit(15)): exit code 15
+    and nothing said. Now it stops the sweep as any SIGTERM does: 143, one line, Ray stopped."""
+    import glob
+    import shutil
+    import tempfile
+
+    from helpers.waiting import wait_for
+
+    own = tempfile.mkdtemp(prefix="sweep-st-", dir="/tmp")  # Ray's sessions of this run alone (short socket paths)
+    try:
+        env = {**subprocess_env(), "RAY_TMPDIR": own}
+        args = [SWEEP, "run", *TINY, f"results.root={tmp_path / 'r'}"]
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: glob.glob(f"{own}/ray/session_2*/logs/gcs_server*") or proc.poll() is not None, "Ray to start")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 143, err[-3000:]
+        assert [line for line in err.splitlines() if line.strip()] == ["error: stopped by SIGTERM"], err[-3000:]
+        gcs = [pid for pid in os.listdir("/proc") if pid.isdigit() and own in _environ(pid)]
+        wait_for(lambda: not [pid for pid in gcs if os.path.exists(f"/proc/{pid}")], "the run's Ray to stop")
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def _environ(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.ray
 def test_sigterm_to_the_drivers_process_group_stops_the_sweep_not_ray_under_it(tmp_path):
     """`timeout` (and a shell's job control) signal the whole process group: the embedded Ray's servers, which the
     driver starts, are not in it, so the driver stops the sweep and Ray in order (before, the GCS died first and the

@@ -204,11 +204,12 @@ def _main(args: list[str]) -> int:
             raise
         print(f"error: {(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         from sweep.orchestrate import interrupt
 
         stopped = interrupt.stop_signal()
-        print(f"error: {'stopped by SIGTERM' if stopped == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        hint = f"; {exc.args[0]}" if exc.args and isinstance(exc.args[0], str) else ""  # (a sweep's resume line)
+        print(f"error: {'stopped by SIGTERM' if stopped == signal.SIGTERM else 'interrupted'}{hint}", file=sys.stderr)
         return 128 + stopped
     except Exception as exc:  # a bug: one line plus where, the traceback on request
         if os.environ.get("SWEEP_DEBUG"):

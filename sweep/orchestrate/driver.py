@@ -18,7 +18,14 @@ from typing import Any, Callable, Protocol
 from sweep.config import ClusterConfig, Config
 from sweep.errors import SweepError
 from sweep.orchestrate import claims, interrupt
-from sweep.orchestrate.plan import baseline_groups, done_settings, plan_sweep, record_definition, select_trials
+from sweep.orchestrate.plan import (
+    DEFINITION,
+    baseline_groups,
+    done_settings,
+    plan_sweep,
+    record_definition,
+    select_trials,
+)
 from sweep.orchestrate.searches import SEARCHES, InWorker
 from sweep.orchestrate.settings import Pass, Plan, trial_config
 from sweep.orchestrate.writer import RowWriter, SweepOutcome
@@ -47,13 +54,17 @@ class Cluster(Protocol):
 
 def run_sweep(cfg: Config, base_overrides: list[str]) -> SweepOutcome:
     """`sweep run`: plan the trials, open the cluster, drive the search through it, write the rows."""
-    plan = plan_sweep(cfg, base_overrides)
-    with interrupt.sigterm_as_sigint():
+    with interrupt.sigterm_as_sigint():  # (from the planning on: a SIGTERM then stops it in one line too)
+        plan = plan_sweep(cfg, base_overrides)
         from sweep.orchestrate.ray.tuner import cluster
 
         try:
             with cluster(plan) as trials:
                 return drive(plan, trials)
+        except KeyboardInterrupt:  # before Tune ran: once the sweep is recorded, the line says how to resume it
+            if (plan.path / DEFINITION).is_file():
+                raise KeyboardInterrupt(interrupt.resume_hint(plan)) from None
+            raise
         finally:
             claims.release_run(plan.root, plan.run_id)
 

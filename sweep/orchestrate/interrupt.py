@@ -46,6 +46,16 @@ def sigterm_as_sigint() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+def stopped_during_start(exc: SystemExit) -> bool:
+    """Whether ``exc`` is Ray's own SIGTERM handler ending the process (``sys.exit(SIGTERM)``) while it started,
+    within ``sigterm_as_sigint``: then the sweep stops as on any SIGTERM (recorded here; the caller raises
+    KeyboardInterrupt)."""
+    if not _active or exc.code != signal.SIGTERM:
+        return False
+    _received.append(signal.SIGTERM)
+    return True
+
+
 def keep_sigterm() -> None:
     """Install the handler again: ``ray.init`` replaces the process's SIGTERM handler with its own."""
     if _active and threading.current_thread() is threading.main_thread():

@@ -43,7 +43,13 @@ def cluster(plan: Plan) -> Iterator[TuneCluster]:
         # inside a Ray job the working directory can be re-extracted under the driver; stand elsewhere
         plan.storage.mkdir(parents=True, exist_ok=True)
         os.chdir(plan.storage)
-    started = start_ray(plan.cfg.cluster)
+    try:
+        started = start_ray(plan.cfg.cluster)
+    except SystemExit as exc:  # a SIGTERM while Ray started, to the handler ray.init installs (sys.exit(15))
+        if not interrupt.stopped_during_start(exc):
+            raise
+        stop_ray()
+        raise KeyboardInterrupt from None
     interrupt.keep_sigterm()  # Ray's driver installs its own SIGTERM handler (a stack dump, then abort)
     try:
         trials = TuneCluster.on(plan.cfg)
