@@ -38,10 +38,10 @@ def distinct_trials(trials: pl.DataFrame) -> pl.DataFrame:
         shown,
         more,
     )
-    holds = ~broken_identity(trials)  # a copy that is not the trial's (moved, edited) never wins over the trial's own
+    holds = ~broken_identity(trials, ids=False)  # a copy under another setting's name never wins over the trial's own
     return (
         trials.with_columns(_holds=holds)
-        .sort("created_at", "_holds", nulls_last=False)
+        .sort("_holds", "created_at", nulls_last=False)
         .unique(subset="trial_id", keep="last", maintain_order=True)
         .drop("_holds")
     )

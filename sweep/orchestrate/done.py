@@ -52,19 +52,20 @@ def finished_row(path: Path, search=None) -> dict | None:
     if not path.is_file():
         return None
     try:
-        rows = read_file("trials", path).to_dicts()
+        frame = read_file("trials", path)
     except (OSError, SweepError, pl.exceptions.PolarsError):
         return None
-    if len(rows) != 1:
+    if frame.height != 1:
         return None
-    if rows[0]["trial_id"] != path.stem or broken_identity(pl.DataFrame(rows)).any():
+    row = frame.row(0, named=True)
+    if row["trial_id"] != path.stem or broken_identity(frame).any():
         log.warning(
             "%s: its row is not this trial's (trial_id %s; an edited, moved or copied file): measured again",
             path,
-            rows[0]["trial_id"],
+            row["trial_id"],
         )
         return None
-    return rows[0] if counts_as_done(rows[0], search) else None
+    return row if counts_as_done(row, search) else None
 
 
 def finished_row_of(root: str | Path, model: str, gate: str, trial_id: str, search=None) -> dict | None:
@@ -101,16 +102,17 @@ def done_rows(cfg: Config) -> dict[str, dict]:
 def row_ids(root: str | Path) -> set[str]:
     """The trial ids with a row under ``root``, whatever its status (a resumed Optuna sweep counts
     a study trial done only when its row exists: ``sweep.orchestrate.searches.study.remaining_trials``)."""
-    from sweep.store import scan
+    from sweep.store import scan, trusted_rows
 
-    return set(scan("trials", root).select("trial_id").collect()["trial_id"].to_list())
+    rows = trusted_rows(scan("trials", root).select("trial_id", "trial_key", "model", "gate").collect(), str(root))
+    return set(rows["trial_id"].to_list())
 
 
 def sweep_rows(root: str | Path, name: str) -> set[str]:
     """The trial ids of the rows sweep ``name`` wrote under ``root`` (``sweep_name``)."""
     import polars as pl
 
-    from sweep.store import scan
+    from sweep.store import scan, trusted_rows
 
-    rows = scan("trials", root).filter(pl.col("sweep_name") == name).select("trial_id").collect()
-    return set(rows["trial_id"].to_list())
+    rows = scan("trials", root).filter(pl.col("sweep_name") == name).select("trial_id", "trial_key", "model", "gate")
+    return set(trusted_rows(rows.collect(), str(root))["trial_id"].to_list())

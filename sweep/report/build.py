@@ -46,6 +46,7 @@ from sweep.analysis import (
 from sweep.errors import ConfigError, InputError, SweepError, os_error
 from sweep.report.context import ReportContext
 from sweep.report.plotting import headline_target
+from sweep.report.verdicts import SURE_AMONG
 from sweep.store import TABLES, atomic_write
 from sweep.report.sections import SECTIONS, Section
 from sweep.report.verdicts import verdict, verdicts
@@ -75,7 +76,7 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
                 f"analysis.out={out}: inside the results' {name}/ directory, which readers open whole (a report "
                 "there breaks them); name a directory of its own (the default: results.root/report)"
             )
-    trials = trusted_rows(distinct_trials(load_trials(root).collect()), root)
+    trials = trusted_rows(distinct_trials(load_trials(root).collect()), root, ids=False)
     _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = distinct_profiles(load_profiles(root))
     has_profiles = profiles.select(pl.len()).collect().item() > 0
@@ -286,7 +287,8 @@ def targets_at(ok: pl.DataFrame, targets: tuple[float, ...], conf: dict, *, refe
 def sure_at(ok: pl.DataFrame, targets: pl.DataFrame, target: float, conf: dict) -> pl.DataFrame:
     """Per model whose pick at ``target`` in ``targets`` is a setting whose speedup's interval reaches 1x: the fastest
     other setting at that agreement whose interval lies above 1x, ranked as the targets table ranks, its interval
-    bootstrapped (the candidates in that order, a few at a time, until one is). Models with none are absent."""
+    bootstrapped (the candidates in that order, a few at a time, until one is; at most the ``SURE_AMONG`` fastest, so
+    a noisy sweep of thousands bootstraps no more). Models with none are absent."""
     if not targets.height or "speedup_lo" not in targets.columns:
         return pl.DataFrame()
     unsure = targets.filter(
@@ -301,7 +303,7 @@ def sure_at(ok: pl.DataFrame, targets: pl.DataFrame, target: float, conf: dict) 
             & (pl.col("speedup") > 1.0)
             & (pl.col("trial_id") != pick["trial_id"])
         ).sort(["speedup", metric, "agreement", "trial_id"], descending=[True, True, True, False])
-        for start in range(0, candidates.height, 8):
+        for start in range(0, min(candidates.height, SURE_AMONG), 8):
             sure = with_confidence(candidates.slice(start, 8).drop(ci), **conf).filter(pl.col("speedup_lo") > 1.0)
             if sure.height:
                 found.append(sure.head(1))

@@ -13,6 +13,8 @@ import polars as pl
 from sweep.analysis import FULL_DEPTH_ID
 from sweep.report.plotting import HEADLINE_TARGET
 
+SURE_AMONG = 64  # the verdict seeks a setting distinguishable from 1x among this many of the fastest at its target
+
 if TYPE_CHECKING:
     from sweep.report.context import ReportContext
 
@@ -98,7 +100,7 @@ def verdict(
         return f"{head} with a speedup: {_what(sure, min_prompts)} (the fastest there, {unsure})"
     return (
         f"no gate reaches {head} with a speedup distinguishable from 1x (the fastest there, {unsure}; no slower "
-        "setting's lies above 1x)"
+        f"setting's lies above 1x, of the {SURE_AMONG} fastest)"
     )
 
 

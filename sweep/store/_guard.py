@@ -38,6 +38,12 @@ STALE_AFTER_S = 3600.0  # a temporary file from another host (or an unknown writ
 _TEMP_RE = re.compile(r"^\.(?P<stem>.+)~(?P<host>[^~]+)~(?P<pid>\d+)~(?P<hex>[0-9a-f]+)\.tmp$")
 _LEGACY_TEMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # .<stem>.<hex>.tmp, before host and pid were named
 
+
+def is_temporary(name: str) -> bool:
+    """Whether the file name ``name`` is a writer's temporary file (renamed into place once written)."""
+    return bool(_TEMP_RE.match(name) or _LEGACY_TEMP_RE.match(name))
+
+
 _PARALLEL_FROM = 32  # unchecked files from which footers are read on threads
 
 # path -> (mtime_ns, size, reason it is skipped or None)

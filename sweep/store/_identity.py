@@ -13,9 +13,11 @@ import polars as pl
 log = logging.getLogger("sweep.store")
 
 
-def broken_identity(rows: pl.DataFrame) -> pl.Series:
-    """Per row of the trials table: True where its identity does not hold together. Rows without a ``trial_key``
-    (files of schema 2 and older), or whose key is no JSON text at all, are taken as they are."""
+def broken_identity(rows: pl.DataFrame, *, ids: bool = True) -> pl.Series:
+    """Per row of the trials table: True where its identity does not hold together (``ids=False``: only where its key
+    names another model or gate than its directories, so that it would be shown under another setting's name; its
+    id is not rehashed). Rows without a ``trial_key`` (files of schema 2 and older), or whose key is no JSON text at
+    all, are taken as they are."""
     from sweep.config.identity import id_of_key
 
     if not rows.height or "trial_key" not in rows.columns:
@@ -31,17 +33,18 @@ def broken_identity(rows: pl.DataFrame) -> pl.Series:
             out.append(False)
             continue
         try:
-            holds = id_of_key(key) == trial_id and named["model"]["name"] == model and named["gate"]["name"] == gate
+            holds = named["model"]["name"] == model and named["gate"]["name"] == gate
+            holds = holds and (not ids or id_of_key(key) == trial_id)
         except (TypeError, KeyError, AttributeError):
             holds = False
         out.append(not holds)
     return pl.Series("broken", out, dtype=pl.Boolean)
 
 
-def trusted_rows(rows: pl.DataFrame, where: str) -> pl.DataFrame:
-    """``rows`` (of the trials table, read under ``where``) without those whose identity does not hold together,
-    named in one warning."""
-    broken = broken_identity(rows)
+def trusted_rows(rows: pl.DataFrame, where: str, *, ids: bool = True) -> pl.DataFrame:
+    """``rows`` (of the trials table, read under ``where``) without those whose identity does not hold together
+    (``broken_identity``, ``ids`` as there), named in one warning."""
+    broken = broken_identity(rows, ids=ids)
     if not broken.any():
         return rows
     bad = rows.filter(broken)

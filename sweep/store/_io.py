@@ -17,7 +17,7 @@ from sweep.errors import ConfigError, SweepError
 from sweep.config.paths import check_name, inside
 from sweep.store._atomic import atomic_write
 from sweep.store._cache import CACHE_FROM, read_cached
-from sweep.store._guard import partition_values, remove_stale_temps, usable
+from sweep.store._guard import is_temporary, partition_values, remove_stale_temps, usable
 from sweep.store._schema import SCHEMA_VERSION, TABLES, Table
 
 log = logging.getLogger("sweep.store")
@@ -135,8 +135,7 @@ def write_or_keep(
     else:
         _remove_kept_twin(name, root, values, stem, path)
         return path, None
-    if failure.filename is None or _temporary(failure.filename):  # the row's own path, not the writer's scratch
-        failure.filename = str(own)
+    _named(failure, own)  # the row's own path, not the writer's scratch
     try:
         return write_table(name, data, root=root, provenance={}, stem=stem, under=KEPT), failure
     except (OSError, ConfigError) as exc:
@@ -144,10 +143,11 @@ def write_or_keep(
         raise failure from None
 
 
-def _temporary(path) -> bool:
-    """Whether ``path`` is a writer's temporary file (``.<stem>~...tmp``, renamed into place when written)."""
-    name = os.path.basename(str(path))
-    return name.startswith(".") and name.endswith(".tmp")
+def _named(failure: OSError, path: str | Path) -> OSError:
+    """``failure`` naming ``path`` where it names no file or a writer's temporary one (``_guard.is_temporary``)."""
+    if failure.filename is None or is_temporary(os.path.basename(str(failure.filename))):
+        failure.filename = str(path)
+    return failure
 
 
 def _remove_kept_twin(name: str, root: str | Path, values: Mapping[str, Any], stem: str, written: Path) -> None:
@@ -167,9 +167,8 @@ def unwritten_line(row: Mapping[str, Any], failure: OSError, where: str | Path) 
     from sweep.errors import os_error
 
     figures = ", ".join(f"{k} {row.get(k)}" for k in ("status", "agreement", "speedup_wall"))
-    if failure.filename is None or _temporary(failure.filename):
-        failure.filename = str(where)
-    return f"cannot write the row of trial {row['trial_id']} ({figures}) to {os_error(failure, failure.filename)}"
+    where = _named(failure, where).filename
+    return f"cannot write the row of trial {row['trial_id']} ({figures}) to {os_error(failure, where)}"
 
 
 def kept_line(trial_id: str, failure: OSError, kept: Path) -> str:

@@ -22,8 +22,10 @@ def start_ray(cluster: ClusterConfig) -> bool:
     # its own state, which a resume never reads, failing to save (a full disk) is a traceback per step: rows say it
     for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.train._internal.syncer"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    # a trial whose worker died: Tune's traceback of it (40 lines); the sweep says it in one ("lost its worker")
-    logging.getLogger("ray.tune.execution.tune_controller").setLevel(logging.CRITICAL)
+    # a trial whose worker died: Tune's traceback of it (40 lines); the sweep says it in one ("lost its worker");
+    # SWEEP_DEBUG=1 keeps Tune's tracebacks (a trial's own exception is a failed row's error either way)
+    if not os.environ.get("SWEEP_DEBUG"):
+        logging.getLogger("ray.tune.execution.tune_controller").setLevel(logging.CRITICAL)
     # Tune's TensorBoard logger warns of a result value it cannot plot (a claim's notes, a row's prompt ids; once per
     # process): the rows hold them, and the writer says what the notes say
     logging.getLogger("ray.tune.logger.tensorboardx").setLevel(logging.ERROR)

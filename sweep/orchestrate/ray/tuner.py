@@ -45,12 +45,12 @@ def cluster(plan: Plan) -> Iterator[TuneCluster]:
         os.chdir(plan.storage)
     try:
         started = start_ray(plan.cfg.cluster)
-    except SystemExit as exc:  # a SIGTERM while Ray started, to the handler ray.init installs (sys.exit(15))
+        interrupt.keep_sigterm()  # Ray's driver installs its own SIGTERM handler (sys.exit(15))
+    except SystemExit as exc:  # a SIGTERM while Ray started, to the handler ray.init installed
         if not interrupt.stopped_during_start(exc):
             raise
         stop_ray()
         raise KeyboardInterrupt from None
-    interrupt.keep_sigterm()  # Ray's driver installs its own SIGTERM handler (a stack dump, then abort)
     try:
         trials = TuneCluster.on(plan.cfg)
         try:
