@@ -482,7 +482,8 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     assert main(["analyze", f"results.root={tmp_path}", "analysis.targets=[0.9,0.99]"]) == 0
     said = " ".join(capsys.readouterr().out.split())
     row = read("targets", tmp_path).filter(pl.col("target") == 0.99).row(0, named=True)
-    assert "tiny-llama: " in said and "agreement >= 0.99" in said and "0.98" not in said
+    # (not "0.98" alone: a measured ratio of 0.988x holds it)
+    assert "tiny-llama: " in said and "agreement >= 0.99" in said and "agreement >= 0.98" not in said
     assert ("no gate reaches" in said) == (row["trial_id"] is None)
 
 
