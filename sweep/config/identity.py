@@ -105,6 +105,12 @@ def id_of_key(key: str) -> str:
     return _digest(_canonical(json.loads(key)))
 
 
+def key_is_of(key: str, trial_id: str) -> bool:
+    """Whether the stored key ``key`` is trial ``trial_id``'s: its text hashed as written (keys are written canonical),
+    else as ``id_of_key`` reads it (a key re-spelled since)."""
+    return _digest(key) == trial_id or id_of_key(key) == trial_id
+
+
 def trial_columns(cfg: Config) -> dict[str, str]:
     """The identity columns of a trial row, on ``cfg.device`` as ``trial_device`` resolves it
     (a sweep's worker runs a config whose device the driver already resolved)."""

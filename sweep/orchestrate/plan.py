@@ -19,7 +19,7 @@ from pathlib import Path
 from sweep.orchestrate import claims
 from sweep.orchestrate.done import done_rows
 from sweep.config import Config, override_key, read_overrides
-from sweep.errors import ConfigError, SweepError, first_line
+from sweep.errors import ConfigError, SweepError, first_line, os_error
 from sweep.config.identity import trial_identity
 from sweep.config.paths import check_tree, inside
 from sweep.config.search import check_given, check_search
@@ -219,8 +219,6 @@ def record_definition(plan: Plan) -> None:
     import json
 
     from sweep.store import atomic_write
-
-    from sweep.errors import os_error
 
     path = plan.path / DEFINITION
     if os.path.lexists(path):

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import polars as pl
 
-from sweep.store import trusted_rows
 from sweep.analysis import (
     counted,
     FULL_DEPTH_ID,
@@ -47,7 +46,7 @@ from sweep.errors import ConfigError, InputError, SweepError, os_error
 from sweep.report.context import ReportContext
 from sweep.report.plotting import headline_target
 from sweep.report.verdicts import SURE_AMONG
-from sweep.store import TABLES, atomic_write
+from sweep.store import TABLES, atomic_write, trusted_rows
 from sweep.report.sections import SECTIONS, Section
 from sweep.report.verdicts import verdict, verdicts
 

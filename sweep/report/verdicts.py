@@ -60,19 +60,21 @@ def model_verdicts(
             lines.append(f"{model}: no ok {noun} to judge")
             continue
         best, setting = _at(targets, model, target), _at(settings, model, target)
-        above = sure.filter(pl.col("model") == model) if sure is not None and sure.height else None
         if best is None or best["trial_id"] is None:
             lines.append(f"{model}: no gate reaches agreement >= {target} ({n_ok} ok {noun})")
             continue
-        above = above.row(0, named=True) if above is not None and above.height else None
+        above = _of(sure, model) if sure is not None else None
         lines.append(f"{model}: {verdict(best, min_prompts, setting, target, above)} ({n_ok} ok {noun})")
     return lines
 
 
 def _at(table: pl.DataFrame, model: str, target: float) -> dict | None:
-    if not table.height:
-        return None
-    rows = table.filter((pl.col("model") == model) & (pl.col("target") == target))
+    return _of(table.filter(pl.col("target") == target) if table.height else table, model)
+
+
+def _of(table: pl.DataFrame, model: str) -> dict | None:
+    """``table``'s first row of ``model``, or None."""
+    rows = table.filter(pl.col("model") == model) if table.height else table
     return rows.row(0, named=True) if rows.height else None
 
 

@@ -18,7 +18,7 @@ def broken_identity(rows: pl.DataFrame, *, ids: bool = True) -> pl.Series:
     names another model or gate than its directories, so that it would be shown under another setting's name; its
     id is not rehashed). Rows without a ``trial_key`` (files of schema 2 and older), or whose key is no JSON text at
     all, are taken as they are."""
-    from sweep.config.identity import id_of_key
+    from sweep.config.identity import key_is_of
 
     if not rows.height or "trial_key" not in rows.columns:
         return pl.Series("broken", [False] * rows.height, dtype=pl.Boolean)
@@ -34,7 +34,7 @@ def broken_identity(rows: pl.DataFrame, *, ids: bool = True) -> pl.Series:
             continue
         try:
             holds = named["model"]["name"] == model and named["gate"]["name"] == gate
-            holds = holds and (not ids or id_of_key(key) == trial_id)
+            holds = holds and (not ids or key_is_of(key, trial_id))
         except (TypeError, KeyError, AttributeError):
             holds = False
         out.append(not holds)
