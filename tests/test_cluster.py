@@ -184,6 +184,25 @@ def _submit(cluster: dict, *args: str, **extra: str) -> subprocess.CompletedProc
     return subprocess.run(command, env={**cluster["env"], **extra}, capture_output=True, text=True, timeout=500)
 
 
+def test_a_skipset_screen_reads_its_sub_spaces_relative_paths_where_sweep_run_ran(two_node_cluster, tmp_path):
+    """A skip-set search's sub-space names `prompts.path: p.jsonl` relative to where `sweep run` ran; the cluster's
+    workers run elsewhere. Before: the screen's Ray task composed the raw path in its own working directory
+    ("prompts.path=...: no such file") and the sweep failed before any setting ran."""
+    lines = [json.dumps({"id": "p0", "prompt": "def add(a, b):"})]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    space = "search.spaces=[{gate: skip, bench.mode: self_speculative, prompts: jsonl, prompts.path: p.jsonl}]"
+    args = ["model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0", space]
+    args += ["search=skipset-random", "search.n_trials=2", "search.closed_loop=1", "search.skip_ratio=[0,1]"]
+    args += ["cluster=existing", f"cluster.address={two_node_cluster['gcs']}", "results.root=r"]
+    done = subprocess.run(
+        [SWEEP, "run", *args], env=two_node_cluster["env"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read("trials", tmp_path / "r")
+    assert rows.height == 1 and set(rows["status"]) == {"ok"} and rows["prompt_set"].to_list() == ["jsonl"]
+    assert str((tmp_path / "p.jsonl").resolve()) in rows["trial_key"][0]
+
+
 def test_jobs_submit_with_another_token_is_one_line(two_node_cluster, tmp_path):
     (tmp_path / "other").mkdir()
     res = _submit(two_node_cluster, "--", "model=tiny-llama", f"results.root={tmp_path}",

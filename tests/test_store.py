@@ -43,6 +43,22 @@ def test_a_linked_partition_is_not_read_and_is_named(tmp_path, caplog):
     assert any("symbolic link" in r.message and "model=m-1" in r.message for r in caplog.records), caplog.text
 
 
+def test_a_linked_row_file_is_not_read_and_is_named(tmp_path, caplog):
+    """A `.parquet` file that is a symbolic link was read like any file: a link planted in the results could put
+    another sweep's rows (or any table's file elsewhere) into this one's analysis. Refused as a linked directory is,
+    and named."""
+    import logging
+
+    elsewhere = tmp_path / "elsewhere"
+    theirs = write_table("profile", profile_rows(), root=elsewhere, provenance=PROV, stem="r1")
+    root = tmp_path / "root"
+    mine = write_table("profile", profile_rows(), root=root, provenance=PROV, stem="r2")
+    (mine.parent / "r3.parquet").symlink_to(theirs)
+    with caplog.at_level(logging.WARNING, logger="sweep.store"):
+        assert read("profile", root).height == 4 and files("profile", root) == [mine]
+    assert any("symbolic link" in r.message and "r3.parquet" in r.message for r in caplog.records), caplog.text
+
+
 def test_failure_mid_write_leaves_no_readable_file(tmp_path, monkeypatch):
     def half_write(table, where, **kwargs):
         with open(where, "wb") as f:

@@ -303,10 +303,13 @@ def files(name: str, root: str | Path, *, checked: bool = True) -> list[Path]:
             if not d.startswith("."):
                 links.append(os.path.join(directory, d))
         # (a directory named *.parquet is found too, as a glob finds it: the check then says it is no file)
-        found += [Path(directory, f) for f in (*subdirs, *names) if f.endswith(".parquet") and not f.startswith(".")]
+        for f in (*subdirs, *names):
+            if f.endswith(".parquet") and not f.startswith("."):
+                path = Path(directory, f)
+                (links if path.is_symlink() else found).append(path)
     if links:  # never read (a link could take the reader anywhere): said, not passed over in silence
-        shown = ", ".join(links[:3]) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
-        log.warning("%d symbolic link(s) to directories under %s are not read: %s", len(links), base, shown)
+        shown = ", ".join(map(str, links[:3])) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
+        log.warning("%d symbolic link(s) under %s are not read: %s", len(links), base, shown)
     return usable(table, sorted(found)) if checked else sorted(found)
 
 

@@ -50,10 +50,9 @@ class SkipSetSearch(Search):
         storage = optuna_storage_url(plan.path)
         device = worker.device
         found = screened(plan, device) if plan.cfg.resume else None
-        if found is None:
-            found = worker.run(
-                skipset_screen, "skip-set screen", plan.base, plan.run_id, device, storage, plan.cfg.search.name
-            )
+        if found is None:  # the screen's setting as read here: the worker composes it in a directory of its own
+            setting, name = screen_setting(plan.cfg), plan.cfg.search.name
+            found = worker.run(skipset_screen, "skip-set screen", plan.base, setting, device, storage, name)
         chosen = [Candidate(*c) for c in found["chosen"]]
 
         def named(c: Candidate) -> str:  # the set, and what the study drew with it
@@ -98,7 +97,7 @@ def screened(plan: Plan, device: str) -> dict | None:
     study = open_study(plan.cfg.search, plan.path)
     if study is None:
         return None
-    cfg = _screen_config(plan.base, device)
+    cfg = trial_config(plan.base, screen_setting(plan.cfg), device)
     n = cfg.search.n_trials
     if len(screened_sets(study, cfg.bench.draft_stop, cfg.bench.draft_len)) < n:
         if int(study.user_attrs.get("screened_for", 0)) < n:  # (a space with fewer sets than n_trials ran its course)
@@ -124,12 +123,11 @@ def _answer(study, cfg: Config, model: str, seconds: float | None) -> dict:
     }
 
 
-def _screen_config(base: list[str], device: str) -> Config:
-    """The screen's own setting: the sub-space's fixed values with no skip set, its cost model pricing the longest
-    draft's verification."""
-    probe = trial_config(base, [], device)
-    lens = probe.search.draft_lens
-    return trial_config(base, skipset_setting(probe, Candidate("none", None, max(lens) if lens else None)), device)
+def screen_setting(cfg: Config) -> list[str]:
+    """The screen's own setting, its paths as read here (``skipset_setting``): the sub-space's fixed values with no
+    skip set, its cost model pricing the longest draft's verification."""
+    lens = cfg.search.draft_lens
+    return skipset_setting(cfg, Candidate("none", None, max(lens) if lens else None))
 
 
 def skipset_setting(cfg: Config, candidate: Candidate) -> list[str]:
@@ -150,10 +148,11 @@ def drawn_overrides(cfg: Config, candidate: Candidate) -> list[str]:
     ]
 
 
-def skipset_screen(base: list[str], run_id: str, device: str, storage: str, study_name: str) -> dict:
-    """`search=skipset-*` in a worker: the model's full-depth decodes recorded once, the cost model with
-    self-speculation's costs, then the screen study (``sweep.orchestrate.searches.skipstudy``) in ``storage``; the
-    candidates (skip set, draft_stop, draft_len) to run closed-loop, best first."""
+def skipset_screen(base: list[str], setting: list[str], device: str, storage: str, study_name: str) -> dict:
+    """`search=skipset-*` in a worker, on ``setting`` (``screen_setting``, read on the driver): the model's
+    full-depth decodes recorded once, the cost model with self-speculation's costs, then the screen study
+    (``sweep.orchestrate.searches.skipstudy``) in ``storage``; the candidates (skip set, draft_stop, draft_len) to run
+    closed-loop, best first."""
     from sweep.bench.command import load
     from sweep.bench.costs import cost_model
     from sweep.bench.session import process_session
@@ -161,7 +160,7 @@ def skipset_screen(base: list[str], run_id: str, device: str, storage: str, stud
     from sweep.decode.skipscreen import first_drafts, record
     from sweep.orchestrate.searches.skipstudy import search
 
-    cfg = _screen_config(base, device)
+    cfg = trial_config(base, setting, device)
     s, b = cfg.search, cfg.bench
     lm, _, prompts = load(cfg, process_session())
     t0 = time.perf_counter()
