@@ -136,6 +136,30 @@ def test_a_file_that_is_not_a_cost_model_is_named_and_measured_over(cache, caplo
         assert path.is_dir() and any(m.startswith(f"cost model cache {path}: not written (") for m in said)
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("layer_ms", 1e9), ("layer_ms", 1e-12), ("prefill_ms", 1e9), ("kv_ms", 1e9), ("verify_ms", [1e9]),
+     ("extra_probe_ms", {"saturation/hidden": 1e9}), ("overhead_ms", 1e9)],
+)  # fmt: skip
+def test_a_figure_that_cannot_sit_beside_its_step_is_named_and_measured_over(cache, caplog, field, value):
+    """Only the step is checked against the machine. Before: a planted layer of 1e9 ms beside the true step was
+    taken (`cost_model_source` cached, speedup_model 2.6e-9 against a measured 1.64x)."""
+    lm = fresh_model()
+    prompt = chat_prompts(lm, 1)[0].input_ids
+    cost_model(lm, prompt, kv_policies=["propagate"], verify_positions=2)
+    [kept] = list((cache / "costs").glob("*.json"))
+    data = json.loads(kept.read_text())
+    assert costs_cache.problem(data["costs"], len(prompt), lm.num_layers) is None  # as measured: it fits
+    data["costs"][field] = value
+    kept.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="sweep.bench.costs_cache"):
+        again = cost_model(fresh_model(), prompt)
+    assert again.source == "fresh" and again.layer_ms < 1e3
+    said = [r.getMessage() for r in caplog.records if r.name == "sweep.bench.costs_cache"]
+    [warning] = [m for m in said if ": not used (" in m]
+    assert f"not used ({field}" in warning and "\n" not in warning, warning
+
+
 def test_the_key_names_what_the_figures_depend_on(cache):
     lm, half = fresh_model(), fresh_model("dtype=bfloat16")
     assert costs_cache.path_for(cache, lm, 20) != costs_cache.path_for(cache, half, 20)
