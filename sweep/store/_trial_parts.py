@@ -163,7 +163,8 @@ TIMING: tuple[Column, ...] = (
         "ratio",
         "speedup the measured cost model predicts from the gated run's exits and probes on decode steps (tokens "
         "2..n, as timed); batches: from the layers each step ran, plus the second head and K/V overwrites of "
-        "partly exited steps",
+        "partly exited steps, priced at one sequence's costs (the cost model is measured at batch size 1: a batch "
+        "whose layers cost relatively more than one sequence's is predicted faster than it runs)",
     ),
     metric(
         "speedup_e2e_model",
