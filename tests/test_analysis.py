@@ -385,6 +385,15 @@ def test_verdicts_follow_each_modes_own_evidence():
     assert verdict(FULL, 8, None).startswith("no setting reaches agreement >=")
 
 
+def test_a_verdict_names_a_ranked_figure_as_ranked_not_as_the_column_it_differs_from():
+    """Before: "speedup_wall 1.000x (measured 0.897x)", where the speedup_wall column holds 0.897."""
+    from sweep.report.build import verdict
+
+    idle = dict(mode="early_exit", gate="margin", params="theta=20", skipped_compute=False, exit_rate=0.0)
+    capped = verdict(FULL, 8, verdict_row(**idle, speedup=1.0, speedup_wall=1.52, capped=True, speedup_noise=1.52))
+    assert "speedup_wall ranked 1.000x (measured 1.520x)" in capped and "speedup_wall 1.000x" not in capped
+
+
 def test_an_unsure_pick_gives_way_to_the_fastest_setting_distinguishable_from_1x():
     """The verdict's pick at its target is the fastest setting; where its speedup's interval includes 1x, the answer
     is the fastest slower setting whose interval lies above 1x (sought past the first few candidates), else none."""
@@ -599,6 +608,39 @@ def test_the_report_shows_the_batching_effect(tmp_path, capsys):
     assert (
         report.count("| tiny-llama saturation eps=0.8 min_layer=2 kv_policy=propagate |") == 3
     )  # the series names its K/V policy
+
+
+def test_the_batching_section_keeps_workloads_apart_and_shows_the_ranked_speedup(tmp_path):
+    """Before: rows of one setting on two workloads (other prompts.n, gen_tokens) made one series, batch 1 shown
+    twice and its line drawn up and down at one batch size; and the table showed the raw speedup_wall where every
+    other table shows the speedup the tables rank by (1 inside the trial's A/A floor, capped without a skip)."""
+    from conftest import compose
+    from sweep.report.build import analyse
+    from sweep.report.sections import batching_section
+
+    gate = ["gate=saturation", "gate.eps=0.8", "gate.min_layer=2"]
+    bench_rows(tmp_path, [*gate, "bench.batch_size=1"], [*gate, "bench.batch_size=2"])  # 2 prompts x 6 tokens
+    for size in (1, 2):
+        args = ["bench", "model=tiny-llama", "prompts.n=4", "bench.gen_tokens=4", "bench.repeats=2", "bench.warmup=0"]
+        assert main([*args, *gate, f"bench.batch_size={size}", f"results.root={tmp_path}"]) == 0
+    ctx = analyse(compose(f"results.root={tmp_path}"))
+    lines = batching_section(ctx).lines
+    head = next(line for line in lines if line.startswith("| setting |"))
+    assert head.split("|")[3].strip() == "speedup"
+    cells = [line.split("|") for line in lines if line.startswith("| tiny-llama ")]
+    series = {}
+    for cell in cells:
+        series.setdefault(cell[1].strip(), []).append(int(cell[2]))
+    assert len(series) == 2 and all(sizes == [1, 2] for sizes in series.values()), series
+    assert {("n_prompts=2" in s, "gen_tokens=6" in s, "n_prompts=4" in s) for s in series} == {
+        (True, True, False),
+        (False, False, True),
+    }
+    ranked = {(r["batch_size"], r["gen_tokens"]): r for r in ctx.ok.iter_rows(named=True) if r["gate"] == "saturation"}
+    for cell in cells:
+        r = ranked[(int(cell[2]), 6 if "gen_tokens=6" in cell[1] else 4)]
+        shown = cell[3].strip()
+        assert shown.startswith("≈1x") if r["within_noise"] else shown.split()[0] == f"{r['speedup']:.3f}", shown
 
 
 def test_self_speculative_trials_stay_out_of_the_batching_section(tmp_path, capsys):
