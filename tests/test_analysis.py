@@ -496,6 +496,27 @@ def test_analyze_writes_tables_report_and_figures(tmp_path, capsys):
     assert ("no gate reaches" in said) == (row["trial_id"] is None)
 
 
+def test_a_setting_timed_again_over_more_rounds_ranks_by_that_row_alone(tmp_path):
+    """An Optuna search's row of a setting and its re-time to the floor target (the same key but for bench.repeats)
+    both ranked, so the front could name the luckier 2-round draw over the re-timed row of the same setting.
+    The row timed over more rounds ranks; another setting, and a row of the same key, are not touched."""
+    from sweep.analysis import ok_trials, pareto_front
+
+    gate = ["gate=fixed", "gate.exit_layer=2"]
+    bench_rows(tmp_path, gate, [*gate, "bench.repeats=4"], ["gate=fixed", "gate.exit_layer=3"])
+    rows = read("trials", tmp_path)
+    by = {(r["exit_layer"], r["repeats"]): r["trial_id"] for r in rows.iter_rows(named=True)}
+    assert set(by) == {(2, 2), (2, 4), (3, 2)}
+    assert set(ok_trials(rows, ranks=True).collect()["trial_id"]) == {by[(2, 4)], by[(3, 2)]}
+    assert by[(2, 2)] not in set(pareto_front(rows)["trial_id"])
+    copy = rows.filter(pl.col("trial_id") == by[(3, 2)]).with_columns(trial_id=pl.lit("copy000000000000"))
+    assert set(ok_trials(pl.concat([rows, copy]), ranks=True).collect()["trial_id"]) == {
+        by[(2, 4)],
+        by[(3, 2)],
+        "copy000000000000",
+    }
+
+
 def test_the_report_is_its_sections_in_order_written_once(tmp_path):
     from conftest import compose
     from sweep.report.build import analyse, write_report

@@ -30,10 +30,29 @@ def counted(metric: str = "speedup_wall", y: str = "agreement") -> pl.Expr:
     return (pl.col("status") == "ok") & pl.col(metric).is_finite() & (pl.col(metric) > 0) & pl.col(y).is_finite()
 
 
-def ok_trials(trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
-    """Rows that count (``counted``), with the ranked speedup columns (``ranked``)."""
+def ok_trials(
+    trials: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement", *, ranks: bool = False
+) -> pl.LazyFrame:
+    """Rows that count (``counted``), with the ranked speedup columns (``ranked``); with ``ranks``, only those the
+    tables rank (``best_timed``: a setting timed again over more rounds by that row alone)."""
     ok = trials.lazy().filter(counted(metric, y))
-    return ranked(ok, metric)
+    return ranked(best_timed(ok) if ranks else ok, metric)
+
+
+def best_timed(ok: pl.LazyFrame) -> pl.LazyFrame:
+    """One row of each setting measured more than once over different numbers of timed rounds (trial keys equal but
+    for bench.repeats: a search's row and its re-time to the floor target, or the same bench run with more rounds):
+    the ones whose key asks for the most rounds. Ranking every measurement of a setting would let its luckiest,
+    least-timed draw win a front. Rows without a JSON trial key, and rows of one key, are kept as they are."""
+    if "trial_key" not in ok.collect_schema().names():
+        return ok
+    key = pl.col("trial_key")
+    json = key.str.starts_with("{")
+    setting = pl.when(json).then(key.str.replace_all(r'"repeats":\d+', '"repeats":*'))
+    rounds = pl.when(json).then(key.str.extract(r'"repeats":(\d+)').cast(pl.Int64, strict=False))
+    most = pl.col("_rounds").max().over("_setting")
+    keep = pl.col("_setting").is_null() | pl.col("_rounds").is_null() | (pl.col("_rounds") == most)
+    return ok.with_columns(_setting=setting, _rounds=rounds).filter(keep).drop("_setting", "_rounds")
 
 
 def full_depth(groups: pl.DataFrame | pl.LazyFrame, metric: str = "speedup_wall", y: str = "agreement") -> pl.LazyFrame:
@@ -72,7 +91,7 @@ def pareto_front(
     is the ranked one (``ranked``). With ``reference`` (the default) each group's front includes full
     depth (``full_depth``): a setting it dominates is not on it, and one that ties it (1.0x at y 1.0)
     gives way to it."""
-    ok = ok_trials(trials, metric, y)
+    ok = ok_trials(trials, metric, y, ranks=True)
     if not reference:
         return nondominated(ok, "speedup", y, by)
     ref = full_depth(ok.select(list(by)) if by else pl.LazyFrame({"_group": [0]}), metric, y)
@@ -235,7 +254,7 @@ def best_at_targets(
     where no trial reaches the target. Settings that rank equal go to the higher measured speedup (the metric
     itself: two ratios inside their noise floors both rank 1.0x), then the higher agreement, then trial_id."""
     keys = list(by)
-    ok = ok_trials(trials, metric)
+    ok = ok_trials(trials, metric, ranks=True)
     groups = ok.select(keys).unique()
     if reference:
         ok = pl.concat([ok, full_depth(groups, metric)], how="diagonal_relaxed")

@@ -121,7 +121,7 @@ def compute(cfg, prepared) -> ReportContext:
     root, trials, profiles, out = prepared
     a = cfg.analysis
     conf = {"metric": a.speedup, "n_boot": a.n_boot, "seed": a.seed, "min_prompts": a.ci_min_prompts}
-    ok = ok_trials(trials, a.speedup).collect()
+    ok = ok_trials(trials, a.speedup, ranks=True).collect()
     front = fronts(ok, a.speedup) if ok.height else pl.DataFrame()
     if front.height:  # intervals for the rows the tables show; seeded per trial, the same as on all rows
         front = _measured_intervals(front, conf)
