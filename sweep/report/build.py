@@ -45,10 +45,9 @@ from sweep.analysis import (
 from sweep.errors import ConfigError, InputError, SweepError, os_error
 from sweep.report.context import ReportContext
 from sweep.report.plotting import headline_target
-from sweep.report.verdicts import SURE_AMONG
 from sweep.store import TABLES, atomic_write, trusted_rows
 from sweep.report.sections import SECTIONS, Section
-from sweep.report.verdicts import verdict, verdicts
+from sweep.report.verdicts import SURE_AMONG, verdict, verdicts
 
 __all__ = ["ReportContext", "Section", "analyse", "render", "run_analyze", "verdict", "write_report"]
 

@@ -260,7 +260,8 @@ def batching_section(ctx: ReportContext) -> Section:
             ]
         )
     )
-    # one row per batch size: the one timed over the most rounds (then the latest)
+    # one point per batch size (ctx.ok holds a setting's best-timed rows only; rows the label cannot tell apart:
+    # the one timed over the most rounds, then the latest)
     rows = rows.sort("repeats", "created_at", descending=True).unique(["setting", "batch_size"], keep="first")
     groups = rows.group_by("setting").agg(pl.col("batch_size").n_unique().alias("sizes")).filter(pl.col("sizes") > 1)
     series = {s: rows.filter(pl.col("setting") == s).sort("batch_size") for s in sorted(groups["setting"].to_list())}
