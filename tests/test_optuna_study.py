@@ -284,6 +284,101 @@ def test_a_setting_still_running_and_proposed_again_is_told_failed_as_a_repeat(t
     }
 
 
+def _layer_one_search(tmp_path, monkeypatch, known=None):
+    """An Optuna search whose every draw is the fixed exit after layer 1 of tiny-llama's 4 (gate.min_depth in
+    (0.1, 0.25]: ceil(4 * d) = 1), asked again 3 times at most; each proposal's trial id and key."""
+    from conftest import TINY_SWEEP
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.settings import trial_config
+    from sweep.orchestrate.ray.searcher import ConstrainedOptunaSearch, optuna_search
+
+    monkeypatch.setattr(ConstrainedOptunaSearch, "ASKS", 3)
+    base = [*TINY_SWEEP, "search=optuna-mo", "search.spaces=[{gate: fixed, gate.min_depth: 'interval(0.1, 0.25)'}]"]
+    search = optuna_search(compose(*base).search, tmp_path, base=base, device="cpu", root=tmp_path, known=known)
+
+    def identity(proposal):
+        return trial_identity(trial_config(base, proposal["trial"], "cpu"), "cpu")
+
+    def trials():
+        return optuna.load_study(study_name="optuna-mo", storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials
+
+    return search, identity, trials
+
+
+def _measured(ident, min_layer: int, **figures) -> dict:
+    """A row of the setting ``ident`` (its trial id and key) as a bench writes it, its gate resolved to min_layer."""
+    ok = {"status": "ok", "speedup_wall": 1.5, "speedup_model": 1.4, "agreement": 0.25, **figures}
+    return {
+        **ok,
+        "trial_id": ident.id,
+        "trial_key": ident.key,
+        "gate": "fixed",
+        "model": "tiny-llama",
+        "min_layer": min_layer,
+    }
+
+
+def test_draws_of_min_depth_that_resolve_to_a_measured_layer_are_told_from_its_row(tmp_path, monkeypatch):
+    """Two draws of gate.min_depth that resolve to one layer run the same gate: the second is told to the study from
+    the first's row and not measured again (before: 8 trials of a study over tiny-llama's depths measured the exit
+    after layer 2 five times, each its own trial id, and the front took the luckiest of the five timings); when the
+    study keeps proposing it, the setting that runs is the measured one, which its worker reports from its row."""
+    search, identity, trials = _layer_one_search(tmp_path, monkeypatch)
+    first = identity(search.suggest("first"))
+    row = _measured(first, 1)
+    search.on_trial_complete("first", result={**{k: row[k] for k in ("status", "speedup_model")}, "row": row})
+    again = search.suggest("again")
+    repeats = [t for t in trials()[1:] if t.state != optuna.trial.TrialState.RUNNING]
+    assert (
+        len(repeats) == 3
+        and len({t.params["gate.min_depth"] for t in repeats} | {trials()[0].params["gate.min_depth"]}) == 4
+    )  # four draws, one layer
+    assert {(t.state, tuple(t.values), t.user_attrs["trial_id"], t.user_attrs.get("from_row")) for t in repeats} == {
+        (optuna.trial.TrialState.COMPLETE, (1.4, 0.25), first.id, True)
+    }
+    assert identity(again).id == first.id  # asked enough: the measured setting, found by its trial id
+
+
+def test_a_min_depth_draw_is_told_from_a_row_that_named_its_layer(tmp_path, monkeypatch):
+    """A row of another sweep that gave the layer itself (gate.min_layer=1) is the setting a draw of min_depth
+    resolving to layer 1 runs; a proposal still running is a repeat by the layer too, named by its trial id."""
+    from conftest import TINY_SWEEP
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.settings import trial_config
+
+    named = trial_identity(trial_config([*TINY_SWEEP, "gate=fixed", "gate.min_layer=1"], [], "cpu"), "cpu")
+    search, identity, trials = _layer_one_search(tmp_path, monkeypatch, known={named.id: _measured(named, 1)})
+    search.suggest("first")
+    told = [t for t in trials() if t.state != optuna.trial.TrialState.RUNNING]
+    assert len(told) == 3 and {(t.user_attrs["trial_id"], t.user_attrs.get("from_row")) for t in told} == {
+        (named.id, True)
+    }
+
+    search, identity, trials = _layer_one_search(tmp_path / "running", monkeypatch)
+    running = identity(search.suggest("running"))
+    search.suggest("again")
+    repeats = [t for t in trials()[1:] if t.state != optuna.trial.TrialState.RUNNING]
+    assert len(repeats) == 3 and {(t.state, t.user_attrs.get("repeat_of")) for t in repeats} == {
+        (optuna.trial.TrialState.FAIL, running.id)
+    }
+
+
+def test_a_study_whose_space_runs_out_ends_with_the_settings_it_holds(ray_session, tmp_path, monkeypatch, caplog):
+    """gate.min_depth in (0.1, 0.75] of tiny-llama's 4 layers is three settings (exits after layers 1, 2, 3): a study
+    asked for 6 measures each once, ends when its proposals only repeat them, and is not an interruption (its end
+    runs; before: 8 draws measured layer 2 five times under five trial ids)."""
+    from sweep.orchestrate.ray.searcher import ConstrainedOptunaSearch
+
+    monkeypatch.setattr(ConstrainedOptunaSearch, "ASKS", 10)
+    space = "search.spaces=[{gate: fixed, gate.min_depth: 'interval(0.1, 0.75)'}]"
+    with caplog.at_level("INFO", logger="sweep"):
+        outcome = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=6")
+    rows = read("trials", tmp_path).filter(pl.col("repeats") == 1)
+    assert sorted(rows["min_layer"].to_list()) == [1, 2, 3] and rows["trial_id"].n_unique() == 3
+    assert not outcome.interrupted and outcome.written == read("trials", tmp_path).height  # its end re-timed
+    assert "so it ends with 3 settings of search.n_trials=6" in caplog.text
+
+
 def test_a_resumed_study_extended_from_4_to_8_settings_measures_8_distinct_ones(ray_session, tmp_path):
     """search.n_trials counts distinct settings: a study of 4 resumed with 8 ends with 8 distinct settings, each
     with its row; the resumed sampler is not restarted on the stream that drew the first 4, and a proposal of a

@@ -105,6 +105,20 @@ def id_of_key(key: str) -> str:
     return _digest(_canonical(json.loads(key)))
 
 
+def resolved_id(key: str, min_layer: int | None) -> str:
+    """The id of the setting the trial key ``key`` runs on its model, ``min_layer`` being the first layer its gate may
+    exit after there (a row's ``min_layer``, ``sweep.gates.resolve_min_layer`` of the model's depth): a gate given as
+    a fraction of depth (``gate.min_depth``) is keyed by the layer it resolves to, as ``gate.min_layer`` names it, so
+    min_depth 0.3 and 0.31 of a 4-layer model, and min_layer 2, are one setting (they run the same layers). The
+    trial's own id where the key gives no min_depth or its layer is not known."""
+    values = json.loads(key)
+    gate = values.get("gate") or {}
+    if min_layer is None or gate.get("min_depth") is None:
+        return id_of_key(key)
+    values["gate"] = {**gate, "min_depth": None, "min_layer": int(min_layer)}
+    return _digest(_canonical(values))
+
+
 def key_is_of(key: str, trial_id: str) -> bool:
     """Whether the stored key ``key`` is trial ``trial_id``'s: its text hashed as written (keys are written canonical),
     else as ``id_of_key`` reads it (a key re-spelled since)."""

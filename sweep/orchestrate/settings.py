@@ -72,6 +72,41 @@ def setting_id(base: list[str], trial: list[str], device: str) -> str | None:
         return None
 
 
+def setting_ids(base: list[str], trial: list[str], device: str, shapes: dict) -> tuple[str, str] | None:
+    """The trial id of the setting ``trial`` and the id of what it runs (``sweep.config.identity.resolved_id``: a
+    ``gate.min_depth`` keyed by the layer it resolves to on its model, whose depth is read before any load,
+    ``sweep.models.shape_before_load``, kept in ``shapes`` by model; the trial id where it cannot be read); None
+    when it does not compose."""
+    from sweep.config.identity import resolved_id, trial_identity
+    from sweep.errors import SweepError
+    from sweep.gates import resolve_min_layer
+    from sweep.models import shape_before_load
+
+    try:
+        cfg = trial_config(base, trial, device)
+        ident = trial_identity(cfg, device)
+        if cfg.gate.min_depth is None:
+            return ident.id, ident.id
+        if (model := repr(cfg.model)) not in shapes:
+            shapes[model] = shape_before_load(cfg.model)
+        shape = shapes[model]
+        return ident.id, resolved_id(ident.key, None if shape is None else resolve_min_layer(cfg.gate, shape.layers))
+    except SweepError:
+        return None
+
+
+def row_setting_ids(row: dict) -> tuple[str, ...]:
+    """A row's trial id and the id of the setting it measured, as ``setting_ids`` gives a proposal's: from its key and
+    the layer its gate resolved to (``min_layer``); its trial id alone where its key does not read."""
+    from sweep.config.identity import resolved_id
+
+    ids = (row["trial_id"],) if row.get("trial_id") is not None else ()
+    try:
+        return (*ids, resolved_id(row["trial_key"], row.get("min_layer")))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ids
+
+
 def tune_settings(config: dict) -> list[list[str]]:
     """The settings (override lists) a Tune trial's config holds: one (``trial``) or a bundle
     timed against one shared baseline (``trials``, ``baseline_groups``)."""

@@ -5,6 +5,7 @@ not measured."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +13,15 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from sweep.bench.estimators import skips_compute
-from sweep.config import SearchConfig
+from sweep.config import SearchConfig, override_key
 from sweep.config.identity import trial_identity
-from sweep.config.search import spaces
+from sweep.config.search import as_override, spaces
 from sweep.errors import SweepError
 from sweep.orchestrate.ray import internals as _ray_private
 from sweep.orchestrate.report import ROW, row_of, trial_report
 from sweep.orchestrate.searches import study as optuna_api
 from sweep.orchestrate.searches.study import DefineByRun, StudySpec
-from sweep.orchestrate.settings import setting_id, trial_config
+from sweep.orchestrate.settings import row_setting_ids, setting_ids, trial_config
 
 
 class ConstrainedOptunaSearch(OptunaSearch):
@@ -41,7 +42,9 @@ class ConstrainedOptunaSearch(OptunaSearch):
     proposed earlier in this run that has no row (still running, or ended without one) is told failed
     (``repeat_of``), and the study is asked again, at random after ``MODEL_ASKS`` repeats (a model-based sampler
     keeps to its best guess), at most ``ASKS`` times (then the setting runs: its row is taken as any trial's whose
-    row exists).
+    row exists; the search then ends: each later ask is Tune's ``FINISHED``). A setting is what it runs: a draw of
+    ``gate.min_depth`` that resolves to the layer of a setting measured or proposed already is that setting
+    (``setting_ids``).
     """
 
     ASKS = 50
@@ -60,29 +63,41 @@ class ConstrainedOptunaSearch(OptunaSearch):
         self._random_seed = random_seed
         self._bounds = dict(constraints or {})
         self._base, self._device = list(base), device
-        self._known = dict(known or {})
+        self._ids: dict[tuple, tuple[str, ...]] = {}  # each proposal's ids, by its overrides
+        self._shapes: dict = {}  # each model's depth, read once (``setting_ids``)
+        self._known: dict[str, dict] = {}  # rows by trial id and by the setting they measured
+        for row in (known or {}).values():
+            self._remember(row)
         self._overrides: dict[str, list[str]] = {}
-        self._proposed: set[str] = set()
+        self._proposed: dict[str, str] = {}  # the trial id proposed, by its trial id and its setting's
+        self._proposals: dict[str, list[str]] = {}  # each setting proposed in this run: its overrides, by trial id
+        self.exhausted = False  # asked ASKS times without a setting left to measure: the search has finished
         self._told: set[str] = set()
         super().__init__(*args, **kwargs)
 
-    def suggest(self, trial_id: str) -> dict | None:
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self.exhausted:  # the space has no setting left that the sweep has not measured or started
+            return self.FINISHED
         study = _ray_private.optuna_study(self)
         sampler = study.sampler
         config = super().suggest(trial_id)
         try:
-            for ask in range(self.ASKS):
-                setting = self._setting_id(config)
-                if setting is None or (setting not in self._known and setting not in self._proposed):
+            for ask in range(self.ASKS + 1):
+                ids = self._setting_ids(config)
+                row = next((self._known[i] for i in ids if i in self._known), None)
+                earlier = next((self._proposed[i] for i in ids if i in self._proposed), None)
+                if row is None and earlier is None:
+                    break
+                if ask == self.ASKS:  # asked enough: this one runs as the setting it repeats, and no more are asked
+                    self.exhausted = True
+                    config = self._as_measured(config, row, earlier)
                     break
                 ot_trial = _ray_private.take_optuna_trial(self, trial_id)
-                if (
-                    setting in self._known
-                ):  # measured already: the study learns its figures, the sweep runs it not again
+                if row is not None:  # measured already: the study learns its figures, the sweep runs it not again
                     ot_trial.set_user_attr("from_row", True)
-                    self._tell(ot_trial, self._known[setting])
+                    self._tell(ot_trial, row)
                 else:  # proposed earlier in this run, no row (still running, or none came): nothing to tell
-                    ot_trial.set_user_attr("repeat_of", setting)
+                    ot_trial.set_user_attr("repeat_of", earlier)
                     optuna_api.tell_failed(study, ot_trial)
                 if ask == self.MODEL_ASKS - 1:  # the sampler's model keeps to what it has: draw at random instead
                     study.sampler = optuna_api.sampler("random", self._random_seed + len(study.trials))
@@ -91,16 +106,47 @@ class ConstrainedOptunaSearch(OptunaSearch):
             study.sampler = sampler
         if config and "trial" in config:
             self._overrides[trial_id] = list(config["trial"])
-            if setting is not None:
-                self._proposed.add(setting)
+            ids = self._setting_ids(config)
+            self._proposed.update({i: ids[0] for i in ids})
+            if ids:
+                self._proposals.setdefault(ids[0], list(config["trial"]))
         return config
 
-    def _setting_id(self, config: dict | None) -> str | None:
-        """The trial id of a proposal (``config["trial"]``: its overrides) as the driver composes it; None when it
-        does not compose (its worker reports it failed) or there is none."""
+    def _setting_ids(self, config: dict | None) -> tuple[str, ...]:
+        """A proposal's (``config["trial"]``: its overrides) trial id as the driver composes it and the id of the
+        setting it runs, its ``gate.min_depth`` keyed by the layer it resolves to (``setting_ids``: draws of
+        min_depth 0.3 and 0.31 of a 4-layer model are one setting); none when it does not compose (its worker reports
+        it failed) or there is none."""
         if not config or "trial" not in config or self._device is None:
-            return None
-        return setting_id(self._base, list(config["trial"]), self._device)
+            return ()
+        trial = tuple(config["trial"])
+        if trial not in self._ids:  # composed once per proposal (a categorical space proposes the same one often)
+            self._ids[trial] = setting_ids(self._base, list(trial), self._device, self._shapes) or ()
+        return self._ids[trial]
+
+    def _remember(self, row: dict) -> None:
+        """A row measured (this run's, a resumed study's or another sweep's), by its trial id and the setting it
+        measured; an ok row kept over a failed one of the same setting."""
+        for setting in row_setting_ids(row):
+            if setting not in self._known or self._known[setting].get("status") != "ok":
+                self._known[setting] = row
+
+    def _as_measured(self, config: dict, row: dict | None, earlier: str | None) -> dict:
+        """A proposal of a setting measured already (``row``) or proposed earlier in this run (``earlier``, its trial
+        id), given as that setting was, so that its worker finds that setting's row by its trial id and reports it
+        rather than measuring the setting again (a draw of ``gate.min_depth`` 0.31 where 0.3's row exists); as
+        proposed where neither can be rebuilt."""
+        if row is None:
+            return {**config, "trial": self._proposals[earlier]} if earlier in self._proposals else config
+        try:
+            gate = json.loads(row["trial_key"])["gate"]
+        except (KeyError, TypeError, ValueError):  # a key that does not read
+            return config
+        key = "min_depth" if gate.get("min_depth") is not None else "min_layer"
+        trial = [o for o in config["trial"] if override_key(o) not in ("gate.min_depth", "gate.min_layer")]
+        trial.append(as_override(f"gate.{key}", gate.get(key)))
+        ids = setting_ids(self._base, trial, self._device, self._shapes)
+        return {**config, "trial": trial} if ids and ids[0] == row.get("trial_id") else config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """Nothing: a trial reports once, and the study has no pruner (OptunaSearch would
@@ -110,7 +156,7 @@ class ConstrainedOptunaSearch(OptunaSearch):
         ot_trial = _ray_private.optuna_trial(self, trial_id)
         row = _row(result)
         if row.get("trial_id") is not None:  # measured now: proposed again, the study learns its figures from the row
-            self._known[row["trial_id"]] = row
+            self._remember(row)
         if ot_trial is not None and trial_id not in self._told:
             self._told.add(trial_id)
             result, error = self._record(ot_trial, self._row_attrs(trial_id, result, error), result, error)

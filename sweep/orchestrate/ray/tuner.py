@@ -92,8 +92,20 @@ class TuneCluster:
         """``batch``'s Tune trials, fitted; the rows Tune holds that no callback wrote are written. True if the sweep
         was interrupted (trials left unfinished)."""
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; ours shows
-        tuner = _tuner(plan, batch, self.resources, self.device, writer, self.hub)
-        return _reconcile(_fit(tuner, plan), writer, batch.settings)
+        found = None if batch.values is not None else searcher(batch.study, plan.cfg.sweep.max_concurrent)
+        tuner = _tuner(plan, batch, self.resources, self.device, writer, self.hub, found)
+        results = _fit(tuner, plan)
+        ended = found is not None and getattr(found, "searcher", found).exhausted
+        if ended:  # fewer settings than search.n_trials, as the space holds: the study ended, nothing interrupted it
+            log.info(
+                "sweep %s: the study's space has no setting left that this sweep has not measured (%d proposals in a "
+                "row repeated one), so it ends with %d settings of search.n_trials=%d",
+                plan.name,
+                getattr(found, "searcher", found).ASKS,
+                len({(row_of(r.metrics) or {}).get("trial_id") for r in results} - {None}),
+                batch.samples,
+            )
+        return _reconcile(results, writer, None if ended else batch.settings)
 
     def in_worker(self, fn, label: str, *args):
         """``fn(*args)`` in a Ray task with the trials' resources, the driver showing its forwarded progress while it
@@ -175,7 +187,7 @@ def workers_broken(why: str) -> str:
     return f"Ray cannot start a worker process, so no trial can run ({why}); the reason is in {where}"
 
 
-def _tuner(plan: Plan, batch: Pass, resources: dict, device: str, writer: RowWriter, hub: Hub):
+def _tuner(plan: Plan, batch: Pass, resources: dict, device: str, writer: RowWriter, hub: Hub, found=None):
     cfg = plan.cfg
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device, "progress": hub.actor}
     context["done"] = batch.done
@@ -196,7 +208,7 @@ def _tuner(plan: Plan, batch: Pass, resources: dict, device: str, writer: RowWri
         return tune.Tuner(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config)
     # metric and mode live on the searcher only: TuneConfig(metric=, mode=) would make it single-objective
     tune_config = tune.TuneConfig(
-        search_alg=searcher(batch.study, cfg.sweep.max_concurrent),
+        search_alg=found,
         num_samples=batch.samples,
         reuse_actors=True,
         trial_dirname_creator=_trial_dirname,
