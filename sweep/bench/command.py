@@ -16,7 +16,7 @@ from sweep.textfit import fit_lines
 from sweep.config import Config
 from sweep.gates import Gate, check_model, make_gate
 from sweep.gates.readouts import check_readouts_file
-from sweep.models import LoadedModel, Shape, shape_before_load
+from sweep.models import LoadedModel, Shape, check_model_files, shape_before_load
 from sweep.models.prompts import Prompt
 
 log = logging.getLogger("sweep.bench.command")
@@ -64,6 +64,7 @@ def check_fits(cfg: Config, shapes: dict | None = None) -> Shape | None:
     hidden), or None where it cannot be read without the load (then the load checks)."""
     shapes = {} if shapes is None else shapes
     if (key := repr(cfg.model)) not in shapes:
+        check_model_files(cfg.model)  # a model directory that cannot load: one line, before the work
         shapes[key] = shape_before_load(cfg.model)
     shape = shapes[key]
     if shape is None:

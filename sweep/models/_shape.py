@@ -59,8 +59,10 @@ def _from_hf(mcfg: ModelConfig) -> Shape | None:
         config_file = path / "config.json"
         if not _regular(config_file):
             return None
-        return _from_config(AutoConfig.from_pretrained(str(path), local_files_only=True))
-    return _from_config(AutoConfig.from_pretrained(mcfg.path, revision=mcfg.revision, local_files_only=True))
+        return _from_config(AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False))
+    return _from_config(
+        AutoConfig.from_pretrained(mcfg.path, revision=mcfg.revision, local_files_only=True, trust_remote_code=False)
+    )
 
 
 def _gguf_path(mcfg: ModelConfig) -> Path | None:

@@ -155,17 +155,19 @@ def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, **NO_REMOTE_CODE)
         require_causal_lm(config, where)
         log.info("dequantizing %s (first load on this machine; later loads use the cache)", path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **NO_REMOTE_CODE)
         # the config read above, not read again: each reading parses the file's whole metadata (the vocabulary)
         model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, config=config, dtype=torch.float32
+            path.parent, gguf_file=path.name, config=config, dtype=torch.float32, **NO_REMOTE_CODE
         )
     except InputError:
         raise
     except LOAD_ERRORS as exc:  # the gguf reader raises many kinds on a corrupt file
+        if remote_code_asked(exc):
+            raise InputError(f"{where}: {REMOTE_CODE}") from exc
         raise InputError(f"{where}: cannot load this GGUF file ({type(exc).__name__}: {_short(exc)})") from exc
     model.config.quantization_config = None  # save_pretrained refuses a GGUF-quantized config
     model.hf_quantizer = None
@@ -195,21 +197,65 @@ def cache_dir() -> Path:
 def _load_hf(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
     from transformers import AutoConfig
 
+    check_model_files(mcfg)
     assert mcfg.path is not None
     path = Path(mcfg.path).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
-            raise InputError(f"model.path={mcfg.path}: a directory without config.json (not an HF model directory)")
         return _load_hf_from(str(path), None, fingerprint_dir(path), torch_dtype, local_only=True)
-    if names_a_path(mcfg.path):
-        raise InputError(f"model.path={mcfg.path}: no such directory (and not a hub id of the form org/name)")
     try:  # a hub id: the local HF cache first, the hub only when it answers
-        AutoConfig.from_pretrained(mcfg.path, revision=mcfg.revision, local_files_only=True)
+        AutoConfig.from_pretrained(mcfg.path, revision=mcfg.revision, local_files_only=True, **NO_REMOTE_CODE)
         local_only = True
     except OSError:
         _require_hub(mcfg.path)
         local_only = False
     return _load_hf_from(mcfg.path, mcfg.revision, None, torch_dtype, local_only=local_only)
+
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def check_model_files(mcfg: ModelConfig) -> None:
+    """Before any load (a sweep's plan, before Ray starts; a bench's, before its task and model): a local HF
+    directory (``model=hf``) that cannot be loaded is one line naming ``model.path`` and what it holds: not a
+    directory, no ``config.json``, no weights or a truncated one, a config transformers cannot read, a model type
+    that needs the model's own code, or one that is not a decoder-only causal LM. A hub id and the other sources
+    are the load's to check."""
+    if mcfg.source != "hf" or mcfg.path is None:
+        return
+    where = f"model.path={mcfg.path}"
+    if not mcfg.path.strip():
+        raise InputError(f"{where}: empty; model=hf takes model.path=DIR (an HF model directory) or a hub id org/name")
+    path = Path(mcfg.path).expanduser()
+    if not path.exists():
+        if names_a_path(mcfg.path):
+            raise InputError(f"{where}: no such directory (and not a hub id of the form org/name)")
+        return
+    if not path.is_dir():
+        raise InputError(
+            f"{where}: a file, not a model directory; model=hf takes an HF model directory "
+            "(a GGUF file is model=gguf model.path=FILE.gguf)"
+        )
+    if not (path / "config.json").is_file():
+        raise InputError(f"{where}: a directory without config.json (not an HF model directory)")
+    problem = _cache.weights_problem(path)
+    if problem is not None:
+        raise InputError(f"{where}: {problem}")
+    if not any(any(path.glob(pattern)) for pattern in WEIGHTS):
+        raise InputError(f"{where}: no weights in this directory (model*.safetensors or pytorch_model*.bin)")
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True, **NO_REMOTE_CODE)
+    except LOAD_ERRORS as exc:
+        if remote_code_asked(exc):
+            raise InputError(f"{where}: {REMOTE_CODE}") from exc
+        if "does not recognize this architecture" in str(exc):
+            raise InputError(
+                f"{where}: config.json's model_type is not one transformers {_transformers_version()} knows; sweep "
+                "measures the decoder-only causal LMs transformers ships"
+            ) from exc
+        raise InputError(f"{where}: cannot read its config.json ({type(exc).__name__}: {_short(exc)})") from exc
+    require_causal_lm(config, where)
 
 
 def _load_hf_from(
@@ -222,16 +268,23 @@ def _load_hf_from(
     if problem is not None:
         raise InputError(f"{where}: {problem}")
     try:
-        config = AutoConfig.from_pretrained(ref, revision=revision, local_files_only=local_only)
+        config = AutoConfig.from_pretrained(ref, revision=revision, local_files_only=local_only, **NO_REMOTE_CODE)
         require_causal_lm(config, where)
-        tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(ref, revision=revision, local_files_only=local_only, **NO_REMOTE_CODE)
         model, info = AutoModelForCausalLM.from_pretrained(
-            ref, revision=revision, local_files_only=local_only, dtype=torch_dtype, output_loading_info=True
+            ref,
+            revision=revision,
+            local_files_only=local_only,
+            dtype=torch_dtype,
+            output_loading_info=True,
+            **NO_REMOTE_CODE,
         )
         _require_fit(model, info, where)
     except InputError:
         raise
     except LOAD_ERRORS as exc:
+        if remote_code_asked(exc):
+            raise InputError(f"{where}: {REMOTE_CODE}") from exc
         raise InputError(f"{where}: cannot load this model ({type(exc).__name__}: {_short(exc)})") from exc
     commit = getattr(model.config, "_commit_hash", None)
     return model, tokenizer, content_hash or f"hub:{ref}@{commit or revision or 'unknown'}", commit or revision
@@ -245,6 +298,12 @@ def _require_fit(model, info: dict, where: str) -> None:
     missing = [k for k in info.get("missing_keys", ()) if k not in tied and not any(k.endswith(t) for t in tied)]
     unexpected = list(info.get("unexpected_keys", ()))
     mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())]
+    named = list(getattr(model.config, "architectures", None) or ())
+    if (missing or unexpected or mismatched) and named and type(model).__name__ not in named:
+        raise InputError(
+            f"{where}: its weights are a {named[0]} (config.json's architectures), not the causal LM "
+            f"{type(model).__name__} that sweep loads for its model_type; sweep measures decoder-only causal LMs"
+        )
     if missing or unexpected or mismatched:
         parts = [
             f"{n} {what} ({', '.join(sorted(keys)[:3])}{', ...' if n > 3 else ''})"
@@ -266,6 +325,11 @@ def require_causal_lm(config, where: str) -> None:
         raise InputError(
             f"{where}: model_type '{config.model_type}' has no causal-LM class in transformers "
             f"{_transformers_version()}; sweep measures decoder-only causal LMs"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise InputError(
+            f"{where}: model_type '{config.model_type}' is an encoder-decoder model; sweep measures decoder-only "
+            "causal LMs"
         )
 
 
@@ -292,6 +356,21 @@ def _require_hub(ref: str) -> None:
             f"model.path={ref}: not a local directory, not in the HF cache, and the hub ({endpoint}) "
             "cannot be reached; mount the model and pass model.path=/path/to/dir, or model=gguf model.path=FILE.gguf"
         )
+
+
+# a model's own Python code (config.json's or tokenizer_config.json's auto_map) is never run: transformers' own
+# classes only, so a model directory cannot run code in the process that loads it (transformers would otherwise ask
+# on a terminal, and run it on a yes)
+NO_REMOTE_CODE = {"trust_remote_code": False}
+REMOTE_CODE = (
+    "its files name Python code of their own (auto_map) for a model type transformers does not ship; sweep does not "
+    "run a model's own code (trust_remote_code=False): use a model whose model_type transformers has"
+)
+
+
+def remote_code_asked(exc: BaseException) -> bool:
+    """Whether transformers refused a load because it would need the model's own code (trust_remote_code)."""
+    return isinstance(exc, ValueError) and "trust_remote_code" in str(exc)
 
 
 def _short(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from sweep.errors import InputError
 from sweep.models._loader import LoadedModel, ModelCache, load_model
 from sweep.models.prompts import Prompt, read_prompts, tokenize_prompts
 
@@ -35,4 +36,13 @@ def load_workload(
 def tokenize_for(lm: LoadedModel, items: list[tuple[str, str]], prompts_cfg, gen: tuple[str, int]) -> list[Prompt]:
     """``items`` tokenized for ``lm``, each leaving room in its context for ``gen`` tokens."""
     room = getattr(lm.adapter.config, "max_position_embeddings", None)
-    return tokenize_prompts(items, prompts_cfg, lm.tokenizer, room=None if room is None else room - gen[1], gen=gen)
+    prompts = tokenize_prompts(items, prompts_cfg, lm.tokenizer, room=None if room is None else room - gen[1], gen=gen)
+    rows = getattr(getattr(lm.adapter, "embed", None), "num_embeddings", None)
+    for prompt in prompts:  # a tokenizer of another model: an id past the embedding is an IndexError mid-decode
+        if rows is not None and max(prompt.input_ids) >= rows:
+            raise InputError(
+                f"model={lm.name}: its tokenizer gives token id {max(prompt.input_ids)} for "
+                f"prompt {prompt.id}, past the model's {rows} embeddings (vocab_size); the tokenizer is another "
+                "model's"
+            )
+    return prompts
