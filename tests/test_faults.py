@@ -69,9 +69,11 @@ def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_onc
 
 
 @pytest.mark.ray
-def test_sigterm_while_ray_starts_stops_the_sweep_in_one_line(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_while_ray_starts_stops_the_sweep_in_one_line(tmp_path, sig):
     """A SIGTERM that lands while ray.init runs reached the handler Ray installs there (sys.exit(15)): exit code 15
-    and nothing said. Now it stops the sweep as any SIGTERM does: 143, one line, Ray stopped."""
+    and nothing said. Now it stops the sweep as any SIGTERM does: 143, one line, Ray stopped; a SIGHUP (its terminal
+    closed) likewise, 129 (before: killed by it, nothing said)."""
     import glob
     import shutil
     import tempfile
@@ -84,14 +86,34 @@ def test_sigterm_while_ray_starts_stops_the_sweep_in_one_line(tmp_path):
         args = [SWEEP, "run", *TINY, f"results.root={tmp_path / 'r'}"]
         proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: glob.glob(f"{own}/ray/session_2*/logs/gcs_server*") or proc.poll() is not None, "Ray to start")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 143, err[-3000:]
-        assert [line for line in err.splitlines() if line.strip()] == ["error: stopped by SIGTERM"], err[-3000:]
+        assert proc.returncode == 128 + sig, err[-3000:]
+        assert [line for line in err.splitlines() if line.strip()] == [f"error: stopped by {sig.name}"], err[-3000:]
         gcs = [pid for pid in os.listdir("/proc") if pid.isdigit() and own in _environ(pid)]
         wait_for(lambda: not [pid for pid in gcs if os.path.exists(f"/proc/{pid}")], "the run's Ray to stop")
     finally:
         shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_any_command_in_one_line_as_ctrl_c_does(tmp_path, sig):
+    """`sweep fit` (as `bench`, `profile`, `calibrate`, `analyze`) stopped mid-work by SIGTERM (timeout, Kubernetes)
+    or SIGHUP (its terminal closed): one line, exit code 128 + the signal, its output not written (before: killed by
+    the signal itself, nothing said, and whatever its cleanup would have removed left behind)."""
+    out = tmp_path / "fit" / "readouts.safetensors"
+    args = [SWEEP, "fit", "model=tiny-llama", "prompts.n=4", "fit.gen_tokens=8", f"fit.out={out}"]
+    proc = subprocess.Popen(args, env=subprocess_env(CI="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # a line per step: the signal lands while the prompts decode
+        seen.append(line)
+        if "[2/4]" in line:
+            proc.send_signal(sig)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, "".join(seen) + err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [f"error: stopped by {sig.name}"]
+    assert not out.exists() and not out.parent.exists()
 
 
 def _environ(pid: str) -> str:

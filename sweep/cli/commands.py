@@ -77,7 +77,7 @@ def _run(overrides: list[str]) -> int:
         outcome = run_sweep(cfg, overrides)
     if outcome.interrupted:
         print(sweep_report(outcome))
-        how = "stopped by SIGTERM" if interrupt.stop_signal() == signal.SIGTERM else "interrupted"
+        how = interrupt.stopped_by()
         print(f"{how}: resume with `{interrupt.resume_command(overrides, outcome.name)}`", file=sys.stderr)
         return 128 + interrupt.stop_signal()
     print(sweep_report(outcome, cfg.analysis))
@@ -194,8 +194,10 @@ def _main(args: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, handlers=[handler])
     if command not in NO_MODEL:
         _quiet_libraries()
+    from sweep.orchestrate import interrupt
+
     try:
-        with progress.session(quiet):
+        with progress.session(quiet), interrupt.sigterm_as_sigint():  # SIGTERM, SIGHUP: as Ctrl-C, one line
             return COMMANDS[command](overrides)
     except BrokenPipeError:
         raise
@@ -205,12 +207,9 @@ def _main(args: list[str]) -> int:
         print(f"error: {(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        from sweep.orchestrate import interrupt
-
-        stopped = interrupt.stop_signal()
         hint = f"; {exc.args[0]}" if exc.args and isinstance(exc.args[0], str) else ""  # (a sweep's resume line)
-        print(f"error: {'stopped by SIGTERM' if stopped == signal.SIGTERM else 'interrupted'}{hint}", file=sys.stderr)
-        return 128 + stopped
+        print(f"error: {interrupt.stopped_by()}{hint}", file=sys.stderr)
+        return 128 + interrupt.stop_signal()
     except Exception as exc:  # a bug: one line plus where, the traceback on request
         if os.environ.get("SWEEP_DEBUG"):
             raise

@@ -1,12 +1,13 @@
-"""How a sweep stops early: SIGTERM handled as SIGINT, the resume command, and the system error
-behind a failed write.
+"""How a command stops early: SIGTERM and SIGHUP handled as SIGINT, the resume command, and the system
+error behind a failed write.
 
-``timeout``, Kubernetes and systemd stop a process with SIGTERM. Ray's driver installs a handler
-for it (a stack dump, then abort: exit code 134) and Tune handles only SIGINT, so within
-``sigterm_as_sigint`` a SIGTERM raises SIGINT in this process: Tune ends its run the way Ctrl-C
-does (or, outside Tune's loop, KeyboardInterrupt), the driver stops Ray and releases its claims,
-and `sweep run` prints one line with the resume command (exit code 143: 128 + SIGTERM).
-Ray-free: ``sweep.orchestrate.driver`` enters the context around its run.
+``timeout``, Kubernetes and systemd stop a process with SIGTERM, a closed terminal with SIGHUP. Ray's driver
+installs a handler for SIGTERM (a stack dump, then abort: exit code 134) and Tune handles only SIGINT, so within
+``sigterm_as_sigint`` either raises SIGINT in this process: Tune ends its run the way Ctrl-C does (or, outside
+Tune's loop, KeyboardInterrupt), the driver stops Ray and releases its claims, and `sweep run` prints one line with
+the resume command (exit code 128 + the signal: 143, 129). Every command runs inside it (``sweep.cli.commands``),
+so each stops as on Ctrl-C, in one line; ``sweep.orchestrate.driver`` enters it again around a sweep's run.
+Ray-free.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from sweep.config import override_key
 
 _received: list[int] = []  # the stop signals received within sigterm_as_sigint, in order
 _active: list[bool] = []  # inside sigterm_as_sigint (in the main thread)
+# the signals that stop a command as Ctrl-C does: SIGTERM (timeout, Kubernetes, systemd) and SIGHUP (its terminal
+# closed); a process's default on either is to die at once, its claims, staging files and sandboxes left behind
+STOPS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -30,20 +34,23 @@ def _on_sigterm(signum, frame) -> None:
 
 @contextlib.contextmanager
 def sigterm_as_sigint() -> Iterator[None]:
-    """Within this block (entered in the main thread), SIGTERM stops the process as SIGINT does;
-    the previous handler is restored after. Elsewhere (a worker thread) it does nothing."""
+    """Within this block (entered in the main thread), SIGTERM and SIGHUP stop the process as SIGINT does;
+    the previous handlers are restored after. Elsewhere (a worker thread) it does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    _received.clear()
+    previous = {sig: signal.getsignal(sig) for sig in STOPS}
+    if not _active:
+        _received.clear()
     _active.append(True)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for sig in STOPS:
+        signal.signal(sig, _on_sigterm)
     try:
         yield
     finally:
         _active.pop()
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def stopped_during_start(exc: SystemExit) -> bool:
@@ -59,12 +66,20 @@ def stopped_during_start(exc: SystemExit) -> bool:
 def keep_sigterm() -> None:
     """Install the handler again: ``ray.init`` replaces the process's SIGTERM handler with its own."""
     if _active and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in STOPS:
+            signal.signal(sig, _on_sigterm)
 
 
 def stop_signal() -> int:
-    """The signal that stopped the sweep: SIGTERM when one was received, else SIGINT."""
-    return signal.SIGTERM if signal.SIGTERM in _received else signal.SIGINT
+    """The signal that stopped the command: the first SIGTERM or SIGHUP received, else SIGINT."""
+    return next((sig for sig in _received if sig in STOPS), signal.SIGINT)
+
+
+def stopped_by() -> str:
+    """What stopped the command, as its last line says it: ``stopped by SIGTERM`` (or SIGHUP), else
+    ``interrupted`` (Ctrl-C)."""
+    stopped = stop_signal()
+    return f"stopped by {signal.Signals(stopped).name}" if stopped in STOPS else "interrupted"
 
 
 def resume_command(overrides: list[str], name: str) -> str:
