@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -154,3 +155,37 @@ def test_a_tokenizer_of_another_model_is_one_line_not_an_index_error(own, tmp_pa
     assert errors[0].startswith("error: model=small: its tokenizer gives token id ") and errors[0].endswith(
         "for prompt chat/0, past the model's 64 embeddings (vocab_size); the tokenizer is another model's"
     )
+
+
+def test_a_sweep_over_model_files_changed_since_their_rows_is_refused_before_the_work(own, tmp_path, capsys):
+    """A trial's id names a model directory's path, not its content: after the weights there change, the rows made
+    with the old ones counted as done and came back as the new model's figures (a reader's run: agreement 1.0 shown
+    for a model at 0.0). Now one line naming the path, both hashes and what to do, rc 2, before Ray starts."""
+    mine = tmp_path / "mine"
+    shutil.copytree(own, mine)
+    root = tmp_path / "r"
+    code, errors = _bench(mine, root, capsys)
+    assert code == 0 and errors == []
+    load("model=tiny-llama", "seed=7").model.save_pretrained(mine)  # other weights, the same path and shapes
+    out = run_cli("run", "model=hf", f"model.path={mine}", *TINY, f"results.root={root}")
+    errors = [e for e in out.stderr.splitlines() if e.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
+    assert errors[0].startswith(f"error: model.path={mine}: its files are not the ones 1 row(s) under results.root")
+    assert errors[0].endswith("measure them again with sweep.rerun=true, or write to another results.root")
+    assert "Ray" not in out.stderr and not (root / "ray").exists()
+
+
+def test_two_models_under_one_label_are_named_in_a_warning_by_analyze(own, tmp_path, capsys, caplog):
+    """Two directories of one name (a/ckpt, b/ckpt: other weights) both land under model=ckpt, and every table
+    pooled them without a word (a reader's verdict named one speedup for the two). `sweep analyze` names the label and
+    its two model hashes."""
+    root = tmp_path / "r"
+    for where, seed in (("a", "seed=0"), ("b", "seed=7")):
+        shutil.copytree(own, tmp_path / where / "ckpt")
+        load("model=tiny-llama", seed).model.save_pretrained(tmp_path / where / "ckpt")
+        code, errors = _bench(tmp_path / where / "ckpt", root, capsys)
+        assert code == 0 and errors == []
+    with caplog.at_level(logging.WARNING, logger="sweep"):
+        assert main(["analyze", f"results.root={root}"]) == 0
+    [line] = [r.getMessage() for r in caplog.records if "share a label" in r.getMessage()]
+    assert "ckpt (2 models: model_hash dir-sha256:" in line and "give each model its own results.root" in line

@@ -83,3 +83,29 @@ def distinct_profiles(profiles: pl.LazyFrame) -> pl.LazyFrame:
         " and ".join(said),
     )
     return profiles.join(kept.lazy().select(_ROW[:4]), on=list(_ROW[:4]), how="semi").collect().lazy()  # once
+
+
+def warn_shared_names(*tables: pl.LazyFrame | pl.DataFrame) -> None:
+    """One warning naming each model label whose rows measured more than one model: a user's own directories or
+    GGUF files of one name (``checkpoint-1000`` under two runs), or one directory whose files changed, have other
+    ``model_hash`` values under one label, and every table pools them by label."""
+    seen = [
+        t.lazy()
+        .filter(pl.col("model_source").is_in(["hf", "gguf"]) & ~pl.col("model_hash").is_in(["unknown"]))
+        .select("model", "model_hash")
+        for t in tables
+        if {"model_hash", "model_source"} <= set(t.collect_schema().names())
+    ]
+    if not seen:
+        return
+    hashes = pl.concat(seen).unique().group_by("model").agg(pl.col("model_hash").sort())
+    shared = hashes.filter(pl.col("model_hash").list.len() > 1).collect().sort("model")
+    if shared.height:
+        log.warning(
+            "rows of more than one model share a label, and the tables pool them: %s; give each model its own "
+            "results.root (or directory name) so that each is analysed alone",
+            "; ".join(
+                f"{r['model']} ({len(r['model_hash'])} models: model_hash {', '.join(h[:24] for h in r['model_hash'])})"
+                for r in shared.iter_rows(named=True)
+            ),
+        )

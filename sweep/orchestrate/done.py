@@ -99,6 +99,38 @@ def done_rows(cfg: Config) -> dict[str, dict]:
     return {r["trial_id"]: r for r in done}
 
 
+def check_models_unchanged(done: dict[str, dict], cfgs) -> None:
+    """A model read from a user's own files (``model=hf`` a directory, ``model=gguf`` a file) that are not the files
+    the rows counted as done measured (their ``model_hash``): a trial's id names the model's path, not its content,
+    so those rows would stand for this model's settings with another model's figures. One line before the work,
+    naming the path and what to do; ``cfgs``: the sweep's settings (their models, each checked once)."""
+    import json
+    import os
+
+    from sweep.config.provenance import fingerprint_dir, fingerprint_file
+    from sweep.errors import ConfigError
+
+    models = {repr(c.model): c.model for c in cfgs if c.model.source in ("hf", "gguf") and c.model.path}
+    for model in models.values():
+        if not os.path.exists(model.path):  # a hub id: its revision is in its hash, its content the hub's
+            continue
+        now = fingerprint_dir(model.path) if os.path.isdir(model.path) else fingerprint_file(model.path)
+        stale = []
+        for row in done.values():
+            try:
+                key = json.loads(row.get("trial_key") or "{}").get("model") or {}
+            except ValueError:
+                continue
+            if (key.get("source"), key.get("path")) == (model.source, model.path) and row.get("model_hash") != now:
+                stale.append(row)
+        if stale:
+            raise ConfigError(
+                f"model.path={model.path}: its files are not the ones {len(stale)} row(s) under results.root measured "
+                f"(model_hash {stale[0].get('model_hash')} then, {now} now), and those rows would count as this "
+                "model's: measure them again with sweep.rerun=true, or write to another results.root"
+            )
+
+
 def row_ids(root: str | Path) -> set[str]:
     """The trial ids with a row under ``root``, whatever its status (a resumed Optuna sweep counts
     a study trial done only when its row exists: ``sweep.orchestrate.searches.study.remaining_trials``)."""

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from sweep.orchestrate import claims
-from sweep.orchestrate.done import done_rows
+from sweep.orchestrate.done import check_models_unchanged, done_rows
 from sweep.config import Config, override_key, read_overrides
 from sweep.errors import ConfigError, SweepError, first_line, os_error
 from sweep.config.identity import trial_identity
@@ -65,7 +65,9 @@ def plan_sweep(cfg: Config, overrides: list[str]) -> Plan:
     _check_task_inputs(cfg, grid_trials)
     _check_files_read(cfg, grid_trials)  # with each setting's gate against its model's depth and width
     check_definition(cfg, storage / name)  # checked now, recorded when the work starts (``record_definition``)
-    return Plan(cfg, run_id, root, storage, name, base, grid_trials, done_rows(cfg))
+    done = done_rows(cfg)
+    check_models_unchanged(done, [c for _, c in grid_trials or [(None, cfg)]])
+    return Plan(cfg, run_id, root, storage, name, base, grid_trials, done)
 
 
 def as_read(grid_trials: GridTrials | None) -> GridTrials | None:

@@ -40,6 +40,7 @@ from sweep.analysis import (
     noise_floors,
     ok_trials,
     params_text,
+    warn_shared_names,
     with_confidence,
 )
 from sweep.errors import ConfigError, InputError, SweepError, os_error
@@ -77,6 +78,7 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
     trials = trusted_rows(distinct_trials(load_trials(root).collect()), root, ids=False)
     _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = distinct_profiles(load_profiles(root))
+    warn_shared_names(trials, profiles)
     has_profiles = profiles.select(pl.len()).collect().item() > 0
     if trials.height == 0 and not has_profiles:
         raise InputError(
