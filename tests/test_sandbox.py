@@ -229,6 +229,29 @@ def test_a_bounded_pool_keeps_the_programs_order(machine):
     assert [o.passed for o in outcomes] == [i % 2 == 0 for i in range(5)]
 
 
+@pytest.mark.skipif(not ROOT, reason="the test finds the running programs by the sandbox's users (as root)")
+def test_ctrl_c_kills_the_running_programs_rather_than_wait_for_their_timeout(machine):
+    """Ctrl-C while a batch's programs run ended the caller only once each running program had ended or reached
+    its timeout (a reader's: 30 s of endless loops; unbounded with a large eval.timeout_s). Now the running ones are
+    killed and cleaned up at once and the rest never start: the caller ends with KeyboardInterrupt and nothing of
+    the batch is left."""
+    from helpers.waiting import wait_for
+
+    code = (
+        "from sweep.tasks.sandbox import Limits, run_programs\n"
+        "run_programs(['while True:\\n    pass\\n'] * 4, Limits(timeout_s=3600, cpu_s=3600), workers=2)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(sandbox_processes(proc.pid)) >= 2 or proc.poll() is not None, "two programs to run")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)  # (before: the programs' hour)
+    finally:
+        proc.kill()  # (and with it, its sandboxes: --die-with-parent)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
+    assert not sandbox_processes(proc.pid)
+
+
 def test_code_execution_is_opt_in():
     with pytest.raises(ConfigError) as info:
         require_allowed(False)

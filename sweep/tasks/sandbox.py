@@ -150,6 +150,7 @@ def run_programs(programs: list[str | Program], limits: Limits = Limits(), worke
     if not items:
         return []
     workers = max(1, min(workers, len(items)))
+    stop = threading.Event()  # set when the caller is stopped (Ctrl-C, SIGTERM): each running program killed then
     with _slots.lease(workers if plan.root else 0) as uids:
         free = list(uids) or [None] * workers
         lock = threading.Lock()
@@ -158,27 +159,37 @@ def run_programs(programs: list[str | Program], limits: Limits = Limits(), worke
             with lock:
                 uid = free.pop()
             try:
-                return _execute(program, limits, plan, uid)
+                return _execute(program, limits, plan, uid, stop)
             finally:
                 with lock:
                     free.append(uid)
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+        try:
             return list(pool.map(one, items))
+        except BaseException:  # a KeyboardInterrupt: the programs running end now, not at eval.timeout_s
+            stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # those not started never start; cleanup runs for the rest
 
 
-def _execute(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -> Outcome:
+def _execute(
+    program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None, stop: threading.Event | None = None
+) -> Outcome:
     """One program, start to end: whatever goes wrong in the sandbox's own steps is this program's failure."""
     t0 = time.perf_counter()
     try:
-        return _run(program, limits, plan, uid)
+        return _run(program, limits, plan, uid, stop)
     except Exception as exc:  # noqa: BLE001 - one program's broken cleanup fails that program, not the batch
         left = _clean(None, uid)
         return Outcome("failed", None, "", f"sandbox: {type(exc).__name__}: {exc}{left}", time.perf_counter() - t0,
                        plan.describe(()), uid)  # fmt: skip
 
 
-def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -> Outcome:
+def _run(
+    program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None, stop: threading.Event | None = None
+) -> Outcome:
     nonce = secrets.token_hex(16)
     job = {
         "cpu_s": int(limits.cpu_s),
@@ -217,7 +228,7 @@ def _run(program: Program, limits: Limits, plan: _bwrap.Plan, uid: int | None) -
             ours.discard(fd)
         ours.discard(job_w)  # the sender closes it once the job is written (a pipe: once read, nobody reads it again)
         threading.Thread(target=_send, args=(job_w, marshal.dumps(job)), daemon=True).start()
-        status, out, err = _watch(proc, limits, t0)
+        status, out, err = _watch(proc, limits, t0, stop)
         left = _clean(proc, uid)
         os.set_blocking(verdict_r, False)
         try:
@@ -267,8 +278,11 @@ def _send(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
-def _watch(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | None, bytearray, bytearray]:
-    """Until it ends, its output passes the cap, or its time is up: which (None: it ended), and its output.
+def _watch(
+    proc: subprocess.Popen, limits: Limits, t0: float, stop: threading.Event | None = None
+) -> tuple[str | None, bytearray, bytearray]:
+    """Until it ends, its output passes the cap, its time is up or ``stop`` is set (its caller stopped: a
+    ``timeout`` then): which (None: it ended), and its output.
 
     Once it has ended (killed, if need be), what its pipes hold is read and they are closed, whether or not their
     write ends are: a program can keep them open past its end (sent over a unix socket that holds itself, which
@@ -287,7 +301,7 @@ def _watch(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | Non
         if over.is_set():
             status = "output_limit"
             break
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline or (stop is not None and stop.is_set()):
             status = "timeout"
             break
         over.wait(0.005)
