@@ -491,3 +491,25 @@ def test_the_settings_a_study_ends_with_are_retimed_to_the_floor_target(ray_sess
         f"sweep.name={outcome.name}",
     )
     assert again.written == 0 and read("trials", tmp_path).height == len(rows)
+
+
+def test_a_trial_the_stop_left_running_carries_its_identity_and_why_it_failed(tmp_path):
+    """A trial running when the sweep stopped is told failed on the resume; it had no user attributes, where every
+    other trial names its trial_id and status (docs/sweeps.md). It now carries its setting's trial id (from its
+    parameters), status ``interrupted`` and why."""
+    from sweep.orchestrate.searches.study import optuna_storage_url, remaining_trials
+
+    search = compose("search=optuna-mo", "search.n_trials=2").search
+    study = optuna.create_study(
+        study_name=search.name, storage=optuna_storage_url(tmp_path), directions=["maximize", "maximize"]
+    )
+    running = study.ask()
+    running.suggest_float("gate.eps", 0.1, 0.5)
+    left = remaining_trials(search, tmp_path, rows=set(), identify=lambda params: f"id-of-{params['gate.eps']:.3f}")
+    (trial, *again) = optuna.load_study(study_name=search.name, storage=optuna_storage_url(tmp_path)).trials
+    assert left == 2 and trial.state == optuna.trial.TrialState.FAIL
+    assert trial.user_attrs["trial_id"] == f"id-of-{trial.params['gate.eps']:.3f}"
+    assert trial.user_attrs["status"] == "interrupted" and "the sweep stopped while it ran" in trial.user_attrs["error"]
+    assert [(t.state, t.system_attrs["fixed_params"]) for t in again] == [
+        (optuna.trial.TrialState.WAITING, trial.params)
+    ]

@@ -232,12 +232,12 @@ def remaining_trials(
         waiting = [t.params for t in trials if t.state == TrialState.WAITING]
         done, lost = set(), []
         for trial in trials:
+            tid = trial.user_attrs.get("trial_id")
+            if tid is None and identify is not None and trial.params and trial.state != TrialState.WAITING:
+                tid = identify(trial.params)
             if trial.state == TrialState.RUNNING:  # no worker will finish it; its setting may have its row
-                study.tell(trial.number, state=TrialState.FAIL)
+                _interrupted(study, trial, tid)
             if trial.state != TrialState.WAITING:
-                tid = trial.user_attrs.get("trial_id")
-                if tid is None and identify is not None and trial.params:
-                    tid = identify(trial.params)
                 if tid in rows:
                     done.add(tid)  # a setting counts once, however often it was proposed
                     continue
@@ -249,6 +249,18 @@ def remaining_trials(
         for params in lost[: max(remaining - len(waiting), 0)]:
             study.enqueue_trial(params)
     return remaining
+
+
+def _interrupted(study, trial, tid: str | None) -> None:
+    """A trial the sweep's stop left running, told failed with the user attributes every trial carries (its
+    ``trial_id`` as its parameters compose, ``status`` ``interrupted``, and why), so that a reader of the study
+    sees what it was."""
+    running = optuna.trial.Trial(study, trial._trial_id)
+    if tid is not None and "trial_id" not in trial.user_attrs:
+        running.set_user_attr("trial_id", tid)
+    running.set_user_attr("status", "interrupted")
+    running.set_user_attr("error", "the sweep stopped while it ran; a resume runs its setting unless its row exists")
+    study.tell(trial.number, state=TrialState.FAIL)
 
 
 def open_study(search: SearchConfig, path: Path):
