@@ -3,9 +3,11 @@ verified cache), and Hugging Face directories or hub names; what the loader refu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -159,10 +161,13 @@ def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
         require_causal_lm(config, where)
         log.info("dequantizing %s (first load on this machine; later loads use the cache)", path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **NO_REMOTE_CODE)
-        # the config read above, not read again: each reading parses the file's whole metadata (the vocabulary)
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, config=config, dtype=torch.float32, **NO_REMOTE_CODE
-        )
+        # the config read above, not read again: each reading parses the file's whole metadata (the vocabulary);
+        # transformers' own bar of the tensors converted is not shown (the line above says what runs; progress is
+        # the command's own display, a line per step under CI)
+        with contextlib.redirect_stderr(io.StringIO()):
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, config=config, dtype=torch.float32, **NO_REMOTE_CODE
+            )
     except InputError:
         raise
     except LOAD_ERRORS as exc:  # the gguf reader raises many kinds on a corrupt file
