@@ -189,3 +189,22 @@ def test_two_models_under_one_label_are_named_in_a_warning_by_analyze(own, tmp_p
         assert main(["analyze", f"results.root={root}"]) == 0
     [line] = [r.getMessage() for r in caplog.records if "share a label" in r.getMessage()]
     assert "ckpt (2 models: model_hash dir-sha256:" in line and "give each model its own results.root" in line
+
+
+def test_a_tokenizer_without_a_chat_template_is_said_to_give_the_raw_text(own, tmp_path, capsys, caplog):
+    """prompts.chat_template (on by default) on a tokenizer that has none fell back to the raw text without a word,
+    while the row's key says chat_template true: one info line says so."""
+    plain = tmp_path / "plain"
+    shutil.copytree(own, plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.INFO, logger="sweep"):
+        code, errors = _bench(plain, tmp_path / "r", capsys)
+    assert code == 0 and errors == []
+    assert "the model's tokenizer has no chat template: its prompts are the raw text" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sweep"):
+        assert _bench(own, tmp_path / "r2", capsys) == (0, [])
+    assert "no chat template" not in caplog.text

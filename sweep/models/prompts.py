@@ -89,6 +89,8 @@ def tokenize_prompts(
     key, not the prompt.
     """
     use_template = cfg.chat_template and getattr(tokenizer, "chat_template", None) is not None
+    if cfg.chat_template and not use_template and items:
+        log.info("the model's tokenizer has no chat template: its prompts are the raw text (prompts.chat_template)")
     limit = cfg.max_tokens if room is None else min(cfg.max_tokens, room)
     out = []
     for pid, text, *rest in items:
