@@ -116,6 +116,68 @@ def test_a_stop_signal_ends_any_command_in_one_line_as_ctrl_c_does(tmp_path, sig
     assert not out.exists() and not out.parent.exists()
 
 
+def _fit_until_its_second_prompt(tmp_path, preexec=None) -> tuple[subprocess.Popen, list[str], Path]:
+    """`sweep fit` on tiny-llama, read until its second prompt's line (a line per step): the process, what it said,
+    and its output file."""
+    out = tmp_path / "fit" / "readouts.safetensors"
+    args = [SWEEP, "fit", "model=tiny-llama", "prompts.n=10", "fit.gen_tokens=8", f"fit.out={out}"]
+    proc = subprocess.Popen(
+        args, env=subprocess_env(CI="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec
+    )
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "[2/10]" in line:
+            break
+    return proc, seen, out
+
+
+def test_a_signal_the_command_was_started_ignoring_stays_ignored(tmp_path):
+    """`nohup` starts a command ignoring SIGHUP, so that a closed terminal leaves it running: it still runs to its
+    end (the stop handling first took SIGHUP over); and a command a script started in the background (SIGINT
+    ignored) still stops on SIGTERM, in one line (the SIGINT raised to stop it did nothing: the SIGTERM was lost)."""
+    proc, seen, out = _fit_until_its_second_prompt(tmp_path, lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0 and list(out.rglob("*.safetensors")), "".join(seen) + err
+
+    ignoring = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    proc, seen, out = _fit_until_its_second_prompt(tmp_path / "bg", ignoring)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143 and not out.exists(), "".join(seen) + err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == ["error: stopped by SIGTERM"]
+
+
+def test_a_closed_terminal_stops_a_command_with_129_not_a_traceback(tmp_path):
+    """The terminal a command runs on goes away (the kernel's SIGHUP to its session): its last line cannot be
+    written there (EIO), which ended it with a traceback and exit code 1; it ends with 129 and writes nothing."""
+    import fcntl
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+
+    def on_the_terminal():
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    out = tmp_path / "fit" / "readouts.safetensors"
+    args = [SWEEP, "fit", "model=tiny-llama", "prompts.n=10", "fit.gen_tokens=8", f"fit.out={out}"]
+    proc = subprocess.Popen(
+        args, env=subprocess_env(CI="1"), stdin=slave, stdout=slave, stderr=slave, preexec_fn=on_the_terminal
+    )
+    os.close(slave)
+    said = b""
+    try:
+        while b"[2/10]" not in said:
+            said += os.read(master, 4096)
+    finally:
+        os.close(master)  # the terminal goes away
+    assert proc.wait(timeout=180) == 129, said.decode(errors="replace")[-2000:]
+    assert not out.exists()
+
+
 def _environ(pid: str) -> str:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import errno
 import signal
 import sys
 import warnings
@@ -168,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout left (`sweep schema | head -1`): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except OSError as exc:  # the terminal went away (its SIGHUP stopped the command): nothing can be said on it
+        if exc.errno != errno.EIO:
+            raise
+        from sweep.orchestrate import interrupt
+
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.dup2(null, sys.stderr.fileno())
+        return 128 + interrupt.stop_signal()
 
 
 def _main(args: list[str]) -> int:

@@ -29,7 +29,16 @@ STOPS = (signal.SIGTERM, signal.SIGHUP)
 
 def _on_sigterm(signum, frame) -> None:
     _received.append(signum)
-    signal.raise_signal(signal.SIGINT)  # whatever handles SIGINT now: Tune's, else KeyboardInterrupt
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.raise_signal(signal.SIGINT)  # whatever handles SIGINT now: Tune's, else KeyboardInterrupt
+    else:  # SIGINT ignored (a job a script started in the background inherits that): the stop goes on as Ctrl-C's
+        raise KeyboardInterrupt
+
+
+def _ours(sig: int) -> bool:
+    """Whether a stop signal is ours to handle: not one this process was started ignoring (``nohup`` ignores
+    SIGHUP so that a closed terminal leaves the command running)."""
+    return signal.getsignal(sig) is not signal.SIG_IGN
 
 
 @contextlib.contextmanager
@@ -39,11 +48,11 @@ def sigterm_as_sigint() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.getsignal(sig) for sig in STOPS}
+    previous = {sig: signal.getsignal(sig) for sig in STOPS if _ours(sig)}
     if not _active:
         _received.clear()
     _active.append(True)
-    for sig in STOPS:
+    for sig in previous:
         signal.signal(sig, _on_sigterm)
     try:
         yield
@@ -67,7 +76,8 @@ def keep_sigterm() -> None:
     """Install the handler again: ``ray.init`` replaces the process's SIGTERM handler with its own."""
     if _active and threading.current_thread() is threading.main_thread():
         for sig in STOPS:
-            signal.signal(sig, _on_sigterm)
+            if _ours(sig):
+                signal.signal(sig, _on_sigterm)
 
 
 def stop_signal() -> int:
