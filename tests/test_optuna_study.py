@@ -376,7 +376,7 @@ def test_a_study_whose_space_runs_out_ends_with_the_settings_it_holds(ray_sessio
     rows = read("trials", tmp_path).filter(pl.col("repeats") == 1)
     assert sorted(rows["min_layer"].to_list()) == [1, 2, 3] and rows["trial_id"].n_unique() == 3
     assert not outcome.interrupted and outcome.written == read("trials", tmp_path).height  # its end re-timed
-    assert "so it ends with 3 settings of search.n_trials=6" in caplog.text
+    assert "(its space looks spent), so it ends with 3 settings of search.n_trials=6" in caplog.text
 
 
 def test_a_resumed_study_extended_from_4_to_8_settings_measures_8_distinct_ones(ray_session, tmp_path):

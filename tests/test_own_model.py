@@ -64,8 +64,9 @@ def test_a_model_directory_that_names_code_of_its_own_is_refused_and_its_code_ne
 
 
 def test_a_sweep_of_a_directory_that_cannot_load_is_refused_before_ray_starts(own, tmp_path):
-    """No weights, a file for a directory, an empty path, a model type transformers does not know: one line naming
-    model.path, rc 2, and no results root (before: Ray started and a failed row was written per setting)."""
+    """No weights (a Trainer's arguments are not), a file for a directory, a model type transformers does not know,
+    a masked LM: one line naming model.path, rc 2, and no results root (before: Ray started and a failed row was
+    written per setting)."""
     empty = tmp_path / "noweights"
     empty.mkdir()
     shutil.copy(own / "config.json", empty / "config.json")
@@ -73,8 +74,16 @@ def test_a_sweep_of_a_directory_that_cannot_load_is_refused_before_ray_starts(ow
     shutil.copytree(own, unknown)
     config = json.loads((unknown / "config.json").read_text())
     (unknown / "config.json").write_text(json.dumps({**config, "model_type": "frobnicator"}))
+    (empty / "training_args.bin").write_bytes(b"a Trainer's arguments, not weights")
+    from transformers import BertConfig, BertForMaskedLM
+
+    masked = tmp_path / "masked"
+    BertForMaskedLM(
+        BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, vocab_size=600)
+    ).save_pretrained(masked)
     cases = {
         empty: "no weights in this directory (model*.safetensors or pytorch_model*.bin)",
+        masked: "its weights are a BertForMaskedLM (config.json's architectures), not a causal LM",
         own / "config.json": "a file, not a model directory; model=hf takes an HF model directory",
         unknown: "config.json's model_type is not one transformers",
     }
@@ -127,8 +136,8 @@ def test_encoder_decoder_and_encoder_only_models_say_what_sweep_measures(own, tm
     ]
     code, errors = _bench(bert, tmp_path / "r", capsys)
     assert code == 2 and errors == [
-        f"error: model.path={bert}: its weights are a BertModel (config.json's architectures), not the causal LM "
-        "BertLMHeadModel that sweep loads for its model_type; sweep measures decoder-only causal LMs"
+        f"error: model.path={bert}: its weights are a BertModel (config.json's architectures), not a causal LM; "
+        "sweep measures decoder-only causal LMs"
     ]
 
 

@@ -7,7 +7,6 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
-import io
 import logging
 import os
 import shutil
@@ -164,7 +163,7 @@ def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
         # the config read above, not read again: each reading parses the file's whole metadata (the vocabulary);
         # transformers' own bar of the tensors converted is not shown (the line above says what runs; progress is
         # the command's own display, a line per step under CI)
-        with contextlib.redirect_stderr(io.StringIO()):
+        with _no_tensor_bar():
             model = AutoModelForCausalLM.from_pretrained(
                 path.parent, gguf_file=path.name, config=config, dtype=torch.float32, **NO_REMOTE_CODE
             )
@@ -177,6 +176,23 @@ def _dequantize(path: Path, where: str, torch_dtype: torch.dtype):
     model.config.quantization_config = None  # save_pretrained refuses a GGUF-quantized config
     model.hf_quantizer = None
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _no_tensor_bar():
+    """transformers' bar over the GGUF's tensors (its own ``tqdm``, which ``disable_progress_bar`` does not reach)
+    made silent while a conversion runs; nothing else written to stderr is touched."""
+    from transformers import modeling_gguf_pytorch_utils as gguf
+
+    shown = getattr(gguf, "tqdm", None)
+    if shown is None:
+        yield
+        return
+    gguf.tqdm = functools.partial(shown, disable=True)
+    try:
+        yield
+    finally:
+        gguf.tqdm = shown
 
 
 def _save_converted(model, tokenizer, target: Path) -> None:
@@ -216,7 +232,10 @@ def _load_hf(mcfg: ModelConfig, torch_dtype: torch.dtype, seed: int):
     return _load_hf_from(mcfg.path, mcfg.revision, None, torch_dtype, local_only=local_only)
 
 
-WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model*.bin", "*.safetensors.index.json", "*.bin.index.json")
+# what a causal LM's checkpoint names in config.json's architectures; a masked LM or a bare encoder (BertForMaskedLM,
+# RobertaModel) has a causal-LM class in transformers too (BertLMHeadModel), but is not one
+CAUSAL_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
 def check_model_files(mcfg: ModelConfig) -> None:
@@ -303,12 +322,6 @@ def _require_fit(model, info: dict, where: str) -> None:
     missing = [k for k in info.get("missing_keys", ()) if k not in tied and not any(k.endswith(t) for t in tied)]
     unexpected = list(info.get("unexpected_keys", ()))
     mismatched = [k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())]
-    named = list(getattr(model.config, "architectures", None) or ())
-    if (missing or unexpected or mismatched) and named and type(model).__name__ not in named:
-        raise InputError(
-            f"{where}: its weights are a {named[0]} (config.json's architectures), not the causal LM "
-            f"{type(model).__name__} that sweep loads for its model_type; sweep measures decoder-only causal LMs"
-        )
     if missing or unexpected or mismatched:
         parts = [
             f"{n} {what} ({', '.join(sorted(keys)[:3])}{', ...' if n > 3 else ''})"
@@ -335,6 +348,12 @@ def require_causal_lm(config, where: str) -> None:
         raise InputError(
             f"{where}: model_type '{config.model_type}' is an encoder-decoder model; sweep measures decoder-only "
             "causal LMs"
+        )
+    named = list(getattr(config, "architectures", None) or ())
+    if named and not any(name.endswith(CAUSAL_ARCHITECTURES) for name in named):
+        raise InputError(
+            f"{where}: its weights are a {named[0]} (config.json's architectures), not a causal LM; sweep measures "
+            "decoder-only causal LMs"
         )
 
 

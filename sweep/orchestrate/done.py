@@ -103,7 +103,8 @@ def check_models_unchanged(done: dict[str, dict], cfgs) -> None:
     """A model read from a user's own files (``model=hf`` a directory, ``model=gguf`` a file) that are not the files
     the rows counted as done measured (their ``model_hash``): a trial's id names the model's path, not its content,
     so those rows would stand for this model's settings with another model's figures. One line before the work,
-    naming the path and what to do; ``cfgs``: the sweep's settings (their models, each checked once)."""
+    naming the path and what to do; ``cfgs``: the sweep's settings (their models, each checked once; a search that
+    samples its settings, its base setting's model only). The files are read only where rows name their path."""
     import json
     import os
 
@@ -114,15 +115,18 @@ def check_models_unchanged(done: dict[str, dict], cfgs) -> None:
     for model in models.values():
         if not os.path.exists(model.path):  # a hub id: its revision is in its hash, its content the hub's
             continue
-        now = fingerprint_dir(model.path) if os.path.isdir(model.path) else fingerprint_file(model.path)
-        stale = []
+        measured = []
         for row in done.values():
             try:
                 key = json.loads(row.get("trial_key") or "{}").get("model") or {}
             except ValueError:
                 continue
-            if (key.get("source"), key.get("path")) == (model.source, model.path) and row.get("model_hash") != now:
-                stale.append(row)
+            if (key.get("source"), key.get("path")) == (model.source, model.path):
+                measured.append(row)
+        if not measured:  # nothing to compare: the files are not read here (the load reads them)
+            continue
+        now = fingerprint_dir(model.path) if os.path.isdir(model.path) else fingerprint_file(model.path)
+        stale = [row for row in measured if row.get("model_hash") != now]
         if stale:
             raise ConfigError(
                 f"model.path={model.path}: its files are not the ones {len(stale)} row(s) under results.root measured "

@@ -98,8 +98,8 @@ class TuneCluster:
         ended = found is not None and getattr(found, "searcher", found).exhausted
         if ended:  # fewer settings than search.n_trials, as the space holds: the study ended, nothing interrupted it
             log.info(
-                "sweep %s: the study's space has no setting left that this sweep has not measured (%d proposals in a "
-                "row repeated one), so it ends with %d settings of search.n_trials=%d",
+                "sweep %s: the study's last %d proposals each repeated a setting this sweep has (its space looks "
+                "spent), so it ends with %d settings of search.n_trials=%d",
                 plan.name,
                 getattr(found, "searcher", found).ASKS,
                 len({(row_of(r.metrics) or {}).get("trial_id") for r in results} - {None}),
