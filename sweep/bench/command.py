@@ -64,12 +64,13 @@ def check_fits(cfg: Config, shapes: dict | None = None) -> Shape | None:
     hidden), or None where it cannot be read without the load (then the load checks)."""
     shapes = {} if shapes is None else shapes
     if (key := repr(cfg.model)) not in shapes:
-        check_model_files(cfg.model)  # a model directory that cannot load: one line, before the work
         shapes[key] = shape_before_load(cfg.model)
     shape = shapes[key]
-    if shape is None:
-        return None
-    check_model(cfg.gate, shape.layers, shape.hidden)
+    if shape is not None:
+        check_model(cfg.gate, shape.layers, shape.hidden)
+    if (files := ("files", key)) not in shapes:
+        check_model_files(cfg.model)  # a model directory that cannot load: one line, before the work
+        shapes[files] = True
     return shape
 
 

@@ -241,9 +241,9 @@ CAUSAL_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"
 def check_model_files(mcfg: ModelConfig) -> None:
     """Before any load (a sweep's plan, before Ray starts; a bench's, before its task and model): a local HF
     directory (``model=hf``) that cannot be loaded is one line naming ``model.path`` and what it holds: not a
-    directory, no ``config.json``, no weights or a truncated one, a config transformers cannot read, a model type
-    that needs the model's own code, or one that is not a decoder-only causal LM. A hub id and the other sources
-    are the load's to check."""
+    directory, no ``config.json``, a config transformers cannot read, a model type that needs the model's own code,
+    one that is not a decoder-only causal LM, no weights. A weights file that is not whole, a hub id and the other
+    sources are the load's to check."""
     if mcfg.source != "hf" or mcfg.path is None:
         return
     where = f"model.path={mcfg.path}"
@@ -261,11 +261,6 @@ def check_model_files(mcfg: ModelConfig) -> None:
         )
     if not (path / "config.json").is_file():
         raise InputError(f"{where}: a directory without config.json (not an HF model directory)")
-    problem = _cache.weights_problem(path)
-    if problem is not None:
-        raise InputError(f"{where}: {problem}")
-    if not any(any(path.glob(pattern)) for pattern in WEIGHTS):
-        raise InputError(f"{where}: no weights in this directory (model*.safetensors or pytorch_model*.bin)")
     from transformers import AutoConfig
 
     try:
@@ -280,6 +275,8 @@ def check_model_files(mcfg: ModelConfig) -> None:
             ) from exc
         raise InputError(f"{where}: cannot read its config.json ({type(exc).__name__}: {_short(exc)})") from exc
     require_causal_lm(config, where)
+    if not any(any(path.glob(pattern)) for pattern in WEIGHTS):  # (a weights file that is not whole: the load's)
+        raise InputError(f"{where}: no weights in this directory (model*.safetensors or pytorch_model*.bin)")
 
 
 def _load_hf_from(
