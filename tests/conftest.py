@@ -214,6 +214,16 @@ def subprocess_env(**extra) -> dict:
     return e
 
 
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    """tiny-llama saved as an HF model directory (config, safetensors weights, tokenizer): a user's own model."""
+    path = tmp_path_factory.mktemp("hf") / "tiny"
+    lm = load("model=tiny-llama")
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def llama_readouts(tmp_path_factory) -> Path:
     """Readouts (`sweep fit`) of tiny-llama fitted on chat/0..2: the file gate=classifier and

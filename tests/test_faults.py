@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.rows import wait_for_rows
-from conftest import full_disk, load, subprocess_env
+from conftest import full_disk, subprocess_env
 from helpers.tiny_gguf import write_tiny_gguf
 from sweep.cli.commands import main
 from sweep.store import files, read
@@ -318,16 +318,6 @@ def test_a_row_its_partition_cannot_take_is_kept_and_the_resume_does_not_redo_it
 
 
 # ---------------------------------------------------------------- 7. a trial that raises; 8. corrupt model files
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    """tiny-llama saved as an HF model directory (config, safetensors weights, tokenizer)."""
-    path = tmp_path_factory.mktemp("hf") / "tiny"
-    lm = load("model=tiny-llama")
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return path
 
 
 def truncated_copy(src: Path, dst: Path) -> Path:

@@ -17,13 +17,9 @@ TINY = ["prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0"
 
 
 @pytest.fixture(scope="module")
-def own(tmp_path_factory) -> Path:
-    """tiny-llama saved as a user's HF model directory (config, safetensors weights, tokenizer)."""
-    path = tmp_path_factory.mktemp("own") / "tiny"
-    lm = load("model=tiny-llama")
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return path
+def own(hf_dir) -> Path:
+    """tiny-llama saved as a user's HF model directory (``conftest.hf_dir``)."""
+    return hf_dir
 
 
 def _bench(path: Path | str, root: Path, capsys) -> tuple[int, list[str]]:
