@@ -45,6 +45,12 @@ def written(out: str) -> int:
 # ---------------------------------------------------------------- 5. SIGTERM
 
 
+def hangs_up() -> None:
+    """A child's SIGHUP at its default, whatever this run inherited (a suite started under `nohup` ignores it, and a
+    command started ignoring SIGHUP keeps ignoring it, as it should)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.ray
 def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_once(tmp_path):
     root = tmp_path / "r"
@@ -84,7 +90,9 @@ def test_sigterm_while_ray_starts_stops_the_sweep_in_one_line(tmp_path, sig):
     try:
         env = {**subprocess_env(), "RAY_TMPDIR": own}
         args = [SWEEP, "run", *TINY, f"results.root={tmp_path / 'r'}"]
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hangs_up
+        )
         wait_for(lambda: glob.glob(f"{own}/ray/session_2*/logs/gcs_server*") or proc.poll() is not None, "Ray to start")
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=180)
@@ -103,7 +111,9 @@ def test_a_stop_signal_ends_any_command_in_one_line_as_ctrl_c_does(tmp_path, sig
     the signal itself, nothing said, and whatever its cleanup would have removed left behind)."""
     out = tmp_path / "fit" / "readouts.safetensors"
     args = [SWEEP, "fit", "model=tiny-llama", "prompts.n=4", "fit.gen_tokens=8", f"fit.out={out}"]
-    proc = subprocess.Popen(args, env=subprocess_env(CI="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, env=subprocess_env(CI="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=hangs_up
+    )
     seen = []
     for line in proc.stderr:  # a line per step: the signal lands while the prompts decode
         seen.append(line)
@@ -159,6 +169,7 @@ def test_a_closed_terminal_stops_a_command_with_129_not_a_traceback(tmp_path):
     master, slave = pty.openpty()
 
     def on_the_terminal():
+        hangs_up()
         os.setsid()
         fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
 
