@@ -69,8 +69,7 @@ class ConstrainedOptunaSearch(OptunaSearch):
         for row in (known or {}).values():
             self._remember(row)
         self._overrides: dict[str, list[str]] = {}
-        self._proposed: dict[str, str] = {}  # the trial id proposed, by its trial id and its setting's
-        self._proposals: dict[str, list[str]] = {}  # each setting proposed in this run: its overrides, by trial id
+        self._proposed: dict[str, tuple] = {}  # this run's proposals (overrides), by trial id and setting id
         self.exhausted = False  # asked ASKS times without a setting left to measure: the search has finished
         self._told: set[str] = set()
         super().__init__(*args, **kwargs)
@@ -85,7 +84,7 @@ class ConstrainedOptunaSearch(OptunaSearch):
             for ask in range(self.ASKS + 1):
                 ids = self._setting_ids(config)
                 row = next((self._known[i] for i in ids if i in self._known), None)
-                earlier = next((self._proposed[i] for i in ids if i in self._proposed), None)
+                earlier = next((self._ids[self._proposed[i]][0] for i in ids if i in self._proposed), None)
                 if row is None and earlier is None:
                     break
                 if ask == self.ASKS:  # asked enough: this one runs as the setting it repeats, and no more are asked
@@ -107,9 +106,8 @@ class ConstrainedOptunaSearch(OptunaSearch):
         if config and "trial" in config:
             self._overrides[trial_id] = list(config["trial"])
             ids = self._setting_ids(config)
-            self._proposed.update({i: ids[0] for i in ids})
-            if ids:
-                self._proposals.setdefault(ids[0], list(config["trial"]))
+            for i in ids:
+                self._proposed.setdefault(i, tuple(config["trial"]))
         return config
 
     def _setting_ids(self, config: dict | None) -> tuple[str, ...]:
@@ -137,7 +135,7 @@ class ConstrainedOptunaSearch(OptunaSearch):
         rather than measuring the setting again (a draw of ``gate.min_depth`` 0.31 where 0.3's row exists); as
         proposed where neither can be rebuilt."""
         if row is None:
-            return {**config, "trial": self._proposals[earlier]} if earlier in self._proposals else config
+            return {**config, "trial": list(self._proposed[earlier])} if earlier in self._proposed else config
         try:
             gate = json.loads(row["trial_key"])["gate"]
         except (KeyError, TypeError, ValueError):  # a key that does not read
