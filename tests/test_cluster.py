@@ -57,6 +57,9 @@ def test_an_interrupted_driver_resumes_without_losing_or_repeating_a_trial(tmp_p
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted: resume with" in err
+    # said when the first Ctrl-C lands, before the seconds its stop takes
+    assert err.index("interrupted: stopping the running settings") < err.index("interrupted: resume with")
+    assert "(Ctrl-C again to stop sooner)" in err
     done_before = len(files("trials", tmp_path))
     assert 1 <= done_before < 4
     resumed = subprocess.run([*args, "resume=true"], env=env(), capture_output=True, text=True, timeout=400)

@@ -61,6 +61,9 @@ def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_onc
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 143, err[-3000:]  # 128 + SIGTERM, not 134 (Ray's abort)
     assert "SIGTERM received" not in err and "Traceback" not in err and "Tuner.restore" not in err, err[-3000:]
+    # the stop is said when it lands (the running settings and Ray take seconds to stop), and how to stop sooner
+    stopping = [line for line in err.splitlines() if "stopping the running settings" in line]
+    assert len(stopping) == 1 and "stopped by SIGTERM" in stopping[0] and "SIGTERM again" in stopping[0], err[-3000:]
     command = resume_line(err)
     assert command.count("resume=true") == 1 and command.count("sweep.name=") == 1
     assert not list((root / "claims").glob("*.json")), "the stopped run's claims were not released"
@@ -265,6 +268,41 @@ def test_the_resume_hint_of_a_resumed_run_names_resume_once():
 
     hint = resume_command(["model=tiny-llama", "resume=true", "sweep.name=old", "run_id=r1", "x=1"], "s-1")
     assert hint == "sweep run model=tiny-llama x=1 resume=true sweep.name=s-1"
+
+
+def test_a_second_stop_signal_after_a_tune_run_reaches_the_handler_from_before_it():
+    """Tune installs a SIGINT handler for each run that, on the first signal, stops the run and puts back the
+    handler it found; it leaves its own installed after the run. A sweep of two Tune runs (run-again passes) then had
+    the first run's handler under the second's: a second Ctrl-C there stopped nothing, and nothing said that the
+    first was taken. Each run now says its first stop and hands the second to the handler from before the run."""
+    from sweep.orchestrate.interrupt import stop_said
+
+    said, stops, reached = [], [], []
+
+    def tune_run(announce) -> None:  # Tune's fit: its handler, installed for the run and left after it
+        found = signal.getsignal(signal.SIGINT)
+
+        def tune_handler(signum, frame):
+            stops.append(len(said))
+            signal.signal(signal.SIGINT, found)
+
+        signal.signal(signal.SIGINT, tune_handler)
+        announce()  # the callbacks' setup
+
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: reached.append(signum))
+    try:
+        with stop_said(said.append) as announce:
+            tune_run(announce)  # the first run ends without a signal
+        with stop_said(said.append) as announce:
+            tune_run(announce)
+            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: said, and Tune's handler stops the run
+            signal.raise_signal(signal.SIGINT)  # the second: the handler from before the sweep, not the first run's
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert said == [
+        "interrupted: stopping the running settings and Ray, then the resume command (Ctrl-C again to stop sooner)"
+    ]
+    assert stops == [1] and reached == [signal.SIGINT]
 
 
 # ---------------------------------------------------------------- 6. a full disk

@@ -16,7 +16,7 @@ import contextlib
 import shlex
 import signal
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from sweep.config import override_key
 
@@ -78,6 +78,39 @@ def keep_sigterm() -> None:
         for sig in STOPS:
             if _ours(sig):
                 signal.signal(sig, _on_sigterm)
+
+
+@contextlib.contextmanager
+def stop_said(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
+    """Around one Tune run, in the main thread: yields ``announce``, to call once Tune's SIGINT handler is in place
+    (its callbacks' setup). That handler stops the run after its trials, silently here (Tune's logger is off); with
+    ``announce`` the first stop signal says so and that a second stops sooner, and the second reaches the handler
+    from before the run: Tune leaves its own installed after the run, and it is put back here."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+
+    def announce() -> None:
+        inner = signal.getsignal(signal.SIGINT)
+        if not main or not callable(inner) or before is None:
+            return
+
+        def first(signum, frame) -> None:
+            stopped = stop_signal()
+            again = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
+            say(
+                f"{stopped_by()}: stopping the running settings and Ray, then the resume command "
+                f"({again} again to stop sooner)"
+            )
+            inner(signum, frame)
+            signal.signal(signal.SIGINT, before)
+
+        signal.signal(signal.SIGINT, first)
+
+    try:
+        yield announce
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
 
 
 def stop_signal() -> int:

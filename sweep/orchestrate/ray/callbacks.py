@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 from ray import tune
 
@@ -34,11 +35,14 @@ class StopWhenRowsCannotBeWritten(tune.stopper.Stopper):
 
 class Progress(tune.Callback):
     """Tune callback on the driver: hands trial events to the row writer, and the workers' progress
-    events (posted to ``hub``) to the display."""
+    events (posted to ``hub``) to the display; ``announce`` (``interrupt.stop_said``) at the run's start."""
 
-    def __init__(self, writer: RowWriter, hub: Hub) -> None:
-        self.writer, self.hub = writer, hub
+    def __init__(self, writer: RowWriter, hub: Hub, announce: Callable[[], None] = lambda: None) -> None:
+        self.writer, self.hub, self.announce = writer, hub, announce
         self.drained = 0.0
+
+    def setup(self, **info):
+        self.announce()  # Tune's SIGINT handler is in place by now: the first stop signal says what follows
 
     def on_step_end(self, iteration, trials, **info):
         if time.perf_counter() - self.drained >= 0.5:

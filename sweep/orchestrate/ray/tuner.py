@@ -18,6 +18,7 @@ from typing import Iterator
 import ray
 from ray import tune
 
+from sweep import progress
 from sweep.config import Config
 from sweep.config.identity import trial_device
 from sweep.errors import SweepError, os_error
@@ -93,8 +94,9 @@ class TuneCluster:
         was interrupted (trials left unfinished)."""
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's reporter at verbose=0 prints nothing; ours shows
         found = None if batch.values is not None else searcher(batch.study, plan.cfg.sweep.max_concurrent)
-        tuner = _tuner(plan, batch, self.resources, self.device, writer, self.hub, found)
-        results = _fit(tuner, plan)
+        with interrupt.stop_said(progress.note) as announce:
+            tuner = _tuner(plan, batch, self.resources, self.device, writer, self.hub, found, announce)
+            results = _fit(tuner, plan)
         ended = found is not None and getattr(found, "searcher", found).exhausted
         if ended:  # fewer settings than search.n_trials, as the space holds: the study ended, nothing interrupted it
             log.info(
@@ -187,7 +189,7 @@ def workers_broken(why: str) -> str:
     return f"Ray cannot start a worker process, so no trial can run ({why}); the reason is in {where}"
 
 
-def _tuner(plan: Plan, batch: Pass, resources: dict, device: str, writer: RowWriter, hub: Hub, found=None):
+def _tuner(plan: Plan, batch: Pass, resources: dict, device: str, writer: RowWriter, hub: Hub, found, announce):
     cfg = plan.cfg
     context = {"run_id": plan.run_id, "sweep_name": plan.name, "device": device, "progress": hub.actor}
     context["done"] = batch.done
@@ -196,7 +198,7 @@ def _tuner(plan: Plan, batch: Pass, resources: dict, device: str, writer: RowWri
         name=plan.name,
         storage_path=str(plan.storage),
         failure_config=tune.FailureConfig(max_failures=cfg.sweep.max_failures),
-        callbacks=[Progress(writer, hub)],
+        callbacks=[Progress(writer, hub, announce)],
         stop=StopWhenRowsCannotBeWritten(writer, hub),
         verbose=0,
     )
