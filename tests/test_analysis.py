@@ -587,6 +587,9 @@ def test_targets_config_is_validated():
     with pytest.raises(ConfigError, match=r"analysis.targets=\[1.5\]: must be a non-empty list of numbers in \[0, 1\]"):
         compose("analysis.targets=[1.5]")
     assert math.isclose(compose().analysis.targets[1], 0.98)
+    # a target given twice made two rows of targets.parquet for one pick
+    with pytest.raises(ConfigError, match=r"analysis.targets=\[0.98, 0.98\]: .* each once"):
+        compose("analysis.targets=[0.98,0.98]")
 
 
 def test_the_readme_polars_example_runs(tmp_path, monkeypatch, capsys):

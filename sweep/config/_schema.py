@@ -242,7 +242,11 @@ def _fractions(values: list) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class AnalysisConfig:
-    targets: list = field(check=_fractions, allowed="a non-empty list of numbers in [0, 1]")
+    # each target once: a target given twice would be two rows of the targets table for one pick
+    targets: list = field(
+        check=lambda v: _fractions(v) and len(set(v)) == len(v),
+        allowed="a non-empty list of numbers in [0, 1], each once",
+    )
     n_boot: int = field(check=in_range(10, 100000), allowed="an integer in 10..100000")
     seed: int = field(check=at_least(0), allowed="an integer >= 0")
     out: str | None = _path()  # report directory; null = <results.root>/report

@@ -75,7 +75,7 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
                 f"analysis.out={out}: inside the results' {name}/ directory, which readers open whole (a report "
                 "there breaks them); name a directory of its own (the default: results.root/report)"
             )
-    trials = trusted_rows(distinct_trials(load_trials(root).collect()), root, ids=False)
+    trials = trusted_rows(distinct_trials(load_trials(root).collect()), root)
     _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = distinct_profiles(load_profiles(root))
     warn_shared_names(trials, profiles)
