@@ -25,19 +25,37 @@ def load_profiles(root: str | Path) -> pl.LazyFrame:
 
 def distinct_trials(trials: pl.DataFrame) -> pl.DataFrame:
     """One row per ``trial_id`` (each trial has one file; a copy of it under another name or partition
-    would count it twice): the newest row of each id kept, the ids found more than once named in one
-    warning. ``trials`` as it is when no id repeats."""
-    repeated = trials.group_by("trial_id").len().filter(pl.col("len") > 1).sort("trial_id")
+    would count it twice; a setting measured again by another run, here or on another machine, has its id too):
+    the newest row of each id kept, the ids found more than once named in a warning, copies apart from ids measured
+    by several runs. ``trials`` as it is when no id repeats."""
+    hosts = [c for c in ("env_cpu", "env_threads", "env_gpu") if c in trials.columns]
+    repeated = (
+        trials.group_by("trial_id")
+        .agg(
+            len=pl.len(),
+            runs=pl.col("run_id").n_unique() if "run_id" in trials.columns else pl.lit(1),
+            hosts=pl.struct(hosts).filter(pl.col(hosts[0]).is_not_null()).n_unique() if hosts else pl.lit(1),
+        )
+        .filter(pl.col("len") > 1)
+        .sort("trial_id")
+    )
     if repeated.height == 0:
         return trials
-    shown = ", ".join(f"{r['trial_id']} ({r['len']} rows)" for r in repeated.head(5).iter_rows(named=True))
-    more = f" and {repeated.height - 5} more" if repeated.height > 5 else ""
-    log.warning(
-        "%d trial ids have more than one row (copies of a trial's file): each counted once, its newest row kept: %s%s",
-        repeated.height,
-        shown,
-        more,
-    )
+    copies, again = repeated.filter(pl.col("runs") <= 1), repeated.filter(pl.col("runs") > 1)
+    if copies.height:
+        log.warning(
+            "%d trial ids have more than one row (copies of a trial's file): each counted once, its newest row "
+            "kept: %s",
+            copies.height,
+            _shown(copies, lambda r: f"{r['trial_id']} ({r['len']} rows)"),
+        )
+    if again.height:
+        log.warning(
+            "%d trial ids were measured by more than one run (a trial id names the setting, not the run or the "
+            "machine): each counted once, its newest row kept and the others not ranked: %s",
+            again.height,
+            _shown(again, _measured),
+        )
     holds = ~broken_identity(trials, ids=False)  # a copy under another setting's name never wins over the trial's own
     return (
         trials.with_columns(_holds=holds)
@@ -45,6 +63,17 @@ def distinct_trials(trials: pl.DataFrame) -> pl.DataFrame:
         .unique(subset="trial_id", keep="last", maintain_order=True)
         .drop("_holds")
     )
+
+
+def _shown(repeated: pl.DataFrame, text) -> str:
+    more = f" and {repeated.height - 5} more" if repeated.height > 5 else ""
+    return ", ".join(text(r) for r in repeated.head(5).iter_rows(named=True)) + more
+
+
+def _measured(r: dict) -> str:
+    """A trial id measured by several runs as the warning names it: its rows, runs and machines."""
+    hosts = f" on {r['hosts']} machines" if r["hosts"] > 1 else ""
+    return f"{r['trial_id']} ({r['len']} rows from {r['runs']} runs{hosts})"
 
 
 # what makes two traces of a prompt the same measurement: the prompt (its set, id and tokens: two prompts of one
@@ -87,14 +116,15 @@ def distinct_profiles(profiles: pl.LazyFrame) -> pl.LazyFrame:
 
 def warn_shared_names(*tables: pl.LazyFrame | pl.DataFrame) -> None:
     """One warning naming each model label whose rows measured more than one model: a user's own directories or
-    GGUF files of one name (``checkpoint-1000`` under two runs), or one directory whose files changed, have other
-    ``model_hash`` values under one label, and every table pools them by label."""
+    GGUF files of one name (``checkpoint-1000`` under two runs), one directory whose files changed, or a tiny model
+    built with another seed or depth, have other ``model_hash`` values under one label, and every table (the fronts,
+    the EAS and oracle tables) pools them by label."""
     seen = [
         t.lazy()
-        .filter(pl.col("model_source").is_in(["hf", "gguf"]) & ~pl.col("model_hash").is_in(["unknown"]))
+        .filter(pl.col("model_hash").is_not_null() & ~pl.col("model_hash").is_in(["unknown"]))
         .select("model", "model_hash")
         for t in tables
-        if {"model_hash", "model_source"} <= set(t.collect_schema().names())
+        if {"model", "model_hash"} <= set(t.collect_schema().names())
     ]
     if not seen:
         return

@@ -45,6 +45,7 @@ from sweep.analysis import (
 )
 from sweep.errors import ConfigError, InputError, SweepError, os_error
 from sweep.report.context import ReportContext
+from sweep.report.environment import front_mixes
 from sweep.report.plotting import headline_target
 from sweep.store import TABLES, atomic_write, trusted_rows
 from sweep.report.sections import SECTIONS, Section
@@ -75,7 +76,7 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
                 f"analysis.out={out}: inside the results' {name}/ directory, which readers open whole (a report "
                 "there breaks them); name a directory of its own (the default: results.root/report)"
             )
-    trials = trusted_rows(distinct_trials(load_trials(root).collect()), root)
+    trials = trusted_rows(distinct_trials(load_trials(root).collect()), root, ids=False)
     _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = distinct_profiles(load_profiles(root))
     warn_shared_names(trials, profiles)
@@ -123,6 +124,8 @@ def compute(cfg, prepared) -> ReportContext:
     a = cfg.analysis
     conf = {"metric": a.speedup, "n_boot": a.n_boot, "seed": a.seed, "min_prompts": a.ci_min_prompts}
     ok = ok_trials(trials, a.speedup, ranks=True).collect()
+    for said in front_mixes(ok):  # the report's first lines say it too; the verdicts below rank what it pools
+        log.warning("%s", said)
     front = fronts(ok, a.speedup) if ok.height else pl.DataFrame()
     if front.height:  # intervals for the rows the tables show; seeded per trial, the same as on all rows
         front = _measured_intervals(front, conf)

@@ -1,6 +1,7 @@
 """The report's environment line: the fingerprint every row carries (``sweep.config.provenance.FINGERPRINT``: CPU,
 cores and threads, GPU, torch, transformers and CUDA versions, attention implementation, dtype), and a warning per
-front whose rows differ in any of it (Draft&Verify's reproduction issues turned on exactly these)."""
+front whose rows differ in any of it (Draft&Verify's reproduction issues turned on exactly these), in the model's
+content or in the workload measured, or mix rows with and without an A/A noise floor."""
 
 from __future__ import annotations
 
@@ -19,24 +20,56 @@ def _text(r: dict) -> str:
     )
 
 
+# beside the environment, what two rows of one front must share to be one comparison: the model's content (one label
+# can name two models: a user's directories of one name, a tiny model of another seed or depth) and the workload the
+# speedups and agreements were measured on (the prompts, how many, the tokens decoded, the device, the seed); a
+# batch size is a setting a search may vary (search=batching-grid), so it is not among them
+WORKLOAD = ("model_hash", "prompt_set", "n_prompts", "gen_tokens", "dtype", "device", "seed")
+
+
+def front_mixes(ok: pl.DataFrame) -> list[str]:
+    """Per model whose front (its ok rows) mixes rows that do not compare like with like, one sentence saying how:
+    the environment columns they differ in (among rows that carry the fingerprint, schema 14 on; rows without it are
+    counted), the model content and workload columns they differ in (``WORKLOAD``, among rows that hold them), and
+    rows without an A/A noise floor (schema 6 and older: ranked at their measured speedup) beside rows with one."""
+    if not ok.height or "model" not in ok.columns:
+        return []
+    env = [c for c in FINGERPRINT if c != "dtype" and c in ok.columns]
+    work = [c for c in WORKLOAD if c in ok.columns]
+    said = []
+    for model in sorted(ok["model"].unique().to_list()):
+        rows = ok.filter(pl.col("model") == model)
+        fingerprinted = rows.filter(pl.col("env_cpu").is_not_null()) if "env_cpu" in env else rows.clear()
+        differ = [c for c in env if fingerprinted[c].n_unique() > 1]
+        differ += [c for c in work if rows[c].drop_nulls().n_unique() > 1]
+        unknown = rows.height - fingerprinted.height if fingerprinted.height else 0
+        floorless = rows["speedup_floor"].null_count() if "speedup_floor" in rows.columns else 0
+        parts = [f"rows that differ in {', '.join(differ)}"] if differ else []
+        if unknown:
+            parts.append(f"{unknown} row(s) without the environment fingerprint (written before schema 14)")
+        if 0 < floorless < rows.height:
+            parts.append(
+                f"{floorless} row(s) without an A/A noise floor (written before schema 7: ranked at their measured "
+                "speedup, with no floor to hold it to)"
+            )
+        if parts:
+            said.append(
+                f"{model}'s front mixes {' and '.join(parts)}: they were not measured alike and do not compare like "
+                "with like (each results.root one model and workload; `sweep analyze` pools what one holds)"
+            )
+    return said
+
+
 def environment_lines(trials: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
     """One line naming the environment (each one, where rows come from several), then a warning for each front
-    (a model's ok rows) whose rows differ in a fingerprint column, naming the columns."""
+    whose rows do not compare like with like (``front_mixes``)."""
     cols = [c for c in FINGERPRINT if c in trials.columns]
-    if not trials.height or "env_cpu" not in cols:
-        return []
-    kinds = trials.filter(pl.col("env_cpu").is_not_null()).select(cols).unique().sort(cols, nulls_last=True)
-    if not kinds.height:
-        return []
-    named = "; ".join(_text(r) for r in kinds.iter_rows(named=True))
-    lines = [f"Environment{'s' if kinds.height > 1 else ''}: {named}.", ""]
-    for model in sorted(ok["model"].unique().to_list()) if ok.height and "env_cpu" in ok.columns else []:
-        rows = ok.filter((pl.col("model") == model) & pl.col("env_cpu").is_not_null())
-        differ = [c for c in cols if rows[c].n_unique() > 1]
-        if differ:
-            lines += [
-                f"**Warning:** {model}'s front mixes rows that differ in {', '.join(differ)}: their speedups were "
-                "measured in different environments and do not compare like with like.",
-                "",
-            ]
+    lines = []
+    if trials.height and "env_cpu" in cols:
+        kinds = trials.filter(pl.col("env_cpu").is_not_null()).select(cols).unique().sort(cols, nulls_last=True)
+        if kinds.height:
+            named = "; ".join(_text(r) for r in kinds.iter_rows(named=True))
+            lines = [f"Environment{'s' if kinds.height > 1 else ''}: {named}.", ""]
+    for said in front_mixes(ok):
+        lines += [f"**Warning:** {said}.", ""]
     return lines

@@ -179,7 +179,7 @@ def task_lines(outcome, analysis) -> list[str]:
         return []
     ids = [r["trial_id"] for r in outcome.rows]
     trials = load_trials(Path(outcome.root)).filter(pl.col("trial_id").is_in(ids)).collect()
-    trials = trusted_rows(trials, outcome.root)
+    trials = trusted_rows(trials, outcome.root, ids=False)
     ok = ok_trials(trials, analysis.speedup, ranks=True).collect()
     return run_task_lines(ok, outcome.rows, _trace_bound(outcome, oracle_bound))
 
@@ -209,7 +209,7 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     from sweep.report.verdicts import model_verdicts
     from sweep.store import trusted_rows
 
-    trials = trusted_rows(load_trials(root).filter(pl.col("trial_id").is_in(trial_ids)).collect(), root)
+    trials = trusted_rows(load_trials(root).filter(pl.col("trial_id").is_in(trial_ids)).collect(), root, ids=False)
     ok = ok_trials(trials, analysis.speedup, ranks=True).collect()
     conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
     conf["min_prompts"] = analysis.ci_min_prompts
