@@ -162,3 +162,23 @@ def test_settings_that_differ_only_in_batch_size_are_told_apart():
         line for line in sweep_report(SweepOutcome("s", "p", "r", 2, 0, rows=two)).splitlines() if "every" in line
     )
     assert "batch_size=1" in every  # one value: said once, with the columns every row shares
+
+
+def test_a_constrained_search_is_also_judged_at_the_agreement_it_sought(ray_session, tmp_path, capsys):
+    """`sweep run search=optuna-constrained search.constraints.agreement=0.5` sought settings at agreement >= 0.5 and
+    ended with a verdict at 0.98 alone, the study's own bar unjudged. Its end now gives the verdict there too, the
+    one `sweep analyze analysis.targets=[0.5]` gives on the same rows."""
+    from conftest import TINY_SWEEP
+    from sweep.cli.commands import main
+    from sweep.report.build import run_analyze
+
+    args = ["search=optuna-constrained", "search.n_trials=2", "search.constraints.agreement=0.5"]
+    assert main(["run", *TINY_SWEEP, f"results.root={tmp_path}", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("and at the agreement this search sought"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("next: `sweep analyze"))
+    assert "search.constraints.agreement=0.5;" in " ".join(lines[at : at + 2])
+    ours = " ".join(" ".join(lines[at + 1 : end]).split())
+    _, theirs = run_analyze(compose(f"results.root={tmp_path}", "analysis.targets=[0.5]"))
+    assert len(theirs) == 1 and "at agreement >= 0.5" in theirs[0]
+    assert ours.endswith(" ".join(theirs[0].split()).removesuffix(" (2 ok trials)") + " (2 ok settings)")

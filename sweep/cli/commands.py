@@ -81,7 +81,7 @@ def _run(overrides: list[str]) -> int:
         how = interrupt.stopped_by()
         print(f"{how}: resume with `{interrupt.resume_command(overrides, outcome.name)}`", file=sys.stderr)
         return 128 + interrupt.stop_signal()
-    print(sweep_report(outcome, cfg.analysis))
+    print(sweep_report(outcome, cfg.analysis, cfg.search.constraints.get("agreement")))
     summary = overhead_summary(outcome)
     if summary:
         print(fit_lines(summary))

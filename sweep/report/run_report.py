@@ -37,10 +37,11 @@ TABLE_COLUMNS = (
 )
 
 
-def sweep_report(outcome, analysis=None) -> str:
+def sweep_report(outcome, analysis=None, bar: float | None = None) -> str:
     """The settings of this sweep (measured now, or whose rows an earlier run wrote), their Pareto front
     (speedup_wall, agreement), the verdict at the headline target with ``analysis`` (the config's
-    analysis section; None: no verdict) and the pointer to `sweep analyze` and its report."""
+    analysis section; None: no verdict), and at ``bar`` too (the search's own agreement constraint) where it is
+    another, and the pointer to `sweep analyze` and its report."""
     import polars as pl
 
     from sweep.analysis import pareto_front
@@ -75,7 +76,7 @@ def sweep_report(outcome, analysis=None) -> str:
     lines += table(front, keys=("gate",)) if front.height else ["(no ok settings)"]
     if analysis is not None:
         lines += knee_lines(front, analysis.knee_min_agreement, outcome.simulated)
-        lines += verdict_lines(outcome, analysis)
+        lines += verdict_lines(outcome, analysis, bar)
     return "\n".join(lines)
 
 
@@ -140,16 +141,23 @@ def failures(outcome) -> int:
     return sum(r.get("status") == "failed" for r in outcome.rows) + outcome.unrowed
 
 
-def verdict_lines(outcome, analysis) -> list[str]:
-    """The verdict `sweep analyze` gives, on this sweep's settings only, and where the full report is."""
+def verdict_lines(outcome, analysis, bar: float | None = None) -> list[str]:
+    """The verdict `sweep analyze` gives, on this sweep's settings only, and where the full report is; where the
+    search sought settings at another agreement (``bar``: its ``search.constraints.agreement``), the verdict there
+    too, as `sweep analyze analysis.targets=[bar]` gives it."""
     from sweep.report.plotting import headline_target
 
     root = Path(outcome.root)
     report = Path(analysis.out) if analysis.out else root / "report"
-    lines = [
-        f"verdict on this sweep's {len(outcome.rows)} settings (agreement >= {headline_target(analysis.targets)}):"
-    ]
-    lines += [line for v in verdicts(root, [r["trial_id"] for r in outcome.rows], analysis) for line in wrap(f"  {v}")]
+    headline, ids = headline_target(analysis.targets), [r["trial_id"] for r in outcome.rows]
+    lines = [f"verdict on this sweep's {len(outcome.rows)} settings (agreement >= {headline}):"]
+    lines += [line for v in verdicts(root, ids, analysis) for line in wrap(f"  {v}")]
+    if bar is not None and bar != headline:
+        lines += wrap(
+            f"and at the agreement this search sought (search.constraints.agreement={bar}; `sweep analyze "
+            f"analysis.targets=[{bar}]` gives the same):"
+        )
+        lines += [line for v in verdicts(root, ids, analysis, target=bar) for line in wrap(f"  {v}")]
     for bound in oracle_lines(outcome):
         lines += wrap(f"  {bound}")
     lines += task_lines(outcome, analysis)
@@ -197,10 +205,10 @@ def _trace_bound(outcome, oracle_bound):
     return oracle_bound(trace) if trace.height else None
 
 
-def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
+def verdicts(root: Path, trial_ids: list[str], analysis, target: float | None = None) -> list[str]:
     """Per model, `sweep analyze`'s verdict (``sweep.report.verdicts.model_verdicts``: the best at the
-    headline agreement target, full depth among the candidates, its interval bootstrapped as there) over
-    the given settings' rows."""
+    headline agreement target, or at ``target``, full depth among the candidates, its interval bootstrapped as
+    there) over the given settings' rows."""
     import polars as pl
 
     from sweep.analysis import load_trials, ok_trials
@@ -213,7 +221,7 @@ def verdicts(root: Path, trial_ids: list[str], analysis) -> list[str]:
     ok = ok_trials(trials, analysis.speedup, ranks=True).collect()
     conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
     conf["min_prompts"] = analysis.ci_min_prompts
-    target = headline_target(analysis.targets)
+    target = headline_target(analysis.targets) if target is None else target
     targets = targets_at(ok, (target,), conf)
     settings = targets_at(ok, (target,), conf, reference=False)
     sure = sure_at(ok, targets, target, conf)
