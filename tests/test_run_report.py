@@ -88,6 +88,12 @@ def test_the_end_names_the_fronts_knee_or_why_there_is_none():
     assert none.startswith(
         "no knee on m's front: 1 point(s) at agreement >= 0.9 (full depth among them), a knee needs 3"
     )
+    # a setting at agreement 1 ranked above 1x dominates full depth: the line said "full depth among them" whatever
+    dominated = " ".join(line.strip() for line in knee_lines(front([(1.35, 1.0), (1.55, 0.5)]), 0.9))
+    assert dominated.startswith(
+        "no knee on m's front: 1 point(s) at agreement >= 0.9 (not full depth: a setting at agreement 1 ranks above "
+        "1x), a knee needs 3"
+    )
 
 
 def test_without_a_knee_the_end_gives_the_replays_fastest_setting_at_the_bar():

@@ -100,9 +100,17 @@ def knee_lines(front, min_agreement: float, simulated=None) -> list[str]:
                 f"knee of {model}'s front: {what}, speedup {k['speedup']:.3f}x, agreement {k['agreement']:.3f}"
             )
         else:
+            # full depth is on the front unless a setting at agreement 1 ranks above 1x (a point at 1x and agreement
+            # 1, the reference or a setting that ties it, is full depth's)
+            full = points.filter(
+                (pl.col("gate") == "full") | ((pl.col("speedup") <= 1.0) & (pl.col("agreement") >= 1.0))
+            )
+            among = (
+                "full depth among them" if full.height else "not full depth: a setting at agreement 1 ranks above 1x"
+            )
             lines += wrap(
-                f"no knee on {model}'s front: {points.height} point(s) at agreement >= {min_agreement} (full depth "
-                f"among them), a knee needs {KNEE_MIN_POINTS}; a setting ranks on it only where it beats full depth"
+                f"no knee on {model}'s front: {points.height} point(s) at agreement >= {min_agreement} ({among}), "
+                f"a knee needs {KNEE_MIN_POINTS}; a setting ranks on it only where it beats full depth"
             )
             lines += replay_bound(simulated, model, min_agreement)
     return lines
