@@ -154,12 +154,24 @@ def test_loss_interval_matches_an_exact_enumeration_of_the_bootstrap():
         (["eval.task=humaneval", "eval.allow_code_execution=true", "eval.samples=4"], "eval.samples=4"),
         (["eval.task=humaneval", "eval.allow_code_execution=true", "eval.ks=[5]"], "eval.ks=[5]"),
         (["eval.max_tokens=0"], "eval.max_tokens"),
+        # more problems than the task has: all were run, silently, under the trial id of the number asked
+        (
+            ["eval.task=humaneval", "eval.allow_code_execution=true", "eval.problems=165"],
+            "eval.problems=165: HumanEval has 164 problems; give at most 164, or null for all of them",
+        ),
     ],
 )
 def test_bad_eval_settings_are_one_line_before_any_work(tmp_path, args, says):
     done = run_cli("bench", f"model={MODEL}", f"results.root={tmp_path / 'r'}", *args)
     assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_asking_more_problems_than_the_task_has_is_refused_before_ray(tmp_path):
+    args = ["eval.task=humaneval", "eval.allow_code_execution=true", "eval.problems=500", "search=saturation-grid"]
+    done = run_cli("run", f"model={MODEL}", f"results.root={tmp_path / 'r'}", *args)
+    assert done.returncode == 2 and "eval.problems=500: HumanEval has 164 problems" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
 @pytest.mark.ray

@@ -93,15 +93,21 @@ def task_data_digest(cfg: Config) -> str | None:
 
 def check_inputs(cfg: Config) -> None:
     """Before any work (before the model loads): the task's problems can be read, or one line naming them (rc 2),
-    instead of an error after the timed rounds that loses the row. HumanEval's data file; each harness task loaded
+    instead of an error after the timed rounds that loses the row. HumanEval's data file (and eval.problems within
+    its count); each harness task loaded
     as lm-evaluation-harness loads it (its YAML, its dataset's files: ``sweep.tasks.harness.check_tasks``)."""
     if cfg.eval.task == "humaneval":
         from sweep.tasks import humaneval
 
         try:
-            humaneval.problems(1)
+            count = len(humaneval.problems())
         except (OSError, ValueError, KeyError) as exc:
             raise InputError(f"eval.task=humaneval: its problems cannot be read ({first_line(exc)})") from None
+        if cfg.eval.problems is not None and cfg.eval.problems > count:  # (it would run all, under another trial id)
+            raise InputError(
+                f"eval.problems={cfg.eval.problems}: HumanEval has {count} problems; give at most {count}, or null "
+                "for all of them"
+            )
     elif cfg.eval.task == "harness":
         from sweep.tasks.harness import check_tasks
 
