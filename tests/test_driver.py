@@ -81,3 +81,22 @@ def test_a_resumed_sweep_redoes_its_failed_rows(tmp_path):
     again = [*args, "resume=true"]
     outcome = drive(plan_sweep(compose(*again), again), InlineCluster())
     assert outcome.written == 1 and read("trials", tmp_path)["status"].to_list() == ["ok"]
+
+
+def test_the_orchestration_overhead_leaves_out_a_tasks_evaluation(tmp_path):
+    """A trial with a task spends minutes evaluating it after its timed rounds: the driver counted them as the
+    orchestration's overhead (wall time less the bench's seconds: 767 s "overhead" beside 12.6 min of evaluation),
+    and the ETA's overhead per Tune trial with them."""
+    from sweep.bench.command import run_bench
+    from sweep.orchestrate.report import trial_report
+    from sweep.orchestrate.writer import RowWriter, SweepOutcome, overhead_summary
+
+    row = run_bench(compose(*TINY_SWEEP, "gate=full", f"results.root={tmp_path / 'bench'}"))[1]
+    row = {**row, "bench_seconds": 2.0, "task_seconds": 600.0, "trial_seconds": 602.0}  # a task of ten minutes
+    writer = RowWriter(str(tmp_path / "sweep"), 1, [], "r", "s", "cpu")
+    writer.started("t1")
+    writer.result("t1", trial_report(row, 0, cached=False))
+    [overhead] = writer.overheads
+    assert overhead < 0  # the driver's wall here is well under the row's 602 s of bench and task
+    outcome = SweepOutcome(name="s", path="p", root=str(tmp_path), total=1, skipped=0, overhead_s=writer.overheads)
+    assert "(driver-observed wall - bench and task time)" in overhead_summary(outcome)

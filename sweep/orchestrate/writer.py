@@ -88,7 +88,7 @@ class RowWriter:
     @property
     def overheads(self) -> list[float]:
         """Per Tune trial (one setting, or a bundle sharing a baseline): the driver's wall time from
-        its start to its last row, less the rows' ``bench_seconds``."""
+        its start to its last row, less the rows' ``bench_seconds`` and ``task_seconds``."""
         return list(self._overheads.values())
 
     def started(self, key: str) -> None:
@@ -116,11 +116,12 @@ class RowWriter:
             return  # said once, in write; the sweep stops
         if written and not cached and row.get("bench_seconds") is not None:
             wall = time.perf_counter() - self._started.get(key, time.perf_counter())
-            self._bench[key] = self._bench.get(key, 0.0) + row["bench_seconds"]
+            seconds = row["bench_seconds"] + (row.get("task_seconds") or 0.0)  # the task's decoding is the worker's
+            self._bench[key] = self._bench.get(key, 0.0) + seconds
             self._overheads[key] = wall - self._bench[key]
             work = row_work(row)
             if work:
-                self._work.append((work, row["bench_seconds"], row.get("status") != "stopped"))
+                self._work.append((work, seconds, row.get("status") != "stopped"))
                 self._shared.append(row.get("baseline_shared") or 1)
         # "[n/total] <the setting's line> (n/total, elapsed, ETA)", the settings' count in the display
         shown = self._settings()
@@ -305,6 +306,6 @@ def overhead_summary(outcome: SweepOutcome) -> str:
     if not outcome.overhead_s:
         return ""
     return (
-        "orchestration overhead per Tune trial (driver-observed wall - bench time): "
+        "orchestration overhead per Tune trial (driver-observed wall - bench and task time): "
         f"median {statistics.median(outcome.overhead_s):.2f} s over {len(outcome.overhead_s)} Tune trials"
     )
