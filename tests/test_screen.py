@@ -161,3 +161,27 @@ def test_a_screen_charges_each_probe_what_a_step_pays_for_it(tmp_path):
     probes = costs.num_layers - row["min_layer"]  # after layers min_layer .. L - 1
     assert row["exit_rate"] == 0.0
     assert row["speedup_model"] == pytest.approx(costs.step_ms / (costs.step_ms + probes * in_situ), rel=1e-9)
+
+
+def test_the_screen_says_how_long_its_trace_took_apart_from_the_load(tmp_path, caplog):
+    """`screen: traced 2 prompts ... in 150.1 s` counted the worker's model load and cost model (the trace itself:
+    78 s); the line now gives the trace's own seconds, and the whole wait beside them."""
+    import logging
+    import time
+
+    from conftest import TINY_SWEEP, compose
+    from sweep.orchestrate.plan import plan_sweep
+    from sweep.orchestrate.searches.base import InWorker
+    from sweep.orchestrate.searches.screening import screen_selection, trace_for
+
+    space = "search.spaces=[{gate: saturation, gate.eps: 'choice(0.1,0.9)', gate.min_depth: 0.25}]"
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", "search=screen", space]
+    plan = plan_sweep(compose(*args), args)
+    t0 = time.perf_counter()
+    traced = trace_for(plan, plan.grid_trials, InWorker(lambda fn, _label, *a: fn(*a), "cpu"))
+    whole = time.perf_counter() - t0
+    assert 0 < traced["trace_s"] < whole
+    with caplog.at_level(logging.INFO, logger="sweep"):
+        screen_selection(plan, plan.grid_trials, traced, "cpu", whole)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("screen: traced")]
+    assert f"in {traced['trace_s']:.1f} s ({whole:.1f} s with the model's load and cost model)" in line

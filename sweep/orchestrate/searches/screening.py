@@ -183,10 +183,12 @@ def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], d
     write_table("simulated", rows, root=cfg.results.root, provenance=shared, stem=plan.name)
     chosen = [s for s, keep in zip(settings, table["selected"].to_list()) if keep]
     log.info(
-        "screen: traced %d prompts (%d decision positions) in %.1f s; simulated %d settings in %.2f s; "
-        "%d on the simulated front, %d run closed-loop (a grid of the same resolution: %d trials)",
+        "screen: traced %d prompts (%d decision positions) in %.1f s (%.1f s with the model's load and cost model); "
+        "simulated %d settings in %.2f s; %d on the simulated front, %d run closed-loop (a grid of the same "
+        "resolution: %d trials)",
         len(signals.prompt_ids),
         signals.positions,
+        traced.get("trace_s", seconds),
         seconds,
         len(settings),
         t2 - t1,
@@ -214,11 +216,14 @@ def screen_trace(base: list[str], run_id: str, device: str, probe_gates: list = 
         cfg = dataclasses.replace(cfg, profile=dataclasses.replace(cfg.profile, readouts=readouts.pop()))
     session = process_session()
     lm, _, prompts = load(cfg, session)
+    t0 = time.perf_counter()
     trace, prov = traced_run(cfg, lm, prompts, run_id, cfg.bench.gen_tokens, session.readouts)
+    traced_s = time.perf_counter() - t0
     gates = [make_gate(g, lm, gate_readouts(g, lm, prompts, session)) for g in probe_gates]
     return {
         "trace": trace,
         "provenance": prov,
+        "trace_s": traced_s,  # the trace alone (the seconds the driver waited also load the model, price its steps)
         # the probes alone too (the cost table shows them); the replay charges every gate its probe in situ
         "costs": cost_model(
             lm, prompts[0].input_ids, gates=gates, kv_policies=[cfg.bench.kv_policy], probes_alone=True
