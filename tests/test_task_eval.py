@@ -385,3 +385,19 @@ def test_rows_without_an_interval_or_a_full_depth_figure_are_read_not_crashed_on
     )
     said = _said(ok)
     assert "a) by (fixed" in said and "(b)" not in said  # b has no full depth to lose against: not judged
+
+
+def test_the_task_tables_show_the_agreement_on_the_tasks_own_completions():
+    """The accuracy tables showed `agreement` alone: the timed prompts' (1.000 over 2 chat prompts of 8 tokens),
+    beside a loss measured on completions the setting agreed with full depth on 0.423 of the time."""
+    from sweep.report.context import ReportContext
+    from sweep.report.tasks import task_section
+
+    ok = pl.DataFrame([_task_row("t1", 1.04, 0.5, agreement=1.0, task_agreement=0.423)])
+    said = _said(ok)
+    assert "task_agreement: on the task's completions" in said and "0.423" in said
+    ctx = ReportContext.__new__(ReportContext)  # the section reads the ok rows and the profiles
+    object.__setattr__(ctx, "ok", ok)
+    object.__setattr__(ctx, "profiles", None)
+    section = "\n".join(task_section(ctx))
+    assert "| agreement | task agreement |" in section and "| 1.000 | 0.423 |" in section

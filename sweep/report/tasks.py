@@ -130,17 +130,20 @@ def task_section(ctx: ReportContext) -> list[str]:
         "",
         "Accuracy under each setting beside full depth's on the same problems (greedy, same run); loss = full minus "
         "gated, in points of the task's metric, its 95% interval from problems resampled in pairs. Speedups are the "
-        "ranked ones of the tables above.",
+        "ranked ones of the tables above; agreement is on the timed prompts, task agreement on the task's own "
+        "completions (the fraction of full depth's tokens the setting's completion has at the same position; "
+        "greedy decoding only).",
         "",
-        "| model | task | problems | setting | speedup | agreement | accuracy [95% CI] | full depth | loss [95% CI] "
-        "| layers skipped |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | task | problems | setting | speedup | agreement | task agreement | accuracy [95% CI] | full depth "
+        "| loss [95% CI] | layers skipped |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows.sort("model", "task", "speedup", descending=[False, False, True]).iter_rows(named=True):
         saved = r.get("task_layers_saved")
         lines.append(
             f"| {r['model']} | {r['task']} | {_num(r.get('task_problems'), '{}')} | {setting_name(r)} | {_speed(r)} | "
-            f"{_num(r['agreement'])} | {_num(r['accuracy'])} [{_num(r.get('accuracy_lo'))}, "
+            f"{_num(r['agreement'])} | {_num(r.get('task_agreement'))} | {_num(r['accuracy'])} "
+            f"[{_num(r.get('accuracy_lo'))}, "
             f"{_num(r.get('accuracy_hi'))}] | {_num(r['accuracy_full'])} | {_pct(r['accuracy_loss'])} "
             f"[{_pct(r.get('accuracy_loss_lo'))}, {_pct(r.get('accuracy_loss_hi'))}] | "
             f"{'n/a' if saved is None else f'{100 * saved:.1f}%'} |"
@@ -191,7 +194,8 @@ def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | No
         return []
     lines = wrap(
         "task accuracy (loss = full depth minus the setting, in points of the task's metric, its 95% interval over "
-        "problems resampled in pairs; speedup: the ranked one):"
+        "problems resampled in pairs; speedup: the ranked one; agreement: on the timed prompts; task_agreement: on "
+        "the task's completions):"
     )
     if measured.height:
         df = measured.sort("model", "task", "speedup", descending=[False, False, True]).select(
@@ -202,6 +206,7 @@ def run_task_lines(ok: pl.DataFrame, rows: list[dict], oracle: pl.DataFrame | No
             problems=pl.col("task_problems"),
             speedup=pl.col("speedup"),
             agreement=pl.col("agreement"),
+            task_agreement=pl.col("task_agreement") if "task_agreement" in measured.columns else pl.lit(None),
             accuracy=pl.col("accuracy"),
             acc_lo=pl.col("accuracy_lo"),
             acc_hi=pl.col("accuracy_hi"),
