@@ -97,6 +97,6 @@ def test_the_orchestration_overhead_leaves_out_a_tasks_evaluation(tmp_path):
     writer.started("t1")
     writer.result("t1", trial_report(row, 0, cached=False))
     [overhead] = writer.overheads
-    assert overhead < 0  # the driver's wall here is well under the row's 602 s of bench and task
+    assert overhead < -500  # the driver's wall here is well under the row's 602 s of bench and task
     outcome = SweepOutcome(name="s", path="p", root=str(tmp_path), total=1, skipped=0, overhead_s=writer.overheads)
     assert "(driver-observed wall - bench and task time)" in overhead_summary(outcome)

@@ -299,10 +299,26 @@ def test_a_second_stop_signal_after_a_tune_run_reaches_the_handler_from_before_i
             signal.raise_signal(signal.SIGINT)  # the second: the handler from before the sweep, not the first run's
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert said == [
-        "interrupted: stopping the running settings and Ray, then the resume command (Ctrl-C again to stop sooner)"
-    ]
+    assert said == ["interrupted: stopping the running settings and Ray (Ctrl-C again to stop sooner)"]
     assert stops == [1] and reached == [signal.SIGINT]
+
+
+def test_a_sweep_started_ignoring_sigint_is_told_that_sigterm_stops_it_sooner():
+    """A job a script starts with `&` ignores SIGINT; Tune's handler takes the first one all the same, but the
+    second reached the ignored disposition: "Ctrl-C again to stop sooner" promised what could not happen."""
+    from sweep.orchestrate.interrupt import stop_said
+
+    said = []
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_said(said.append) as announce:
+            signal.signal(signal.SIGINT, lambda signum, frame: signal.signal(signal.SIGINT, signal.SIG_IGN))  # Tune's
+            announce()
+            signal.raise_signal(signal.SIGINT)
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a second Ctrl-C does nothing
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert said == ["interrupted: stopping the running settings and Ray (SIGTERM to stop sooner)"]
 
 
 # ---------------------------------------------------------------- 6. a full disk

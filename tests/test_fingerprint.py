@@ -87,12 +87,15 @@ def test_a_front_of_rows_measured_on_other_workloads_or_models_is_warned_on_stde
     assert "front mixes" not in stderr and "Warning:" not in report  # one row: nothing to mix
     run_bench(compose(*setting, "prompts.n=2", "bench.gen_tokens=8", f"results.root={root}"))
     stderr, report = _said(root)
-    said = "tiny-llama's front mixes rows that differ in n_prompts, gen_tokens: they were not measured alike"
+    said = (
+        "tiny-llama's front mixes rows that differ in n_prompts, gen_tokens, prompt_ids, prompt_input_tokens: they "
+        "were not measured alike"
+    )
     assert said in stderr and f"**Warning:** {said}" in report
     assert "share a label" not in stderr
     run_bench(compose(*setting, "prompts.n=1", "bench.gen_tokens=4", "seed=1", f"results.root={root}"))
     stderr, report = _said(root)
-    assert "tiny-llama's front mixes rows that differ in model_hash, n_prompts, gen_tokens, seed" in stderr
+    assert "tiny-llama's front mixes rows that differ in model_hash, n_prompts, gen_tokens, seed, prompt_ids" in stderr
     assert "rows of more than one model share a label, and the tables pool them: tiny-llama (2 models" in stderr
 
 
@@ -116,7 +119,7 @@ def test_a_front_mixing_rows_without_the_fingerprint_or_the_floor_is_warned(tmp_
     frame = pl.read_parquet(second)
     frame.with_columns(pl.lit(None, pl.Float64).alias("noise_floor")).write_parquet(second)
     stderr, report = _said(root)
-    assert "1 row(s) without an A/A noise floor (written before schema 7" in stderr and "A/A noise floor" in report
+    assert "1 row(s) without an A/A noise floor (written before schema 8" in stderr and "A/A noise floor" in report
 
 
 def test_one_setting_measured_by_two_runs_on_two_machines_is_not_called_a_copy(tmp_path):
@@ -137,3 +140,23 @@ def test_one_setting_measured_by_two_runs_on_two_machines_is_not_called_a_copy(t
     stderr, _ = _said(here)
     assert "1 trial ids were measured by more than one run" in stderr
     assert f"{mine.stem} (2 rows from 2 runs on 2 machines)" in stderr and "copies of a trial's file" not in stderr
+
+
+def test_other_prompts_of_one_set_are_warned_and_a_batchs_dropped_prompts_are_not(tmp_path):
+    """Two benches of one setting on the set's prompts 0-1 and 2-3 (`prompts.start`): the same set name and count,
+    no warning. And a batching sweep's rows: batch 2 over 3 prompts drops the third (a batch is decoded whole), so its
+    rows hold 2 prompts beside batch 1's 3, one workload; that is not a mix."""
+    from sweep.bench.command import run_bench
+
+    root = tmp_path / "results"
+    setting = ("model=tiny-llama", "gate=saturation", "gate.eps=0.3", "bench.repeats=1", "bench.warmup=0")
+    for start in (0, 2):
+        run_bench(compose(*setting, "prompts.n=2", f"prompts.start={start}", f"results.root={root}"))
+    stderr, _ = _said(root)
+    assert "tiny-llama's front mixes rows that differ in prompt_ids, prompt_input_tokens" in stderr
+    batched = tmp_path / "batched"
+    for batch in (1, 2):
+        run_bench(compose(*setting, "prompts.n=3", f"bench.batch_size={batch}", f"results.root={batched}"))
+    assert sorted(pl.read_parquet(list(batched.rglob("*.parquet")))["n_prompts"].to_list()) == [2, 3]
+    stderr, report = _said(batched)
+    assert "front mixes" not in stderr and "Warning:" not in report

@@ -183,7 +183,7 @@ def test_a_constrained_search_is_also_judged_at_the_agreement_it_sought(ray_sess
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("and at the agreement this search sought"))
     end = next(i for i, line in enumerate(lines) if line.startswith("next: `sweep analyze"))
-    assert "search.constraints.agreement=0.5;" in " ".join(lines[at : at + 2])
+    assert "(search.constraints.agreement=0.5), on its settings as `sweep analyze" in " ".join(lines[at : at + 2])
     ours = " ".join(" ".join(lines[at + 1 : end]).split())
     _, theirs = run_analyze(compose(f"results.root={tmp_path}", "analysis.targets=[0.5]"))
     assert len(theirs) == 1 and "at agreement >= 0.5" in theirs[0]

@@ -167,8 +167,16 @@ def test_bad_eval_settings_are_one_line_before_any_work(tmp_path, args, says):
     assert not (tmp_path / "r").exists()
 
 
-def test_a_sweep_asking_more_problems_than_the_task_has_is_refused_before_ray(tmp_path):
-    args = ["eval.task=humaneval", "eval.allow_code_execution=true", "eval.problems=500", "search=saturation-grid"]
+@pytest.mark.parametrize(
+    "space",
+    [
+        ["eval.problems=500", "search=saturation-grid"],
+        # each task was checked once per sweep, whatever its settings' eval.problems: the first (100) passed for both
+        ["search.spaces=[{gate: saturation, gate.eps: 0.3, eval.problems: 'choice(100,500)'}]"],
+    ],
+)
+def test_a_sweep_asking_more_problems_than_the_task_has_is_refused_before_ray(tmp_path, space):
+    args = ["eval.task=humaneval", "eval.allow_code_execution=true", *space]
     done = run_cli("run", f"model={MODEL}", f"results.root={tmp_path / 'r'}", *args)
     assert done.returncode == 2 and "eval.problems=500: HumanEval has 164 problems" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()

@@ -96,11 +96,10 @@ def stop_said(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
 
         def first(signum, frame) -> None:
             stopped = stop_signal()
-            again = "Ctrl-C" if stopped == signal.SIGINT else signal.Signals(stopped).name
-            say(
-                f"{stopped_by()}: stopping the running settings and Ray, then the resume command "
-                f"({again} again to stop sooner)"
-            )
+            again = f"{'Ctrl-C' if stopped == signal.SIGINT else signal.Signals(stopped).name} again"
+            if stopped == signal.SIGINT and not callable(before):  # started ignoring SIGINT: a second is ignored too
+                again = "SIGTERM"
+            say(f"{stopped_by()}: stopping the running settings and Ray ({again} to stop sooner)")
             inner(signum, frame)
             signal.signal(signal.SIGINT, before)
 

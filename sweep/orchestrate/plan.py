@@ -258,7 +258,7 @@ def _check_task_inputs(cfg: Config, grid_trials: GridTrials | None) -> None:
     seen = set()
     for _, trial_cfg in grid_trials or [(None, cfg)]:
         e = trial_cfg.eval
-        key = (e.task, tuple(e.harness_tasks or ()), e.harness_include)
+        key = (e.task, tuple(e.harness_tasks or ()), e.harness_include, e.problems)
         if e.task is not None and key not in seen:
             seen.add(key)
             check_inputs(trial_cfg)

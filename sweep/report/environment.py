@@ -20,28 +20,46 @@ def _text(r: dict) -> str:
     )
 
 
-# beside the environment, what two rows of one front must share to be one comparison: the model's content (one label
-# can name two models: a user's directories of one name, a tiny model of another seed or depth) and the workload the
-# speedups and agreements were measured on (the prompts, how many, the tokens decoded, the device, the seed); a
-# batch size is a setting a search may vary (search=batching-grid), so it is not among them
-WORKLOAD = ("model_hash", "prompt_set", "n_prompts", "gen_tokens", "dtype", "device", "seed")
+# what makes two rows of one setting different measurements: the prompts (their set and how many), the tokens
+# decoded, the dtype, the device, the seed (the report's batching section keeps such rows' series apart)
+WORKLOAD = ("prompt_set", "n_prompts", "gen_tokens", "dtype", "device", "seed")
+# beside the environment, what the rows of one front must share to be one comparison: the model's content (one label
+# can name two models: a user's directories of one name, a tiny model of another seed or depth) and the workload;
+# a batch size is a setting a search may vary (search=batching-grid), so it is not among them
+SAME = ("model_hash", *WORKLOAD)
+# which prompts, as each was given to the model (its id, and its tokens: a chat template or a cut applied); compared
+# among rows of one batch size, as a batch drops the prompts past its last full batch
+SAME_PER_BATCH = ("n_prompts", "prompt_ids", "prompt_input_tokens")
+
+
+def _differs(rows: pl.DataFrame, column: str) -> bool:
+    values = rows[column].drop_nulls()
+    if isinstance(values.dtype, pl.List):
+        values = values.cast(pl.List(pl.String)).list.join(" ")
+    return values.n_unique() > 1
+
+
+def _differ(rows: pl.DataFrame, column: str) -> bool:
+    if column not in SAME_PER_BATCH or "batch_size" not in rows.columns:
+        return _differs(rows, column)
+    return any(_differs(group, column) for _, group in rows.group_by("batch_size"))
 
 
 def front_mixes(ok: pl.DataFrame) -> list[str]:
     """Per model whose front (its ok rows) mixes rows that do not compare like with like, one sentence saying how:
     the environment columns they differ in (among rows that carry the fingerprint, schema 14 on; rows without it are
-    counted), the model content and workload columns they differ in (``WORKLOAD``, among rows that hold them), and
-    rows without an A/A noise floor (schema 6 and older: ranked at their measured speedup) beside rows with one."""
+    counted), the model content and workload columns they differ in (``SAME``; the prompts, ``SAME_PER_BATCH``,
+    among rows of one batch size; each among the rows that hold it), and rows without an A/A noise floor (schema 7
+    and older: ranked at their measured speedup) beside rows with one."""
     if not ok.height or "model" not in ok.columns:
         return []
     env = [c for c in FINGERPRINT if c != "dtype" and c in ok.columns]
-    work = [c for c in WORKLOAD if c in ok.columns]
+    same = [c for c in (*SAME, *SAME_PER_BATCH[1:]) if c in ok.columns]
     said = []
     for model in sorted(ok["model"].unique().to_list()):
         rows = ok.filter(pl.col("model") == model)
         fingerprinted = rows.filter(pl.col("env_cpu").is_not_null()) if "env_cpu" in env else rows.clear()
-        differ = [c for c in env if fingerprinted[c].n_unique() > 1]
-        differ += [c for c in work if rows[c].drop_nulls().n_unique() > 1]
+        differ = [c for c in env if _differs(fingerprinted, c)] + [c for c in same if _differ(rows, c)]
         unknown = rows.height - fingerprinted.height if fingerprinted.height else 0
         floorless = rows["speedup_floor"].null_count() if "speedup_floor" in rows.columns else 0
         parts = [f"rows that differ in {', '.join(differ)}"] if differ else []
@@ -49,7 +67,7 @@ def front_mixes(ok: pl.DataFrame) -> list[str]:
             parts.append(f"{unknown} row(s) without the environment fingerprint (written before schema 14)")
         if 0 < floorless < rows.height:
             parts.append(
-                f"{floorless} row(s) without an A/A noise floor (written before schema 7: ranked at their measured "
+                f"{floorless} row(s) without an A/A noise floor (written before schema 8: ranked at their measured "
                 "speedup, with no floor to hold it to)"
             )
         if parts:

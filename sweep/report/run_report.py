@@ -162,8 +162,8 @@ def verdict_lines(outcome, analysis, bar: float | None = None) -> list[str]:
     lines += [line for v in verdicts(root, ids, analysis) for line in wrap(f"  {v}")]
     if bar is not None and bar != headline:
         lines += wrap(
-            f"and at the agreement this search sought (search.constraints.agreement={bar}; `sweep analyze "
-            f"analysis.targets=[{bar}]` gives the same):"
+            f"and at the agreement this search sought (search.constraints.agreement={bar}), on its settings as "
+            f"`sweep analyze analysis.targets=[{bar}]` judges a root's:"
         )
         lines += [line for v in verdicts(root, ids, analysis, target=bar) for line in wrap(f"  {v}")]
     for bound in oracle_lines(outcome):

@@ -31,7 +31,7 @@ from sweep.report.tables import (
 )
 from sweep.report.context import ReportContext
 from sweep.report.categories import category_lines
-from sweep.report.environment import environment_lines
+from sweep.report.environment import WORKLOAD, environment_lines
 from sweep.report.tasks import task_section, task_verdict_lines
 from sweep.report.verdicts import verdict, verdicts
 
@@ -146,8 +146,6 @@ def profiles_section(ctx: ReportContext) -> Section:
     return Section(lines + ["", f"![{name}]({name})", ""], [name])
 
 
-# what makes two rows of one setting and batch size different measurements, not one series' points
-WORKLOAD = ("prompt_set", "n_prompts", "gen_tokens", "dtype", "device", "seed")
 LENS_ROWS = 32  # the lens table shows every layer up to this many, a stride of them beyond
 
 
