@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.rows import wait_for_rows
+from helpers.signals import takes_ctrl_c
 from conftest import ROOT, descendants, subprocess_env
 from sweep.store import files, read
 
@@ -51,7 +52,9 @@ def assert_each_trial_once(root: Path, n: int) -> None:
 @pytest.mark.faults
 def test_an_interrupted_driver_resumes_without_losing_or_repeating_a_trial(tmp_path):
     args = [SWEEP, "run", *SLOW_TRIALS, *FOUR, f"results.root={tmp_path}"]
-    proc = subprocess.Popen(args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=takes_ctrl_c
+    )
     wait_for_rows(tmp_path, 1, proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=180)
@@ -234,7 +237,7 @@ def test_ctrl_c_while_following_a_job_leaves_it_running_and_names_the_stop_comma
     command = [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", two_node_cluster["dashboard"], "--",
                *SLOW_TRIALS, *FOUR, f"results.root={root}"]  # fmt: skip
     proc = subprocess.Popen(command, env=two_node_cluster["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True, preexec_fn=takes_ctrl_c)  # fmt: skip
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
     reader.start()

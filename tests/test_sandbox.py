@@ -235,13 +235,16 @@ def test_ctrl_c_kills_the_running_programs_rather_than_wait_for_their_timeout(ma
     its timeout (a reader's: 30 s of endless loops; unbounded with a large eval.timeout_s). Now the running ones are
     killed and cleaned up at once and the rest never start: the caller ends with KeyboardInterrupt and nothing of
     the batch is left."""
+    from helpers.signals import takes_ctrl_c
     from helpers.waiting import wait_for
 
     code = (
         "from sweep.tasks.sandbox import Limits, run_programs\n"
         "run_programs(['while True:\\n    pass\\n'] * 4, Limits(timeout_s=3600, cpu_s=3600), workers=2)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True, preexec_fn=takes_ctrl_c
+    )
     try:
         wait_for(lambda: len(sandbox_processes(proc.pid)) >= 2 or proc.poll() is not None, "two programs to run")
         proc.send_signal(signal.SIGINT)
