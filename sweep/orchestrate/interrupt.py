@@ -87,11 +87,11 @@ def stop_said(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
     ``announce`` the first stop signal says so and that a second stops sooner, and the second reaches the handler
     from before the run: Tune leaves its own installed after the run, and it is put back here."""
     main = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGINT) if main else None
+    before = signal.getsignal(signal.SIGINT) if main else None  # None too where Python did not set it
 
     def announce() -> None:
         inner = signal.getsignal(signal.SIGINT)
-        if not main or not callable(inner) or before is None:
+        if before is None or not callable(inner):
             return
 
         def first(signum, frame) -> None:

@@ -124,7 +124,8 @@ def compute(cfg, prepared) -> ReportContext:
     a = cfg.analysis
     conf = {"metric": a.speedup, "n_boot": a.n_boot, "seed": a.seed, "min_prompts": a.ci_min_prompts}
     ok = ok_trials(trials, a.speedup, ranks=True).collect()
-    for said in front_mixes(ok):  # the report's first lines say it too; the verdicts below rank what it pools
+    mixes = tuple(front_mixes(ok))
+    for said in mixes:  # the report's first lines say it too; the verdicts below rank what it pools
         log.warning("%s", said)
     front = fronts(ok, a.speedup) if ok.height else pl.DataFrame()
     if front.height:  # intervals for the rows the tables show; seeded per trial, the same as on all rows
@@ -150,6 +151,7 @@ def compute(cfg, prepared) -> ReportContext:
         floors=noise_floors(ok, a.speedup, a.floor_target) if ok.height else pl.DataFrame(),
         knee_min_agreement=a.knee_min_agreement,
         headline=headline_target(a.targets),
+        mixes=mixes,
     )
 
 

@@ -33,6 +33,8 @@ class ReportContext:
     knee_min_agreement: float = 0.9  # analysis.knee_min_agreement
     # the verdicts' agreement target (``plotting.headline_target`` of analysis.targets)
     headline: float = HEADLINE_TARGET
+    # per model whose front mixes rows that do not compare like with like, how (``environment.front_mixes``)
+    mixes: tuple[str, ...] = ()
 
     @cached_property
     def curves(self) -> pl.DataFrame:

@@ -54,7 +54,7 @@ def front_mixes(ok: pl.DataFrame) -> list[str]:
     if not ok.height or "model" not in ok.columns:
         return []
     env = [c for c in FINGERPRINT if c != "dtype" and c in ok.columns]
-    same = [c for c in (*SAME, *SAME_PER_BATCH[1:]) if c in ok.columns]
+    same = [c for c in dict.fromkeys((*SAME, *SAME_PER_BATCH)) if c in ok.columns]
     said = []
     for model in sorted(ok["model"].unique().to_list()):
         rows = ok.filter(pl.col("model") == model)
@@ -78,9 +78,9 @@ def front_mixes(ok: pl.DataFrame) -> list[str]:
     return said
 
 
-def environment_lines(trials: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
+def environment_lines(trials: pl.DataFrame, mixes: tuple[str, ...]) -> list[str]:
     """One line naming the environment (each one, where rows come from several), then a warning for each front
-    whose rows do not compare like with like (``front_mixes``)."""
+    whose rows do not compare like with like (``mixes``: ``front_mixes``, as the analysis computed them)."""
     cols = [c for c in FINGERPRINT if c in trials.columns]
     lines = []
     if trials.height and "env_cpu" in cols:
@@ -88,6 +88,6 @@ def environment_lines(trials: pl.DataFrame, ok: pl.DataFrame) -> list[str]:
         if kinds.height:
             named = "; ".join(_text(r) for r in kinds.iter_rows(named=True))
             lines = [f"Environment{'s' if kinds.height > 1 else ''}: {named}.", ""]
-    for said in front_mixes(ok):
+    for said in mixes:
         lines += [f"**Warning:** {said}.", ""]
     return lines

@@ -152,20 +152,22 @@ def failures(outcome) -> int:
 def verdict_lines(outcome, analysis, bar: float | None = None) -> list[str]:
     """The verdict `sweep analyze` gives, on this sweep's settings only, and where the full report is; where the
     search sought settings at another agreement (``bar``: its ``search.constraints.agreement``), the verdict there
-    too, as `sweep analyze analysis.targets=[bar]` gives it."""
+    too, as `sweep analyze analysis.targets=[bar]` judges a root's settings."""
     from sweep.report.plotting import headline_target
 
     root = Path(outcome.root)
     report = Path(analysis.out) if analysis.out else root / "report"
     headline, ids = headline_target(analysis.targets), [r["trial_id"] for r in outcome.rows]
+    sought = bar is not None and bar != headline
+    said = verdicts(root, ids, analysis, (headline, bar) if sought else (headline,))
     lines = [f"verdict on this sweep's {len(outcome.rows)} settings (agreement >= {headline}):"]
-    lines += [line for v in verdicts(root, ids, analysis) for line in wrap(f"  {v}")]
-    if bar is not None and bar != headline:
+    lines += [line for v in said[0] for line in wrap(f"  {v}")]
+    if sought:
         lines += wrap(
             f"and at the agreement this search sought (search.constraints.agreement={bar}), on its settings as "
             f"`sweep analyze analysis.targets=[{bar}]` judges a root's:"
         )
-        lines += [line for v in verdicts(root, ids, analysis, target=bar) for line in wrap(f"  {v}")]
+        lines += [line for v in said[1] for line in wrap(f"  {v}")]
     for bound in oracle_lines(outcome):
         lines += wrap(f"  {bound}")
     lines += task_lines(outcome, analysis)
@@ -213,15 +215,14 @@ def _trace_bound(outcome, oracle_bound):
     return oracle_bound(trace) if trace.height else None
 
 
-def verdicts(root: Path, trial_ids: list[str], analysis, target: float | None = None) -> list[str]:
-    """Per model, `sweep analyze`'s verdict (``sweep.report.verdicts.model_verdicts``: the best at the
-    headline agreement target, or at ``target``, full depth among the candidates, its interval bootstrapped as
-    there) over the given settings' rows."""
+def verdicts(root: Path, trial_ids: list[str], analysis, at: tuple[float, ...]) -> list[list[str]]:
+    """Per agreement target in ``at``, per model, `sweep analyze`'s verdict (``sweep.report.verdicts.model_verdicts``:
+    the best at that target, full depth among the candidates, its interval bootstrapped as there) over the given
+    settings' rows (read once)."""
     import polars as pl
 
     from sweep.analysis import load_trials, ok_trials
     from sweep.report.build import sure_at, targets_at
-    from sweep.report.plotting import headline_target
     from sweep.report.verdicts import model_verdicts
     from sweep.store import trusted_rows
 
@@ -229,20 +230,24 @@ def verdicts(root: Path, trial_ids: list[str], analysis, target: float | None = 
     ok = ok_trials(trials, analysis.speedup, ranks=True).collect()
     conf = {"metric": analysis.speedup, "n_boot": analysis.n_boot, "seed": analysis.seed}
     conf["min_prompts"] = analysis.ci_min_prompts
-    target = headline_target(analysis.targets) if target is None else target
-    targets = targets_at(ok, (target,), conf)
-    settings = targets_at(ok, (target,), conf, reference=False)
-    sure = sure_at(ok, targets, target, conf)
-    return model_verdicts(
-        trials,
-        targets,
-        settings,
-        analysis.ci_min_prompts,
-        noun="settings",
-        target=target,
-        metric=analysis.speedup,
-        sure=sure,
-    )
+    said = []
+    for target in at:
+        targets = targets_at(ok, (target,), conf)
+        settings = targets_at(ok, (target,), conf, reference=False)
+        sure = sure_at(ok, targets, target, conf)
+        said.append(
+            model_verdicts(
+                trials,
+                targets,
+                settings,
+                analysis.ci_min_prompts,
+                noun="settings",
+                target=target,
+                metric=analysis.speedup,
+                sure=sure,
+            )
+        )
+    return said
 
 
 def oracle_lines(outcome) -> list[str]:

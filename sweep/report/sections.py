@@ -55,7 +55,7 @@ def _on_accuracy(ok: pl.DataFrame) -> str:
 def header(ctx: ReportContext) -> Section:
     lines = ["# Early-exit report", ""]
     trials, ok = ctx.trials, ctx.ok
-    lines += environment_lines(trials, ok)
+    lines += environment_lines(trials, ctx.mixes)
     if trials.height:
         lines += [
             (

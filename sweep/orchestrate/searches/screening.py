@@ -188,7 +188,7 @@ def screen_selection(plan: Plan, settings: GridTrials, traced: dict[str, Any], d
         "resolution: %d trials)",
         len(signals.prompt_ids),
         signals.positions,
-        traced.get("trace_s", seconds),
+        traced["trace_s"],
         seconds,
         len(settings),
         t2 - t1,
