@@ -214,3 +214,30 @@ def test_a_row_that_is_not_its_files_trial_is_measured_again_and_left_out_of_the
     done = run_cli("analyze", f"results.root={root}", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "7.000x" not in done.stdout and "2 ok trials" in " ".join(done.stdout.split())  # the copy never counts
+
+
+def test_a_row_left_out_is_named_once_however_often_the_sweep_reads_its_root(tmp_path, caplog):
+    """An Optuna sweep reads its root's rows in its plan, its study and its end: the same row left out was named in
+    two warnings of one `sweep run`. Each row is named once per root; a row found broken later is named then."""
+    import logging
+
+    import polars as pl
+
+    from sweep.bench.command import run_bench
+    from sweep.store import scan, trusted_rows
+
+    root = tmp_path / "results"
+    full = Path(run_bench(compose(*BENCH, f"results.root={root}"))[0])
+    fixed = Path(run_bench(compose(*BENCH, "gate=fixed", "gate.exit_layer=2", f"results.root={root}"))[0])
+    pl.read_parquet(full).with_columns(trial_id=pl.lit("c" * 16)).write_parquet(full)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            assert trusted_rows(scan("trials", root).collect(), root)["trial_id"].to_list() == [fixed.stem]
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(said) == 1 and "1 trial row(s)" in said[0] and "c" * 16 in said[0], said
+    caplog.clear()
+    pl.read_parquet(fixed).with_columns(trial_id=pl.lit("d" * 16)).write_parquet(fixed)
+    with caplog.at_level(logging.WARNING):
+        assert trusted_rows(scan("trials", root).collect(), str(root)).height == 0
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(said) == 1 and "1 trial row(s)" in said[0] and "d" * 16 in said[0] and "c" * 16 not in said[0], said

@@ -5,6 +5,7 @@ would rank its figures under another setting's name."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
@@ -43,20 +44,29 @@ def broken_identity(rows: pl.DataFrame, *, ids: bool = True) -> pl.Series:
 
 def trusted_rows(rows: pl.DataFrame, where: str, *, ids: bool = True) -> pl.DataFrame:
     """``rows`` (of the trials table, read under ``where``) without those whose identity does not hold together
-    (``broken_identity``, ``ids`` as there), named in one warning."""
+    (``broken_identity``, ``ids`` as there), named in one warning (each row once per process and root)."""
     broken = broken_identity(rows, ids=ids)
     if not broken.any():
         return rows
     bad = rows.filter(broken)
-    rows_shown = bad.head(5).iter_rows(named=True)
-    shown = ", ".join(f"{r['trial_id']} (in model={r['model']}/gate={r['gate']})" for r in rows_shown)
-    more = f" and {bad.height - 5} more" if bad.height > 5 else ""
-    log.warning(
-        "%d trial row(s) under %s left out: the trial_key it holds does not hash to its trial_id, or names another "
-        "model or gate than its directories (an edited, moved or copied file): %s%s",
-        bad.height,
-        where,
-        shown,
-        more,
-    )
+    named = _named(str(where))
+    new = [r for r in bad.select("trial_id", "model", "gate").iter_rows() if r not in named]
+    if new:  # a sweep reads its rows in its plan, its search and its end: each row named once, not once each
+        named.update(new)
+        shown = ", ".join(f"{tid} (in model={model}/gate={gate})" for tid, model, gate in new[:5])
+        more = f" and {len(new) - 5} more" if len(new) > 5 else ""
+        log.warning(
+            "%d trial row(s) under %s left out: the trial_key it holds does not hash to its trial_id, or names "
+            "another model or gate than its directories (an edited, moved or copied file): %s%s",
+            len(new),
+            where,
+            shown,
+            more,
+        )
     return rows.filter(~broken)
+
+
+@functools.lru_cache(maxsize=64)
+def _named(where: str) -> set[tuple[str, str, str]]:
+    """The rows ``trusted_rows`` has named under the root ``where`` in this process (trial id, model, gate)."""
+    return set()
