@@ -162,6 +162,33 @@ def test_a_harness_task_whose_data_file_is_missing_is_refused_before_the_model_l
     assert not (tmp_path / "s").exists()  # refused before Ray started: no sweep, no row
 
 
+def test_more_problems_than_the_largest_harness_task_has_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    """Before: eval.problems=4 on a task of 3 documents ran all 3 under the trial id of 4 (HumanEval's count was
+    checked, a harness task's was not). Now one line naming the largest task and its count, before the load; a
+    count within it passes the check."""
+    pytest.importorskip("lm_eval")
+    data = tmp_path / "three.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"Q{i}", "choices": ["a", "b"], "label": 0}) + "\n" for i in range(3))
+    )
+    _harness_task(tmp_path, data)
+    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    args = [*BENCH, "eval.task=harness", f"eval.harness_include={tmp_path}", "eval.harness_tasks=[tiny_missing]"]
+    seen, errors = fresh_process("bench", *args, "eval.problems=4", f"results.root={tmp_path / 'r'}", env=offline)
+    assert seen == {"code": 2, "loads": 0}, errors
+    [line] = errors
+    assert line == (
+        "error: eval.problems=4: the largest of eval.harness_tasks, tiny_missing, has 3 documents; give at most 3 "
+        "(a task with fewer runs all of its own), or null for all of them"
+    )
+    assert not (tmp_path / "r").exists()
+    from sweep.tasks.evaluate import check_inputs
+
+    for key, value in offline.items():
+        monkeypatch.setenv(key, value)
+    check_inputs(compose(*args, "eval.problems=3"))  # within the count: no error
+
+
 # ------------------------------------------------------------------ 3. one path reader
 
 

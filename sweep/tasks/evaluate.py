@@ -87,7 +87,7 @@ def task_data_digest(cfg: Config) -> str | None:
     if cfg.eval.task == "harness":
         from sweep.tasks.harness import check_tasks
 
-        return check_tasks(tuple(cfg.eval.harness_tasks or ()), cfg.eval.harness_include)
+        return check_tasks(tuple(cfg.eval.harness_tasks or ()), cfg.eval.harness_include).digest
     return None
 
 
@@ -95,7 +95,8 @@ def check_inputs(cfg: Config) -> None:
     """Before any work (before the model loads): the task's problems can be read, or one line naming them (rc 2),
     instead of an error after the timed rounds that loses the row. HumanEval's data file (and eval.problems within
     its count); each harness task loaded
-    as lm-evaluation-harness loads it (its YAML, its dataset's files: ``sweep.tasks.harness.check_tasks``)."""
+    as lm-evaluation-harness loads it (its YAML, its dataset's files: ``sweep.tasks.harness.check_tasks``), and
+    eval.problems within the largest one's documents."""
     if cfg.eval.task == "humaneval":
         from sweep.tasks import humaneval
 
@@ -111,7 +112,13 @@ def check_inputs(cfg: Config) -> None:
     elif cfg.eval.task == "harness":
         from sweep.tasks.harness import check_tasks
 
-        check_tasks(tuple(cfg.eval.harness_tasks or ()), cfg.eval.harness_include)
+        found = check_tasks(tuple(cfg.eval.harness_tasks or ()), cfg.eval.harness_include)
+        most = max(found.documents, key=lambda named: named[1], default=None)
+        if cfg.eval.problems is not None and most is not None and cfg.eval.problems > most[1]:
+            raise InputError(  # (each task would run all its documents, under another trial id)
+                f"eval.problems={cfg.eval.problems}: the largest of eval.harness_tasks, {most[0]}, has {most[1]} "
+                f"documents; give at most {most[1]} (a task with fewer runs all of its own), or null for all of them"
+            )
 
 
 def evaluate(cfg: Config, lm, engine, memo: MutableMapping | None = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -209,13 +209,21 @@ def _load(model: str, gate: str, device, args: dict[str, Any]) -> tuple[Decoders
     return Decoders.of(lm, g, cfg.bench.mode, engine), cfg.eval.max_tokens
 
 
+class TaskSet(NamedTuple):
+    """Harness tasks as loaded: ``digest`` (``tasks_digest``) and each task's count of evaluation documents."""
+
+    digest: str
+    documents: tuple[tuple[str, int], ...]
+
+
 @functools.lru_cache(maxsize=16)
-def check_tasks(tasks: tuple[str, ...], include: str | None) -> str:
+def check_tasks(tasks: tuple[str, ...], include: str | None) -> TaskSet:
     """Before any work: ``tasks`` load as lm-evaluation-harness loads them for ``run_tasks`` (the task YAMLs under
     ``include`` and the harness's own, each task's dataset and its data files), or one line (rc 2) naming the tasks
     and what failed: a missing data file is refused here, not after the timed rounds. Once per process for a set
     of tasks (a sweep's worker checks them for its first trial). Returns a digest of what was loaded (each task's
-    config and documents: ``tasks_digest``), what a stored full-depth side of them is keyed by."""
+    config and documents: ``tasks_digest``), what a stored full-depth side of them is keyed by, and each task's
+    count of evaluation documents."""
     _lm_eval()
     from lm_eval.tasks import TaskManager
 
@@ -230,7 +238,9 @@ def check_tasks(tasks: tuple[str, ...], include: str | None) -> str:
     missing = [t for t in tasks if t not in loaded.get("tasks", {}) and t not in loaded.get("groups", {})]
     if missing:
         raise InputError(f"eval.harness_tasks={list(tasks)}: no task named {missing[0]!r} loaded")
-    return tasks_digest(loaded.get("tasks", {}))
+    found = loaded.get("tasks", {})
+    documents = tuple((name, len(getattr(found[name], "eval_docs", None) or [])) for name in sorted(found))
+    return TaskSet(tasks_digest(found), documents)
 
 
 def tasks_digest(found: dict) -> str:
