@@ -671,3 +671,18 @@ def test_a_skip_ratio_no_screened_set_meets_is_one_line(tmp_path):
         "error: search.skip_ratio=[0.05, 0.1]: none of the 4 sets screened on tiny-llama skips a share of its "
         "sublayers in that range, so none runs closed-loop; widen it, or screen more sets (search.n_trials)"
     ], done.stderr[-3000:]
+
+
+def test_a_bench_whose_draft_stop_keeps_no_draft_ends_with_its_summary(tmp_path):
+    """bench.draft_stop=1.0 stops every draft: the row was written, then the summary failed formatting its absent
+    acceptance rate (rc 1, "unexpected TypeError"); and its layers-saved line said kv_policy=full saves no layer,
+    the early-exit note, where self-speculation verifies every token at full depth."""
+    from sweep.bench.command import run_bench
+
+    args = ("model=tiny-llama", "prompts.n=1", "bench.gen_tokens=6", "bench.repeats=1", "bench.warmup=0")
+    spec = ("gate=fixed", "gate.exit_layer=2", "bench.mode=self_speculative", "bench.draft_stop=1.0")
+    _, row, summary = run_bench(compose(*args, *spec, f"results.root={tmp_path}"))
+    said = " ".join(summary.split())
+    assert row["acceptance_rate"] is None and row["status"] == "ok"
+    assert "acceptance rate n/a, mean accepted 0.00, tokens per verification 1.00" in said, said
+    assert "every token verified at full depth" in said and "kv_policy=full saves no layer" not in said, said

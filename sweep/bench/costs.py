@@ -7,9 +7,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import logging
-import math
 import statistics
 from typing import Callable, Sequence
 
@@ -171,13 +171,13 @@ def _measure(lm: LoadedModel, prompt_ids: Sequence[int], repeats: int, gates: Se
     if L > 1:  # steps that stop after lo and after hi layers, skipped layers left without K/V
         for layer in (lo, hi):
             engines[layer] = _fixed_engine(lm, layer, "none")
-    prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), dev, n=3, warm=1)
+    prefill_ms = _median_ms(lambda: adapter.forward(ids, adapter.new_cache()), dev, n=5, warm=1)
     with adapter.capture_hidden() as hs:
         cache = adapter.new_cache()
         token = adapter.forward(ids, cache)[:, -1].argmax(-1, keepdim=True)
     h_all, z_final = hs[max(1, L // 2)], adapter.lens(hs[L]).float()
     del hs
-    prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=3, warm=1)
+    prefill_lens_ms = _median_ms(lambda: (adapter.lens(h_all).float() - z_final).abs().amax(dim=-1), dev, n=5, warm=1)
     states = {("probed", key): m[1] for key, m in made.items() if m is not None}
     rounds = "cost model: step rounds" + "".join(f", probe {key}" for _, key in sorted(states, key=str))
     with progress.phase(rounds, repeats + 1):
@@ -343,17 +343,25 @@ def cost_model(
         )
         before = _snapshot(costs)
         exits = not gates or any(len(gate.probe_layers()) for gate in gates)
+        again = costs_cache.holds_together(costs) is None
+
+        def part(measure: Callable[[], object]) -> None:  # sets a part; once more where it does not fit the step
+            costs_cache.coherent(lambda: measure() or costs, again)
+
         if "propagate" in kv_policies and exits and costs.kv_ms is None and lm.adapter.kv_path is not None:
-            costs.kv_ms = _measure_kv(lm, prompt_ids, repeats)
+            part(lambda: setattr(costs, "kv_ms", _measure_kv(lm, prompt_ids, repeats)))
         if (not gates if probes_alone is None else probes_alone) and costs.lens_probe_ms is None:
             costs.lens_probe_ms, costs.hidden_probe_ms = _probes_alone(lm, prompt_ids)
         if verify_positions > len(costs.verify_ms):
-            _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats)
+            part(lambda: _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats))
         for gate in gates:
-            if gate.probe_key != "none" and in_situ_key(gate) not in costs.extra_probe_ms:
-                costs.extra_probe_ms[in_situ_key(gate)] = _measure_probe(lm, prompt_ids, gate, costs.step_ms)
+            probed = in_situ_key(gate)
+            if gate.probe_key != "none" and probed not in costs.extra_probe_ms:
+                probe = functools.partial(_measure_probe, lm, prompt_ids, gate, costs.step_ms)
+                part(lambda: costs.extra_probe_ms.__setitem__(probed, probe()))
             if gate.cfg.lens == "tuned" and "translate" not in costs.extra_probe_ms:
-                costs.extra_probe_ms["translate"] = _translate_ms(lm, gate)
+                translate = functools.partial(_translate_ms, lm, gate)
+                part(lambda: costs.extra_probe_ms.__setitem__("translate", translate()))
         if (made and costs.source == "fresh") or _snapshot(costs) != before:  # measured now: kept for the machine
             costs_cache.save(path, key, costs)
         return costs
@@ -372,20 +380,11 @@ def _kept_or_measured(lm: LoadedModel, prompt_ids, repeats: int, gates, path, ke
         if holds:
             cached.source = "cached"
             return cached
-        why = (
-            f"the check's own rounds vary by +-{100 * math.expm1(floor):.1f}%, too busy a machine to tell "
-            f"(at most +-{100 * costs_cache.MAX_FLOOR:g}%)"
-            if floor > math.log1p(costs_cache.MAX_FLOOR)
-            else f"beyond the check's +-{100 * math.expm1(floor):.1f}%"
-        )
         log.info(
             "cost model cache %s: a full-depth step now takes %.3f ms, %.3f ms when cached (%s): measuring afresh",
-            path,
-            now,
-            cached.step_ms,
-            why,
+            *(path, now, cached.step_ms, costs_cache.why_not_held(floor)),
         )
-    return _measure(lm, prompt_ids, repeats, gates)
+    return costs_cache.coherent(lambda: _measure(lm, prompt_ids, repeats, gates))
 
 
 @torch.inference_mode()

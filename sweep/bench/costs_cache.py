@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -163,12 +164,53 @@ def _incoherent(costs: dict) -> str | None:
     return None
 
 
+def why_not_held(floor: float) -> str:
+    """Why ``still_holds`` did not take the cached costs, from the check's A/A floor (a |log|)."""
+    spread = f"+-{100 * math.expm1(floor):.1f}%"
+    if floor > math.log1p(MAX_FLOOR):
+        return f"the check's own rounds vary by {spread}, too busy a machine to tell (at most +-{100 * MAX_FLOOR:g}%)"
+    return f"beyond the check's {spread}"
+
+
+def coherent(measure: Callable[[], CostModel], again: bool = True) -> CostModel:
+    """``measure()`` (the cost model measured, or a part of it), once more (``again``) where what it measured does
+    not sit beside the step (``holds_together``: a burst of other work during it). Costs that still do not hold
+    together are used by their trial, their source ``unsteady``, and not kept for the machine (``save``)."""
+    costs = measure()
+    why = holds_together(costs) if again else None
+    if why is not None:
+        log.info("cost model: %s; measuring it again", why)
+        costs = measure()
+        if holds_together(costs) is not None:  # the rows say so (their cost figures not to be trusted)
+            costs.source = "unsteady"
+    return costs
+
+
+def _fields(costs: CostModel) -> dict:
+    """A cost model's figures as its cache entry holds them."""
+    return {k: v for k, v in dataclasses.asdict(costs).items() if k != "source"}
+
+
+def holds_together(costs: CostModel) -> str | None:
+    """Why costs measured now could not be taken from the cache (``problem``), or None."""
+    return problem(_fields(costs), costs.prompt_tokens, costs.num_layers)
+
+
 def save(path: Path, want: dict[str, str], costs: CostModel) -> None:
     """Write ``costs`` under ``path``: to a temporary name of this process, renamed into place (a reader sees a
-    whole file or the last one); a cache that cannot be written costs only the cache. (Not ``sweep.store``'s
-    writer: this runs where the results stack is not installed, a GPU image's bench.)"""
-    fields = {k: v for k, v in dataclasses.asdict(costs).items() if k != "source"}
-    text = json.dumps({"key": want, "costs": fields}, sort_keys=True)
+    whole file or the last one); a cache that cannot be written costs only the cache. Costs that do not hold
+    together (``problem``: a part dearer than a step allows, as a burst of other work makes it) are not written.
+    (Not ``sweep.store``'s writer: this runs where the results stack is not installed, a GPU image's bench.)"""
+    why = holds_together(costs)
+    if why is not None:  # a later process would refuse it: it is not kept (this trial's figures say what it saw)
+        log.warning(
+            "cost model cache %s: the costs measured now are not kept for the machine (%s: measured while other work "
+            "ran?); a later process measures them afresh",
+            path,
+            why,
+        )
+        return
+    text = json.dumps({"key": want, "costs": _fields(costs)}, sort_keys=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

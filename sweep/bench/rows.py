@@ -224,8 +224,7 @@ def format_row(row: dict[str, Any], costs=None) -> str:
         f"agreement {row['agreement']:.3f}  prefix {row['prefix_agreement']:.3f}  exact match "
         f"{row['exact_match']:.2f}  "
         f"exit rate {row['exit_rate']:.3f}  mean exit layer {row['mean_exit_layer']:.2f} of {row['num_layers']}  "
-        f"layers saved {100 * row['layers_saved']:.1f}%"
-        + (" (they still run, for their K/V: kv_policy=full saves no layer)" if row["kv_policy"] == "full" else ""),
+        f"layers saved {100 * row['layers_saved']:.1f}%" + _saved_note(row),
         f"speed: baseline {row['baseline_ms_per_token']:.2f} ms/token, gated {row['ms_per_token']:.2f} ms/token; "
         f"speedup_wall {row['speedup_wall']:.3f}x"
         + (f", speedup_model {row['speedup_model']:.3f}x" if row["speedup_model"] is not None else "")
@@ -235,12 +234,17 @@ def format_row(row: dict[str, Any], costs=None) -> str:
         f"{row['kv_cost_layers']:.2f}/layer, "
         f"head {row['head_cost_layers']:.2f} (layer = {row['cost_layer_ms']:.3f} ms)",
     ]
+    if row.get("cost_model_source") == "unsteady":
+        lines.append(
+            "cost model: unsteady (measured twice, and neither time did its parts fit its step: a machine busy with "
+            "other work); its figures and the model speedups are not to be trusted"
+        )
     lines += aa_lines(row)
     if row.get("mode") == "self_speculative":
         lines.append(
-            f"self-speculation: draft_len {row['draft_len']}, acceptance rate {row['acceptance_rate']:.3f}, "
-            f"mean accepted {row['mean_accepted_length']:.2f}, tokens per verification "
-            f"{row['tokens_per_verification']:.2f}"
+            f"self-speculation: draft_len {row['draft_len']}, acceptance rate {_or_none(row['acceptance_rate'], 3)}, "
+            f"mean accepted {_or_none(row['mean_accepted_length'], 2)}, tokens per verification "
+            f"{_or_none(row['tokens_per_verification'], 2)}"
         )
     if costs is not None:
         lines.append(costs.format())
@@ -302,3 +306,15 @@ def task_line(row: dict[str, Any]) -> str:
         f"loss {row['accuracy_loss']:+.3f} [{row['accuracy_loss_lo']:+.3f}, {row['accuracy_loss_hi']:+.3f}] (95%, "
         f"problems resampled){extra}"
     )
+
+
+def _saved_note(row: dict) -> str:
+    """Why the summary's ``layers saved`` is what it is where it is not the compute saved."""
+    if row.get("mode") == "self_speculative":  # every token is the full model's; the drafts run fewer layers
+        return " (every token verified at full depth: the drafts' layers are priced in speedup_model)"
+    return " (they still run, for their K/V: kv_policy=full saves no layer)" if row["kv_policy"] == "full" else ""
+
+
+def _or_none(value, digits: int) -> str:
+    """A figure of the summary, or ``n/a`` where there is none (no draft kept: ``bench.draft_stop`` stopped them)."""
+    return "n/a" if value is None else f"{value:.{digits}f}"

@@ -198,7 +198,14 @@ TIMING: tuple[Column, ...] = (
         "cost model: the gate's per-prompt calibration (conformal: a lens over every prompt position per probed "
         "layer and layer L), mean over prompts; 0 for gates without one",
     ),
-    metric("cost_model_source", "", "fresh (measured in this process) or cached (docs/bench.md)", pl.String()),
+    metric(
+        "cost_model_source",
+        "",
+        "fresh (measured in this process), cached (docs/bench.md), or unsteady (measured twice here, and neither "
+        "time did its parts fit its step, as on a machine busy with other work: its cost figures and the _model "
+        "speedups are not to be trusted)",
+        pl.String(),
+    ),
 )
 
 # what the figures rest on: determinism, the full-depth references, fitted readouts, a shared baseline, the
