@@ -135,26 +135,29 @@ def problem(costs: dict, prompt_tokens: int, num_layers: int | None = None) -> s
 
 
 PART = 2.0  # a part of a step (a probe, a K/V fill, a sublayer), measured beside it, costs at most this many steps
+# a gate's own probe in a step (extra_probe_ms): its decision is the gate's code (a learned readout, a user's gate),
+# dearer than a tiny model's step where it likes; measured in the step's own rounds, a burst does not inflate it
+GATE_PART = 50.0
 
 
 def _incoherent(costs: dict) -> str | None:
     """Why figures that are each a number cannot come from one measurement (``sweep.bench.costs._measure``): only the
     step is checked against the machine (``still_holds``), so every other figure is held to the step it was measured
     beside. By construction the layers and the head fit in the step, and the layer has a floor; a part of a step
-    costs at most ``PART`` steps, a prefill or lens pass over the prompt at most ``PART`` steps per prompt token, a
-    verification of k positions at most ``PART`` steps per position (ample for a busy machine, never for a planted
-    1e9). None when they fit."""
+    costs at most ``PART`` steps (a gate's own probe ``GATE_PART``), a prefill or lens pass over the prompt at most
+    ``PART`` steps per prompt token, a verification of k positions at most ``PART`` steps per position (ample for a
+    busy machine, never for a planted 1e9). None when they fit."""
     step, layers, tokens = costs["step_ms"], costs["num_layers"], costs.get("prompt_tokens", 1)
     room = max(step - costs["head_ms"], 1e-6)
     if costs["layer_ms"] * layers > room * (1 + 1e-9) or costs["layer_ms"] < 1e-6 * (1 - 1e-9):
         return f"layer_ms={costs['layer_ms']!r}: {layers} layers of it and the head do not fit the step ({step!r} ms)"
     if costs["overhead_ms"] > step:
         return f"overhead_ms={costs['overhead_ms']!r}: more than the step ({step!r} ms)"
-    parts = {name: costs.get(name) for name in OPTIONAL}
-    parts.update({f"extra_probe_ms[{k}]": v for k, v in costs.get("extra_probe_ms", {}).items()})
-    for name, value in parts.items():
-        if value is not None and value > PART * step:
-            return f"{name}={value!r}: a part of a step costing more than {PART:g} steps ({step!r} ms each)"
+    parts = {name: (costs.get(name), PART) for name in OPTIONAL}
+    parts.update({f"extra_probe_ms[{k}]": (v, GATE_PART) for k, v in costs.get("extra_probe_ms", {}).items()})
+    for name, (value, most) in parts.items():
+        if value is not None and value > most * step:
+            return f"{name}={value!r}: a part of a step costing more than {most:g} steps ({step!r} ms each)"
     for name in ("prefill_ms", "prefill_lens_ms"):
         if costs.get(name, 0.0) > PART * tokens * step:
             return f"{name}={costs[name]!r}: more than {PART:g} steps per token of its {tokens}-token prompt"
