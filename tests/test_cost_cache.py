@@ -91,7 +91,8 @@ def test_a_bench_on_unsteady_costs_says_so_in_its_row_and_summary(tmp_path, cach
     from sweep.bench.command import run_bench
 
     monkeypatch.setattr(costs_cache, "PART", 1e-9)
-    args = ("model=tiny-llama", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0")
+    # a seed of its own: a model this process has not loaded (a loaded model keeps its cost model in memory)
+    args = ("model=tiny-llama", "seed=977", "prompts.n=1", "bench.gen_tokens=4", "bench.repeats=1", "bench.warmup=0")
     path, row, summary = run_bench(compose(*args, "gate=fixed", "gate.exit_layer=2", f"results.root={tmp_path}"))
     assert read("trials", tmp_path).row(0, named=True)["cost_model_source"] == row["cost_model_source"] == "unsteady"
     assert "cost model: unsteady (measured twice" in " ".join(summary.split()), summary
