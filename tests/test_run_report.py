@@ -188,3 +188,14 @@ def test_a_constrained_search_is_also_judged_at_the_agreement_it_sought(ray_sess
     _, theirs = run_analyze(compose(f"results.root={tmp_path}", "analysis.targets=[0.5]"))
     assert len(theirs) == 1 and "at agreement >= 0.5" in theirs[0]
     assert ours.endswith(" ".join(theirs[0].split()).removesuffix(" (2 ok trials)") + " (2 ok settings)")
+
+
+def test_the_first_line_fits_120_columns_with_a_long_sweep_name():
+    """An optuna-constrained sweep's name made its first line 121 characters (the docs promise 120)."""
+    from sweep.orchestrate.writer import SweepOutcome
+    from sweep.textfit import WIDTH
+
+    name = "optuna-constrained-20261207T100842Z-595b48"
+    text = sweep_report(SweepOutcome(name, "p", "r", 5, 0, written=5))
+    assert all(len(line) <= WIDTH for line in text.splitlines()), text
+    assert f"sweep {name}: 5 settings measured and written" in " ".join(text.split())

@@ -686,3 +686,32 @@ def test_a_bench_whose_draft_stop_keeps_no_draft_ends_with_its_summary(tmp_path)
     assert row["acceptance_rate"] is None and row["status"] == "ok"
     assert "acceptance rate n/a, mean accepted 0.00, tokens per verification 1.00" in said, said
     assert "every token verified at full depth" in said and "kv_policy=full saves no layer" not in said, said
+
+
+def test_a_study_asked_for_more_sets_than_its_space_holds_ends_when_it_has_them_all():
+    """search=skipset-random on tiny-llama asks 300 sets of a space of 256: the study went on proposing repeats
+    (1,900 proposals in 8 minutes, nothing said) up to 20 per set asked. Here 2 sublayers, 4 sets, 30 asked: it
+    ends once it holds all 4, and says so (what the sweep prints beside the screen)."""
+    from sweep.bench.costs import cost_model
+    from sweep.orchestrate.searches.skipstudy import REPEATS, search
+
+    lm = load("model=tiny-llama")
+    rec = record(lm, [p.input_ids for p in chat_prompts(lm, 1)], N)
+    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
+    study = search(
+        lambda skip: first_drafts(lm, rec, skip),
+        num_layers=4,
+        n_trials=30,
+        sampler="random",
+        seed=3,
+        ratio=(0.0, 1.0),
+        draft_len=4,
+        draft_stop=None,
+        costs=costs,
+        names=["a1", "m1"],
+    )
+    distinct = {t.user_attrs["skip"] for t in study.trials if "repeat_of" not in t.user_attrs}
+    assert distinct == {"none", "a1", "m1", "a1+m1"} and len(study.trials) < 4 + REPEATS, len(study.trials)
+    assert (
+        study.user_attrs["spent"] == "4 of search.n_trials=30 screened: every one of the 4 candidates its space holds"
+    )

@@ -48,8 +48,10 @@ def sweep_report(outcome, analysis=None, bar: float | None = None) -> str:
     from sweep.gates import GATE_COLUMNS
 
     lines = [
-        f"sweep {outcome.name}: {outcome.written} settings measured and written, {outcome.skipped} skipped "
-        f"(their rows exist), {failures(outcome)} failed",
+        *wrap(
+            f"sweep {outcome.name}: {outcome.written} settings measured and written, {outcome.skipped} skipped "
+            f"(their rows exist), {failures(outcome)} failed"
+        ),
         *wrap(
             f"rows: {outcome.root}/trials (one Parquet file per setting); Tune state and Optuna study: {outcome.path}"
         ),

@@ -76,6 +76,8 @@ class SkipSetSearch(Search):
             len(chosen),
             "; ".join(f"{named(c)}: {f}" for c, f in zip(chosen, figures, strict=True)),
         )
+        if found.get("spent"):  # fewer distinct sets than asked: the study ended on its own, not interrupted
+            log.info("skip-set screen: %s", found["spent"])
         best = max((v for v, _ in found["screened"]), default=None)
         if best is not None and best < 1:  # full depth (1x) is always an option: say the screen found nothing faster
             log.info(
@@ -120,6 +122,7 @@ def _answer(study, cfg: Config, model: str, seconds: float | None) -> dict:
         "seconds": seconds,
         "model": model,
         "distinct": len(screened_sets(study, b.draft_stop, b.draft_len)),
+        "spent": study.user_attrs.get("spent"),
     }
 
 

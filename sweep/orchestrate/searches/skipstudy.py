@@ -29,6 +29,7 @@ from sweep.orchestrate.searches.study import sampler as make_sampler
 
 log = logging.getLogger("sweep.orchestrate.searches.skipstudy")
 ASKS = 20  # proposals per distinct candidate at most: a space with fewer candidates than n_trials ends the study
+REPEATS = 50  # proposals in a row that each repeat a screened candidate: the space looks spent, the study ends
 
 
 def param_names(num_layers: int) -> list[str]:
@@ -70,8 +71,10 @@ def search(
     names = list(names) if names is not None else param_names(num_layers)
     # n_trials counts distinct candidates: one drawn again is told its earlier figure and not counted
     seen = screened_sets(study, draft_stop, draft_len)
+    space = 2 ** len(names) * len(draft_stops or [None]) * len(draft_lens or [None])  # every candidate there is
+    in_row = 0
     for _ in range(ASKS * n_trials):
-        if len(seen) >= n_trials:
+        if len(seen) >= min(n_trials, space) or in_row >= REPEATS:
             break
         trial = study.ask()
         mask = [trial.suggest_categorical(name, [False, True]) for name in names]
@@ -88,7 +91,9 @@ def search(
                 trial.set_user_attr(key, value)
             trial.set_user_attr("repeat_of", earlier.number)
             study.tell(trial, earlier.value)
+            in_row += 1
             continue
+        in_row = 0
         t0 = time.perf_counter()
         pred = predict(screen(skip), n, stop, costs, skip)
         attrs = {
@@ -111,6 +116,15 @@ def search(
     # the study has run its course for n_trials (its distinct sets, or every proposal a space with fewer allows):
     # a sweep continued with the same n_trials reads it, and screens nothing again
     study.set_user_attr("screened_for", max(n_trials, int(study.user_attrs.get("screened_for", 0))))
+    spent = None
+    if len(seen) < n_trials:  # said where the sweep reports the screen
+        spent = (
+            f"every one of the {space} candidates its space holds"
+            if len(seen) >= space
+            else f"its last {REPEATS} proposals each repeated a candidate it had screened (its space looks spent)"
+        )
+        spent = f"{len(seen)} of search.n_trials={n_trials} screened: {spent}"
+    study.set_user_attr("spent", spent)
     return study
 
 
