@@ -128,3 +128,46 @@ def test_a_probe_the_rounds_cannot_see_is_charged_its_decision_alone_never_nothi
     for costs in (first, later):
         assert costs.probe_ms(HiddenInRounds(lm)) >= 2.5  # at least the 3 ms sleep, never the free copy's 0
         assert costs.layers(costs.probe_ms(HiddenInRounds(lm))) > 0
+
+
+class SlowerProbe(SlowProbe):
+    name = "slowerprobe"
+
+
+class SlowerStill(SlowProbe):
+    name = "slowerstill"
+
+
+def test_a_part_that_does_not_fit_its_step_is_measured_again_and_the_parts_after_it_once(monkeypatch):
+    """Gates that come after the model's costs, each probe measured in rounds of its own, with a gate's probe held
+    to a millionth of a step (GATE_PART) so that no probe can fit: the first gate's probe is measured again (its
+    own key named), the costs are unsteady; the second gate's probe is measured once and not blamed on the first
+    (before: retried whatever it measured, its line naming the first part)."""
+    import logging
+
+    from sweep import progress
+    from sweep.bench import costs_cache
+
+    lm = load("model=tiny-qwen2")
+    prompt = list(range(3, 41))  # a length no other test measures
+    assert cost_model(lm, prompt).source in ("fresh", "cached")
+    monkeypatch.setattr(costs_cache, "GATE_PART", 1e-6)
+    rounds: list[str] = []
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("sweep.bench.costs_cache")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        with progress.listen(lambda e: rounds.append(e.phase) if e.kind == "start" else None):
+            costs = cost_model(lm, prompt, gates=[SlowerProbe(lm), SlowerStill(lm)])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert rounds.count("cost model: probe slowerprobe/hidden") == 2, rounds
+    assert rounds.count("cost model: probe slowerstill/hidden") == 1, rounds
+    again = [m for m in records if "measuring it again" in m]
+    assert len(again) == 1 and again[0].startswith("cost model: extra_probe_ms[slowerprobe/hidden]="), records
+    assert costs.source == "unsteady"

@@ -693,7 +693,7 @@ def test_a_study_asked_for_more_sets_than_its_space_holds_ends_when_it_has_them_
     (1,900 proposals in 8 minutes, nothing said) up to 20 per set asked. Here 2 sublayers, 4 sets, 30 asked: it
     ends once it holds all 4, and says so (what the sweep prints beside the screen)."""
     from sweep.bench.costs import cost_model
-    from sweep.orchestrate.searches.skipstudy import REPEATS, search
+    from sweep.orchestrate.searches.skipstudy import REPEATS, ended, search
 
     lm = load("model=tiny-llama")
     rec = record(lm, [p.input_ids for p in chat_prompts(lm, 1)], N)
@@ -712,6 +712,28 @@ def test_a_study_asked_for_more_sets_than_its_space_holds_ends_when_it_has_them_
     )
     distinct = {t.user_attrs["skip"] for t in study.trials if "repeat_of" not in t.user_attrs}
     assert distinct == {"none", "a1", "m1", "a1+m1"} and len(study.trials) < 4 + REPEATS, len(study.trials)
-    assert (
-        study.user_attrs["spent"] == "4 of search.n_trials=30 screened: every one of the 4 candidates its space holds"
+    said = ended(study, 4, 30)
+    assert said == "4 of search.n_trials=30 screened: every one of the 4 candidates its space holds"
+    assert ended(study, 4, 3) is None  # a sweep resumed asking fewer than it holds: nothing to say
+
+
+def test_why_a_study_ended_short_is_said_against_the_sweeps_own_n_trials():
+    """The reason was stored as a sentence under the first run's n_trials ("241 of search.n_trials=300" shown to a
+    sweep resumed with 100), and 50 repeats in a row was named where the proposals ran out first."""
+    from types import SimpleNamespace
+
+    from sweep.orchestrate.searches.skipstudy import ASKS, REPEATS, ended
+
+    def study(why):
+        return SimpleNamespace(user_attrs={"ended": why, "space": 256})
+
+    assert ended(study("repeats"), 241, 280) == (
+        f"241 of search.n_trials=280 screened: its last {REPEATS} proposals each repeated a candidate it had "
+        "screened (its space looks spent)"
     )
+    assert ended(study("repeats"), 241, 100) is None
+    assert (
+        ended(study("asks"), 1, 2)
+        == f"1 of search.n_trials=2 screened: its {ASKS} proposals per set asked ran out on repeats"
+    )
+    assert ended(study(None), 3, 4) is None  # a study that held what it was asked when it ended

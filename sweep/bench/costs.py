@@ -343,15 +343,15 @@ def cost_model(
         )
         before = _snapshot(costs)
         exits = not gates or any(len(gate.probe_layers()) for gate in gates)
-        again = costs_cache.holds_together(costs) is None
 
-        def part(measure: Callable[[], object]) -> None:  # sets a part; once more where it does not fit the step
-            costs_cache.coherent(lambda: measure() or costs, again)
+        def part(measure: Callable[[], object]) -> None:  # sets a part; once more where it alone does not fit
+            costs_cache.coherent(lambda: measure() or costs, costs_cache.holds_together(costs) is None)
 
         if "propagate" in kv_policies and exits and costs.kv_ms is None and lm.adapter.kv_path is not None:
             part(lambda: setattr(costs, "kv_ms", _measure_kv(lm, prompt_ids, repeats)))
         if (not gates if probes_alone is None else probes_alone) and costs.lens_probe_ms is None:
-            costs.lens_probe_ms, costs.hidden_probe_ms = _probes_alone(lm, prompt_ids)
+            alone = ("lens_probe_ms", "hidden_probe_ms")
+            part(lambda: vars(costs).update(zip(alone, _probes_alone(lm, prompt_ids))))
         if verify_positions > len(costs.verify_ms):
             part(lambda: _measure_speculation(lm, prompt_ids, costs, verify_positions, repeats))
         for gate in gates:

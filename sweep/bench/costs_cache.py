@@ -154,7 +154,8 @@ def _incoherent(costs: dict) -> str | None:
     if costs["overhead_ms"] > step:
         return f"overhead_ms={costs['overhead_ms']!r}: more than the step ({step!r} ms)"
     parts = {name: (costs.get(name), PART) for name in OPTIONAL}
-    parts.update({f"extra_probe_ms[{k}]": (v, GATE_PART) for k, v in costs.get("extra_probe_ms", {}).items()})
+    probes = costs.get("extra_probe_ms", {}).items()  # a gate's probe; a tuned lens's translator (translate): PART
+    parts.update({f"extra_probe_ms[{k}]": (v, PART if k == "translate" else GATE_PART) for k, v in probes})
     for name, (value, most) in parts.items():
         if value is not None and value > most * step:
             return f"{name}={value!r}: a part of a step costing more than {most:g} steps ({step!r} ms each)"

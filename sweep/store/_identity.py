@@ -55,11 +55,13 @@ def trusted_rows(rows: pl.DataFrame, where: str, *, ids: bool = True) -> pl.Data
         named.update(new)
         shown = ", ".join(f"{tid} (in model={model}/gate={gate})" for tid, model, gate in new[:5])
         more = f" and {len(new) - 5} more" if len(new) > 5 else ""
+        count = f"{len(new)}" if len(new) == bad.height else f"{len(new)} more"
         log.warning(
-            "%d trial row(s) under %s left out: the trial_key it holds does not hash to its trial_id, or names "
+            "%s trial row(s) under %s left out%s: the trial_key it holds does not hash to its trial_id, or names "
             "another model or gate than its directories (an edited, moved or copied file): %s%s",
-            len(new),
+            count,
             where,
+            "" if len(new) == bad.height else f" ({bad.height} in all)",
             shown,
             more,
         )

@@ -110,19 +110,18 @@ def screened(plan: Plan, device: str) -> dict | None:
 def _answer(study, cfg: Config, model: str, seconds: float | None) -> dict:
     """The screen's answer from its study: the best ``search.closed_loop`` candidates (skip set, draft_stop,
     draft_len) and each one's screen figures (predicted speedup, acceptance length)."""
-    from sweep.orchestrate.searches.skipstudy import best_trials, candidate
-
-    from sweep.orchestrate.searches.skipstudy import screened_sets
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, ended, screened_sets
 
     b = cfg.bench
     best = best_trials(study, cfg.search.closed_loop, b.draft_stop, b.draft_len)
+    distinct = len(screened_sets(study, b.draft_stop, b.draft_len))
     return {
         "chosen": [candidate(t, b.draft_stop, b.draft_len) for t in best],
         "screened": [(t.value, t.user_attrs.get("acceptance_length")) for t in best],
         "seconds": seconds,
         "model": model,
-        "distinct": len(screened_sets(study, b.draft_stop, b.draft_len)),
-        "spent": study.user_attrs.get("spent"),
+        "distinct": distinct,
+        "spent": ended(study, distinct, cfg.search.n_trials),
     }
 
 

@@ -116,16 +116,24 @@ def search(
     # the study has run its course for n_trials (its distinct sets, or every proposal a space with fewer allows):
     # a sweep continued with the same n_trials reads it, and screens nothing again
     study.set_user_attr("screened_for", max(n_trials, int(study.user_attrs.get("screened_for", 0))))
-    spent = None
-    if len(seen) < n_trials:  # said where the sweep reports the screen
-        spent = (
-            f"every one of the {space} candidates its space holds"
-            if len(seen) >= space
-            else f"its last {REPEATS} proposals each repeated a candidate it had screened (its space looks spent)"
-        )
-        spent = f"{len(seen)} of search.n_trials={n_trials} screened: {spent}"
-    study.set_user_attr("spent", spent)
+    # why it holds fewer than n_trials, if it does (said where the sweep reports the screen: ``ended``)
+    why = "space" if len(seen) >= space else "repeats" if in_row >= REPEATS else "asks"
+    study.set_user_attr("ended", None if len(seen) >= n_trials else why)
+    study.set_user_attr("space", space)
     return study
+
+
+def ended(study: Study, distinct: int, n_trials: int) -> str | None:
+    """Why a study holding ``distinct`` candidates, fewer than ``n_trials``, ended there (None where it holds
+    them): its space has no more, 50 repeats in a row, or its proposals ran out on repeats."""
+    why = study.user_attrs.get("ended")
+    if distinct >= n_trials or why is None:
+        return None
+    reason = {
+        "space": f"every one of the {study.user_attrs.get('space')} candidates its space holds",
+        "repeats": f"its last {REPEATS} proposals each repeated a candidate it had screened (its space looks spent)",
+    }.get(why, f"its {ASKS} proposals per set asked ran out on repeats")
+    return f"{distinct} of search.n_trials={n_trials} screened: {reason}"
 
 
 def _check_resumed(study: Study, drawn: dict[str, Sequence | None]) -> None:
