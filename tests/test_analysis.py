@@ -517,6 +517,22 @@ def test_a_setting_timed_again_over_more_rounds_ranks_by_that_row_alone(tmp_path
     }
 
 
+def test_the_reports_count_says_which_ok_rows_it_does_not_rank(tmp_path):
+    """A reader's report said "30 trials ...; 29 ok, 0 nondeterministic, 0 failed, 0 stopped early" of 30 ok rows
+    (an Optuna search's row re-timed over more rounds is not ranked) beside a verdict of "(30 ok trials)"."""
+    from conftest import compose
+    from sweep.report.build import analyse
+    from sweep.report.sections import header
+
+    gate = ["gate=fixed", "gate.exit_layer=2"]
+    bench_rows(tmp_path, gate, [*gate, "bench.repeats=4"], ["gate=fixed", "gate.exit_layer=3"])
+    said = " ".join(" ".join(header(analyse(compose(f"results.root={tmp_path}"))).lines).split())
+    assert (
+        "3 trials from 3 run(s); 3 ok (2 ranked; not ranked: 1 earlier row(s) of settings timed again over more "
+        "rounds), 0 nondeterministic" in said
+    ), said
+
+
 def test_the_report_is_its_sections_in_order_written_once(tmp_path):
     from conftest import compose
     from sweep.report.build import analyse, write_report

@@ -199,3 +199,16 @@ def test_the_first_line_fits_120_columns_with_a_long_sweep_name():
     text = sweep_report(SweepOutcome(name, "p", "r", 5, 0, written=5))
     assert all(len(line) <= WIDTH for line in text.splitlines()), text
     assert f"sweep {name}: 5 settings measured and written" in " ".join(text.split())
+
+
+def test_the_rows_line_names_an_optuna_study_only_where_the_sweep_has_one(tmp_path):
+    """A grid, a screen and a bracket printed "Tune state and Optuna study:" beside a directory with no study."""
+    from sweep.orchestrate.writer import SweepOutcome
+
+    def rows_line(path) -> str:
+        text = " ".join(sweep_report(SweepOutcome("s", str(path), "r", 1, 0, written=1)).split())
+        return text[text.index("rows: ") :]
+
+    assert rows_line(tmp_path).endswith(f"Tune state: {tmp_path}")
+    (tmp_path / "optuna.db").write_bytes(b"")
+    assert rows_line(tmp_path).endswith(f"Tune state and Optuna study: {tmp_path}")

@@ -53,7 +53,10 @@ def sweep_report(outcome, analysis=None, bar: float | None = None) -> str:
             f"(their rows exist), {failures(outcome)} failed"
         ),
         *wrap(
-            f"rows: {outcome.root}/trials (one Parquet file per setting); Tune state and Optuna study: {outcome.path}"
+            f"rows: {outcome.root}/trials (one Parquet file per setting); Tune state"
+            # an Optuna or skip-set search's study, where it keeps it (sweep.orchestrate.searches.study.study_file)
+            + (" and Optuna study" if (Path(outcome.path) / "optuna.db").is_file() else "")
+            + f": {outcome.path}"
         ),
     ]
     if not outcome.rows:

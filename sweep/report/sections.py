@@ -52,6 +52,21 @@ def _on_accuracy(ok: pl.DataFrame) -> str:
     return f" (and {n} ok whose task stopped on its accuracy loss: the task section names them)" if n else ""
 
 
+def _ok_count(trials: pl.DataFrame, ok: pl.DataFrame) -> str:
+    """The ok rows, and those of them the tables do not rank: a setting's earlier row, timed again over more rounds
+    (``best_timed``), and a row without a finite speedup or agreement (``counted``)."""
+    from sweep.analysis import counted
+
+    n_ok = trials.filter(pl.col("status") == "ok").height
+    usable = trials.filter(counted(ok["speedup_metric"][0] if ok.height else "speedup_wall")).height
+    parts = [
+        f"{usable - ok.height} earlier row(s) of settings timed again over more rounds" if usable > ok.height else "",
+        f"{n_ok - usable} without a finite speedup or agreement" if n_ok > usable else "",
+    ]
+    said = "; ".join(p for p in parts if p)
+    return f"{n_ok} ok" + (f" ({ok.height} ranked; not ranked: {said})" if said else "")
+
+
 def header(ctx: ReportContext) -> Section:
     lines = ["# Early-exit report", ""]
     trials, ok = ctx.trials, ctx.ok
@@ -59,7 +74,7 @@ def header(ctx: ReportContext) -> Section:
     if trials.height:
         lines += [
             (
-                f"{trials.height} trials from {trials['run_id'].n_unique()} run(s); {ok.height} ok, "
+                f"{trials.height} trials from {trials['run_id'].n_unique()} run(s); {_ok_count(trials, ok)}, "
                 f"{trials.filter(pl.col('status') == 'nondeterministic').height} nondeterministic, "
                 f"{trials.filter(pl.col('status') == 'failed').height} failed, "
                 f"{trials.filter(pl.col('status') == 'stopped').height} stopped early{_on_accuracy(ok)} "
