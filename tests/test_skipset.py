@@ -249,25 +249,11 @@ def test_draft_stops_and_lens_are_searched_with_the_set_and_each_candidate_is_pr
     """search.draft_stops and search.draft_lens: each candidate draws a draft_stop and a draft_len; its screen
     figures are the screen's prediction at those (recomputed here per trial), and every value is among the
     candidates chosen."""
-    from sweep.bench.costs import cost_model
-    from sweep.orchestrate.searches.skipstudy import best_trials, candidate, search
+    from sweep.orchestrate.searches.skipstudy import best_trials, candidate
 
-    lm = load("model=tiny-llama")
-    rec = record(lm, [p.input_ids for p in chat_prompts(lm, 2)], N)
-    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
-    study = search(
-        lambda skip: first_drafts(lm, rec, skip),
-        num_layers=4,
-        n_trials=40,
-        sampler="random",
-        seed=5,
-        ratio=(0.0, 1.0),
-        draft_len=4,
-        draft_stop=0.5,  # unused: draft_stops is given
-        costs=costs,
-        draft_stops=[None, 1.0],
-        draft_lens=[1, 4],
-    )
+    lm, rec, costs, study = _tiny_study(
+        2, n_trials=40, seed=5, draft_stop=0.5, draft_stops=[None, 1.0], draft_lens=[1, 4]
+    )  # (draft_stop unused: draft_stops is given)
     assert {(t.params["draft_stop"], t.params["draft_len"]) for t in study.trials} == {
         (None, 1),
         (None, 4),
@@ -692,24 +678,9 @@ def test_a_study_asked_for_more_sets_than_its_space_holds_ends_when_it_has_them_
     """search=skipset-random on tiny-llama asks 300 sets of a space of 256: the study went on proposing repeats
     (1,900 proposals in 8 minutes, nothing said) up to 20 per set asked. Here 2 sublayers, 4 sets, 30 asked: it
     ends once it holds all 4, and says so (what the sweep prints beside the screen)."""
-    from sweep.bench.costs import cost_model
-    from sweep.orchestrate.searches.skipstudy import REPEATS, ended, search
+    from sweep.orchestrate.searches.skipstudy import REPEATS, ended
 
-    lm = load("model=tiny-llama")
-    rec = record(lm, [p.input_ids for p in chat_prompts(lm, 1)], N)
-    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
-    study = search(
-        lambda skip: first_drafts(lm, rec, skip),
-        num_layers=4,
-        n_trials=30,
-        sampler="random",
-        seed=3,
-        ratio=(0.0, 1.0),
-        draft_len=4,
-        draft_stop=None,
-        costs=costs,
-        names=["a1", "m1"],
-    )
+    *_, study = _tiny_study(1, n_trials=30, seed=3, draft_stop=None, names=["a1", "m1"])
     distinct = {t.user_attrs["skip"] for t in study.trials if "repeat_of" not in t.user_attrs}
     assert distinct == {"none", "a1", "m1", "a1+m1"} and len(study.trials) < 4 + REPEATS, len(study.trials)
     said = ended(study, 4, 30)
@@ -737,3 +708,16 @@ def test_why_a_study_ended_short_is_said_against_the_sweeps_own_n_trials():
         == f"1 of search.n_trials=2 screened: its {ASKS} proposals per set asked ran out on repeats"
     )
     assert ended(study(None), 3, 4) is None  # a study that held what it was asked when it ended
+
+
+def _tiny_study(prompts: int, **kw):
+    """tiny-llama's decodes of ``prompts`` chat prompts recorded, its cost model, and a seeded random skip-set study on
+    them (``kw``: the search's own arguments)."""
+    from sweep.bench.costs import cost_model
+    from sweep.orchestrate.searches.skipstudy import search
+
+    lm = load("model=tiny-llama")
+    rec = record(lm, [p.input_ids for p in chat_prompts(lm, prompts)], N)
+    costs = cost_model(lm, rec.prompt_ids[0], kv_policies=[], verify_positions=5)
+    args = {"num_layers": 4, "sampler": "random", "ratio": (0.0, 1.0), "draft_len": 4, "costs": costs, **kw}
+    return lm, rec, costs, search(lambda skip: first_drafts(lm, rec, skip), **args)
