@@ -32,8 +32,10 @@ seconds (CI runs it). Exit status 1 when a trial failed or SDPA produced a non-f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import statistics
 import sys
@@ -51,6 +53,7 @@ from sweep.config.provenance import random_init_hash
 from sweep.gates import make_gate
 from sweep.models import DTYPES, LoadedModel, byte_tokenizer, ready
 from sweep.models.prompts import read_prompts, tokenize_prompts
+from sweep.textfit import WrappingFormatter
 
 AGREEMENT_NOTE = "agreement means nothing on random weights (their tokens are arbitrary): read speed and mechanics"
 
@@ -355,6 +358,24 @@ def wrap(text: str, indent: str = "   ") -> list[str]:
     )
 
 
+@contextlib.contextmanager
+def warnings_in_report(stream=None):
+    """The bench's warnings (a cost model measured during a burst of other work, say) in the report, in its order and
+    its width: on ``stream`` (stdout), each line within ``WIDTH`` columns; as before once the check ends."""
+    logger = logging.getLogger("sweep")
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(WrappingFormatter("warning: %(message)s", indent="   "))
+    handler.setLevel(logging.WARNING)
+    kept = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = kept
+
+
 def _x(value) -> str:
     return "-" if value is None else f"{value:.3f}x"
 
@@ -450,6 +471,11 @@ def report(result: dict) -> list[str]:
 
 
 def main() -> int:
+    with warnings_in_report():
+        return _check()
+
+
+def _check() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: the same code in seconds")
     parser.add_argument("--out", type=Path, default=Path("gpu_check_out"), help="where gpu_check.json goes")

@@ -187,3 +187,31 @@ def test_each_shape_keys_its_own_cost_model(tmp_path):
     again = gpu_check.build_model(dense, "cpu", 0)  # the same shape and seed: the same model, its costs kept
     assert again.content_hash == a.content_hash
     assert gpu_check.build_model(dense, "cpu", 1).content_hash != a.content_hash
+
+
+def test_a_warning_of_the_bench_is_in_the_report_within_its_width(tmp_path, monkeypatch):
+    """The dry run at 7f508c1 measured a cost model that did not hold together and its warning, through logging's
+    last resort, was a 269-column line of the report. In the check, the bench's warnings go to the report's stream,
+    in its width; once the check ends, the stream hears no more of them."""
+    import io
+    import logging
+
+    from conftest import compose
+    from helpers.contract import chat_prompts
+    from sweep.bench import costs_cache
+    from sweep.bench.costs import cost_model
+    from sweep.models import load_model
+
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(costs_cache, "PART", 1e-9)  # no measurement fits its step: measured twice, not kept
+    cfg = compose("model=tiny-llama", "seed=978")  # a model this process has not loaded (its costs not in memory)
+    lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    stream = io.StringIO()
+    with gpu_check.warnings_in_report(stream):
+        costs = cost_model(lm, chat_prompts(lm, 1)[0].input_ids)
+    logging.getLogger("sweep.bench.costs_cache").warning("after the check")
+    text = stream.getvalue()
+    prose = " ".join(text.split())
+    assert costs.source == "unsteady" and prose.startswith("warning: cost model cache ")
+    assert "not kept for the machine" in prose and "after the check" not in text
+    assert len(text.splitlines()) > 1 and max(len(line) for line in text.splitlines()) <= 120
