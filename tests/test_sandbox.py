@@ -746,3 +746,130 @@ def test_the_filter_decides_as_its_table_says_on_each_machine(machine_name, arch
     if machine_name == "x86_64":
         assert call("fork") == eperm and call("vfork") == allow
         assert _decide(program, 0x40000000 + 39, arch) == 0x80000000  # x32
+
+
+def test_a_programs_string_hashes_are_seeded_alike_in_every_program(machine):
+    """Each program started an interpreter of its own with a fresh string-hash seed (``-I`` ignored any set), so one
+    completion whose result hung on a set's order passed in some runs and failed in others (a reader's: 5 of 12),
+    and the gated and full-depth sides could score the same text differently. Every program now hashes as an
+    interpreter started with PYTHONHASHSEED=0 does (that interpreter's own output, the independent check)."""
+    source = "print(list({'apple', 'banana', 'cherry', 'date', 'elder', 'fig'}))\n"
+    runs = [machine(o) for o in run_programs([source] * 6, LIMITS, workers=2)]
+    alone = subprocess.run(
+        [sys.executable, "-c", source], capture_output=True, text=True, env={"PYTHONHASHSEED": "0"}, check=True
+    )
+    assert [o.stdout for o in runs] == [alone.stdout] * 6 and all(o.passed for o in runs)
+
+
+def test_output_of_exactly_the_cap_keeps_to_it_and_one_byte_more_does_not(machine):
+    cap = LIMITS.output_bytes
+    write = "import os, time\nos.write(1, b'x' * {n})\ntime.sleep(0.3)\n"
+    at, past = (machine(o) for o in run_programs([write.format(n=cap), write.format(n=cap + 1)], LIMITS))
+    assert at.passed and len(at.stdout) == cap
+    assert past.status == "output_limit" and len(past.stdout) == cap
+
+
+UNDER_A_HARD_LIMIT = """
+import sys
+from sweep.errors import SweepError
+from sweep.tasks.sandbox import Limits, prepare, run_program
+limits = Limits(timeout_s=30.0, cpu_s=30, memory_bytes=512 << 20, output_bytes=4096)
+outcome = run_program("print(7 * 6)", limits)  # (no check before it: the launcher keeps the lower limit)
+print(outcome.status, outcome.stdout.strip(), outcome.isolation.split("limits (")[1])
+try:
+    prepare(limits)
+except SweepError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize(
+    "ulimit, kept, says",
+    [
+        ("-n 60", "open files 60", "hard limit on open files (ulimit -Hn) is 60, below the 64 a program may use; "
+         "raise it (the sandbox's own limit)"),
+        ("-t 20", "cpu 20", "hard limit on CPU seconds (ulimit -Ht) is 20, below the 30 a program may use; lower "
+         "eval.timeout_s to 20 or less, or raise the limit"),
+    ],
+)  # fmt: skip
+def test_a_hard_limit_of_the_caller_below_a_programs_is_kept_and_refused_before_any_work(ulimit, kept, says):
+    """A caller started under a lower hard limit (``ulimit -n 60``) ended every program with "ValueError: not
+    allowed to raise maximum limit" (the launcher raised it after bubblewrap had dropped the privilege): every
+    problem failed on both sides, a loss of 0; the probe's refusal blamed the interpreter. The launcher keeps the
+    lower limit and says so; ``prepare`` (before any work) refuses in one line naming the limit and the key."""
+    done = subprocess.run(
+        ["bash", "-c", f'ulimit {ulimit} && exec "$0" -c "$1"', sys.executable, UNDER_A_HARD_LIMIT],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    ran, refused = done.stdout.splitlines()
+    assert ran.startswith("passed 42 ") and f"the caller's lower hard limits kept ({kept})" in ran
+    assert refused == f"sandbox: this process's hard limit {says.removeprefix('hard limit ')}"
+
+
+A_TRIAL_UNDER_A_HARD_LIMIT = """
+from sweep.config import compose
+from sweep.errors import SweepError
+from sweep.tasks.evaluate import prepare
+prepare(compose(["eval.task=humaneval", "eval.allow_code_execution=true", "eval.timeout_s=15"]))
+print("fits")
+try:
+    prepare(compose(["eval.task=humaneval", "eval.allow_code_execution=true", "eval.timeout_s=25.5"]))
+except SweepError as exc:
+    print(exc)
+"""
+
+
+def test_a_humaneval_trial_whose_timeout_passes_the_callers_cpu_limit_is_refused_before_the_model_loads():
+    done = subprocess.run(
+        ["bash", "-c", 'ulimit -t 20 && exec "$0" -c "$1"', sys.executable, A_TRIAL_UNDER_A_HARD_LIMIT],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "fits",
+        "sandbox: this process's hard limit on CPU seconds (ulimit -Ht) is 20, below the 26 a program may use; lower "
+        "eval.timeout_s to 20 or less, or raise the limit",
+    ]
+
+
+def _memory_cgroups() -> int:
+    """The memory controller's cgroups in the kernel, removed ones still dying included (``/proc/cgroups``)."""
+    with open("/proc/cgroups") as f:
+        return next(int(line.split()[2]) for line in f if line.startswith("memory\t"))
+
+
+@as_root
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="no writable cgroup v1 memory controller")
+def test_a_program_that_read_files_leaves_no_dying_cgroup_behind(machine):
+    """A program's memory cgroup was removed with the page cache its reads were charged still in it: the kernel kept
+    each such group alive, out of sight (a reader's 30 programs: 18 groups, there after 8 s). Each is emptied before
+    its removal; the kernel's count of memory cgroups comes back to where it was (give or take another test
+    process's two slots running beside this one)."""
+    files = []
+    for directory, _, names in os.walk("/usr/share"):
+        files += [p for p in (os.path.join(directory, n) for n in names) if os.path.isfile(p)]
+        files = [p for p in files if not os.path.islink(p) and os.path.getsize(p) > 1 << 20][:8]
+        if len(files) == 8:
+            break
+    if len(files) < 8:
+        pytest.skip("fewer than 8 files over 1 MiB under /usr/share")
+    for path in files:  # out of the page cache: the program's reads bring them in, charged to its cgroup
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    before = _memory_cgroups()
+    runs = run_programs([f"open({p!r}, 'rb').read()" for p in files], LIMITS, workers=2)
+    assert all(machine(o).passed for o in runs)
+    import time
+
+    deadline = time.monotonic() + 60  # (a bound on the failure: the kernel frees an emptied group in a second or two)
+    while _memory_cgroups() > before + 2 and time.monotonic() < deadline:
+        threading.Event().wait(0.2)
+    assert _memory_cgroups() <= before + 2, (before, _memory_cgroups())

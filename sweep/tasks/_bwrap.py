@@ -83,7 +83,9 @@ class Plan:
         args += ["--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts"]
         for path in PRIVATE:
             args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", path]
-        args += ["--remount-ro", "/", "--chdir", "/tmp", "--", self.python, "-I", "-S", "-B", INSIDE, *map(str, fds)]
+        args += ["--remount-ro", "/", "--chdir", "/tmp", "--"]
+        # (not -I: its -E would ignore the environment's one PYTHON* entry, the hash seed; the environment is ENV)
+        args += [self.python, "-s", "-P", "-S", "-B", INSIDE, *map(str, fds)]
         return [*FIRST_LINE, "sweep-sandbox", *map(str, dict.fromkeys(procs)), "--", *args] if procs else args
 
     def describe(self, cgroups: tuple[str, ...]) -> str:

@@ -1,6 +1,7 @@
 """The launcher and test harness of one sandboxed program (``sweep.tasks.sandbox``): bubblewrap starts it with the
-sandbox's interpreter (``python -I -S -B jail.py JOB_FD VERDICT_FD``) inside the namespaces it made; it imports
-nothing of the project, and as little else as it can (each import is paid by every program).
+sandbox's interpreter (``python -s -P -S -B jail.py JOB_FD VERDICT_FD``, its environment the sandbox's alone)
+inside the namespaces it made; it imports nothing of the project, and as little else as it can (each import is paid
+by every program).
 
 In order, while it is still root in the sandbox (as root, bubblewrap leaves it CAP_SETUID and CAP_SETGID only):
 it reads its job (its limits and user, the program, the problem's entry point, the verdict's nonce; ``marshal``ed
@@ -64,16 +65,24 @@ class _NoInput(io.TextIOBase):
 def _limit(spec: dict) -> list:
     """The resource limits, then the slot's user (as root): what applied."""
     limits = {
-        resource.RLIMIT_CPU: spec["cpu_s"],
-        resource.RLIMIT_AS: spec["memory_bytes"],
-        resource.RLIMIT_FSIZE: spec["file_bytes"],
-        resource.RLIMIT_NOFILE: spec["open_files"],
-        resource.RLIMIT_CORE: 0,
-        resource.RLIMIT_NPROC: spec["processes"] + spec["user_processes"],  # its uid's processes, whatever ran first
+        "cpu": (resource.RLIMIT_CPU, spec["cpu_s"]),
+        "memory": (resource.RLIMIT_AS, spec["memory_bytes"]),
+        "file size": (resource.RLIMIT_FSIZE, spec["file_bytes"]),
+        "open files": (resource.RLIMIT_NOFILE, spec["open_files"]),
+        "core": (resource.RLIMIT_CORE, 0),
+        # its uid's processes, whatever ran first
+        "processes": (resource.RLIMIT_NPROC, spec["processes"] + spec["user_processes"]),
     }
-    for kind, value in limits.items():
+    kept = []  # where the caller's own hard limit is lower (``sandbox.check_limits`` refuses that before any work)
+    for name, (kind, value) in limits.items():
+        hard = resource.getrlimit(kind)[1]
+        if hard != resource.RLIM_INFINITY and hard < value:
+            value = hard  # never raised: the privilege that could raise it is gone
+            kept.append(f"{name} {hard}")
         resource.setrlimit(kind, (value, value))
     applied = ["limits (cpu, memory, file size, open files, processes)"]
+    if kept:
+        applied.append(f"the caller's lower hard limits kept ({', '.join(kept)})")
     uid = spec["uid"]
     if uid is not None:
         os.setgroups([])

@@ -201,6 +201,14 @@ def remove_cgroup(uid: int) -> bool:
     return all([_remove(controller, uid) for controller in CONTROLLERS])
 
 
+def _force_empty(group: Path) -> None:
+    """Reclaim what ``group`` is charged (cgroup v1; a task still in it makes the kernel refuse: the next try)."""
+    try:
+        (group / "memory.force_empty").write_text("0")
+    except OSError:
+        pass
+
+
 def _remove(controller: str, uid: int) -> bool:
     group = _group(controller, uid)
     if group is None or not group.exists():
@@ -208,6 +216,8 @@ def _remove(controller: str, uid: int) -> bool:
     deadline = time.monotonic() + KILL_S
     while True:
         kill_all(lambda: cgroup_pids(uid, controller))
+        if controller == "memory":  # the page cache its reads were charged: else a removed group lives on, dying
+            _force_empty(group)
         try:
             group.rmdir()
             return True

@@ -47,7 +47,14 @@ def prepare(cfg: Config) -> None:
     if cfg.eval.task == "humaneval":
         from sweep.tasks.sandbox import prepare as sandbox_ready
 
-        sandbox_ready()
+        sandbox_ready(_limits(cfg))
+
+
+def _limits(cfg: Config):
+    """What each of the trial's programs may use (``eval.timeout_s``; its CPU seconds the same, rounded up)."""
+    from sweep.tasks.sandbox import Limits
+
+    return Limits(timeout_s=cfg.eval.timeout_s, cpu_s=max(1, math.ceil(cfg.eval.timeout_s)))
 
 
 def reference_key(cfg: Config, lm) -> str:
@@ -276,10 +283,9 @@ def _humaneval(cfg: Config, lm, engine, label: str, stop: Callable | None) -> Si
     (greedy early exit or full depth; ``batching``), each batch's completions run against their tests before the
     next, so that ``stop`` (``loss_stop``) can end the side between batches."""
     from sweep.tasks import humaneval
-    from sweep.tasks.sandbox import Limits
 
     problems = humaneval.problems(cfg.eval.problems)
-    limits = Limits(timeout_s=cfg.eval.timeout_s, cpu_s=max(1, math.ceil(cfg.eval.timeout_s)))
+    limits = _limits(cfg)
     batch = batching(cfg, lm, engine)
     # problems decoded, then scored, at a time: a batch; one where a stop rule asks after each; else all of them
     size = cfg.eval.batch_size if batch is not None else 1 if stop is not None else len(problems)

