@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,10 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Exception as exc:  # a bug: one line and where, as `sweep run` says it (the traceback with SWEEP_DEBUG=1)
+        if os.environ.get("SWEEP_DEBUG"):
+            raise
+        frame = (traceback.extract_tb(exc.__traceback__) or [None])[-1]
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno}" if frame is not None else "?"
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: unexpected {type(exc).__name__} at {where}: {first} (set SWEEP_DEBUG=1 for the traceback)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if status == "SUCCEEDED":
         print(f"job {submission_id}: {status}; rows under {roots[-1]}/trials")
         return 0
     why = (message.strip().splitlines() or ["the job server gave no reason"])[0][:300]
+    cut = why.split(", last available logs")[0]  # (Ray's "..., last available logs (truncated ...):" ends there)
+    why = f"{cut}; its log is above" if cut != why else why
     print(f"job {submission_id}: {status} ({why}); rows it wrote, if any, are under {roots[-1]}/trials")
     return 1
 

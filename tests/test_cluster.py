@@ -224,6 +224,7 @@ def test_a_failed_job_says_why(two_node_cluster, tmp_path):
     assert res.returncode == 1, (res.stdout + res.stderr)[-2000:]
     [line] = [line for line in res.stdout.splitlines() if line.startswith("job raysubmit_")]
     assert ": FAILED (" in line and "exit code 127" in line, line  # the job server's reason, not only "FAILED"
+    assert "last available logs" not in line and "exit code 127; its log is above)" in line, line
 
 
 def test_ctrl_c_while_following_a_job_leaves_it_running_and_names_the_stop_command(two_node_cluster, tmp_path):
@@ -294,6 +295,15 @@ def test_jobs_submit_rejects_bad_input_before_contacting_a_cluster():
         assert res.returncode == 2 and f"error: {other}: the job joins the cluster it is submitted to" in res.stderr
     res = _submit_to_nothing("model=nope", "results.root=/tmp/x")
     assert res.returncode == 2 and "model=nope: unknown option" in res.stderr
+    # a setting's gate past its model's depth, as `sweep run` finds it before Ray (before: submitted, failed there)
+    space = "search.spaces=[{gate: saturation, gate.min_layer: 'choice(1,99)'}]"
+    res = _submit_to_nothing("model=tiny-llama", "results.root=/tmp/x", space)
+    assert res.returncode == 2 and "error: gate.min_layer=99: must be in 1..4 (L=4 for this model)" in res.stderr
+    # a key that walks into a list by a name: one line naming it (before: a 44-line traceback)
+    res = _submit_to_nothing("model=tiny-llama", "results.root=/tmp/x", "search.spaces.saturation.eps=1")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: search.spaces.saturation.eps=1: cannot be set (Index 'saturation' (str) is not")
 
 
 def test_jobs_submit_without_a_token_says_where_one_goes(tmp_path):
@@ -346,3 +356,51 @@ def test_joining_with_no_token_at_all_is_one_line(tmp_path):
     [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: cluster.address={address}: Ray would not connect without a token ("), line
     assert "unexpected" not in res.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def cluster_without_auth():
+    """A head node on 127.0.0.1 with token auth off (RAY_AUTH_MODE=disabled), in a helper process."""
+    helper = ROOT / "tests" / "helpers" / "local_cluster.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(helper), "0"],
+        env=env(RAY_AUTH_MODE="disabled"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()[-2000:]
+    yield json.loads(line)
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
+def test_token_auth_against_a_cluster_without_it_is_one_line_before_any_work(cluster_without_auth, tmp_path):
+    """The default cluster.auth=token joined a cluster without token auth in silence; its trials' workers never
+    registered ("lost its worker; retrying", "cancelled before it started running") and a failed row was written per
+    setting, rc 1; jobs/submit.py's job failed the same way. Both are one line now, rc 2, nothing written."""
+    token = env(RAY_AUTH_TOKEN_PATH=own_token(tmp_path))
+    res = subprocess.run(
+        [SWEEP, "run", "cluster=existing", f"cluster.address={cluster_without_auth['gcs']}", "model=tiny-llama",
+         f"results.root={tmp_path / 'r'}", "--quiet"],
+        env=token, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr[-2000:]
+    [line] = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(
+        f"error: cluster.address={cluster_without_auth['gcs']}: the Ray cluster there runs without token auth"
+    ), line
+    assert "set cluster.auth=disabled" in line and not (tmp_path / "r").exists()
+    dashboard = cluster_without_auth["dashboard"]
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--address", dashboard, "--", "model=tiny-llama",
+         f"results.root={tmp_path / 'r'}"],
+        env=token, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert res.returncode == 2, (res.stdout + res.stderr)[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: --auth token: the cluster at {dashboard} runs with RAY_AUTH_MODE=disabled; pass --auth disabled"
+    )
+    assert "submitted" not in res.stdout and not (tmp_path / "r").exists()

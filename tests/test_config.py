@@ -280,3 +280,25 @@ def test_what_the_new_refusals_leave_alone(tmp_path):
     both = ["model=tiny-llama", "prompts=jsonl", f"prompts.path={path}",
             "search.spaces=[{gate: margin, prompts: 'choice(chat, jsonl)'}]"]  # fmt: skip
     assert sorted(c.prompts.name for _, c in foresee_settings(compose(*both), both)) == ["chat", "jsonl"]
+
+
+@pytest.mark.parametrize("given", ["cluster.num_gpus=1", "cluster.num_cpus=8", "cluster.dashboard=true"])
+def test_an_embedded_rays_sizes_given_for_a_joined_cluster_are_refused(given):
+    """`cluster=existing cluster.num_gpus=1` went on as if unset (the run then said no node has 1 GPU): a joined
+    cluster has its own nodes; the key is named in one line. With the embedded Ray, each still sizes it."""
+    with pytest.raises(ConfigError) as refused:
+        compose("cluster=existing", given)
+    assert str(refused.value).startswith(f"{given}: is for the embedded Ray (cluster=local) only; a cluster joined")
+    assert getattr(compose(given).cluster, given.split(".")[1].split("=")[0]) in (1, 8, True)
+
+
+def test_a_key_that_walks_into_a_list_by_a_name_is_one_line_naming_it():
+    """`search.spaces.saturation.eps=1` ended `sweep run` with "unexpected TypeError at omegaconf.py" (and
+    jobs/submit.py with a 44-line traceback): search.spaces is a list."""
+    with pytest.raises(ConfigError) as refused:
+        compose("search.spaces.saturation.eps=1")
+    assert str(refused.value).startswith(
+        "search.spaces.saturation.eps=1: cannot be set (Index 'saturation' (str) is not an int); a list's items"
+    )
+    with pytest.raises(TypeError):  # a caller's bug (a list where overrides go) is not said as a user's key
+        compose(["model=tiny-llama"])

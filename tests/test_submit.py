@@ -355,3 +355,35 @@ def test_jobs_submit_reads_ray_address():
     gcs = dry_run(RAY_ADDRESS="10.1.2.3:6379")
     assert gcs.returncode == 2 and "pass --address http://10.1.2.3:8265" in gcs.stderr
     assert "would be shipped" not in gcs.stdout
+
+
+def test_a_stopped_jobs_resume_line_names_a_submission_that_submit_takes(monkeypatch):
+    """A job stopped by `ray job stop` logged `sweep run ... cluster=existing cluster.auth=token resume=true ...`,
+    which jobs/submit.py refuses (the job joins the cluster it is sent to). In a job, the line also names the
+    submission, which submit takes as it is."""
+    import shlex
+
+    from sweep.orchestrate.interrupt import resume_line
+
+    monkeypatch.setenv("SWEEP_SUBMISSION_ID", "raysubmit_0123456789abcdef")
+    job = ["model=tiny-llama", "results.root=/shared/results", "cluster=existing", "cluster.auth=disabled", "run_id=r"]
+    line = resume_line(job, "job4")
+    ran = "sweep run model=tiny-llama results.root=/shared/results cluster=existing cluster.auth=disabled"
+    again = "python jobs/submit.py --auth disabled -- model=tiny-llama results.root=/shared/results"
+    assert line == (
+        f"resume with `{ran} resume=true sweep.name=job4` on a node of the cluster, or submit it again: "
+        f"`{again} resume=true sweep.name=job4`"
+    )
+    argv = shlex.split(line.split("`")[3])[2:]
+    env = {k: v for k, v in os.environ.items() if k not in ("SWEEP_DEBUG", "SWEEP_SUBMISSION_ID")}
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "submit.py"), "--dry-run", *argv],
+        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert (
+        "entrypoint: python -m sweep.cli run model=tiny-llama results.root=/shared/results resume=true "
+        "sweep.name=job4 cluster=existing cluster.auth=disabled" in res.stdout
+    )
+    monkeypatch.delenv("SWEEP_SUBMISSION_ID")
+    assert resume_line(job, "s") == f"resume with `{ran} resume=true sweep.name=s`"

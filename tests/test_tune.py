@@ -110,8 +110,11 @@ def test_gpu_request_on_a_cpu_cluster_fails_fast(ray_session, tmp_path):
         sweep(tmp_path, "resources.gpu=1")
     with pytest.raises(ConfigError, match="resources.cpu=64: no node of this cluster has that many CPUs"):
         sweep(tmp_path, "resources.cpu=64")
-    with pytest.raises(ConfigError, match="device=cuda: this sweep gives trials no GPU"):
+    with pytest.raises(ConfigError, match="device=cuda: this sweep gives trials no GPU") as refused:
         sweep(tmp_path, "device=cuda", "resources.gpu=0")
+    assert "(resources.gpu=0);" in str(refused.value)  # the value given (before: "and the cluster has none")
+    with pytest.raises(ConfigError, match=r"no GPU \(resources.gpu=auto, and no node of this cluster has a GPU\)"):
+        sweep(tmp_path, "device=cuda")  # auto, the default: not "resources.gpu=0", which the user did not set
     assert not (tmp_path / "trials").exists()
 
 
@@ -165,28 +168,39 @@ def test_unreachable_cluster_address_fails_fast(tmp_path):
     assert res.returncode == 2 and "cluster.address=127.0.0.1:9: nothing answers" in res.stderr
 
 
-@pytest.mark.parametrize("auth", ["token", "disabled"])
-def test_cluster_address_of_something_else_fails_fast(tmp_path, auth):
-    """A port where a server that is not Ray's GCS answers (here an HTTP server): ray.init would retry for minutes,
-    a warning line every few seconds; refused in one line instead."""
+@pytest.mark.parametrize("auth, kind", [("token", "http"), ("disabled", "http"), ("token", "grpc")])
+def test_cluster_address_of_something_else_fails_fast(tmp_path, auth, kind):
+    """A port where a server that is not Ray's GCS answers (an HTTP server; a gRPC server without the GCS's service,
+    as a raylet's or the Ray Client's port): ray.init would retry for minutes, a warning line every few seconds (for
+    the gRPC server: 27 s and 20 lines of Ray's C++ client); refused in one line instead."""
+    import concurrent.futures
     import http.server
     import threading
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    address = f"127.0.0.1:{server.server_address[1]}"
+    import grpc
+
+    if kind == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        address = f"127.0.0.1:{server.server_address[1]}"
+        stop = lambda: (server.shutdown(), server.server_close())  # noqa: E731
+    else:
+        rpc = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        address = f"127.0.0.1:{rpc.add_insecure_port('127.0.0.1:0')}"
+        rpc.start()
+        stop = lambda: rpc.stop(None)  # noqa: E731
     try:
         res = run_cli(
             "run", *TINY_SWEEP, "cluster=existing", f"cluster.auth={auth}", f"cluster.address={address}",
             f"results.root={tmp_path}", env={"RAY_AUTH_TOKEN": "0123456789abcdef0123456789abcdef"}, timeout=120,
         )  # fmt: skip
     finally:
-        server.shutdown()
-        server.server_close()
+        stop()
     assert res.returncode == 2, res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"something answers at {address}, but not a Ray cluster's GCS" in errors[0]
     assert "Failed to connect to GCS" not in res.stderr and not (tmp_path / "trials").exists()
+    assert "Failed to get cluster ID" not in res.stderr
 
 
 @pytest.mark.ray

@@ -79,7 +79,7 @@ def _run(overrides: list[str]) -> int:
     if outcome.interrupted:
         print(sweep_report(outcome))
         how = interrupt.stopped_by()
-        print(f"{how}: resume with `{interrupt.resume_command(overrides, outcome.name)}`", file=sys.stderr)
+        print(f"{how}: {interrupt.resume_line(overrides, outcome.name)}", file=sys.stderr)
         return 128 + interrupt.stop_signal()
     print(sweep_report(outcome, cfg.analysis, cfg.search.constraints.get("agreement")))
     summary = overhead_summary(outcome)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config._composed import CONFIG_DIR_ENV, composed, config_dir
-from sweep.config._override_errors import first_line, missing_option as _missing_option
+from sweep.config._override_errors import first_line, missing_option as _missing_option, unapplied
 from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
 from sweep.errors import ConfigError
@@ -65,6 +65,12 @@ def _hydra(overrides, *, hydra_config: bool = False):
         raise ConfigError(_first_line(exc, exc.__cause__, overrides)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error(exc)) from None
+    except (TypeError, IndexError, KeyError) as exc:  # OmegaConf's own, applying an override (not Hydra's errors)
+        import traceback
+
+        if "omegaconf" not in traceback.extract_tb(exc.__traceback__)[-1].filename:
+            raise  # not an override's: a bug, said as one
+        raise ConfigError(unapplied(exc, overrides)) from None
 
 
 def _check_group_choice(override: str, key: str) -> None:
@@ -214,6 +220,13 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
         check_ladder(cfg.calibrate.grid, cfg.gate.name)
     _check_bench(cfg)
     _check_eval(cfg)
+    sizes = [f"cluster.{k}={v}" for k, v in (("num_cpus", cfg.cluster.num_cpus), ("num_gpus", cfg.cluster.num_gpus))]
+    sizes = [s for s in sizes if not s.endswith("=None")] + ["cluster.dashboard=true"] * cfg.cluster.dashboard
+    if cfg.cluster.address is not None and sizes:  # (a joined cluster has its own: they were ignored in silence)
+        raise ConfigError(
+            f"{sizes[0]}: is for the embedded Ray (cluster=local) only; a cluster joined (cluster.address="
+            f"{cfg.cluster.address}) has its own nodes (resources.cpu and resources.gpu ask each trial's share)"
+        )
     if cfg.sweep.storage is not None and "://" in cfg.sweep.storage:
         raise ConfigError(
             f"sweep.storage={cfg.sweep.storage}: a filesystem path is needed (a shared mount on a cluster)"

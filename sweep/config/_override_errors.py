@@ -184,3 +184,16 @@ def _override_parse_error() -> type:
     from hydra.errors import OverrideParseException
 
     return OverrideParseException
+
+
+def unapplied(exc: BaseException, overrides) -> str:
+    """An override OmegaConf could not apply, one line: a key that walks into a list by a name (``Index 'x' (str)
+    is not an int``), past its end, or into a value that holds no keys; named where its key holds the part named."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    part = re.search(r"'([^']*)'", text)
+    named = [o for o in overrides if part and part.group(1) in str(o).partition("=")[0].lstrip("+~").split(".")]
+    return (
+        f"{named[0] if named else 'an override'}: cannot be set ({text}); a list's items are set by their index, or "
+        "the list whole (search.spaces=[{gate: saturation, gate.eps: 'choice(0.1,0.2)'}]); `sweep config` shows "
+        "the keys"
+    )

@@ -132,9 +132,26 @@ def resume_command(overrides: list[str], name: str) -> str:
     return "sweep run " + shlex.join([*kept, "resume=true", f"sweep.name={name}"])
 
 
+def resume_line(overrides: list[str], name: str) -> str:
+    """``resume with `sweep run ...``` (``resume_command``); in a Ray job (jobs/submit.py's), also the submission
+    that resumes it from where it was submitted: without the cluster keys, which jobs/submit.py refuses (the job
+    joins the cluster it is sent to)."""
+    import os
+
+    from sweep.config.provenance import SUBMISSION_ID_ENV
+
+    line = f"resume with `{resume_command(overrides, name)}`"
+    if not os.environ.get(SUBMISSION_ID_ENV):
+        return line
+    auth = next((o.split("=", 1)[1] for o in overrides if override_key(o) == "cluster.auth"), "token")
+    job = [o for o in overrides if override_key(o) != "cluster" and not override_key(o).startswith("cluster.")]
+    again = resume_command(job, name).removeprefix("sweep run ")
+    return f"{line} on a node of the cluster, or submit it again: `python jobs/submit.py --auth {auth} -- {again}`"
+
+
 def resume_hint(plan) -> str:
-    """``resume with `sweep run ...``` for the sweep of ``plan`` (``sweep.orchestrate.plan.Plan``)."""
-    return f"resume with `{resume_command(plan.base, plan.name)}`"
+    """``resume_line`` for the sweep of ``plan`` (``sweep.orchestrate.plan.Plan``)."""
+    return resume_line(plan.base, plan.name)
 
 
 def os_cause(exc: BaseException) -> OSError | None:

@@ -117,7 +117,8 @@ def set_trial_system_attr(trial: Any, key: str, value: Any) -> None:
 def ask_gcs(address: str, timeout_s: float = 5.0, tries: int = 3) -> tuple[str, str] | None:
     """What the GCS at ``address`` says when asked, over a channel as Ray makes it (its TLS settings, its token
     interceptor, no HTTP proxy), for its cluster id: ``("refused", reason)`` when it refuses the token (a missing or
-    other token); ``("silent", reason)`` when no try of ``tries`` (a second apart) reaches a gRPC server there at
+    other token); ``("other", reason)`` when a gRPC server there has no GCS service (a raylet's port, the Ray Client
+    server's); ``("silent", reason)`` when no try of ``tries`` (a second apart) reaches a gRPC server there at
     all (something else holds the port, an HTTP server say: ``ray.init`` would retry for minutes); else None (it
     answers, or is slow to: ``ray.init`` then decides). ``ray.init`` itself retries a refused token for about 20
     seconds and then names no token. Raises Ray's ``AuthenticationError`` when token auth is on and this client has
@@ -141,9 +142,33 @@ def ask_gcs(address: str, timeout_s: float = 5.0, tries: int = 3) -> tuple[str, 
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 return "refused", exc.details() or "unauthenticated"
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server without the GCS's service (a raylet's)
+                return "other", exc.details() or "unimplemented"
             if exc.code() not in silent:
                 return None
             reason = (exc.details() or exc.code().name).strip().splitlines()[0]
         finally:
             channel.close()
     return "silent", reason
+
+
+def gcs_open(address: str, timeout_s: float = 5.0) -> bool | None:
+    """Whether the GCS at ``address`` answers a client that sends no token (a cluster without token auth): True,
+    False where it refuses one (token auth), None where this cannot be told (TLS, no answer)."""
+    import os
+
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    channel = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        return True
+    except grpc.RpcError as exc:
+        return False if exc.code() == grpc.StatusCode.UNAUTHENTICATED else None
+    finally:
+        channel.close()
+

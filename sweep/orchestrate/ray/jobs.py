@@ -65,6 +65,7 @@ def submit_job(
     git_sha = git_sha or submitted_commit(root)
     if auth == "token":
         require_token()
+    _check_auth_mode(dashboard, auth)
     try:
         client = job_client(dashboard)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -87,6 +88,23 @@ def submit_job(
                     ) from None
                 log.info("the cluster's job agent is not up yet; retrying")
                 time.sleep(2)
+
+
+def _check_auth_mode(dashboard: str, auth: str) -> None:
+    """The cluster's RAY_AUTH_MODE, as its dashboard tells anyone (``/api/authentication_mode``), is ``auth``: a job
+    sent with token auth to a cluster without it starts, and every trial of it fails (its workers never register).
+    Nothing is said where the dashboard does not tell (an older Ray) or cannot be reached (the client says so)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{dashboard.rstrip('/')}/api/authentication_mode", timeout=10) as reply:
+            mode = json.loads(reply.read(4096)).get("authentication_mode")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(mode, str) and mode in ("token", "disabled") and mode != auth:
+        raise ConfigError(
+            f"--auth {auth}: the cluster at {dashboard} runs with RAY_AUTH_MODE={mode}; pass --auth {mode}"
+        )
 
 
 def follow_job(dashboard: str, submission_id: str, out) -> tuple[str, str]:

@@ -69,6 +69,11 @@ def start_ray(cluster: ClusterConfig) -> bool:
                     f"cluster.address={cluster.address}: something answers at {address}, but not a Ray cluster's GCS "
                     f"({_first(reply[1])}); give the GCS's host:port (`ray start --head` prints it; 6379 unless set)"
                 )
+            if cluster.auth == "token" and _ray_private.gcs_open(address):  # else its workers never register
+                raise ConfigError(
+                    f"cluster.address={cluster.address}: the Ray cluster there runs without token auth "
+                    "(it answers a client that sends none); set cluster.auth=disabled, its mode (docs/cluster.md)"
+                )
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except AuthenticationError as exc:  # token auth, and no token here at all: Ray sends nothing
             raise ConfigError(_refused(cluster, str(exc), "Ray would not connect without a token")) from None
@@ -138,10 +143,12 @@ def trial_resources(cfg: Config) -> dict[str, float]:
             f"(GPUs per node: {gpus_per_node or [0]}); use resources.gpu=0 or resources.gpu=auto"
         )
     if cfg.device == "cuda" and gpu == 0:
-        raise ConfigError(
-            "device=cuda: this sweep gives trials no GPU (resources.gpu=0 and the cluster has none); "
-            "use device=cpu or auto"
+        why = (
+            "resources.gpu=auto, and no node of this cluster has a GPU"
+            if cfg.resources.gpu == "auto"
+            else f"resources.gpu={cfg.resources.gpu:g}"
         )
+        raise ConfigError(f"device=cuda: this sweep gives trials no GPU ({why}); use device=cpu or auto")
     if cfg.resources.cpu > max(cpus_per_node, default=0.0):
         raise ConfigError(
             f"resources.cpu={cfg.resources.cpu:g}: no node of this cluster has that many CPUs "
