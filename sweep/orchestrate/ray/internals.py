@@ -171,4 +171,3 @@ def gcs_open(address: str, timeout_s: float = 5.0) -> bool | None:
         return False if exc.code() == grpc.StatusCode.UNAUTHENTICATED else None
     finally:
         channel.close()
-
