@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         args.address = resolve_address(args.address)
         check_job_overrides(args.overrides)
         roots = [o.split("=", 1)[1] for o in args.overrides if "=" in o and override_key(o) == "results.root"]
+        roots = [r[1:-1] if len(r) >= 2 and r[0] == r[-1] and r[0] in "'\"" else r for r in roots]  # Hydra's quotes
         if not roots or not os.path.isabs(roots[-1]):
             raise ConfigError(
                 "results.root: pass an absolute path on storage shared by the cluster's nodes "

@@ -366,10 +366,11 @@ def test_a_stopped_jobs_resume_line_names_a_submission_that_submit_takes(monkeyp
     from sweep.orchestrate.interrupt import resume_line
 
     monkeypatch.setenv("SWEEP_SUBMISSION_ID", "raysubmit_0123456789abcdef")
-    job = ["model=tiny-llama", "results.root=/shared/results", "cluster=existing", "cluster.auth=disabled", "run_id=r"]
+    root = "results.root='/shared/my results'"  # (a path with a space, quoted for Hydra as a sweep's plan quotes it)
+    job = ["model=tiny-llama", root, "cluster=existing", "cluster.auth=disabled", "run_id=r"]
     line = resume_line(job, "job4")
-    ran = "sweep run model=tiny-llama results.root=/shared/results cluster=existing cluster.auth=disabled"
-    again = "python jobs/submit.py --auth disabled -- model=tiny-llama results.root=/shared/results"
+    ran = f"sweep run model=tiny-llama {shlex.quote(root)} cluster=existing cluster.auth=disabled"
+    again = f"python jobs/submit.py --auth disabled --python {sys.executable} -- model=tiny-llama {shlex.quote(root)}"
     assert line == (
         f"resume with `{ran} resume=true sweep.name=job4` on a node of the cluster, or submit it again: "
         f"`{again} resume=true sweep.name=job4`"
@@ -381,9 +382,10 @@ def test_a_stopped_jobs_resume_line_names_a_submission_that_submit_takes(monkeyp
         env=env, capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    assert (
-        "entrypoint: python -m sweep.cli run model=tiny-llama results.root=/shared/results resume=true "
-        "sweep.name=job4 cluster=existing cluster.auth=disabled" in res.stdout
-    )
+    entry = next(line for line in res.stdout.splitlines() if line.startswith("entrypoint: "))
+    assert shlex.split(entry.removeprefix("entrypoint: ")) == [
+        sys.executable, "-m", "sweep.cli", "run", "model=tiny-llama", root, "resume=true", "sweep.name=job4",
+        "cluster=existing", "cluster.auth=disabled",
+    ]  # fmt: skip
     monkeypatch.delenv("SWEEP_SUBMISSION_ID")
     assert resume_line(job, "s") == f"resume with `{ran} resume=true sweep.name=s`"

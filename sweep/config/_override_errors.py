@@ -188,7 +188,8 @@ def _override_parse_error() -> type:
 
 def unapplied(exc: BaseException, overrides) -> str:
     """An override OmegaConf could not apply, one line: a key that walks into a list by a name (``Index 'x' (str)
-    is not an int``), past its end, or into a value that holds no keys; named where its key holds the part named."""
+    is not an int``); named where its key holds the part named. (Hydra words the ``+``/``~`` forms and an index
+    past a list's end itself: "Error merging override ...".)"""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     part = re.search(r"'([^']*)'", text)
     named = [o for o in overrides if part and part.group(1) in str(o).partition("=")[0].lstrip("+~").split(".")]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import signal
+import sys
 import threading
 from typing import Callable, Iterator
 
@@ -146,7 +147,11 @@ def resume_line(overrides: list[str], name: str) -> str:
     auth = next((o.split("=", 1)[1] for o in overrides if override_key(o) == "cluster.auth"), "token")
     job = [o for o in overrides if override_key(o) != "cluster" and not override_key(o).startswith("cluster.")]
     again = resume_command(job, name).removeprefix("sweep run ")
-    return f"{line} on a node of the cluster, or submit it again: `python jobs/submit.py --auth {auth} -- {again}`"
+    python = shlex.quote(sys.executable)  # (the job's, on the cluster's nodes: jobs/submit.py's --python)
+    return (
+        f"{line} on a node of the cluster, or submit it again: "
+        f"`python jobs/submit.py --auth {auth} --python {python} -- {again}`"
+    )
 
 
 def resume_hint(plan) -> str:

@@ -84,8 +84,9 @@ class Plan:
         for path in PRIVATE:
             args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", path]
         args += ["--remount-ro", "/", "--chdir", "/tmp", "--"]
-        # (not -I: its -E would ignore the environment's one PYTHON* entry, the hash seed; the environment is ENV)
-        args += [self.python, "-s", "-P", "-S", "-B", INSIDE, *map(str, fds)]
+        # (not -I: its -E would ignore the environment's one PYTHON* entry, the hash seed; the environment is ENV. No
+        # -P, which a 3.10 system Python lacks: the path's first entry is /sweep, which holds the launcher alone)
+        args += [self.python, "-s", "-S", "-B", INSIDE, *map(str, fds)]
         return [*FIRST_LINE, "sweep-sandbox", *map(str, dict.fromkeys(procs)), "--", *args] if procs else args
 
     def describe(self, cgroups: tuple[str, ...]) -> str:

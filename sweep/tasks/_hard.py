@@ -14,7 +14,7 @@ from sweep.tasks._slots import pids_of
 _HARD = (
     ("cpu_s", resource.RLIMIT_CPU, "CPU seconds", "-Ht"),
     ("memory_bytes", resource.RLIMIT_AS, "address space in bytes", "-Hv, in KiB"),
-    ("file_bytes", resource.RLIMIT_FSIZE, "file size in bytes", "-Hf, in blocks of 512 bytes"),
+    ("file_bytes", resource.RLIMIT_FSIZE, "file size in bytes", "-Hf, in bash in KiB"),
     ("open_files", resource.RLIMIT_NOFILE, "open files", "-Hn"),
     ("processes", resource.RLIMIT_NPROC, "processes", "-Hu"),
 )

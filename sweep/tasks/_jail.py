@@ -1,5 +1,5 @@
 """The launcher and test harness of one sandboxed program (``sweep.tasks.sandbox``): bubblewrap starts it with the
-sandbox's interpreter (``python -s -P -S -B jail.py JOB_FD VERDICT_FD``, its environment the sandbox's alone)
+sandbox's interpreter (``python -s -S -B jail.py JOB_FD VERDICT_FD``, its environment the sandbox's alone)
 inside the namespaces it made; it imports nothing of the project, and as little else as it can (each import is paid
 by every program).
 
