@@ -166,3 +166,35 @@ def test_calibrate_reports_progress_on_long_loops(caplog, monkeypatch):
     assert "calibrate: full-depth baselines: 1/40, " in text and "calibrate: full-depth baselines: 40/40, " in text
     assert "calibrate: eps=0.01: 20/20, 00:" in text  # the calibration half, threshold by threshold
     assert "[1/2] eps=0.01: calibration risk" in text  # the ladder, a line per threshold
+
+
+def test_a_chosen_threshold_that_never_exits_is_said_to_certify_full_depth(capsys):
+    """The classifier's default ladder starts at theta=1, which exits nowhere: its zero risk was certified and printed
+    as "chosen theta=1: disagreement risk <= 0.1 ...", the exit rate 0.000 of the held-out line its only hint (a
+    reader's). The table shows each threshold's exit rate, and a chosen one that never exits is said so."""
+    code = main(
+        ["calibrate", "model=tiny-qwen3", "model.tiny.init_std=0.02", "gate=margin", "gate.min_layer=1",
+         "prompts.n=10", "bench.gen_tokens=6", "calibrate.delta=0.3", "calibrate.epsilon=0.3",
+         "calibrate.grid='1000'"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    [row] = [line.split() for line in out.splitlines() if line.split()[:1] == ["1000"]]
+    assert row == ["1000", "0.0000", "0.000", "0.168", "<-", "chosen"]  # risk, exit rate, 0.7**5
+    said = " ".join(out.split())
+    assert "chosen theta=1000: disagreement risk <= 0.3" in said
+    assert "theta=1000 exits at no token of the calibration prompts: what it certifies is full depth's" in said
+
+
+def test_a_calibration_that_can_certify_nothing_is_refused_before_it_decodes(capsys):
+    """Whether any threshold can be certified hangs on the calibration prompts' count, delta and epsilon alone:
+    `sweep calibrate` ran the baselines and its ladder (20 s on a tiny model, minutes on SmolLM2) and only then said
+    none could be (a reader's). Now one line before any decoding, with how many prompts would do."""
+    code = main(["calibrate", "model=tiny-llama", "gate=margin", "prompts=chat", "prompts.n=10", "bench.gen_tokens=2"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        "error: prompts.n: 5 calibration prompts (10 x calibrate.split=0.5) certify no threshold at "
+        "calibrate.delta=0.1, calibrate.epsilon=0.1 with hb p-values, even at zero risk: at least 22 are needed"
+    )  # 0.9**21 = 0.109 > 0.1 >= 0.9**22, as HB's p-value at zero risk is (1 - delta)**n
+    assert "calibrate: ladder" not in err and "baseline" not in err

@@ -302,3 +302,27 @@ def test_a_key_that_walks_into_a_list_by_a_name_is_one_line_naming_it():
     )
     with pytest.raises(TypeError):  # a caller's bug (a list where overrides go) is not said as a user's key
         compose(["model=tiny-llama"])
+
+
+def test_a_directory_the_filesystem_will_not_create_is_refused_before_any_work():
+    """`fit.out=/proc/nope` passed the permission check (root may write /proc's bits), loaded the model, fitted,
+    and then ended with "unexpected FileNotFoundError", rc 1 (a reader's). The filesystem is asked before any work."""
+    done = main(["fit", "model=tiny-llama", "fit.out=/proc/nope", "prompts.n=1", "fit.gen_tokens=1", "--quiet"])
+    assert done == 2
+    from sweep.config.paths import check_writable_dir
+
+    with pytest.raises(ConfigError) as refused:
+        check_writable_dir("fit.out", "/proc/nope")
+    assert str(refused.value).startswith("fit.out=/proc/nope: cannot be created") and "\n" not in str(refused.value)
+    assert str(refused.value).endswith("fit.out must be a directory you can write to")
+
+
+@pytest.mark.parametrize("gate, says", [("softmax", "gate.theta values, each a number in [0, 1]"),
+                                        ("pca", "gate.eps values, each a number > 0")])  # fmt: skip
+def test_a_calibration_without_a_ladder_says_what_its_grid_holds(gate, says, capsys):
+    """A gate with no default ladder was told "(e.g. 'range(1, 30)')", which its own domain then refused ("2 is not a
+    value of gate.theta"; a reader's): the line names the threshold and its domain instead."""
+    assert main(["calibrate", "model=tiny-llama", f"gate={gate}"]) == 2
+    line = " ".join(capsys.readouterr().err.split())
+    assert f"error: calibrate.grid: required for gate={gate}, which has no default ladder: {says}" in line
+    assert "range(1, 30)" not in line

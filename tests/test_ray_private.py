@@ -120,6 +120,25 @@ def test_ask_gcs_reaches_rays_grpc_channel_and_stubs(ray):
     assert time.perf_counter() - t < 3.0
 
 
+def test_gcs_open_reaches_rays_gcs_stub_over_a_plain_channel(ray):
+    """The stub and request it builds are Ray's generated ones; a gRPC server without the GCS's service (its
+    "unimplemented") tells nothing of a cluster's auth: None, as is no server at all."""
+    import concurrent.futures
+
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    assert hasattr(gcs_service_pb2_grpc, "NodeInfoGcsServiceStub") and hasattr(gcs_service_pb2, "GetClusterIdRequest")
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert _ray_private.gcs_open(f"127.0.0.1:{port}", timeout_s=5.0) is None
+    finally:
+        server.stop(None)
+    assert _ray_private.gcs_open("127.0.0.1:9", timeout_s=2.0) is None
+
+
 def test_own_sessions_reaches_the_popen_ray_starts_its_servers_with(ray):
     import os
     import sys

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from conftest import compose, load
+from conftest import compose, load, run_cli
 from sweep.cli.commands import main
 from sweep.errors import ConfigError
 from sweep.decode.states import decode_states
@@ -365,3 +365,37 @@ def test_readouts_with_non_finite_weights_or_not_a_regular_file_are_refused(save
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         load_readouts(fifo, lm)
+
+
+def test_a_sweep_over_prompts_its_readouts_were_fitted_on_is_refused_before_ray(saved, tmp_path):
+    """`sweep run` with a classifier space on the readouts' own fitting prompts started Ray, ran each setting to a
+    failed row ("2 of 2 evaluation prompts ... are in the readouts' fitting set"), and ended rc 1 (a reader's; the
+    docs promise the refusal in `run` too). Now one line before Ray, rc 2, nothing written."""
+    _, _, path = saved  # fitted on chat/0 .. chat/2
+    space = f"search.spaces=[{{gate: classifier, gate.readouts: '{path}', gate.theta: 'choice(0.9,0.8)'}}]"
+    args = ["model=tiny-llama", space, "prompts=chat", "bench.gen_tokens=2", "bench.repeats=1"]
+    done = run_cli("run", *args, "prompts.n=2", f"results.root={tmp_path}", timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: prompts: 2 of 2 evaluation prompts (chat/0, chat/1) are in the readouts' fitting set (chat: chat/0 .. "
+        "chat/2, 3 prompts); evaluate on others (prompts.start, prompts.n)"
+    ], done.stderr[-2000:]
+    assert not list(tmp_path.iterdir())  # no row, no Tune state
+
+
+def test_a_fit_too_small_to_tell_anything_says_so(tmp_path, caplog):
+    """`sweep fit fit.ridge=0 prompts.n=1 fit.gen_tokens=1` printed KL 0.000, top1 1.000 and acc 1.000 on every
+    layer, rc 0, nothing said (a reader's): 57 positions for 65 unknowns, and classifiers fitted on one label."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="sweep.trace.readouts"):
+        code = main(["fit", "model=tiny-llama", "fit.ridge=0", "prompts=chat", "prompts.n=1", "fit.gen_tokens=1",
+                     f"fit.out={tmp_path}"])  # fmt: skip
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == "sweep.trace.readouts")
+    assert code == 0
+    assert (
+        "the translators were fitted on 57 positions for 65 unknowns per output (hidden 64 + 1): with fit.ridge=0"
+        in said
+    )
+    assert "the exit classifiers of layer(s) 1, 2, 3 saw one label only on the 1 decision positions" in said

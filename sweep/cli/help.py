@@ -158,11 +158,12 @@ HELP: dict[str, CommandHelp] = {
         "on the held-out rest; writes nothing.",
         ("model", "gate", "gate.min_depth", "gate.min_layer", "prompts", "prompts.n")
         + ("calibrate.delta", "calibrate.epsilon", "calibrate.grid", "calibrate.split", "calibrate.pvalue")
-        + ("bench.gen_tokens",),
+        + ("calibrate.heldout_prompts", "calibrate.heldout_n", "bench.gen_tokens"),
         (
-            "sweep calibrate model=tiny-llama gate=margin prompts.n=8",
+            "sweep calibrate model=tiny-llama gate=margin prompts.n=8 calibrate.delta=0.3 calibrate.epsilon=0.3",
             "sweep calibrate experiment=calibrate-saturation",
-            "sweep calibrate gate=saturation \"calibrate.grid='range(0.02, 0.4, step=0.02)'\"",
+            "sweep calibrate gate=saturation prompts=humaneval prompts.n=60 \"calibrate.grid='range(0.02, 0.4, "
+            "step=0.02)'\"",
         ),
         gates=True,
     ),

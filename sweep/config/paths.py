@@ -235,4 +235,14 @@ def check_writable_dir(key: str, path: str | Path) -> Path:
     if not os.access(probe, os.W_OK | os.X_OK):
         what = "the directory is not writable" if probe == target else f"cannot be created: {probe} is not writable"
         raise ConfigError(f"{key}={path}: {what} (no write permission); {key} must be a directory you can write to")
+    try:  # the permission bits can say yes where the filesystem says no (/proc, a read-only mount): asked for real
+        import tempfile
+
+        os.rmdir(tempfile.mkdtemp(prefix=".sweep-probe-", dir=probe))
+    except OSError as exc:
+        what = "the directory" if probe == target else f"cannot be created: {probe}"
+        raise ConfigError(
+            f"{key}={path}: {what} takes no new entry ({exc.strerror or exc}); {key} must be a directory you can "
+            "write to"
+        ) from None
     return target

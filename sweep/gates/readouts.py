@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import torch
@@ -156,16 +157,20 @@ def load_readouts(path, lm, key: str = "gate.readouts", cache: ReadoutsCache | N
     return readouts
 
 
-def check_readouts_file(path, key: str, shape: tuple[int, int] | None = None) -> None:
+def check_readouts_file(path, key: str, shape: tuple[int, int] | None = None, prompts: Sequence = ()) -> None:
     """Before any model loads: ``path`` is a regular file holding a readouts file's header (its metadata and
     tensors named as `sweep fit` writes them), fitted to a model of ``shape`` (layers, hidden) when the model's
-    shape is known before it loads (``sweep.models.shape_before_load``); one ConfigError line naming ``key``
-    otherwise. Its content (the digest) and its fit to the loaded model are checked when it loads
-    (``load_readouts``)."""
+    shape is known before it loads (``sweep.models.shape_before_load``), and fitted to none of ``prompts`` ((id,
+    text, ...) as ``read_prompts`` gives them: ``check_disjoint``); one ConfigError line naming ``key`` otherwise.
+    Its content (the digest) and its fit to the loaded model are checked when it loads (``load_readouts``)."""
     meta, _ = _read_readouts(path, key, tensors=False)
     problem = None if shape is None or _meta_problem(meta) is not None else _fit_problem(meta, *shape)
     if problem:
         raise ConfigError(f"{key}={path}: {problem}")
+    if prompts and _meta_problem(meta) is None:  # (what ``check_disjoint`` reads of readouts, from the header)
+        ids, digests = json.loads(meta["prompt_ids"]), json.loads(meta["prompt_digests"])
+        fitted = SimpleNamespace(prompt_set=meta["prompt_set"], prompt_ids=ids, prompt_digests=digests)
+        check_disjoint(fitted, [SimpleNamespace(id=p[0], text=p[1]) for p in prompts])
 
 
 def _read_readouts(path, key: str, *, tensors: bool = True) -> tuple[dict, dict]:

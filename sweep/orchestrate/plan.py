@@ -291,18 +291,17 @@ def _check_files_read(cfg: Config, grid_trials: GridTrials | None) -> None:
     from sweep.gates.readouts import check_readouts_file
     from sweep.models.prompts import read_prompts
 
-    prompt_sets, readouts, gates, shapes = set(), set(), set(), {}
+    prompt_sets, readouts, gates, shapes = {}, set(), set(), {}
     for _, trial_cfg in grid_trials or [(None, cfg)]:
-        if repr(trial_cfg.prompts) not in prompt_sets:
-            prompt_sets.add(repr(trial_cfg.prompts))
-            read_prompts(trial_cfg.prompts)
-        if repr((trial_cfg.model, trial_cfg.gate)) in gates:
+        if (key := repr(trial_cfg.prompts)) not in prompt_sets:
+            prompt_sets[key] = read_prompts(trial_cfg.prompts)
+        if repr((trial_cfg.model, trial_cfg.gate, trial_cfg.prompts)) in gates:
             continue
-        gates.add(repr((trial_cfg.model, trial_cfg.gate)))
+        gates.add(repr((trial_cfg.model, trial_cfg.gate, trial_cfg.prompts)))
         shape = check_fits(trial_cfg, shapes)
-        if trial_cfg.gate.readouts is not None and (trial_cfg.gate.readouts, shape) not in readouts:
-            readouts.add((trial_cfg.gate.readouts, shape))
-            check_readouts_file(trial_cfg.gate.readouts, "gate.readouts", shape)
+        if trial_cfg.gate.readouts is not None and (trial_cfg.gate.readouts, shape, key) not in readouts:
+            readouts.add((trial_cfg.gate.readouts, shape, key))  # with the prompts it is evaluated on: not its own
+            check_readouts_file(trial_cfg.gate.readouts, "gate.readouts", shape, prompt_sets[key])
 
 
 def _storage(cfg: Config, root: Path) -> Path:

@@ -97,6 +97,7 @@ class Calibration:
     tested: list[float] = field(default_factory=list)
     risks: list[float] = field(default_factory=list)
     pvalues: list[float] = field(default_factory=list)
+    exit_rates: list[float] = field(default_factory=list)  # on the calibration prompts, per threshold tested
     chosen: float | None = None
     holdout_risk: float | None = None
     holdout_exit_rate: float | None = None
@@ -128,13 +129,33 @@ def prepare(cfg: Config, session) -> tuple:
     c = cfg.calibrate
     spec = GATES.get(cfg.gate.name, key="gate")
     ladder = c.grid if c.grid is not None else spec.ladder  # the gate spec's default ladder
-    if ladder is None and spec.threshold is not None:
-        raise ConfigError(f"calibrate.grid: required for gate={spec.name} (e.g. 'range(1, 30)')")
+    if ladder is None and spec.threshold is not None:  # (an example in the threshold's own domain, not another's)
+        raise ConfigError(
+            f"calibrate.grid: required for gate={spec.name}, which has no default ladder: gate.{spec.threshold} "
+            f"values, each {spec.domain(spec.threshold).allowed}, as a list or range(start, stop, step=...)"
+        )
     values = ordered(spec.name, check_ladder(ladder or "", spec.name))
     _check_prompt_sets(cfg)  # before the model loads
     lm, prepared, prompts = command.prepare(cfg, session)
     cal, held = split(prompts, c.split, cfg.seed)
-    return values, lm, prepared, prompts, cal, held, _heldout_set(cfg, lm, prepared, prompts)
+    drift = _heldout_set(cfg, lm, prepared, prompts)
+    _check_certifiable(cfg, len(cal), len(prompts))  # the last check: every other one said first, as before
+    return values, lm, prepared, prompts, cal, held, drift
+
+
+def _check_certifiable(cfg: Config, n_cal: int, n: int) -> None:
+    """Before any decoding: ``n_cal`` calibration prompts can certify a threshold at all (a p-value at zero risk
+    within calibrate.epsilon); else one line with how many would (the ladder's baselines and rungs cost minutes)."""
+    c, pvalue = cfg.calibrate, PVALUES[cfg.calibrate.pvalue]
+    if certifiable_risk(n_cal, c.delta, c.epsilon, pvalue) is not None:
+        return
+    need = next((m for m in range(n_cal + 1, 100_000) if pvalue(0.0, m, c.delta) <= c.epsilon), None)
+    at_least = f"at least {need} are needed" if need is not None else "no number of prompts is enough"
+    raise ConfigError(
+        f"prompts.n: {n_cal} calibration prompts ({n} x calibrate.split={c.split:g}) certify no threshold at "
+        f"calibrate.delta={c.delta:g}, calibrate.epsilon={c.epsilon:g} with {c.pvalue} p-values, even at zero "
+        f"risk: {at_least}"
+    )
 
 
 def calibrate(cfg: Config, prepared: tuple) -> Calibration:
@@ -172,10 +193,11 @@ def calibrate(cfg: Config, prepared: tuple) -> Calibration:
     # the ladder: one step per threshold, until the first not rejected (fewer steps than planned then)
     ladder = progress.start("calibrate: ladder", len(values))
     for value in values:
-        r, _ = risk(value, cal)
+        r, rate = risk(value, cal)
         p = pvalue(r, len(cal), c.delta)
         result.tested.append(float(value))
         result.risks.append(r)
+        result.exit_rates.append(rate)
         result.pvalues.append(p)
         verdict = "(rejected: risk <= delta)" if p <= c.epsilon else "(stop)"
         ladder.advance(text=f"{spec.threshold}={value:g}: calibration risk {r:.4f}, p-value {p:.3g} {verdict}")
@@ -215,6 +237,7 @@ def _check_prompt_sets(cfg: Config) -> None:
     ids = {pid for pid, *_ in read_prompts(cfg.prompts)}
     if len(ids) < 2:
         raise ConfigError("prompts.n: calibration needs at least 2 prompts (some to calibrate on, some held out)")
+
     if cfg.calibrate.heldout_prompts is not None:
         same = ids & {pid for pid, *_ in read_prompts(_heldout_prompts(cfg))}
         if same:
@@ -257,11 +280,11 @@ def format_calibration(cfg: Config, r: Calibration) -> str:
         f"calibrate gate={r.gate} on {cfg.model.name}: {r.n_cal} calibration and {r.n_holdout} held-out prompts x "
         f"{cfg.bench.gen_tokens} tokens, kv_policy={cfg.bench.kv_policy}, {c.pvalue} p-values, delta={c.delta:g}, "
         f"epsilon={c.epsilon:g}",
-        f"{'':>2}{r.threshold:>10}  {'risk (cal)':>11}  {'p-value':>9}",
+        f"{'':>2}{r.threshold:>10}  {'risk (cal)':>11}  {'exit rate':>9}  {'p-value':>9}",
     ]
     lines += [
-        f"{'':>2}{v:>10g}  {risk:>11.4f}  {p:>9.3g}{'  <- chosen' if v == r.chosen else ''}"
-        for v, risk, p in zip(r.tested, r.risks, r.pvalues)
+        f"{'':>2}{v:>10g}  {risk:>11.4f}  {rate:>9.3f}  {p:>9.3g}{'  <- chosen' if v == r.chosen else ''}"
+        for v, risk, rate, p in zip(r.tested, r.risks, r.exit_rates, r.pvalues)
     ]
     bar = certifiable_risk(r.n_cal, c.delta, c.epsilon, PVALUES[c.pvalue])
     if bar is None:
@@ -283,6 +306,11 @@ def format_calibration(cfg: Config, r: Calibration) -> str:
             f"{1 - c.epsilon:g} "
             f"(fixed-sequence Learn-then-Test; prompts exchangeable)"
         )
+        if r.exit_rates[r.tested.index(r.chosen)] == 0:  # certified, and full depth's: say so, not only in a column
+            lines.append(
+                f"  {r.threshold}={r.chosen:g} exits at no token of the calibration prompts: what it certifies is full "
+                "depth's; no threshold that exits was certified (a finer ladder or more prompts may find one)"
+            )
         verdict = "holds" if r.holdout_risk <= c.delta else "EXCEEDED"
         lines.append(
             f"held-out check: observed disagreement {r.holdout_risk:.4f} on {r.n_holdout} prompts (exit rate "

@@ -111,12 +111,37 @@ def fit_readouts(
     weights |= {k: torch.zeros(n, hidden + 2) if k.endswith("weight") else torch.zeros(n) for k in TENSORS[2:]}
     draft = Readouts(weights, {"num_layers": str(lm.num_layers)}, "", final_norm=lm.adapter.norm)
     layers = _fit_classifiers(draft.to(lm.device, lm.dtype), lm.adapter, states, final, l2, seed, weights)
+    _say_what_it_can_tell(samples, hidden, int(final.numel()), layers, ridge)
     summary = {"prompts": len(prompts), "translator_positions": samples, "decode_positions": int(final.numel())}
     meta = _meta(lm, prompts, hidden, gen_tokens=gen_tokens, ridge=ridge, l2=l2, seed=seed, prompt_set=prompt_set)
     meta["prompt_start"] = "unknown" if prompt_start is None else str(prompt_start)
     meta["fit_summary"] = json.dumps({**summary, "layers": layers})
     meta["fit_seconds"] = f"{time.perf_counter() - t0:.3f}"
     return Readouts(weights, meta, content_digest(weights, meta), final_norm=lm.adapter.norm)
+
+
+def _say_what_it_can_tell(samples: int, hidden: int, decisions: int, layers: list[dict], ridge: float) -> None:
+    """Warn where the fitting set's own figures say little: fewer positions than a translator's unknowns per output
+    (hidden + 1; only the ridge makes its answer unique), and classifiers that saw one label only (their accuracy
+    1.000 by predicting it)."""
+    if samples < hidden + 1:
+        log.warning(
+            "the translators were fitted on %d positions for %d unknowns per output (hidden %d + 1): %s; their "
+            "figures on the fitting set say little (fit more prompts or tokens: prompts.n, fit.gen_tokens)",
+            samples,
+            hidden + 1,
+            hidden,
+            f"fit.ridge={ridge:g} alone makes them unique" if ridge > 0 else "with fit.ridge=0 they are not unique",
+        )
+    one = sorted({r["layer"] for r in layers for lens in LENSES if r[f"top1_{lens}"] in (0.0, 1.0)})
+    if one:
+        shown = ", ".join(map(str, one[:8])) + (f" and {len(one) - 8} more" if len(one) > 8 else "")
+        log.warning(
+            "the exit classifiers of layer(s) %s saw one label only on the %d decision positions: their accuracy "
+            "says nothing (fit more prompts or tokens)",
+            shown,
+            decisions,
+        )
 
 
 @torch.inference_mode()

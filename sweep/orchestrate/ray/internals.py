@@ -20,6 +20,7 @@ FUNCTIONS = (
     "reset_token_cache",
     "set_trial_system_attr",
     "ask_gcs",
+    "gcs_open",
     "own_sessions",
 )
 
