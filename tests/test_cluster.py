@@ -98,13 +98,12 @@ def own_token(directory: Path) -> str:
     return str(token)
 
 
-def _two_node_cluster(tmp_path_factory):
-    """A head and one worker node on 127.0.0.1 (token auth with a token of its own), in a helper
-    process; ``env`` is the environment of a driver or submitter that talks to it."""
+def _local_cluster(workers: int, cluster_env: dict):
+    """A head and ``workers`` worker nodes on 127.0.0.1 in a helper process (tests/helpers/local_cluster.py) under
+    ``cluster_env``; yields what it prints (gcs, dashboard), its process and that environment, and shuts it down."""
     helper = ROOT / "tests" / "helpers" / "local_cluster.py"
-    cluster_env = env(RAY_AUTH_TOKEN_PATH=own_token(tmp_path_factory.mktemp("token")))
     proc = subprocess.Popen(
-        [sys.executable, str(helper), "1"],
+        [sys.executable, str(helper), str(workers)],
         env=cluster_env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -118,6 +117,12 @@ def _two_node_cluster(tmp_path_factory):
     yield info
     proc.stdin.close()
     proc.wait(timeout=60)
+
+
+def _two_node_cluster(tmp_path_factory):
+    """A head and one worker node on 127.0.0.1 (token auth with a token of its own), in a helper
+    process; ``env`` is the environment of a driver or submitter that talks to it."""
+    yield from _local_cluster(1, env(RAY_AUTH_TOKEN_PATH=own_token(tmp_path_factory.mktemp("token"))))
 
 
 # the tests that leave the cluster as they found it share one; the one that removes a node has its own (it comes
@@ -361,20 +366,7 @@ def test_joining_with_no_token_at_all_is_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def cluster_without_auth():
     """A head node on 127.0.0.1 with token auth off (RAY_AUTH_MODE=disabled), in a helper process."""
-    helper = ROOT / "tests" / "helpers" / "local_cluster.py"
-    proc = subprocess.Popen(
-        [sys.executable, str(helper), "0"],
-        env=env(RAY_AUTH_MODE="disabled"),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline()
-    assert line, proc.stderr.read()[-2000:]
-    yield json.loads(line)
-    proc.stdin.close()
-    proc.wait(timeout=60)
+    yield from _local_cluster(0, env(RAY_AUTH_MODE="disabled"))
 
 
 def test_token_auth_against_a_cluster_without_it_is_one_line_before_any_work(cluster_without_auth, tmp_path):

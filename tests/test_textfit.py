@@ -145,6 +145,8 @@ def test_calibrate_prints_within_120_columns():
         "prompts.n=4",
         "bench.gen_tokens=4",
         "calibrate.grid='range(8, 0, step=-4)'",
+        "calibrate.delta=0.5",  # (2 calibration prompts: at the defaults they certify nothing, refused before work)
+        "calibrate.epsilon=0.5",
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "calibration took" in res.stdout and "calibrate gate=margin on tiny-llama" in res.stdout

@@ -235,14 +235,14 @@ def check_writable_dir(key: str, path: str | Path) -> Path:
     if not os.access(probe, os.W_OK | os.X_OK):
         what = "the directory is not writable" if probe == target else f"cannot be created: {probe} is not writable"
         raise ConfigError(f"{key}={path}: {what} (no write permission); {key} must be a directory you can write to")
-    try:  # the permission bits can say yes where the filesystem says no (/proc, a read-only mount): asked for real
-        import tempfile
+    if probe != target:  # to be created: the bits can say yes where the filesystem says no (/proc); asked for real
+        import tempfile  # (not in a directory that exists: an entry made and removed there would change its mtime)
 
-        os.rmdir(tempfile.mkdtemp(prefix=".sweep-probe-", dir=probe))
-    except OSError as exc:
-        what = "the directory" if probe == target else f"cannot be created: {probe}"
-        raise ConfigError(
-            f"{key}={path}: {what} takes no new entry ({exc.strerror or exc}); {key} must be a directory you can "
-            "write to"
-        ) from None
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".sweep-probe-", dir=probe))
+        except OSError as exc:
+            raise ConfigError(
+                f"{key}={path}: cannot be created: {probe} takes no new entry ({exc.strerror or exc}); {key} must be "
+                "a directory you can write to"
+            ) from None
     return target
