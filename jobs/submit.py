@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import sys
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sweep.orchestrate.ray.env import ray_environment
     from sweep.config import ClusterConfig, compose, override_key
-    from sweep.errors import ConfigError, SweepError
+    from sweep.errors import ConfigError, SweepError, unexpected
     from sweep.orchestrate.plan import foresee_settings
     from sweep.orchestrate.submit import check_job_overrides, job_metadata, resolve_address, submitted_commit
 
@@ -105,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug: one line and where, as `sweep run` says it (the traceback with SWEEP_DEBUG=1)
         if os.environ.get("SWEEP_DEBUG"):
             raise
-        frame = (traceback.extract_tb(exc.__traceback__) or [None])[-1]
-        where = f"{os.path.basename(frame.filename)}:{frame.lineno}" if frame is not None else "?"
-        first = (str(exc).strip().splitlines() or [""])[0]
-        print(f"error: unexpected {type(exc).__name__} at {where}: {first} (set SWEEP_DEBUG=1 for the traceback)",
-              file=sys.stderr)  # fmt: skip
+        print(f"error: {unexpected(exc)}", file=sys.stderr)
         return 1
     if status == "SUCCEEDED":
         print(f"job {submission_id}: {status}; rows under {roots[-1]}/trials")

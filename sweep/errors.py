@@ -43,6 +43,18 @@ def first_line(exc: BaseException, limit: int | None = 200) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:limit]
 
 
+def unexpected(exc: BaseException) -> str:
+    """A bug's one line, as a command prints it: ``unexpected <type> at <file>:<line>: <what it says> (set
+    SWEEP_DEBUG=1 for the traceback)``, its control characters escaped."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+    said = escape_controls((str(exc).strip().splitlines() or [""])[0])
+    return f"unexpected {type(exc).__name__} at {where}: {said} (set SWEEP_DEBUG=1 for the traceback)"
+
+
 def os_error(exc: OSError, path) -> str:
     """``<path>: <what the system said>`` (``no space left on device``), in one line."""
     import os

@@ -57,20 +57,21 @@ def _load(cfg: Config, session: Session) -> tuple[LoadedModel, Gate, list[Prompt
     return lm, make_gate(cfg.gate, lm, gate_readouts(cfg.gate, lm, prompts, session)), prompts
 
 
-def check_fits(cfg: Config, shapes: dict | None = None) -> Shape | None:
+def check_fits(cfg: Config, shapes: dict | None = None, files: bool = True) -> Shape | None:
     """Before the model loads: the gate's layer indices (and a PCA gate's k) against the model's depth and width
     read from its config or its file's header (``sweep.models.shape_before_load``; kept in ``shapes`` by model
     when given), one line as the check at load words it, seconds to minutes before that load; the shape (layers,
-    hidden), or None where it cannot be read without the load (then the load checks)."""
+    hidden), or None where it cannot be read without the load (then the load checks). ``files``: and the model's
+    own files (``check_model_files``; not where they are another machine's, a cluster's that a job is sent to)."""
     shapes = {} if shapes is None else shapes
     if (key := repr(cfg.model)) not in shapes:
         shapes[key] = shape_before_load(cfg.model)
     shape = shapes[key]
     if shape is not None:
         check_model(cfg.gate, shape.layers, shape.hidden)
-    if (files := ("files", key)) not in shapes:
+    if files and (files_key := ("files", key)) not in shapes:
         check_model_files(cfg.model)  # a model directory that cannot load: one line, before the work
-        shapes[files] = True
+        shapes[files_key] = True
     return shape
 
 

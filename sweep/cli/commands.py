@@ -15,7 +15,7 @@ import sys
 import warnings
 
 from sweep.cli.help import HELP_FLAGS, QUIET_FLAGS, USAGE, flag_error, show_help
-from sweep.errors import ConfigError, SweepError, escape_controls
+from sweep.errors import ConfigError, SweepError, unexpected
 from sweep import progress
 from sweep.textfit import WrappingFormatter, fit_lines
 
@@ -223,19 +223,8 @@ def _main(args: list[str]) -> int:
     except Exception as exc:  # a bug: one line plus where, the traceback on request
         if os.environ.get("SWEEP_DEBUG"):
             raise
-        first = escape_controls((str(exc).strip().splitlines() or [""])[0])
-        print(
-            f"error: unexpected {type(exc).__name__} at {_where(exc)}: {first} (set SWEEP_DEBUG=1 for the traceback)",
-            file=sys.stderr,
-        )
+        print(f"error: {unexpected(exc)}", file=sys.stderr)
         return 1
-
-
-def _where(exc: BaseException) -> str:
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
 
 
 if __name__ == "__main__":

