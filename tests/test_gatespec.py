@@ -99,8 +99,16 @@ def test_a_new_parameter_reaches_the_schema_from_the_table(monkeypatch):
         (["gate=saturation", "gate.theta=2"], "gate.theta=2.0: not a parameter of gate=saturation"),
         (["gate=margin", "gate.decay=4"], "gate.decay=4.0: not a parameter of gate=margin"),
         (["gate=pca", "gate.k=null"], "gate.k: required for gate=pca"),
-        (["gate=conformal", "gate.q=0"], "gate.q=0.0: must be a number in (0, 1]"),
-        (["gate=softmax", "gate.decay=-1"], "gate.decay=-1.0: must be a number >= 0"),
+        (["gate=conformal", "gate.q=0"], "gate.q=0: must be a number in (0, 1] for gate=conformal"),
+        (["gate=softmax", "gate.decay=-1"], "gate.decay=-1: must be a number >= 0 (finite) for gate=softmax"),
+        # a key outside its widest domain is said as the gate says it (it said "... or null", which the gate refuses)
+        (["gate=saturation", "gate.q=2"], "gate.q=2: not a parameter of gate=saturation"),
+        (["gate=conformal", "gate.q=1.5"], "gate.q=1.5: must be a number in (0, 1] for gate=conformal"),
+        # ... only where the gate's check names the same key (here it would name gate.q, required)
+        (
+            ["gate=conformal", "gate.q=null", "gate.min_depth=0"],
+            "gate.min_depth=0.0: must be a number in (0, 1] or null",
+        ),
         (
             ["gate=margin", "search=optuna-mo", "search.spaces=[{gate: softmax, gate.theta: 'interval(0.1, 2)'}]"],
             "search.spaces[0].gate.theta=2.0: must be a number in [0, 1]",

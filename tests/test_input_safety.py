@@ -223,13 +223,13 @@ def test_empty_output_paths_are_refused():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["gate=saturation", "gate.eps=inf"], "gate.eps=inf: must be a number > 0 (finite) or null"),
-        (["gate=saturation", "gate.eps=nan"], "gate.eps=nan: must be a number > 0 (finite) or null"),
-        (["gate=margin", "gate.theta=inf"], "gate.theta=inf: must be a number >= 0 (finite) or null"),
-        (["gate=entropy", "gate.theta=nan"], "gate.theta=nan: must be a number >= 0 (finite) or null"),
-        (["gate=softmax", "gate.decay=inf"], "gate.decay=inf: must be a number >= 0 (finite) or null"),
-        (["gate=cosine", "gate.decay=nan"], "gate.decay=nan: must be a number >= 0 (finite) or null"),
-        (["gate=conformal", "gate.q=nan"], "gate.q=nan: must be a number in (0, 1] or null"),
+        (["gate=saturation", "gate.eps=inf"], "gate.eps=inf: must be a number > 0 (finite) for gate=saturation"),
+        (["gate=saturation", "gate.eps=nan"], "gate.eps=nan: must be a number > 0 (finite) for gate=saturation"),
+        (["gate=margin", "gate.theta=inf"], "gate.theta=inf: must be a number >= 0 (finite) for gate=margin"),
+        (["gate=entropy", "gate.theta=nan"], "gate.theta=nan: must be a number >= 0 (finite) for gate=entropy"),
+        (["gate=softmax", "gate.decay=inf"], "gate.decay=inf: must be a number >= 0 (finite) for gate=softmax"),
+        (["gate=cosine", "gate.decay=nan"], "gate.decay=nan: must be a number >= 0 (finite) for gate=cosine"),
+        (["gate=conformal", "gate.q=nan"], "gate.q=nan: must be a number in (0, 1] for gate=conformal"),
         (["resources.cpu=inf"], "resources.cpu=inf: must be a number > 0 (finite)"),
         (["resources.gpu=inf"], "resources.gpu=inf: must be auto or a number >= 0 (finite)"),
         (["model=tiny-llama", "model.tiny.init_std=inf"], "model.tiny.init_std=inf: must be a number > 0 (finite)"),
@@ -277,7 +277,7 @@ def test_bench_with_an_infinite_threshold_writes_nothing(tmp_path):
     root = tmp_path / "x"
     seen = fresh_process("bench", "model=tiny-llama", "gate=saturation", "gate.eps=inf", f"results.root={root}")
     assert seen["code"] == 2 and seen["loads"] == 0
-    assert seen["errors"] == ["error: gate.eps=inf: must be a number > 0 (finite) or null"]
+    assert seen["errors"] == ["error: gate.eps=inf: must be a number > 0 (finite) for gate=saturation"]
     assert not root.exists()
 
 
@@ -404,7 +404,7 @@ def test_pca_k_states_the_hidden_size_as_its_bound():
     assert str(info.value) == "gate.k=99999: must be an integer in 1..576 (at most the hidden size of this model, 576)"
     assert (
         refused("gate=pca", "gate.k=0")
-        == "gate.k=0: must be an integer >= 1 and at most the model's hidden size or null"
+        == "gate.k=0: must be an integer >= 1 and at most the model's hidden size for gate=pca"
     )
 
 

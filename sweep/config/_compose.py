@@ -202,6 +202,21 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     return validate(compose_dict(overrides))
 
 
+def _gate_said(exc: ConfigError, gate: Any) -> ConfigError:
+    """A gate key's type or range error as the gate says it (``check_gate``: which gate takes the key, its
+    narrower domain, that it requires it) where the gate's check names the same key; else ``exc``. A gate
+    parameter's field allows the widest domain, "or null", since other gates leave it unset."""
+    key = str(exc).split("=", 1)[0].split(":", 1)[0]
+    if not key.startswith("gate.") or not isinstance(gate, dict):
+        return exc
+    try:
+        check_gate(gate)
+    except ConfigError as said:
+        if str(said).split("=", 1)[0].split(":", 1)[0] == key:
+            return said
+    return exc
+
+
 def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     """Check types, ranges and cross-field rules; fill derived values (names).
 
@@ -210,7 +225,10 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     data = {k: v for k, v in data.items() if k != "hydra"}
     if "search" in data:  # the search typed by its kind (``sweep.config.search_kinds``)
         data = {**data, "search": build_search(data["search"])}
-    cfg = build(Config, data)
+    try:
+        cfg = build(Config, data)
+    except ConfigError as exc:
+        raise _gate_said(exc, data.get("gate")) from None
     check_gate(cfg.gate)
     _check_model(cfg)
     if search:
