@@ -304,6 +304,20 @@ def test_a_key_that_walks_into_a_list_by_a_name_is_one_line_naming_it():
         compose(["model=tiny-llama"])
 
 
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+def test_an_index_past_a_lists_end_is_one_line_naming_the_item(prefix):
+    """`search.spaces.5.gate=margin` (the list holds one) was Hydra's "Error merging override ...", naming neither
+    the item nor how a list is set."""
+    with pytest.raises(ConfigError) as refused:
+        compose(f"{prefix}search.spaces.5.gate=margin")
+    said = str(refused.value)
+    assert said.startswith(
+        f"{prefix}search.spaces.5.gate=margin: cannot be set (search.spaces[5]: list index out of range); a list's "
+        "items are set by their index, or the list whole"
+    )
+    assert "\n" not in said
+
+
 def test_a_directory_the_filesystem_will_not_create_is_refused_before_any_work():
     """`fit.out=/proc/nope` passed the permission check (root may write /proc's bits), loaded the model, fitted,
     and then ended with "unexpected FileNotFoundError", rc 1 (a reader's). The filesystem is asked before any work."""

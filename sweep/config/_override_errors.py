@@ -39,6 +39,12 @@ def first_line(exc: BaseException, cause: BaseException | None = None, overrides
     m = re.search(r"Could not append to config. An item is already at '([^']+)'", text)
     if m:
         return f"+{m.group(1)}: already set; drop the '+'"
+    m = re.match(r"Error merging override (\S+)", text)
+    if m and cause is not None:  # OmegaConf's reason is the cause's first line; its full_key names the part
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        part = re.search(r"full_key: (\S+)", str(cause))
+        where = f"{part.group(1)}: {reason}" if part else reason
+        return f"{m.group(1)}: cannot be set ({where}); {_LISTS}"
     first = _as_typed(text.splitlines()[0] if text else type(exc).__name__, overrides)
     if getattr(exc, "full_key", None) and "interpolation" in first.lower():
         return f"{exc.full_key}: cannot resolve its interpolation ({first})"
@@ -189,12 +195,14 @@ def _override_parse_error() -> type:
 def unapplied(exc: BaseException, overrides) -> str:
     """An override OmegaConf could not apply, one line: a key that walks into a list by a name (``Index 'x' (str)
     is not an int``); named where its key holds the part named. (Hydra words the ``+``/``~`` forms and an index
-    past a list's end itself: "Error merging override ...".)"""
+    past a list's end as "Error merging override ...": ``first_line``.)"""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     part = re.search(r"'([^']*)'", text)
     named = [o for o in overrides if part and part.group(1) in str(o).partition("=")[0].lstrip("+~").split(".")]
-    return (
-        f"{named[0] if named else 'an override'}: cannot be set ({text}); a list's items are set by their index, or "
-        "the list whole (search.spaces=[{gate: saturation, gate.eps: 'choice(0.1,0.2)'}]); `sweep config` shows "
-        "the keys"
-    )
+    return f"{named[0] if named else 'an override'}: cannot be set ({text}); {_LISTS}"
+
+
+_LISTS = (
+    "a list's items are set by their index, or the list whole (search.spaces=[{gate: saturation, gate.eps: "
+    "'choice(0.1,0.2)'}]); `sweep config` shows the keys"
+)
