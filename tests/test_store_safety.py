@@ -191,6 +191,21 @@ def test_analyze_completes_past_a_garbage_and_a_foreign_file(root, capsys):
     assert (root / "report" / "report.md").is_file()
 
 
+def test_a_trial_file_that_holds_no_row_is_named_by_analyze(root, caplog):
+    """A trial's file cut to no row (its schema and sweep's metadata kept) read as no setting at all: `sweep analyze`
+    left its setting out in silence. It is named in one warning, and the other trial is analysed."""
+    import pyarrow.parquet as pq
+
+    (cut, *_), kept = sorted((root / "trials").rglob("*.parquet")), read("trials", root).height
+    pq.write_table(pq.read_table(cut).slice(0, 0), cut)
+    assert pq.read_metadata(cut).num_rows == 0 and kept == 2
+    with caplog.at_level(logging.WARNING):
+        assert main(["analyze", f"results.root={root}"]) == 0
+    said = [r.getMessage() for r in caplog.records if "hold no row" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("1 trial file(s) hold no row") and said[0].endswith(str(cut))
+    assert "1 trials" in (root / "report" / "report.md").read_text()
+
+
 # ---------------------------------------------------------------- B. analyze writes only once it has everything
 
 

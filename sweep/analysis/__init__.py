@@ -16,7 +16,14 @@ from sweep.analysis._confidence import (
     trial_rng,
     with_confidence,
 )
-from sweep.analysis._load import distinct_profiles, distinct_trials, load_profiles, load_trials, warn_shared_names
+from sweep.analysis._load import (
+    distinct_profiles,
+    distinct_trials,
+    load_profiles,
+    load_trials,
+    warn_empty_files,
+    warn_shared_names,
+)
 from sweep.analysis._noise import FLOOR_TARGET, noise_floors
 from sweep.analysis._pareto import (
     FULL_DEPTH_ID,
@@ -96,6 +103,7 @@ __all__ = [
     "lens_curves",
     "load_profiles",
     "load_trials",
+    "warn_empty_files",
     "warn_shared_names",
     "noise_floors",
     "nondominated",

@@ -37,6 +37,7 @@ from sweep.analysis import (
     knees_table,
     load_profiles,
     load_trials,
+    warn_empty_files,
     noise_floors,
     ok_trials,
     params_text,
@@ -76,7 +77,9 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
                 f"analysis.out={out}: inside the results' {name}/ directory, which readers open whole (a report "
                 "there breaks them); name a directory of its own (the default: results.root/report)"
             )
-    trials = trusted_rows(distinct_trials(load_trials(root).collect()), root, ids=False)
+    read = load_trials(root).collect()
+    warn_empty_files(read, root)
+    trials = trusted_rows(distinct_trials(read), root, ids=False)
     _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = distinct_profiles(load_profiles(root))
     warn_shared_names(trials, profiles)
