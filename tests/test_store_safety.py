@@ -202,8 +202,15 @@ def test_a_trial_file_that_holds_no_row_is_named_by_analyze(root, caplog):
     with caplog.at_level(logging.WARNING):
         assert main(["analyze", f"results.root={root}"]) == 0
     said = [r.getMessage() for r in caplog.records if "hold no row" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("1 trial file(s) hold no row") and said[0].endswith(str(cut))
+    assert (
+        len(said) == 1 and said[0].startswith("1 file(s) of table 'trials' hold no row") and said[0].endswith(str(cut))
+    )
     assert "1 trials" in (root / "report" / "report.md").read_text()
+    caplog.clear()  # the same through the reader's cache (a root of CACHE_FROM files or more): named on each read
+    for _ in range(2):
+        assert scan("trials", root, cache_from=1).collect().height == 1
+    said = [r.getMessage() for r in caplog.records if "hold no row" in r.getMessage()]
+    assert len(said) == 2 and all(s.endswith(str(cut)) for s in said)
 
 
 # ---------------------------------------------------------------- B. analyze writes only once it has everything

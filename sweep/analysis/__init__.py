@@ -21,7 +21,6 @@ from sweep.analysis._load import (
     distinct_trials,
     load_profiles,
     load_trials,
-    warn_empty_files,
     warn_shared_names,
 )
 from sweep.analysis._noise import FLOOR_TARGET, noise_floors
@@ -103,7 +102,6 @@ __all__ = [
     "lens_curves",
     "load_profiles",
     "load_trials",
-    "warn_empty_files",
     "warn_shared_names",
     "noise_floors",
     "nondominated",

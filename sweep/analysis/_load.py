@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from sweep.store import broken_identity, files, scan
+from sweep.store import broken_identity, scan
 
 log = logging.getLogger("sweep.analysis")
 
@@ -16,25 +16,6 @@ def load_trials(root: str | Path) -> pl.LazyFrame:
     """All trial rows under ``root`` (all runs), in the current schema; older files' missing
     columns are null."""
     return scan("trials", root)
-
-
-def warn_empty_files(trials: pl.DataFrame, root: str | Path) -> None:
-    """One warning naming the trial files under ``root`` that hold no row, given ``trials``, the rows read from
-    them. A trial's file holds its one row (sweep writes no empty file), so one with none was cut or written by
-    another tool: its setting has no row here, and a resume measures it again. Each file's rows are counted only
-    where the files outnumber the rows."""
-    found = files("trials", root)  # (the checked files the rows came from: their checks are cached)
-    if len(found) <= trials.height:
-        return
-    empty = [p for p in found if pl.scan_parquet(p).select(pl.len()).collect().item() == 0]
-    if empty:
-        shown = ", ".join(map(str, empty[:3])) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
-        log.warning(
-            "%d trial file(s) hold no row (sweep writes a trial's row with it: cut short, or written by another "
-            "tool), so their settings are not in the tables; a resume (`sweep run` again) measures them: %s",
-            len(empty),
-            shown,
-        )
 
 
 def load_profiles(root: str | Path) -> pl.LazyFrame:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config._composed import CONFIG_DIR_ENV, composed, config_dir
-from sweep.config._override_errors import first_line, missing_option as _missing_option, unapplied
+from sweep.config._override_errors import first_line, gate_said, missing_option as _missing_option, unapplied
 from sweep.config._fields import build
 from sweep.config._schema import Config, GateConfig
 from sweep.errors import ConfigError
@@ -202,21 +202,6 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     return validate(compose_dict(overrides))
 
 
-def _gate_said(exc: ConfigError, gate: Any) -> ConfigError:
-    """A gate key's type or range error as the gate says it (``check_gate``: which gate takes the key, its
-    narrower domain, that it requires it) where the gate's check names the same key; else ``exc``. A gate
-    parameter's field allows the widest domain, "or null", since other gates leave it unset."""
-    key = str(exc).split("=", 1)[0].split(":", 1)[0]
-    if not key.startswith("gate.") or not isinstance(gate, dict):
-        return exc
-    try:
-        check_gate(gate)
-    except ConfigError as said:
-        if str(said).split("=", 1)[0].split(":", 1)[0] == key:
-            return said
-    return exc
-
-
 def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     """Check types, ranges and cross-field rules; fill derived values (names).
 
@@ -228,7 +213,7 @@ def validate(data: dict[str, Any], *, search: bool = True) -> Config:
     try:
         cfg = build(Config, data)
     except ConfigError as exc:
-        raise _gate_said(exc, data.get("gate")) from None
+        raise gate_said(exc, data.get("gate")) from None
     check_gate(cfg.gate)
     _check_model(cfg)
     if search:

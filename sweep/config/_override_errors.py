@@ -11,7 +11,8 @@ from typing import Any
 
 from sweep.config._schema import Config
 from sweep.config.search_kinds import SEARCH_KINDS
-from sweep.errors import SweepError
+from sweep.errors import ConfigError, SweepError
+from sweep.gates import check_gate
 
 _ASKING = contextvars.ContextVar("asking_the_search_kind", default=False)  # the kind's composition is under way
 
@@ -206,3 +207,18 @@ _LISTS = (
     "a list's items are set by their index, or the list whole (search.spaces=[{gate: saturation, gate.eps: "
     "'choice(0.1,0.2)'}]); `sweep config` shows the keys"
 )
+
+
+def gate_said(exc: ConfigError, gate: Any) -> ConfigError:
+    """A gate key's type or range error as the gate says it (``check_gate``: which gate takes the key, its
+    narrower domain, that it requires it) where the gate's check names the same key; else ``exc``. A gate
+    parameter's field allows the widest domain, "or null", since other gates leave it unset."""
+    key = str(exc).split("=", 1)[0].split(":", 1)[0]
+    if not key.startswith("gate.") or not isinstance(gate, dict):
+        return exc
+    try:
+        check_gate(gate)
+    except ConfigError as said:
+        if str(said).split("=", 1)[0].split(":", 1)[0] == key:
+            return said
+    return exc

@@ -37,7 +37,6 @@ from sweep.analysis import (
     knees_table,
     load_profiles,
     load_trials,
-    warn_empty_files,
     noise_floors,
     ok_trials,
     params_text,
@@ -48,7 +47,7 @@ from sweep.errors import ConfigError, InputError, SweepError, os_error
 from sweep.report.context import ReportContext
 from sweep.report.environment import front_mixes
 from sweep.report.plotting import headline_target
-from sweep.store import TABLES, atomic_write, trusted_rows
+from sweep.store import TABLES, atomic_write, tell_empty_files, trusted_rows
 from sweep.report.sections import SECTIONS, Section
 from sweep.report.verdicts import SURE_AMONG, verdict, verdicts
 
@@ -78,7 +77,7 @@ def prepare(cfg, _session=None) -> tuple[Path, pl.DataFrame, pl.LazyFrame | None
                 "there breaks them); name a directory of its own (the default: results.root/report)"
             )
     read = load_trials(root).collect()
-    warn_empty_files(read, root)
+    tell_empty_files("trials", root, read.height)
     trials = trusted_rows(distinct_trials(read), root, ids=False)
     _warn_non_finite(trials, cfg.analysis.speedup)
     profiles = distinct_profiles(load_profiles(root))

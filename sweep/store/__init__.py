@@ -15,6 +15,7 @@ from sweep.store._io import (
     scan,
     table_path,
     table_spec,
+    tell_empty_files,
     write_or_keep,
     write_table,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "kept_line",
     "unwritten_line",
     "files",
+    "tell_empty_files",
     "markdown",
     "read",
     "read_file",

@@ -87,6 +87,21 @@ def _store(path: Path, rows: pl.DataFrame, table: Table) -> None:
         log.info("table cache not written (%s: %s)", type(exc).__name__, exc)
 
 
+def tell_empty(table: Table, empty: list[Path]) -> None:
+    """One warning naming the files of ``table`` that hold no row. sweep writes no empty file (a trial's file holds
+    its row), so one was cut short or written by another tool: what it stood for is in no table, and a resume
+    measures it again. An empty file holds nothing to cache, so it is read, and named, on every read."""
+    if empty:
+        shown = ", ".join(map(str, empty[:3])) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+        log.warning(
+            "%d file(s) of table '%s' hold no row (sweep writes none: cut short, or written by another tool), so "
+            "what they stood for is in no table; a resume (`sweep run` again) measures it: %s",
+            len(empty),
+            table.name,
+            shown,
+        )
+
+
 def read_cached(
     table: Table, root: str | Path, found: list[Path], read: Callable[[list[Path], str], pl.LazyFrame]
 ) -> pl.DataFrame:
@@ -104,6 +119,8 @@ def read_cached(
     if checked:
         read_rows = read(checked, FILE).with_columns(pl.col(FILE).str.slice(len(str(base)) + 1))
         new = read_rows.collect().join(current, on=FILE, how="inner")
+        holding = set(new[FILE].to_list())
+        tell_empty(table, [p for p in checked if str(p.relative_to(base)) not in holding])
     parts = [frame for frame in (kept, new) if frame is not None and frame.height]
     rows = pl.concat(parts, how="vertical") if parts else None
     changed = bool(checked) or cached is None or (kept is not None and kept.height != cached.height)

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from sweep.errors import ConfigError, SweepError
 from sweep.config.paths import check_name, inside
 from sweep.store._atomic import atomic_write
-from sweep.store._cache import CACHE_FROM, read_cached
+from sweep.store._cache import CACHE_FROM, read_cached, tell_empty
 from sweep.store._guard import is_temporary, partition_values, remove_stale_temps, usable
 from sweep.store._schema import SCHEMA_VERSION, TABLES, Table
 
@@ -330,6 +330,19 @@ def scan(name: str, root: str | Path, *, cache_from: int = CACHE_FROM) -> pl.Laz
     if not table.cached or len(found) < cache_from:
         return _scan(table, usable(table, found))
     return read_cached(table, root, found, lambda paths, column: _scan(table, paths, column)).lazy()
+
+
+def tell_empty_files(name: str, root: str | Path, rows: int) -> None:
+    """Where ``rows`` rows were read from table ``name`` under ``root`` below the reader's cache (fewer than
+    ``CACHE_FROM`` files: the cached reader names its own), the files that hold no row, named in one warning
+    (``tell_empty``). A file's rows are counted only where the files outnumber the rows."""
+    if rows >= CACHE_FROM:
+        return
+    found = files(name, root, checked=False)
+    if not rows < len(found) < CACHE_FROM:
+        return
+    empty = [p for p in usable(table_spec(name), found) if pl.scan_parquet(p).select(pl.len()).collect().item() == 0]
+    tell_empty(table_spec(name), empty)
 
 
 def read_file(name: str, path: str | Path) -> pl.DataFrame:
