@@ -491,6 +491,10 @@ def test_the_settings_a_study_ends_with_are_retimed_to_the_floor_target(ray_sess
         f"sweep.name={outcome.name}",
     )
     assert again.written == 0 and read("trials", tmp_path).height == len(rows)
+    # ... and shows its re-timed rows beside the rows they re-time (it showed the study's alone, so its front and
+    # verdict ranked a re-timed setting by its 3 rounds), counted as skipped (their rows exist)
+    assert sorted(r["trial_id"] for r in again.rows) == sorted(rows)
+    assert again.skipped == len(set(expected))
 
 
 def test_a_trial_the_stop_left_running_carries_its_identity_and_why_it_failed(tmp_path):

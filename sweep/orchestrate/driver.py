@@ -102,6 +102,7 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
     writer = RowWriter(
         str(plan.root), total, plan.base, plan.run_id, plan.name, device, rerun=cfg.sweep.rerun, search=cfg.search
     )
+    retimed: list[dict] = []
     try:
         interrupted = False
         if total:
@@ -124,6 +125,8 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
         if not interrupted and writer.fatal is None:
             again = search.retime(plan, device) if total else again
             interrupted = retime(plan, again, cluster, writer)
+            # the re-timed settings' rows an earlier run wrote: shown beside the rows they re-time, as analyze ranks
+            retimed = done_settings(_trials(plan, again, device), plan.done, device)
     finally:
         cluster.drain()
         writer.close()
@@ -134,9 +137,9 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
         raise SweepError(f"{broken}; {interrupt.resume_hint(plan)}")
     return dataclasses.replace(
         outcome,
-        rows=existing + writer.rows,
+        rows=existing + retimed + writer.rows,
         written=writer.written,
-        skipped=skipped + writer.existing,
+        skipped=skipped + len(retimed) + writer.existing,
         overhead_s=writer.overheads,
         interrupted=interrupted,
         unrowed=writer.unrowed,
@@ -171,7 +174,7 @@ def retime(plan: Plan, settings: list[list[str]], cluster: Cluster, writer: RowW
     hence other trial ids) that have no row yet. True if the sweep was interrupted."""
     device = cluster.device
     done = {**plan.done, **{r["trial_id"]: r for r in writer.rows}}
-    todo, _ = select_trials([(s, trial_config(plan.base, s, device)) for s in settings], done, device, str(plan.root))
+    todo, _ = select_trials(_trials(plan, settings, device), done, device, str(plan.root))
     if not todo:
         return False
     log.info(
@@ -187,3 +190,8 @@ def retime(plan: Plan, settings: list[list[str]], cluster: Cluster, writer: RowW
 
 def _cluster_label(cluster: ClusterConfig) -> str:
     return "an embedded Ray on 127.0.0.1" if cluster.address is None else f"the Ray cluster at {cluster.address}"
+
+
+def _trials(plan: Plan, settings: list[list[str]], device: str) -> list:
+    """``settings`` (override lists) with their trial configs, as ``select_trials`` and ``done_settings`` take them."""
+    return [(s, trial_config(plan.base, s, device)) for s in settings]
