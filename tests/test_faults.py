@@ -69,9 +69,11 @@ def test_sigterm_stops_a_sweep_as_sigint_does_and_the_resume_runs_each_trial_onc
     assert not list((root / "claims").glob("*.json")), "the stopped run's claims were not released"
     first = written(out)
     assert 1 <= first < 4
+    assert "; stopped before its end: the rest are measured on the resume" in " ".join(out.split())  # stdout alone
     resumed = subprocess.run([SWEEP, "run", *_split(command)], env=subprocess_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert written(resumed.stdout) == 4 - first  # each trial computed exactly once over the two runs
+    assert "stopped before its end" not in resumed.stdout
     df = read("trials", root)
     assert df.height == 4 and df["trial_id"].n_unique() == 4 and set(df["status"]) == {"ok"}
     assert len(files("trials", root)) == 4  # rows lost: 0

@@ -51,6 +51,11 @@ def sweep_report(outcome, analysis=None, bar: float | None = None) -> str:
         *wrap(
             f"sweep {outcome.name}: {outcome.written} settings measured and written, {outcome.skipped} skipped "
             f"(their rows exist), {failures(outcome)} failed"
+            # (stdout alone, as a log keeps it, must not read as a whole sweep)
+            + (
+                "; stopped before its end: the rest are measured on the resume (the last line, on stderr)"
+                * bool(outcome.interrupted)
+            )
         ),
         *wrap(
             f"rows: {outcome.root}/trials (one Parquet file per setting); Tune state"
