@@ -45,6 +45,25 @@ def written(out: str) -> int:
 # ---------------------------------------------------------------- 5. SIGTERM
 
 
+@pytest.mark.ray
+def test_a_sweep_stopped_in_its_screen_says_its_resume_line_as_one_stopped_in_tune_does(tmp_path):
+    """A signal during a skip-set screen (recorded, before Tune) ended `error: stopped by SIGTERM; resume with ...`,
+    where one in Tune ends `stopped by SIGTERM: resume with ...`: one form, so whatever reads the line finds it."""
+    from helpers.waiting import wait_for
+    from sweep.orchestrate.plan import DEFINITION
+
+    root = tmp_path / "r"
+    args = [SWEEP, "run", *TINY, f"results.root={root}", "search=skipset-random", "search.n_trials=256"]
+    proc = subprocess.Popen(args, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: proc.poll() is not None or list(root.rglob(DEFINITION)), "the sweep's definition")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("stopped by SIGTERM: resume with `sweep run "), err[-3000:]
+    assert "search.n_trials=256" in resume_line(err) and not list(root.glob("trials/**/*.parquet"))
+
+
 def hangs_up() -> None:
     """A child's SIGHUP at its default, whatever this run inherited (a suite started under `nohup` ignores it, and a
     command started ignoring SIGHUP keeps ignoring it, as it should)."""

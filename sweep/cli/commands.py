@@ -217,8 +217,10 @@ def _main(args: list[str]) -> int:
         print(f"error: {(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        hint = f"; {exc.args[0]}" if exc.args and isinstance(exc.args[0], str) else ""  # (a sweep's resume line)
-        print(f"error: {interrupt.stopped_by()}{hint}", file=sys.stderr)
+        if exc.args and isinstance(exc.args[0], str):  # a sweep's resume line, as a sweep stopped in Tune says it
+            print(f"{interrupt.stopped_by()}: {exc.args[0]}", file=sys.stderr)
+        else:
+            print(f"error: {interrupt.stopped_by()}", file=sys.stderr)
         return 128 + interrupt.stop_signal()
     except Exception as exc:  # a bug: one line plus where, the traceback on request
         if os.environ.get("SWEEP_DEBUG"):
