@@ -497,6 +497,26 @@ def test_the_settings_a_study_ends_with_are_retimed_to_the_floor_target(ray_sess
     assert again.skipped == len(set(expected))
 
 
+def test_a_resume_counts_the_settings_the_sweep_measured_not_the_rows_it_found(tmp_path):
+    """A sweep into a root holding another sweep's rows measured 10 settings when left alone, and 7 when stopped and
+    resumed (a reader's): its resume counted the rows the study was told from (``from_row``) as settings it had
+    measured, which the uninterrupted run spends no sample on."""
+    from sweep.orchestrate.searches.study import optuna_storage_url, remaining_trials
+
+    search = compose("search=optuna-mo", "search.n_trials=10").search
+    study = optuna.create_study(
+        study_name=search.name, storage=optuna_storage_url(tmp_path), directions=["maximize", "maximize"]
+    )
+    for i in range(8):  # 3 told from rows another sweep wrote, then 5 this sweep measured before it stopped
+        trial = study.ask()
+        trial.suggest_float("gate.eps", 0.1 + i / 100, 0.1 + i / 100)
+        trial.set_user_attr("trial_id", f"t{i}")
+        if i < 3:
+            trial.set_user_attr("from_row", True)
+        study.tell(trial, [1.0, 1.0])
+    assert remaining_trials(search, tmp_path, rows={f"t{i}" for i in range(8)}) == 10 - 5
+
+
 def test_a_trial_the_stop_left_running_carries_its_identity_and_why_it_failed(tmp_path):
     """A trial running when the sweep stopped is told failed on the resume; it had no user attributes, where every
     other trial names its trial_id and status (docs/sweeps.md). It now carries its setting's trial id (from its

@@ -215,7 +215,8 @@ def remaining_trials(
 ) -> int:
     """Trials an interrupted or extended Optuna sweep still has to run: ``n_trials`` (distinct settings) less the
     distinct settings of the study's finished trials whose row exists (``rows``: the trial ids with a row under
-    results.root). A study trial
+    results.root), those told from a row it found (``from_row``: an earlier run's or another sweep's) not among
+    them, as a run that is not interrupted spends no Tune sample on them. A study trial
     without its row (the interruption left it running, the sweep stopped before it ran, or its row
     was never written) is not done: its parameters are enqueued, so the resume runs that setting
     again, once. Trials left running are marked failed (no worker will finish them). The study
@@ -238,6 +239,8 @@ def remaining_trials(
             if trial.state == TrialState.RUNNING:  # no worker will finish it; its setting may have its row
                 _interrupted(study, trial, tid)
             if trial.state != TrialState.WAITING:
+                if tid in rows and trial.user_attrs.get("from_row"):
+                    continue  # a row the sweep found, not one it measured: it uses no sample, as in one run
                 if tid in rows:
                     done.add(tid)  # a setting counts once, however often it was proposed
                     continue
