@@ -533,6 +533,7 @@ def test_the_reports_count_says_which_ok_rows_it_does_not_rank(tmp_path):
     ), said
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_the_report_is_its_sections_in_order_written_once(tmp_path):
     from conftest import compose
     from sweep.report.build import analyse, write_report

@@ -206,6 +206,7 @@ def test_measured_cost_model_is_sane():
     assert cost_model(lm, [1, 2, 3]) is not costs
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_bench_console_script(tmp_path):
     res = run_cli(
         "bench",

@@ -291,6 +291,7 @@ def test_fixed_and_saturation_bench_under_both_kv_policies(fam, gate, policy):
         assert row["exit_rate"] == 1.0 and row["mean_exit_layer"] == 2
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_padded_batch_the_model_cannot_decode_as_alone_is_refused_in_one_line(tmp_path):
     """Mamba's own forward does not decode a left-padded batch as each row alone: both rows differ (an
     independent check here, without the fidelity check), and bench.batch_size=2 is refused, rc 2."""
@@ -360,6 +361,7 @@ def test_a_cache_that_does_not_roll_back_fails_check_e_and_refuses_self_speculat
             SelfSpeculative(lm, PrefixDraft(lm, 1), 2)
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_propagate_on_a_state_space_model_is_one_line_and_rc_2(tmp_path):
     out = run_cli("bench", "model=tiny-mamba", "gate=fixed", "gate.exit_layer=2", f"results.root={tmp_path}", *BENCH)
     assert out.returncode == 2, out.stderr

@@ -73,6 +73,7 @@ def _said(root) -> tuple[str, str]:
     return " ".join(done.stderr.split()), " ".join(report.split())
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_front_of_rows_measured_on_other_workloads_or_models_is_warned_on_stderr_and_in_the_report(tmp_path):
     """One setting benched on 1 prompt and on 2, with 4 tokens and with 8, and a tiny model of another seed under the
     same label: the analysis ranked them in one front and the verdict named one, with no word (the warning looked at
@@ -142,6 +143,7 @@ def test_one_setting_measured_by_two_runs_on_two_machines_is_not_called_a_copy(t
     assert f"{mine.stem} (2 rows from 2 runs on 2 machines)" in stderr and "copies of a trial's file" not in stderr
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_other_prompts_of_one_set_are_warned_and_a_batchs_dropped_prompts_are_not(tmp_path):
     """Two benches of one setting on the set's prompts 0-1 and 2-3 (`prompts.start`): the same set name and count,
     no warning. And a batching sweep's rows: batch 2 over 3 prompts drops the third (a batch is decoded whole), so its

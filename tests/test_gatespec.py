@@ -216,6 +216,7 @@ def test_run_with_an_out_of_domain_search_value_fails_before_ray_starts():
     assert "search.spaces[0].gate.theta=1.5: must be a number in [0, 1]" in seen["stderr"]
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_an_unreadable_readouts_file_fails_before_any_model_loads_or_ray_starts(tmp_path):
     """A readouts file that is missing, or not one, was found when the model had loaded (`sweep run`: in every
     trial, a failed row each, rc 1); its header is read when the config is validated."""

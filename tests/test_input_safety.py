@@ -479,6 +479,7 @@ def _auto_env(address: str) -> dict:
     return env
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_cluster_address_auto_names_the_loopback_address_it_found(tmp_path):
     import socket
 

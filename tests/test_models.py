@@ -260,6 +260,7 @@ def test_derived_caches_follow_the_model_through_evictions():
     assert len(session.models.models) == 1 and model_loads() == before + 8 * len(models)  # every model really reloaded
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_checkpoint_that_does_not_fit_its_config_is_refused_in_one_line(tmp_path):
     """A config naming one architecture beside another's weights would load with some weights randomly
     initialised and others ignored: refused, naming the counts and a few keys."""

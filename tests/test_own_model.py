@@ -59,6 +59,7 @@ def test_a_model_directory_that_names_code_of_its_own_is_refused_and_its_code_ne
     assert code == 0 and errors == [] and not (shipped / "RAN").exists()
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_sweep_of_a_directory_that_cannot_load_is_refused_before_ray_starts(own, tmp_path):
     """No weights (a Trainer's arguments are not), a file for a directory, a model type transformers does not know,
     a masked LM: one line naming model.path, rc 2, and no results root (before: Ray started and a failed row was
@@ -162,6 +163,7 @@ def test_a_tokenizer_of_another_model_is_one_line_not_an_index_error(own, tmp_pa
     )
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_sweep_over_model_files_changed_since_their_rows_is_refused_before_the_work(own, tmp_path, capsys):
     """A trial's id names a model directory's path, not its content: after the weights there change, the rows made
     with the old ones counted as done and came back as the new model's figures (a reader's run: agreement 1.0 shown

@@ -107,6 +107,7 @@ def test_a_stored_rows_key_rebuilds_its_id(tmp_path):
     assert row["trial_id"] == trial_identity(p.grid_trials[0][1], "cpu").id  # the id the planner skips by
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_sweep_name_is_one_configuration(tmp_path):
     """The first run records what defines the sweep; a new run under the name is refused (resume=true continues
     it); a resume that changes the definition is refused naming what differs; raising search.n_trials is a resume

@@ -238,6 +238,7 @@ def test_profile_command_on_every_tiny_family(family, tmp_path, capsys):
     assert df["prompt_set"].unique().to_list() == ["chat"] and df["family"].unique().to_list() == [family]
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_profile_console_script_end_to_end(tmp_path):
     res = run_cli("profile", "model=tiny-qwen2", "prompts.n=1", "profile.gen_tokens=3", f"results.root={tmp_path}")
     assert res.returncode == 0, res.stderr

@@ -51,6 +51,7 @@ def _in_pty(args: list[str], timeout: float = 300) -> tuple[int, str, str]:
     return proc.wait(timeout=60), out, seen.decode(errors="replace")
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_terminal_gets_live_bars_with_phase_count_elapsed_and_eta(tmp_path):
     rc, out, tty = _in_pty([*BENCH, f"results.root={tmp_path}"])
     assert rc == 0, tty[-3000:]
@@ -67,6 +68,7 @@ def test_a_terminal_gets_live_bars_with_phase_count_elapsed_and_eta(tmp_path):
     assert not any("timed rounds" in line for line in kept)
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_pipe_gets_a_line_per_step_at_most_one_a_minute(tmp_path):
     res = run_cli(*BENCH, f"results.root={tmp_path}", env=_env())
     assert res.returncode == 0, res.stderr[-3000:]

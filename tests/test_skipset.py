@@ -36,6 +36,7 @@ def test_the_grammar_has_one_canonical_text():
             SkipSet.parse(bad)
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_a_bad_skip_set_is_one_line_before_any_work(tmp_path):
     out = run_cli(
         "bench",

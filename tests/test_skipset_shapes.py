@@ -27,6 +27,7 @@ def test_each_timed_skip_set_has_its_ratio_half_attention_half_mlp(shape):
         assert set(skip.attention) | set(skip.mlp) <= set(range(1, L + 1))
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_the_dry_run_prints_every_shape_and_ratio_with_consistent_ceilings(tmp_path):
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True, text=True, env=env)

@@ -124,6 +124,7 @@ def test_the_job_package_holds_only_the_allowlist(monkeypatch, tmp_path, checkou
     assert not [e for e in entries if e.endswith(".pyc") or "__pycache__" in e]
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_dry_run_lists_the_files_and_contacts_nothing(checkout):
     res = dry_run("--address", "http://127.0.0.1:9", root=checkout, PYTHONPATH=str(checkout), SWEEP_GIT_SHA="0123abc")
     assert res.returncode == 0, res.stderr
@@ -147,6 +148,7 @@ def test_dry_run_lists_the_files_and_contacts_nothing(checkout):
     assert metadata["sweep_search"] == "saturation-grid" and metadata["results_root"] == "/shared/results"
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_jobs_submit_warns_when_auth_is_disabled():
     res = dry_run("--auth", "disabled")
     assert res.returncode == 0, res.stderr
@@ -348,6 +350,7 @@ def test_rays_client_gets_exactly_the_resolved_address(monkeypatch):
     assert os.environ["RAY_ADDRESS"] == "10.0.0.5:6379"  # restored
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_jobs_submit_reads_ray_address():
     ok = dry_run(RAY_ADDRESS="http://10.1.2.3:8265")
     assert ok.returncode == 0, ok.stderr

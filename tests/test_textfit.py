@@ -137,6 +137,7 @@ def test_profile_and_analyze_print_within_120_columns(tmp_path):
     assert _fit(analyzed.stdout + bench.stdout)
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_calibrate_prints_within_120_columns():
     res = run_cli(
         "calibrate",

@@ -161,6 +161,7 @@ def test_cli_advertised_gpu_without_cuda_is_refused_before_any_trial(tmp_path):
     assert "failed" not in res.stderr and not (tmp_path / "trials").exists()
 
 
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_unreachable_cluster_address_fails_fast(tmp_path):
     res = run_cli(
         "run", *TINY_SWEEP, "cluster=existing", "cluster.address=127.0.0.1:9", f"results.root={tmp_path}", timeout=120
@@ -169,6 +170,7 @@ def test_unreachable_cluster_address_fails_fast(tmp_path):
 
 
 @pytest.mark.parametrize("auth, kind", [("token", "http"), ("disabled", "http"), ("token", "grpc")])
+@pytest.mark.slow  # a program's start and its imports: 5 s or more of the fast tier (benchmarks/RESULTS.md)
 def test_cluster_address_of_something_else_fails_fast(tmp_path, auth, kind):
     """A port where a server that is not Ray's GCS answers (an HTTP server; a gRPC server without the GCS's service,
     as a raylet's or the Ray Client's port): ray.init would retry for minutes, a warning line every few seconds (for
