@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from conftest import run_cli
+from helpers.factories import verdict_row
 from sweep.analysis import (
     FULL_DEPTH_ID,
     best_at_targets,
@@ -327,28 +328,6 @@ def test_intervals_from_few_prompts_are_flagged():
     row = with_confidence(frame(batched), seed=0).row(0, named=True)
     assert (row["ci_prompts"], row["ci_units"], row["ci_few_prompts"]) == (8, 2, True)
     assert "[interval from 2 batches, fewer than 8: too coarse to trust]" in verdict({**row, "params": "eps=0.1"}, 8)
-
-
-def verdict_row(**kw):
-    row = {
-        "trial_id": "t1",
-        "speedup_metric": "speedup_wall",
-        "gate": "fixed",
-        "params": "exit_layer=20 mode=self_speculative draft_len=4",
-        "mode": "self_speculative",
-        "exit_rate": 0.0,
-        "acceptance_rate": 0.8,
-        "skipped_compute": True,
-        "capped": False,
-        "within_noise": False,
-        "speedup_floor": 0.03,
-        "speedup_noise": None,
-        "ci_prompts": 8,
-        "ci_few_prompts": False,
-    }
-    row.update(kw)
-    row.setdefault("speedup_wall", row.get("speedup"))
-    return row
 
 
 FULL = verdict_row(

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import subprocess_env
 from helpers.waiting import Background, finishes, wait_for
+from helpers.factories import full_trial_row
 from sweep.orchestrate import claims
 from sweep.orchestrate.writer import RowWriter, row_path
 from sweep.store import files, read
@@ -129,30 +130,11 @@ def test_claims_refuse_names_that_are_not_a_path_component(tmp_path, bad):
 # ---------------------------------------------------------------- the row writer
 
 
-def _dummy(dtype: pl.DataType):
-    """A value of ``dtype`` (every column filled, so the store accepts the row)."""
-    from datetime import datetime, timezone
-
-    if isinstance(dtype, pl.List):
-        return [_dummy(dtype.inner)]
-    if isinstance(dtype, pl.Datetime):
-        return datetime.now(timezone.utc)
-    return {pl.Boolean: True, pl.String: "x", pl.Float64: 1.0, pl.Int32: 1, pl.Int64: 1}[dtype.base_type()]
-
-
-def _row(tid: str, status: str = "ok", run_id: str = "r1") -> dict:
-    from sweep.store import TABLES
-
-    row = {c.name: _dummy(c.dtype) for c in TABLES["trials"].columns}
-    row.update(trial_id=tid, status=status, run_id=run_id, model="m", gate="saturation", schema_version=3)
-    return row
-
-
 def _fake_row(tmp_path, tid, status="ok", run_id="r0"):
     """A row written through the store, as another sweep's driver writes it."""
     from sweep.store import write_table  # the store's own, even where a test wraps the one write_or_keep calls
 
-    row = _row(tid, status, run_id)
+    row = full_trial_row(tid, status, run_id)
     return write_table("trials", {k: [v] for k, v in row.items()}, root=tmp_path, provenance={}, stem=tid)
 
 
@@ -160,7 +142,7 @@ def test_the_writer_never_replaces_a_finished_row_unless_rerun(tmp_path):
     path = _fake_row(tmp_path, "t1", run_id="first")
     before = path.stat().st_mtime_ns
     writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
-    assert writer.write(_row("t1", run_id="second")) is False
+    assert writer.write(full_trial_row("t1", run_id="second")) is False
     assert path.stat().st_mtime_ns == before and writer.written == 0 and writer.existing == 1
     assert pl.read_parquet(path)["run_id"].item() == "first"
 
@@ -238,7 +220,7 @@ def test_a_row_that_appears_while_the_writer_writes_is_kept(tmp_path, monkeypatc
 
     monkeypatch.setattr(sweep.store._io, "write_table", racing)  # the store's own write, under write_or_keep
     writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
-    assert writer.write(_row("t1", run_id="second")) is False
+    assert writer.write(full_trial_row("t1", run_id="second")) is False
     assert (writer.written, writer.existing) == (0, 1)
     assert pl.read_parquet(row_path(tmp_path, "m", "saturation", "t1"))["run_id"].item() == "first"
 
@@ -246,7 +228,7 @@ def test_a_row_that_appears_while_the_writer_writes_is_kept(tmp_path, monkeypatc
 def test_a_failed_row_is_replaced_by_the_trials_next_run(tmp_path):
     path = _fake_row(tmp_path, "t1", status="failed", run_id="first")
     writer = RowWriter(str(tmp_path), 1, [], "second", "s", "cpu")
-    assert writer.write(_row("t1", run_id="second")) is True
+    assert writer.write(full_trial_row("t1", run_id="second")) is True
     assert pl.read_parquet(path)["run_id"].item() == "second"
 
 

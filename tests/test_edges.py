@@ -16,24 +16,8 @@ import torch
 
 from conftest import compose
 from helpers.rows import PROV, profile_rows
+from helpers.factories import cost_model, full_trial_row, verdict_row
 from sweep.errors import ConfigError
-
-
-def _dummy(dtype: pl.DataType):
-    """A value of ``dtype`` (every column filled, so the store accepts the row)."""
-    if isinstance(dtype, pl.List):
-        return [_dummy(dtype.inner)]
-    if isinstance(dtype, pl.Datetime):
-        return datetime.now(timezone.utc)
-    return {pl.Boolean: True, pl.String: "x", pl.Float64: 1.0, pl.Int32: 1, pl.Int64: 1}[dtype.base_type()]
-
-
-def _trial_row(tid: str) -> dict:
-    from sweep.store import TABLES
-
-    row = {c.name: _dummy(c.dtype) for c in TABLES["trials"].columns}
-    row.update(trial_id=tid, status="ok", run_id="r1", model="m", gate="saturation", schema_version=3)
-    return row
 
 
 def _dead_pid() -> int:
@@ -112,7 +96,7 @@ def test_a_hidden_copy_of_a_trial_file_is_never_read(tmp_path):
     """Broken: a hidden `.copy.parquet` beside a trial file is read too, and every row in it counts twice."""
     from sweep.store import files, read, write_table
 
-    row = _trial_row("t1")
+    row = full_trial_row("t1")
     path = write_table("trials", {k: [v] for k, v in row.items()}, root=tmp_path, provenance={}, stem="t1")
     shutil.copy(path, path.parent / ".copy.parquet")
     assert files("trials", tmp_path) == [path]
@@ -123,25 +107,7 @@ def test_a_hidden_copy_of_a_trial_file_is_never_read(tmp_path):
 
 
 def _verdict_row(**kw) -> dict:
-    row = {
-        "trial_id": "t1",
-        "speedup_metric": "speedup_wall",
-        "gate": "margin",
-        "params": "theta=5",
-        "mode": "early_exit",
-        "exit_rate": 0.4,
-        "acceptance_rate": None,
-        "skipped_compute": True,
-        "capped": False,
-        "within_noise": False,
-        "speedup_floor": 0.03,
-        "speedup_noise": None,
-        "ci_prompts": 8,
-        "ci_few_prompts": False,
-    }
-    row.update(kw)
-    row.setdefault("speedup_wall", row.get("speedup"))
-    return row
+    return verdict_row(gate="margin", params="theta=5", mode="early_exit", exit_rate=0.4, acceptance_rate=None, **kw)
 
 
 def test_a_verdict_whose_interval_starts_at_1x_is_not_called_a_speedup():
@@ -209,7 +175,7 @@ def test_the_report_honours_analysis_ci_min_prompts_for_the_few_prompts_flag(tmp
     from sweep.report.build import compute
 
     timed = _timed_row("t1", [[4.0, 4.0, 4.0]] * 3, [[2.0, 2.2, 2.4]] * 3)
-    row = {**_trial_row("t1"), **timed, "acceptance_rate": None, "noise_floor": None, "noise_floor_e2e": None}
+    row = {**full_trial_row("t1"), **timed, "acceptance_rate": None, "noise_floor": None, "noise_floor_e2e": None}
     trials = pl.DataFrame([row], infer_schema_length=None).lazy()
     for at_least, few in ((2, False), (4, True)):
         ctx = compute(compose(f"analysis.ci_min_prompts={at_least}"), (tmp_path, trials, None, tmp_path))
@@ -305,7 +271,6 @@ def test_among_settings_of_equal_speedup_the_lower_loss_one_is_picked():
 
 def test_prefix_agreement_stops_at_the_first_mismatch():
     """Broken: prefix_agreement counts every matching token, the same as agreement (0.75 where it is 0.5)."""
-    from sweep.bench.costs import CostModel
     from sweep.bench.estimators import Timings
     from sweep.bench.metrics import PromptRun, metrics
     from sweep.config import GateConfig
@@ -314,19 +279,7 @@ def test_prefix_agreement_stops_at_the_first_mismatch():
     from sweep.models.prompts import Prompt
 
     L = 4
-    costs = CostModel(
-        layer_ms=1.0,
-        head_ms=2.0,
-        lens_probe_ms=2.5,
-        hidden_probe_ms=0.1,
-        kv_ms=0.2,
-        overhead_ms=0.5,
-        step_ms=6.5,
-        num_layers=L,
-        prefill_ms=100.0,
-        prefill_lens_ms=5.0,
-        prompt_tokens=10,
-    )
+    costs = cost_model(L)
     run = PromptRun(
         Prompt("p", "text", (1, 2, 3)),
         Generation([5, 6, 7, 8], [L] * 4, [0] * 4, 0.0),

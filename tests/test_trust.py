@@ -9,6 +9,7 @@ import statistics
 import pytest
 
 from conftest import compose
+from helpers.factories import cost_model
 from sweep.bench.command import prepare
 from sweep.bench.protocol import run_trial
 from sweep.bench.estimators import Timings
@@ -23,20 +24,7 @@ L = 4
 
 
 def costs(**kw) -> CostModel:
-    base = dict(
-        layer_ms=1.0,
-        head_ms=2.0,
-        lens_probe_ms=2.5,
-        hidden_probe_ms=0.1,
-        kv_ms=0.2,
-        overhead_ms=0.5,
-        step_ms=6.5,
-        num_layers=L,
-        prefill_ms=100.0,
-        prefill_lens_ms=5.0,
-        prompt_tokens=10,
-    )
-    return CostModel(**{**base, **kw})
+    return cost_model(L, **kw)
 
 
 def gate(name, **kw):
