@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from conftest import run_cli
-from helpers.factories import verdict_row
+from helpers.factories import timed_row, trials, verdict_row
 from sweep.analysis import (
     FULL_DEPTH_ID,
     best_at_targets,
@@ -25,26 +25,6 @@ from sweep.analysis import (
 )
 from sweep.cli.commands import main
 from sweep.store import read
-
-
-def trials(points, *, model="m", gate="saturation", status="ok", start=0):
-    """Trial rows from (speedup_wall, agreement) points; trial ids t000, t001, ..."""
-    return pl.DataFrame(
-        {
-            "trial_id": [f"t{start + i:03d}" for i in range(len(points))],
-            "model": [model] * len(points),
-            "gate": [gate] * len(points),
-            "status": [status] * len(points),
-            "speedup_wall": [float(p[0]) for p in points],
-            "agreement": [float(p[1]) for p in points],
-            "eps": [0.1] * len(points),
-            "min_layer": [8] * len(points),
-            "exit_rate": [0.5] * len(points),
-            "step_layers_saved": [0.3] * len(points),
-            "kv_policy": ["propagate"] * len(points),
-            "mode": ["early_exit"] * len(points),
-        }
-    )
 
 
 CLASSIC = [(1.0, 1.0), (1.2, 0.99), (1.5, 0.97), (2.0, 0.5), (2.2, 0.1), (1.1, 0.9), (0.9, 0.95), (1.4, 0.5)]
@@ -193,37 +173,6 @@ def test_settings_that_rank_equal_go_to_the_higher_measured_speedup_then_agreeme
     measured_first = best_at_targets(inside.filter(pl.col("trial_id") != "t001"), targets=(0.95,), reference=False)
     assert ids(measured_first) == ["t002"]  # 0.961x at agreement 0.99 over 0.915x at 1.0: measured, then agreement
     assert ids(best_at_targets(inside, targets=(0.95,))) == [FULL_DEPTH_ID]
-
-
-def timed_row(
-    trial_id, base, gated, *, agree=None, exit_rate=0.5, kv_policy="propagate", mode="early_exit", speedup=None, **extra
-):
-    """One ok trial row from [round][prompt] decode ms; speedup_wall by the bench's definition,
-    computed here by hand: the median over rounds of summed baseline / summed gated."""
-    ratios = sorted(sum(b) / sum(g) for b, g in zip(base, gated))
-    mid = len(ratios) // 2
-    point = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-    n = len(base[0])
-    return {
-        "trial_id": trial_id,
-        "model": "m",
-        "gate": "saturation",
-        "status": "ok",
-        "eps": 0.1,
-        "min_layer": 2,
-        "exit_rate": exit_rate,
-        "step_layers_saved": exit_rate * 0.5,
-        "kv_policy": kv_policy,
-        "mode": mode,
-        "speedup_wall": point if speedup is None else speedup,
-        "agreement": 1.0 if agree is None else sum(agree) / len(agree),
-        "prompt_agreement": [1.0] * n if agree is None else agree,
-        "round_baseline_ms": base,
-        "round_ms": gated,
-        "round_baseline_prefill_ms": [[0.0] * n for _ in base],
-        "round_prefill_ms": [[0.0] * n for _ in base],
-        **extra,
-    }
 
 
 def frame(*rows) -> pl.DataFrame:

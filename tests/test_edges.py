@@ -16,7 +16,7 @@ import torch
 
 from conftest import compose
 from helpers.rows import PROV, profile_rows
-from helpers.factories import cost_model, full_trial_row, verdict_row
+from helpers.factories import cost_model, full_trial_row, timed_row, trials, verdict_row
 from sweep.errors import ConfigError
 
 
@@ -145,36 +145,11 @@ def test_a_table_marks_an_interval_from_few_prompts_with_a_dagger():
     assert ci({**row, "ci_few_prompts": False}, "speedup") == "1.100-1.400"
 
 
-def _timed_row(trial_id: str, base, gated, **extra) -> dict:
-    n = len(base[0])
-    ratios = sorted(sum(b) / sum(g) for b, g in zip(base, gated))
-    return {
-        "trial_id": trial_id,
-        "model": "m",
-        "gate": "saturation",
-        "status": "ok",
-        "eps": 0.1,
-        "min_layer": 2,
-        "exit_rate": 0.5,
-        "step_layers_saved": 0.25,
-        "kv_policy": "propagate",
-        "mode": "early_exit",
-        "speedup_wall": ratios[len(ratios) // 2],
-        "agreement": 1.0,
-        "prompt_agreement": [1.0] * n,
-        "round_baseline_ms": base,
-        "round_ms": gated,
-        "round_baseline_prefill_ms": [[0.0] * n for _ in base],
-        "round_prefill_ms": [[0.0] * n for _ in base],
-        **extra,
-    }
-
-
 def test_the_report_honours_analysis_ci_min_prompts_for_the_few_prompts_flag(tmp_path):
     """Broken: with analysis.ci_min_prompts=2, a setting timed on 3 prompts is still flagged too coarse to trust."""
     from sweep.report.build import compute
 
-    timed = _timed_row("t1", [[4.0, 4.0, 4.0]] * 3, [[2.0, 2.2, 2.4]] * 3)
+    timed = timed_row("t1", [[4.0, 4.0, 4.0]] * 3, [[2.0, 2.2, 2.4]] * 3)
     row = {**full_trial_row("t1"), **timed, "acceptance_rate": None, "noise_floor": None, "noise_floor_e2e": None}
     trials = pl.DataFrame([row], infer_schema_length=None).lazy()
     for at_least, few in ((2, False), (4, True)):
@@ -191,22 +166,7 @@ def test_a_front_point_exactly_at_the_knee_floor_is_a_knee_candidate():
     from sweep.analysis import fronts, knees_table
 
     points = [(1.0, 1.0), (1.2, 0.99), (1.5, 0.97), (2.0, 0.5), (2.2, 0.1)]
-    df = pl.DataFrame(
-        {
-            "trial_id": [f"t{i:03d}" for i in range(len(points))],
-            "model": ["m"] * len(points),
-            "gate": ["saturation"] * len(points),
-            "status": ["ok"] * len(points),
-            "speedup_wall": [p[0] for p in points],
-            "agreement": [p[1] for p in points],
-            "eps": [0.1] * len(points),
-            "min_layer": [8] * len(points),
-            "exit_rate": [0.5] * len(points),
-            "step_layers_saved": [0.3] * len(points),
-            "kv_policy": ["propagate"] * len(points),
-            "mode": ["early_exit"] * len(points),
-        }
-    )
+    df = trials(points)
     table = knees_table(fronts(df, reference=False), min_points=3, min_agreement=0.5)
     row = table.filter(pl.col("front") == "model").row(0, named=True)
     assert row["front_points"] == 5 and row["knee_points"] == 4

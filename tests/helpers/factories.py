@@ -1,5 +1,6 @@
-"""Factories several test files share: a trials row with every column filled, a cost model of round figures, and
-a row as the verdicts read it."""
+"""Factories several test files share: trial rows from (speedup, agreement) points, a trials row with every
+column filled, a timed row of given round timings, a cost model of round figures, and a row as the verdicts read
+it."""
 
 from __future__ import annotations
 
@@ -67,3 +68,54 @@ def verdict_row(**kw) -> dict:
     row.update(kw)
     row.setdefault("speedup_wall", row.get("speedup"))
     return row
+
+
+def timed_row(
+    trial_id, base, gated, *, agree=None, exit_rate=0.5, kv_policy="propagate", mode="early_exit", speedup=None, **extra
+):
+    """One ok trial row from [round][prompt] decode ms; speedup_wall by the bench's definition,
+    computed here by hand: the median over rounds of summed baseline / summed gated."""
+    ratios = sorted(sum(b) / sum(g) for b, g in zip(base, gated))
+    mid = len(ratios) // 2
+    point = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    n = len(base[0])
+    return {
+        "trial_id": trial_id,
+        "model": "m",
+        "gate": "saturation",
+        "status": "ok",
+        "eps": 0.1,
+        "min_layer": 2,
+        "exit_rate": exit_rate,
+        "step_layers_saved": exit_rate * 0.5,
+        "kv_policy": kv_policy,
+        "mode": mode,
+        "speedup_wall": point if speedup is None else speedup,
+        "agreement": 1.0 if agree is None else sum(agree) / len(agree),
+        "prompt_agreement": [1.0] * n if agree is None else agree,
+        "round_baseline_ms": base,
+        "round_ms": gated,
+        "round_baseline_prefill_ms": [[0.0] * n for _ in base],
+        "round_prefill_ms": [[0.0] * n for _ in base],
+        **extra,
+    }
+
+
+def trials(points, *, model="m", gate="saturation", status="ok", start=0):
+    """Trial rows from (speedup_wall, agreement) points; trial ids t000, t001, ..."""
+    return pl.DataFrame(
+        {
+            "trial_id": [f"t{start + i:03d}" for i in range(len(points))],
+            "model": [model] * len(points),
+            "gate": [gate] * len(points),
+            "status": [status] * len(points),
+            "speedup_wall": [float(p[0]) for p in points],
+            "agreement": [float(p[1]) for p in points],
+            "eps": [0.1] * len(points),
+            "min_layer": [8] * len(points),
+            "exit_rate": [0.5] * len(points),
+            "step_layers_saved": [0.3] * len(points),
+            "kv_policy": ["propagate"] * len(points),
+            "mode": ["early_exit"] * len(points),
+        }
+    )
