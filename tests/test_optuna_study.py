@@ -414,6 +414,7 @@ def test_an_optuna_sweep_run_again_continues_its_study_and_shows_every_setting_o
     trials = len(load(first).trials)
     again = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=3")
     assert again.name == first.name and again.written == 0 and len(load(again).trials) == trials
+    assert again.skipped == len(again.rows)  # its summary's count: every setting shown is one whose row exists
     assert {r["trial_id"] for r in again.rows} == {r["trial_id"] for r in first.rows}
     more = sweep(tmp_path, "search=optuna-mo", space, "search.n_trials=4", "resume=true", f"sweep.name={first.name}")
     assert {r["trial_id"] for r in more.rows} >= {r["trial_id"] for r in first.rows}  # the earlier ones too

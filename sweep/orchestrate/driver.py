@@ -89,6 +89,8 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
     size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
     # shown with this run's rows at the end: a grid's done settings, or those a sampling search already held
     existing = done_settings(grid_trials, plan.done, device) if grid_trials is not None else search.held(plan, device)
+    if grid_trials is None:  # a sampling search: the settings its study holds with their rows are not measured again
+        skipped = len(existing)
     outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, rows=existing, simulated=simulated)
     again = search.retime(plan, device) if total == 0 else []  # a finished search's settings may still need it
     if total == 0 and not again:
