@@ -151,7 +151,7 @@ def test_the_writer_never_replaces_a_finished_row_unless_rerun(tmp_path):
 
 
 def _counts(out: str) -> tuple[int, int]:
-    m = re.search(r"(\d+) settings measured and written, (\d+) skipped", out)
+    m = re.search(r"(\d+) settings? measured and written, (\d+) skipped", out)
     assert m, out[-2000:]
     return int(m.group(1)), int(m.group(2))
 

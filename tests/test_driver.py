@@ -100,3 +100,13 @@ def test_the_orchestration_overhead_leaves_out_a_tasks_evaluation(tmp_path):
     assert overhead < -500  # the driver's wall here is well under the row's 602 s of bench and task
     outcome = SweepOutcome(name="s", path="p", root=str(tmp_path), total=1, skipped=0, overhead_s=writer.overheads)
     assert "(driver-observed wall - bench and task time)" in overhead_summary(outcome)
+
+
+def test_the_start_line_counts_one_setting_and_one_tune_trial_in_the_singular(tmp_path, caplog):
+    """A one-setting sweep started with "1 settings in 1 Tune trials"."""
+    import logging
+
+    args = [*TINY_SWEEP, f"results.root={tmp_path}", "search.spaces=[{gate: full}]"]
+    with caplog.at_level(logging.INFO, logger="sweep.orchestrate.driver"):
+        drive(plan_sweep(compose(*args), args), InlineCluster())
+    assert any(": 1 setting in 1 Tune trial on " in r.getMessage() for r in caplog.records), caplog.text

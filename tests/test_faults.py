@@ -39,7 +39,7 @@ def resume_line(err: str) -> str:
 
 
 def written(out: str) -> int:
-    return int(re.search(r"(\d+) settings measured and written", out).group(1))
+    return int(re.search(r"(\d+) settings? measured and written", out).group(1))
 
 
 # ---------------------------------------------------------------- 5. SIGTERM

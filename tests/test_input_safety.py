@@ -530,7 +530,7 @@ def test_cluster_address_auto_joins_a_cluster_on_loopback(tmp_path):
         env = {**_auto_env(gcs), "RAY_AUTH_TOKEN_PATH": str(token)}
         res = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
         assert res.returncode == 0, res.stderr[-3000:]
-        assert "the Ray cluster at auto" in res.stderr and "1 settings measured and written" in res.stdout
+        assert "the Ray cluster at auto" in res.stderr and "1 setting measured and written" in res.stdout
     finally:
         helper.stdin.close()
         helper.wait(timeout=60)

@@ -212,3 +212,14 @@ def test_the_rows_line_names_an_optuna_study_only_where_the_sweep_has_one(tmp_pa
     assert rows_line(tmp_path).endswith(f"Tune state: {tmp_path}")
     (tmp_path / "optuna.db").write_bytes(b"")
     assert rows_line(tmp_path).endswith(f"Tune state and Optuna study: {tmp_path}")
+
+
+def test_the_summary_counts_one_setting_in_the_singular():
+    """A sweep of one setting ended "1 settings measured and written"."""
+    from sweep.orchestrate.writer import SweepOutcome
+
+    def first(written: int) -> str:
+        return " ".join(sweep_report(SweepOutcome("s", "p", "r", written, 0, written=written)).split())
+
+    assert "s: 1 setting measured and written, 0 skipped" in first(1)
+    assert "s: 2 settings measured and written" in first(2) and "s: 0 settings measured and written" in first(0)

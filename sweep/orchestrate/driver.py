@@ -113,10 +113,10 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
             else:
                 batch = Pass(study=search.searcher(plan, device), samples=total, done=plan.done)
             log.info(
-                "sweep %s: %s settings in %s Tune trials on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
+                "sweep %s: %s in %s on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
                 plan.name,
-                total,
-                total if batch.values is None else len(batch.values),
+                _count(total, "setting"),
+                _count(total if batch.values is None else len(batch.values), "Tune trial"),
                 _cluster_label(cfg.cluster),
                 cluster.resources["cpu"],
                 cluster.resources["gpu"],
@@ -188,6 +188,10 @@ def retime(plan: Plan, settings: list[list[str]], cluster: Cluster, writer: RowW
     )
     writer.extend(len(todo))
     return cluster.run(plan, Pass("trial", todo), writer)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _cluster_label(cluster: ClusterConfig) -> str:

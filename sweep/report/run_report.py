@@ -49,7 +49,8 @@ def sweep_report(outcome, analysis=None, bar: float | None = None) -> str:
 
     lines = [
         *wrap(
-            f"sweep {outcome.name}: {outcome.written} settings measured and written, {outcome.skipped} skipped "
+            f"sweep {outcome.name}: {outcome.written} setting{'s' * (outcome.written != 1)} measured and written, "
+            f"{outcome.skipped} skipped "
             f"(their rows exist), {failures(outcome)} failed"
             # (stdout alone, as a log keeps it, must not read as a whole sweep)
             + (
