@@ -466,3 +466,19 @@ def test_a_row_another_sweep_computed_is_named_in_the_progress_line():
     row = {"model": "m", "gate": "full", "status": "ok", "agreement": 1.0, "speedup_wall": 1.0}
     assert describe(row, True, "sweep-b").endswith("(row computed by the concurrent sweep sweep-b)")
     assert describe(row, True).endswith("(row from an earlier run)")
+
+
+def test_a_setting_planned_twice_is_counted_skipped_once():
+    """Broken (found here): a grid that lists one done setting twice (two overlapping sub-spaces) counts it skipped
+    twice, so a finished sweep run again says "0 settings measured and written, 3 skipped" over 2 settings."""
+    from conftest import compose
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.plan import select_trials
+
+    full, fixed = compose("model=tiny-llama", "gate=full"), compose("model=tiny-llama", "gate=fixed")
+    grid = [(["gate=full"], full), (["gate=fixed"], fixed), (["gate=full"], full)]
+    done = {trial_identity(full, "cpu").id: {}}
+    assert select_trials(grid, done, "cpu", "root") == ([["gate=fixed"]], 1)
+    done[trial_identity(fixed, "cpu").id] = {}
+    assert select_trials(grid, done, "cpu", "root") == ([], 2)
+    assert select_trials(grid, {}, "cpu", "root") == ([["gate=full"], ["gate=fixed"]], 0)

@@ -340,16 +340,19 @@ def _earlier_sweeps(storage: Path, search_name: str) -> list[Path]:
 def select_trials(
     grid_trials: GridTrials | None, done: dict, device: str, root: str
 ) -> tuple[list[list[str]] | None, int]:
-    """Grid trials still to run on ``device``: not already done, each trial id once."""
+    """Grid trials still to run on ``device``: not already done, each trial id once; and how many settings were
+    skipped as done, each trial id once too (a grid may list one setting twice: overlapping sub-spaces)."""
     if grid_trials is None:
         return None, 0
     todo, seen, skipped = [], set(), 0
     for trial, trial_cfg in grid_trials:
         tid = trial_identity(trial_cfg, device).id
+        if tid in seen:
+            continue
+        seen.add(tid)
         if tid in done:
             skipped += 1
-        elif tid not in seen:
-            seen.add(tid)
+        else:
             todo.append(trial)
     if skipped:
         log.info("skipping %d settings whose rows exist under %s (sweep.rerun=true redoes them)", skipped, root)
