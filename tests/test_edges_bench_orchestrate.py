@@ -115,6 +115,37 @@ def test_a_rung_under_batches_is_checked_after_at_least_its_prompts():
     assert rows[0]["status"] == "ok" and rows[0]["n_prompts"] == 6
 
 
+def test_the_baseline_and_the_aa_control_swap_ends_with_every_unit_and_round():
+    """Broken: the order of a round's sides flips with the round only, so within a round every prompt times the
+    baseline first and the A/A control last, and a drift across a round (a warming clock) reads as an A/A offset."""
+    from conftest import compose
+    from sweep.bench.command import prepare
+    from sweep.bench.protocol import run_trials
+    from sweep.bench.session import Session
+
+    cfg = compose("model=tiny-llama", "prompts.n=2", "bench.gen_tokens=3", "bench.repeats=2", "bench.warmup=0",
+                  "gate=fixed", "gate.exit_layer=3")  # fmt: skip
+    lm, gate, prompts = prepare(cfg, Session())
+    events = []
+    run_trials([cfg], lm, [gate], prompts, on_event=events.append)
+    timed = [(e.round, e.unit, e.side) for e in events if e.phase == "round"]
+    forward, backward = ["baseline", "gated", "aa"], ["aa", "gated", "baseline"]
+    expected = {(0, 0): forward, (0, 1): backward, (1, 0): backward, (1, 1): forward}
+    assert timed == [(r, u, side) for (r, u), sides in expected.items() for side in sides]
+
+
+def test_an_early_exit_row_names_no_draft_length():
+    """Broken: every early-exit row carries bench.draft_len (4 by default), which only self-speculation uses, and
+    reads as a drafting setting in the trials table."""
+    from conftest import compose
+    from sweep.bench.rows import trial_fields
+
+    assert trial_fields(compose("model=tiny-llama", "gate=saturation"), 1)["draft_len"] is None
+    spec = compose("model=tiny-llama", "gate=fixed", "gate.exit_layer=1", "bench.mode=self_speculative",
+                   "bench.draft_len=2")  # fmt: skip
+    assert trial_fields(spec, 1)["draft_len"] == 2
+
+
 # ---------------------------------------------------------------- orchestrator: done rows, bundles, study, screen
 
 
@@ -421,6 +452,32 @@ def test_humaneval_problems_and_their_scores_come_in_task_number_order():
     assert scored.per_problem(1) == [0.5, 0.0, 1.0]  # problems 2, 9, 10
 
 
+def test_a_generation_stops_at_its_end_of_sequence_token():
+    """Broken: a completion that ends with its end-of-sequence token decodes on to eval.max_tokens (unless a stop
+    sequence happens to appear), spending the time of every token past its end."""
+    from sweep.tasks.completions import stop_at
+
+    class Chars:  # one token per character; 0 is the end of sequence
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(i) for i in ids if i)
+
+    stop = stop_at(Chars(), ("\ndef",), eos=0)
+    assert stop([ord("a"), ord("b"), 0]) and not stop([ord("a"), ord("b")])
+    assert stop([ord(c) for c in "x\ndef"])
+
+
+def test_eval_problems_may_ask_for_every_humaneval_problem():
+    """Broken: eval.problems=164, all of HumanEval, is refused as more problems than the task has."""
+    from conftest import compose
+    from sweep.errors import InputError
+    from sweep.tasks.evaluate import check_inputs
+
+    task = ("model=tiny-llama", "eval.task=humaneval", "eval.allow_code_execution=true")
+    check_inputs(compose(*task, "eval.problems=164"))
+    with pytest.raises(InputError, match="HumanEval has 164 problems"):
+        check_inputs(compose(*task, "eval.problems=165"))
+
+
 def test_a_harness_tasks_full_depth_side_is_keyed_by_the_seed_of_its_few_shot_draw(monkeypatch):
     """Broken: a harness task's full-depth side, whose few-shot examples are drawn from the seed, is reused for a
     trial of another seed, so its accuracy_loss compares prompts with different examples."""
@@ -482,3 +539,23 @@ def test_a_setting_planned_twice_is_counted_skipped_once():
     done[trial_identity(fixed, "cpu").id] = {}
     assert select_trials(grid, done, "cpu", "root") == ([], 2)
     assert select_trials(grid, {}, "cpu", "root") == ([["gate=full"], ["gate=fixed"]], 0)
+
+
+def test_the_eta_runs_no_more_settings_at_once_than_are_left(tmp_path):
+    """Broken: with four Tune trials running and one setting left, the ETA divides that setting's time by four, as
+    if one setting could run on four workers at once."""
+    from helpers.factories import full_trial_row
+    from sweep.orchestrate.writer import RowWriter
+
+    def result(tid: str) -> dict:
+        row = full_trial_row(tid)
+        row.update(n_prompts=2, gen_tokens=4, repeats=1, baseline_shared=1, bench_seconds=10.0, task_seconds=0.0)
+        return {"row": row, "cached": False, "status": "ok"}
+
+    writer = RowWriter(str(tmp_path), 2, [], "run", "eta", "cpu")
+    for key in "abcd":  # four Tune trials running (the other two for a retry, say)
+        writer.started(key)
+    writer.result("a", result("0" * 16))
+    writer.close()
+    # one setting left at the pace of the first (10 s for the same work), on one worker; no overhead measured
+    assert writer.eta(1) == pytest.approx(10.0)
