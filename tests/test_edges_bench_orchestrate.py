@@ -559,3 +559,29 @@ def test_the_eta_runs_no_more_settings_at_once_than_are_left(tmp_path):
     writer.close()
     # one setting left at the pace of the first (10 s for the same work), on one worker; no overhead measured
     assert writer.eta(1) == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("exit_rate", [0.0, 0.5])
+def test_a_speedup_of_exactly_1x_is_said_as_neither_a_slowdown_nor_a_saving_outside_the_floor(exit_rate):
+    """A trial measured at exactly 1.000x was said to pay "its probes' and heads' real cost" in a slowdown it did not
+    have (no compute skipped), or to lie "outside the noise floor" (compute skipped)."""
+    from sweep.bench.rows import aa_lines
+
+    row = {
+        "speedup_aa": 1.0,
+        "noise_floor": 0.05,
+        "round_aa_ms": [[10.0, 10.0]],
+        "round_baseline_ms": [[10.0, 10.0]],
+        "speedup_wall": 1.0,
+        "mode": "early_exit",
+        "step_layers_saved": exit_rate,
+        "exit_rate": exit_rate,
+        "kv_policy": "propagate",
+    }
+    said = aa_lines(row)[-1]
+    assert said == "ranked speedup (what `sweep analyze` ranks by): 1.000x (measured at 1x: no saving and no slowdown)"
+    slower = aa_lines({**row, "speedup_wall": 0.9})[-1]  # the other readings stay as they were
+    assert slower.endswith("(it skipped no compute: the slowdown is its probes' and heads' real cost)") == (
+        exit_rate == 0.0
+    )
+    assert slower.endswith("(outside the noise floor)") == (exit_rate > 0)

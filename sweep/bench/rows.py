@@ -277,7 +277,9 @@ def aa_lines(row: dict[str, Any]) -> list[str]:
     skipped = skips_compute(row.get("mode"), row.get("step_layers_saved"), row.get("exit_rate"), row.get("kv_policy"))
     if not skipped and measured > 1.0:
         why = "capped: it skipped no compute, so a ratio above 1x is timing noise"
-    elif ranked == 1.0 and measured != 1.0:
+    elif measured == 1.0:
+        why = "measured at 1x: no saving and no slowdown"
+    elif ranked == 1.0:
         why = "inside the noise floor: indistinguishable from 1x"
     elif not skipped:
         why = "it skipped no compute: the slowdown is its probes' and heads' real cost"
