@@ -1,6 +1,6 @@
-"""Factories several test files share: trial rows from (speedup, agreement) points, a trials row with every
-column filled, a timed row of given round timings, a cost model of round figures, and a row as the verdicts read
-it."""
+"""Factories several test files share: trial rows from (speedup, agreement) points, a row of any table with every
+column filled (a trials row), a timed row of given round timings, a cost model of round figures, and a row as the
+verdicts read it."""
 
 from __future__ import annotations
 
@@ -20,11 +20,16 @@ def _dummy(dtype: pl.DataType):
     return {pl.Boolean: True, pl.String: "x", pl.Float64: 1.0, pl.Int32: 1, pl.Int64: 1}[dtype.base_type()]
 
 
-def full_trial_row(tid: str, status: str = "ok", run_id: str = "r1") -> dict:
-    """A trials row with every column of the schema filled (model ``m``, gate ``saturation``)."""
+def full_row(table: str) -> dict:
+    """A row of results table ``table`` with every column of the schema filled."""
     from sweep.store import TABLES
 
-    row = {c.name: _dummy(c.dtype) for c in TABLES["trials"].columns}
+    return {c.name: _dummy(c.dtype) for c in TABLES[table].columns}
+
+
+def full_trial_row(tid: str, status: str = "ok", run_id: str = "r1") -> dict:
+    """A trials row with every column of the schema filled (model ``m``, gate ``saturation``)."""
+    row = full_row("trials")
     row.update(trial_id=tid, status=status, run_id=run_id, model="m", gate="saturation", schema_version=3)
     return row
 
