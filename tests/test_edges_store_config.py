@@ -242,6 +242,62 @@ def test_the_replays_fastest_setting_may_sit_exactly_at_the_knee_bar():
     assert "the fastest is saturation eps=0.3 min_layer=8: 1.090x by the cost model" in text
 
 
+def _categorised(categories: list[str], speedups: list[float]) -> list[str]:
+    """The report's per-category lines for one setting (1.5x at agreement 0.99) whose prompts have ``categories``
+    and measured ``speedups``."""
+    from types import SimpleNamespace
+
+    from helpers.factories import trials
+    from sweep.report.categories import category_lines
+
+    ok = trials([(1.5, 0.99)]).with_columns(
+        speedup=pl.lit(1.5),
+        speedup_metric=pl.lit("speedup_wall"),
+        prompt_categories=pl.lit(categories, dtype=pl.List(pl.String)),
+        prompt_speedup_wall=pl.lit(speedups, dtype=pl.List(pl.Float64)),
+        prompt_acceptance=pl.lit(None, dtype=pl.List(pl.Float64)),
+    )
+    return [line for line in category_lines(SimpleNamespace(ok=ok, headline=0.98)) if line.startswith("| m |")]
+
+
+def test_a_prompt_without_a_positive_speedup_is_left_out_of_its_categorys_mean():
+    """Broken: one prompt whose measured speedup is 0 (an edited or foreign row) stops `sweep analyze` with "math
+    domain error" while it writes the per-category table."""
+    assert _categorised(["chat", "chat", "code"], [2.0, 0.0, 1.5]) == [
+        "| m | best setting: saturation eps=0.1 min_layer=8 | chat | 2 | 2.000x | n/a |",
+        "| m | best setting: saturation eps=0.1 min_layer=8 | code | 1 | 1.500x | n/a |",
+    ]
+
+
+def test_prompts_of_one_category_get_no_per_category_table():
+    """Broken: where every prompt is of one category, the report adds a per-category table repeating the tables above
+    it."""
+    assert _categorised(["chat", "chat"], [2.0, 1.0]) == []
+    assert len(_categorised(["chat", "code"], [2.0, 1.0])) == 2
+
+
+def test_a_task_measured_over_one_problem_set_is_not_named_by_its_size():
+    """Broken: every accuracy verdict names its problem set ("m on humaneval, 40 problems"), as if the model and
+    task had been measured over several, which is when the lines must tell them apart."""
+    from sweep.report.tasks import task_verdict_lines
+
+    base = {"model": "m", "task": "humaneval", "task_metric": "pass@1", "accuracy_full": 0.6, "agreement": 0.9,
+            "gate": "saturation", "speedup_lo": 1.1, "speedup_hi": 1.4, "accuracy_lo": 0.45, "accuracy_hi": 0.7,
+            "accuracy_loss_lo": 0.0, "accuracy_loss_hi": 0.05, "task_problems": 40, "task_samples": 1,
+            "task_layers_saved": 0.06, "layers_saved": 0.05}  # fmt: skip
+    ok = pl.DataFrame(
+        [
+            {**base, "trial_id": "a", "speedup": 1.2, "accuracy": 0.6, "accuracy_loss": 0.0},
+            {**base, "trial_id": "b", "speedup": 1.3, "accuracy": 0.58, "accuracy_loss": 0.02},
+        ]
+    )
+    [line] = task_verdict_lines(ok)
+    assert line.startswith("m on humaneval (pass@1 0.600 at full depth): within 1% loss: saturation, 1.200x")
+    more = ok.with_columns(trial_id=pl.lit("c") + pl.col("trial_id"), task_problems=pl.lit(80, dtype=pl.Int64))
+    named = [line.split(" (")[0] for line in task_verdict_lines(pl.concat([ok, more]))]
+    assert named == ["m on humaneval, 40 problems", "m on humaneval, 80 problems"]
+
+
 # ---------------------------------------------------------------- the config
 
 
