@@ -402,7 +402,7 @@ def test_exactly_one_of_racing_exclusive_writers_wins(tmp_path):
 SPACE = "search.spaces=[{gate: saturation, gate.min_layer: 2, gate.eps: 'choice(0.05,0.1)'}]"
 
 
-@pytest.mark.parametrize("pid", ["99999999999999999999", "0", "4194305", "1" + "0" * 200])
+@pytest.mark.parametrize("pid", ["99999999999999999999", "0", "4194304", "4194305", "1" + "0" * 200])
 def test_a_temporary_name_with_an_impossible_pid_is_left_and_named_once(tmp_path, caplog, pid):
     directory = tmp_path / "profile" / "model=m-1"
     directory.mkdir(parents=True)
@@ -414,7 +414,7 @@ def test_a_temporary_name_with_an_impossible_pid_is_left_and_named_once(tmp_path
             write_table("profile", profile_rows(), root=tmp_path, provenance=PROV, stem=stem)
     assert planted.read_bytes() == b"planted" and read("profile", tmp_path).height == 8
     assert [r.getMessage() for r in caplog.records] == [
-        f"leaving {planted} alone: pid {pid[:30]} is not a process id (removed once it is 3600 s old)"
+        f"leaving {planted} alone: pid {pid[:30]} is not a process id (removed once it is older than 3600 s)"
     ]
     old = time.time() - guard.STALE_AFTER_S - 60
     os.utime(planted, (old, old))

@@ -215,7 +215,7 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.stem}~{_host_token()}~{os.getpid()}~{uuid.uuid4().hex[:12]}.tmp")
 
 
-_PID_MAX = 2**22  # Linux's PID_MAX_LIMIT: a larger pid names no process on any system
+_PID_MAX = 2**22  # Linux's PID_MAX_LIMIT: pids stay below it, so this one or a larger one names no process
 _named: set[str] = set()  # temporary-looking names already logged as not a live writer's
 
 
@@ -233,7 +233,7 @@ def _odd_name(path: str, why: str) -> None:
     """Log once that ``path`` looks like a temporary file but names no writer of this host: left alone."""
     if path not in _named:
         _named.add(path)
-        log.warning("leaving %s alone: %s (removed once it is %.0f s old)", path, why, STALE_AFTER_S)
+        log.warning("leaving %s alone: %s (removed once it is older than %.0f s)", path, why, STALE_AFTER_S)
 
 
 def stale_temps(directory: Path, *, now: float | None = None) -> list[Path]:
@@ -259,7 +259,7 @@ def stale_temps(directory: Path, *, now: float | None = None) -> list[Path]:
             found.append(Path(entry.path))
         elif m is None or m["host"] != host:
             continue
-        elif not 0 < int(m["pid"]) <= _PID_MAX:  # planted: no writer has that pid
+        elif not 0 < int(m["pid"]) < _PID_MAX:  # planted: no writer has that pid
             _odd_name(entry.path, f"pid {m['pid'][:30]} is not a process id")
         elif int(m["pid"]) != os.getpid() and not _alive(int(m["pid"])):
             found.append(Path(entry.path))
