@@ -244,7 +244,7 @@ def resolve_min_layer(gate: Any, num_layers: int) -> int:
 
     An explicit ``min_layer`` wins (a layer index, at most L); otherwise ``min_depth``, a
     fraction of depth: ``ceil(min_depth * L)``, at least 1 (the product rounded to 9 decimals
-    first, so 0.1 of 30 layers is 3, not 4); with neither, 1. The gates' conf files set
+    first, so 0.28 of 25 layers, 7.000000000000001 in floats, is 7, not 8); with neither, 1. The gates' conf files set
     ``min_depth`` and leave ``min_layer`` null; composition keeps at most one of the two
     (``sweep.config``: the one a user sets wins over a conf file's)."""
     if gate.min_layer is not None:
