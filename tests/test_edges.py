@@ -16,7 +16,7 @@ import torch
 
 from conftest import compose
 from helpers.rows import PROV, profile_rows
-from helpers.factories import cost_model, full_trial_row, timed_row, trials, verdict_row
+from helpers.factories import aa_row, cost_model, full_trial_row, timed_row, trials, verdict_row
 from sweep.errors import ConfigError
 
 
@@ -176,24 +176,9 @@ def test_rows_sharing_one_aa_control_count_it_once_in_the_noise_floor():
     """Broken: a shared-baseline bundle of two settings counts its one A/A control twice (controls and rounds)."""
     from sweep.analysis import noise_floors
 
-    def row(tid, base, aa):
-        n = len(base[0])
-        return {
-            "trial_id": tid,
-            "model": "m",
-            "status": "ok",
-            "round_baseline_ms": base,
-            "round_aa_ms": aa,
-            "round_baseline_prefill_ms": [[0.0] * n for _ in base],
-            "round_aa_prefill_ms": [[0.0] * n for _ in base],
-            "repeats": len(base),
-            "noise_floor": 0.05,
-            "noise_floor_e2e": 0.05,
-        }
-
     shared = ([[10.0, 11.0], [10.5, 10.0]], [[10.2, 10.9], [10.4, 10.3]])
     own = ([[9.0, 9.5], [9.2, 9.1]], [[9.1, 9.4], [9.3, 9.0]])
-    trials = pl.DataFrame([row("a", *shared), row("b", *shared), row("c", *own)], infer_schema_length=None)
+    trials = pl.DataFrame([aa_row("a", *shared), aa_row("b", *shared), aa_row("c", *own)], infer_schema_length=None)
     floors = noise_floors(trials).row(0, named=True)
     assert floors["aa_controls"] == 2 and floors["aa_rounds"] == 4
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import compose
-from helpers.factories import timed_row, trials
+from helpers.factories import aa_row, timed_row, trials
 from sweep.config import GateConfig
 
 
@@ -175,31 +175,14 @@ def test_the_end_to_end_interval_counts_the_prefill():
 # ---------------------------------------------------------------- analysis: noise floors
 
 
-def _aa_row(tid: str, base, aa, repeats: int, *, prefill=None, aa_prefill=None) -> dict:
-    """An ok trial row with its A/A control's rounds ([round][unit] ms), prefill 0 unless given."""
-    zeros = [[0.0] * len(base[0]) for _ in base]
-    return {
-        "trial_id": tid,
-        "model": "m",
-        "status": "ok",
-        "round_baseline_ms": base,
-        "round_aa_ms": aa,
-        "round_baseline_prefill_ms": prefill or zeros,
-        "round_aa_prefill_ms": aa_prefill or zeros,
-        "repeats": repeats,
-        "noise_floor": 0.05,
-        "noise_floor_e2e": 0.05,
-    }
-
-
 def test_the_pooled_floor_is_taken_at_the_trials_median_rounds():
     """Broken: one trial re-timed over 10 rounds sets the rounds of the model's floor, not the median trial's 3."""
     from sweep.analysis import noise_floors
 
     rows = [
-        _aa_row("a", [[10.0, 11.0]] * 2, [[10.2, 10.9]] * 2, 2),
-        _aa_row("b", [[9.0, 9.5]] * 3, [[9.1, 9.4]] * 3, 3),
-        _aa_row("c", [[8.0, 8.5]] * 10, [[8.3, 8.4]] * 10, 10),
+        aa_row("a", [[10.0, 11.0]] * 2, [[10.2, 10.9]] * 2, 2),
+        aa_row("b", [[9.0, 9.5]] * 3, [[9.1, 9.4]] * 3, 3),
+        aa_row("c", [[8.0, 8.5]] * 10, [[8.3, 8.4]] * 10, 10),
     ]
     floors = noise_floors(pl.DataFrame(rows, infer_schema_length=None)).row(0, named=True)
     assert floors["repeats"] == 3
@@ -210,7 +193,7 @@ def test_the_end_to_end_aa_control_adds_its_own_prefill():
     three times as slowly (0.5x reads as 1.0x)."""
     from sweep.analysis import noise_floors
 
-    row = _aa_row("a", [[10.0]], [[10.0]], 1, prefill=[[10.0]], aa_prefill=[[30.0]])
+    row = aa_row("a", [[10.0]], [[10.0]], 1, prefill=[[10.0]], aa_prefill=[[30.0]])
     floors = noise_floors(pl.DataFrame([row], infer_schema_length=None), metric="speedup_e2e_wall").row(0, named=True)
     assert floors["aa_median"] == pytest.approx(20 / 40)
     decode = noise_floors(pl.DataFrame([row], infer_schema_length=None)).row(0, named=True)
@@ -361,8 +344,8 @@ def test_a_failed_trials_aa_rounds_are_not_in_the_noise_floor():
     from sweep.analysis import noise_floors
 
     rows = [
-        _aa_row("a", [[10.0, 11.0]] * 2, [[10.2, 10.9]] * 2, 2),
-        {**_aa_row("b", [[9.0, 9.5]] * 2, [[19.1, 19.4]] * 2, 2), "status": "failed"},
+        aa_row("a", [[10.0, 11.0]] * 2, [[10.2, 10.9]] * 2, 2),
+        {**aa_row("b", [[9.0, 9.5]] * 2, [[19.1, 19.4]] * 2, 2), "status": "failed"},
     ]
     floors = noise_floors(pl.DataFrame(rows, infer_schema_length=None)).row(0, named=True)
     assert floors["aa_controls"] == 1 and floors["aa_rounds"] == 2

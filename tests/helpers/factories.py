@@ -124,3 +124,21 @@ def trials(points, *, model="m", gate="saturation", status="ok", start=0):
             "mode": ["early_exit"] * len(points),
         }
     )
+
+
+def aa_row(tid: str, base, aa, repeats: int | None = None, *, prefill=None, aa_prefill=None) -> dict:
+    """An ok trial row with its A/A control's rounds ([round][unit] ms), prefill 0 unless given; ``repeats``: its
+    rounds unless given."""
+    zeros = [[0.0] * len(base[0]) for _ in base]
+    return {
+        "trial_id": tid,
+        "model": "m",
+        "status": "ok",
+        "round_baseline_ms": base,
+        "round_aa_ms": aa,
+        "round_baseline_prefill_ms": prefill or zeros,
+        "round_aa_prefill_ms": aa_prefill or zeros,
+        "repeats": len(base) if repeats is None else repeats,
+        "noise_floor": 0.05,
+        "noise_floor_e2e": 0.05,
+    }
