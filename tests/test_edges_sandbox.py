@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.machine import held, left_behind, sandbox_processes, snapshot
+from helpers.bpf import decide
+from helpers.machine import held, sandbox_processes, unchanged
 from helpers.waiting import wait_for
 from sweep.errors import SweepError
 from sweep.tasks import _slots
@@ -29,13 +30,7 @@ x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64's sys
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def machine():
-    """The machine as the test found it (as in tests/test_sandbox.py): whatever the sandbox's users own that they
-    did not before the test fails it. ``machine(outcome)`` records a program's outcome."""
-    before, ran = snapshot(), []
-    yield lambda outcome: ran.append(outcome) or outcome
-    assert not left_behind(before, snapshot(), {o.uid for o in ran if o.uid is not None})
+machine = pytest.fixture(unchanged)
 
 
 def _said(outcome) -> dict:
@@ -264,12 +259,11 @@ def test_the_filter_refuses_what_a_kernel_setting_may_refuse_anyway(machine_name
     """Where the kernel refuses a call to unprivileged users anyway (``kernel.unprivileged_bpf_disabled``,
     ``kernel.perf_event_paranoid``), a running program cannot tell the filter's EPERM from the kernel's: the filter
     itself, run by test_sandbox.py's own interpreter of it, refuses each (numbers from each machine's table)."""
-    from test_sandbox import _decide
 
     from sweep.tasks import _seccomp
 
     program = _seccomp.program(machine_name)
-    assert {name: _decide(program, nr, arch) for name, nr in numbers.items()} == dict.fromkeys(numbers, 0x00050001)
+    assert {name: decide(program, nr, arch) for name, nr in numbers.items()} == dict.fromkeys(numbers, 0x00050001)
 
 
 # 5. the caller's end, and the slots' users

@@ -12,7 +12,6 @@ import os
 import platform
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.machine import left_behind, sandbox_processes, snapshot
+from helpers.bpf import decide
+from helpers.machine import left_behind, sandbox_processes, snapshot, unchanged
 from sweep.errors import ConfigError
 from sweep.tasks.sandbox import FIRST_UID, UIDS, Limits, Program, pids_of, prepare, require_allowed
 from sweep.tasks.sandbox import run_program, run_programs
@@ -34,13 +34,7 @@ as_root = pytest.mark.skipif(not ROOT, reason="the sandbox switches to its own u
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def machine():
-    """The machine as the test found it: whatever the sandbox's users own that they did not before the test (of
-    the users its programs ran as) fails it. ``machine(outcome)`` records a program's outcome."""
-    before, ran = snapshot(), []
-    yield lambda outcome: ran.append(outcome) or outcome
-    assert not left_behind(before, snapshot(), {o.uid for o in ran if o.uid is not None})
+machine = pytest.fixture(unchanged)
 
 
 def _ends_failed(source, limits: Limits = LIMITS):
@@ -693,26 +687,6 @@ def test_without_root_the_sandbox_isolates_all_but_the_user_and_the_cgroup():
     assert "no memory cgroup" in isolation and "unprivileged uid" not in isolation
 
 
-def _decide(program: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
-    """A classic BPF interpreter of the few instructions a seccomp filter uses, run on one system call: what the
-    kernel would answer (independent of the filter's own assembler)."""
-    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
-    ops = [struct.unpack_from("<HBBI", program, at) for at in range(0, len(program), 8)]
-    pc, acc = 0, 0
-    while True:
-        code, jt, jf, k = ops[pc]
-        if code == 0x20:  # ld [k]
-            acc = struct.unpack_from("<I", data, k)[0]
-        elif code == 0x06:  # ret k
-            return k
-        elif code in (0x15, 0x35, 0x45):  # jeq, jge, jset
-            hit = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
-            pc += jt if hit else jf
-        else:
-            raise AssertionError(f"instruction {code:#x}")
-        pc += 1
-
-
 @pytest.mark.parametrize(
     "machine_name, arch, numbers",
     [
@@ -731,7 +705,7 @@ def test_the_filter_decides_as_its_table_says_on_each_machine(machine_name, arch
     allow, eperm = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
 
     def call(name, *args):
-        return _decide(program, numbers[name], arch, args)
+        return decide(program, numbers[name], arch, args)
 
     assert call("read") == allow and call("write") == allow
     assert call("socket", 1) == allow and call("socket", 16, 3, 0) == allow  # unix; netlink route
@@ -742,10 +716,10 @@ def test_the_filter_decides_as_its_table_says_on_each_machine(machine_name, arch
     assert call("unshare", 0x40000000) == eperm and call("setns", 3, 0) == eperm
     for flag in (0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000):  # each CLONE_NEW*
         assert call("clone", 0x100 | 0x4000 | 0x11 | flag) == eperm  # even beside CLONE_VM
-    assert _decide(program, numbers["read"], 0x40000003) == 0x80000000  # another architecture's call: killed
+    assert decide(program, numbers["read"], 0x40000003) == 0x80000000  # another architecture's call: killed
     if machine_name == "x86_64":
         assert call("fork") == eperm and call("vfork") == allow
-        assert _decide(program, 0x40000000 + 39, arch) == 0x80000000  # x32
+        assert decide(program, 0x40000000 + 39, arch) == 0x80000000  # x32
 
 
 def test_a_programs_string_hashes_are_seeded_alike_in_every_program(machine):

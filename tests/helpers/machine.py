@@ -128,3 +128,12 @@ def _ipc(kind: str):
     for line in lines[1:]:
         fields = line.split()
         yield int(fields[at_id]), int(fields[at_uid])
+
+
+def unchanged():
+    """A test's fixture (``machine = pytest.fixture(unchanged)``): the machine as the test found it; whatever the
+    sandbox's users own that they did not before the test (of the users its programs ran as) fails it.
+    ``machine(outcome)`` records a program's outcome."""
+    before, ran = snapshot(), []
+    yield lambda outcome: ran.append(outcome) or outcome
+    assert not left_behind(before, snapshot(), {o.uid for o in ran if o.uid is not None})
