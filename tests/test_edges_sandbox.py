@@ -355,6 +355,35 @@ def test_a_real_user_of_the_machine_is_never_leased(monkeypatch):
 
 
 @as_root
+def test_a_uid_whose_gid_is_a_real_group_of_the_machine_is_never_leased(monkeypatch):
+    """A program's gid is its uid: a uid of the sandbox's range that is a real group's gid (in the group database)
+    would hand the program that group's files."""
+    import grp
+
+    real = {FIRST_UID, FIRST_UID + 1, FIRST_UID + 2}
+    lookup = grp.getgrgid
+
+    def getgrgid(gid):
+        return lookup(0) if gid in real else lookup(gid)
+
+    monkeypatch.setattr(grp, "getgrgid", getgrgid)
+    with _slots.lease(2) as uids:
+        assert len(uids) == 2 and not set(uids) & real, uids
+
+
+def test_the_sandboxs_users_lie_outside_the_ranges_a_machine_gives_out():
+    """A uid that systemd gives a DynamicUser= service (61184..65519: in the user database only while the service
+    runs) would be leased while that service runs, and the lease would kill its processes; so would a uid that
+    systemd-homed (60001..60513), login.defs's users (up to 60000) or rootless containers' subordinate ids (from
+    100000) may hold."""
+    from sweep.tasks.sandbox import UIDS
+
+    ours = range(FIRST_UID, FIRST_UID + UIDS)
+    for lo, hi in ((0, 60000), (60001, 60577), (61184, 65519), (65534, 65535), (100000, 2**32 - 1)):
+        assert not set(ours) & set(range(lo, min(hi, FIRST_UID + UIDS) + 1)), (lo, hi)
+
+
+@as_root
 def test_a_lock_folder_others_can_write_is_refused(monkeypatch, tmp_path):
     """The users' locks are files in a folder only root may write: where others may, any user of the machine could
     remove a held lock (two evaluations then lease one user, and one's cleanup kills the other's programs) or hold

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import grp
 import os
 import pwd
 import signal
@@ -22,7 +23,11 @@ from typing import Iterator
 
 from sweep.errors import SweepError
 
-FIRST_UID = 61000  # the first of the sandbox's users; each slot of every evaluation on the machine has its own
+# the sandbox's users; each slot of every evaluation on the machine has its own. Outside the ranges a Linux machine
+# gives out: login.defs's users (at most 60000 by default), systemd's (60001..60577 for systemd-homed and nspawn,
+# 61184..65519 for DynamicUser= services, which appear in the user database only while they run) and the subordinate
+# ids of rootless containers (/etc/subuid, from 100000 by default)
+FIRST_UID = 70000
 UIDS = 1024
 LOCK_DIRS = ("/run/lock", "/var/lock")
 CGROUP_NAME = "sweep-sandbox"  # a program's cgroups: sweep-sandbox-<uid> at the top of each hierarchy
@@ -68,11 +73,8 @@ def _lock_dir() -> Path:
 
 
 def _try_lock(path: Path, uid: int) -> int | None:
-    try:
-        pwd.getpwuid(uid)
-        return None  # a real user of this machine: never the sandbox's
-    except KeyError:
-        pass
+    if _known(pwd.getpwuid, uid) or _known(grp.getgrgid, uid):
+        return None  # a real user of this machine, or a real group (the program's gid is its uid): never the sandbox's
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -80,6 +82,14 @@ def _try_lock(path: Path, uid: int) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+
+
+def _known(lookup, uid: int) -> bool:
+    try:
+        lookup(uid)
+        return True
+    except KeyError:
+        return False
 
 
 def reclaim(uid: int) -> None:
