@@ -440,3 +440,17 @@ def test_a_draft_stop_reads_as_its_shortest_decimal():
 
     row = {"gate": "fixed", "exit_layer": 2, "mode": "self_speculative", "draft_len": 4, "draft_stop": 0.1 + 0.2}
     assert params_text(row) == "exit_layer=2 mode=self_speculative draft_len=4 draft_stop=0.3"
+
+
+def test_a_projection_of_billions_of_rounds_is_a_row_not_an_overflow():
+    """An A/A offset just inside the floor target leaves almost no room, and the projected rounds run into the
+    billions: `sweep analyze` stopped on polars' overflow of the table's 32-bit column (seen once in CI)."""
+    from sweep.analysis import noise_floors
+
+    base, aa = [[10.197], [10.197], [15.0]], [[10.0], [10.0], [10.0]]
+    offset = math.log(1.0197)  # the rounds' median ratio
+    target = math.expm1(offset + 1e-6)
+    got = noise_floors(pl.DataFrame([aa_row("a", base, aa)], infer_schema_length=None), target=target)
+    rounds = got.row(0, named=True)["rounds_for_target"]
+    spread = math.log1p(got.row(0, named=True)["floor"]) - offset  # the closed form: rounds * (spread / room)^2
+    assert rounds > 2**31 and rounds == pytest.approx(3 * (spread / 1e-6) ** 2, rel=1e-3)

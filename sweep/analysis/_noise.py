@@ -31,7 +31,7 @@ _SCHEMA = {
     "floor": pl.Float64,
     "trial_floor_median": pl.Float64,
     "floor_target": pl.Float64,
-    "rounds_for_target": pl.Int32,
+    "rounds_for_target": pl.Int64,  # a projection: an offset just inside the target projects billions of rounds
 }
 
 
