@@ -132,3 +132,8 @@ class WrappingFormatter(logging.Formatter):
         return "\n".join(
             line for text in super().format(record).splitlines() for line in wrap(text, WIDTH, self.indent)
         )
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one: "1 setting", "2 settings"."""
+    return f"{n} {noun}{'s' * (n != 1)}"

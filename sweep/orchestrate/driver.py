@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 
 from sweep.config import ClusterConfig, Config
 from sweep.errors import SweepError
+from sweep.textfit import counted
 from sweep.orchestrate import claims, interrupt
 from sweep.orchestrate.plan import (
     DEFINITION,
@@ -78,7 +79,7 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
     search = SEARCHES.get(cfg.search.kind, key="search.kind")
     selection = search.select(plan, InWorker(cluster.in_worker, device))
     grid_trials, simulated = selection.settings, selection.simulated
-    planned, skipped = select_trials(grid_trials, plan.done, device, str(plan.root))
+    planned, _ = select_trials(grid_trials, plan.done, device, str(plan.root))
     if cfg.resume:
         # Tune's own restore unpickles tuner.pkl from (shared) storage: a planted file would run code. A resume
         # is rebuilt from data instead: the rows already written (skipped above) and, for Optuna, its SQLite study.
@@ -89,8 +90,7 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
     size = total if planned is not None else cfg.search.n_trials  # the sweep's trials (an Optuna study's size)
     # shown with this run's rows at the end: a grid's done settings, or those a sampling search already held
     existing = done_settings(grid_trials, plan.done, device) if grid_trials is not None else search.held(plan, device)
-    if grid_trials is None:  # a sampling search: the settings its study holds with their rows are not measured again
-        skipped = len(existing)
+    skipped = len(existing)  # the settings shown whose rows exist: not measured again (a grid's or a study's)
     outcome = SweepOutcome(plan.name, str(plan.path), str(plan.root), size, skipped, rows=existing, simulated=simulated)
     again = search.retime(plan, device) if total == 0 else []  # a finished search's settings may still need it
     if total == 0 and not again:
@@ -115,8 +115,8 @@ def drive(plan: Plan, cluster: Cluster) -> SweepOutcome:
             log.info(
                 "sweep %s: %s in %s on %s (%g CPUs, %g GPUs per Tune trial); Tune state in %s",
                 plan.name,
-                _count(total, "setting"),
-                _count(total if batch.values is None else len(batch.values), "Tune trial"),
+                counted(total, "setting"),
+                counted(total if batch.values is None else len(batch.values), "Tune trial"),
                 _cluster_label(cfg.cluster),
                 cluster.resources["cpu"],
                 cluster.resources["gpu"],
@@ -188,10 +188,6 @@ def retime(plan: Plan, settings: list[list[str]], cluster: Cluster, writer: RowW
     )
     writer.extend(len(todo))
     return cluster.run(plan, Pass("trial", todo), writer)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _cluster_label(cluster: ClusterConfig) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sweep.report.tables import stopped_lines
-from sweep.textfit import table, wrap
+from sweep.textfit import counted, table, wrap
 
 TABLE_COLUMNS = (
     "model",
@@ -49,7 +49,7 @@ def sweep_report(outcome, analysis=None, bar: float | None = None) -> str:
 
     lines = [
         *wrap(
-            f"sweep {outcome.name}: {outcome.written} setting{'s' * (outcome.written != 1)} measured and written, "
+            f"sweep {outcome.name}: {counted(outcome.written, 'setting')} measured and written, "
             f"{outcome.skipped} skipped "
             f"(their rows exist), {failures(outcome)} failed"
             # (stdout alone, as a log keeps it, must not read as a whole sweep)
