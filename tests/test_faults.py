@@ -324,22 +324,33 @@ def test_a_second_stop_signal_after_a_tune_run_reaches_the_handler_from_before_i
     assert stops == [1] and reached == [signal.SIGINT]
 
 
-def test_a_sweep_started_ignoring_sigint_is_told_that_sigterm_stops_it_sooner():
-    """A job a script starts with `&` ignores SIGINT; Tune's handler takes the first one all the same, but the
-    second reached the ignored disposition: "Ctrl-C again to stop sooner" promised what could not happen."""
-    from sweep.orchestrate.interrupt import stop_said
+def test_a_sweep_started_ignoring_sigint_keeps_ignoring_it_in_tune_and_sigterm_stops_it():
+    """A job a script starts with `&` ignores SIGINT (Ctrl-C at that terminal is not for it). Tune's handler took
+    the ignored SIGINT over, so a sweep ignored it in its screen and stopped on it in Tune; it is ignored in Tune too,
+    and SIGTERM reaches Tune's stop, said, with SIGTERM again to stop sooner."""
+    from sweep.orchestrate.interrupt import sigterm_as_sigint, stop_said
 
-    said = []
+    said, tune_stops = [], []
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with stop_said(said.append) as announce:
-            signal.signal(signal.SIGINT, lambda signum, frame: signal.signal(signal.SIGINT, signal.SIG_IGN))  # Tune's
+        with sigterm_as_sigint(), stop_said(said.append) as announce:
+
+            def tune_handler(signum, frame):  # Tune's: installed for the run, its original put back when it fires
+                tune_stops.append(signum)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+            signal.signal(signal.SIGINT, tune_handler)
             announce()
-            signal.raise_signal(signal.SIGINT)
-            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a second Ctrl-C does nothing
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C at the script's terminal
+            assert tune_stops == [] and said == []
+            signal.raise_signal(signal.SIGTERM)  # the first SIGTERM: said, and Tune's handler stops the run
+            assert tune_stops == [signal.SIGINT]
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            with pytest.raises(KeyboardInterrupt):  # the second stops sooner
+                signal.raise_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert said == ["interrupted: stopping the running settings and Ray (SIGTERM to stop sooner)"]
+    assert said == ["stopped by SIGTERM: stopping the running settings and Ray (SIGTERM again to stop sooner)"]
 
 
 # ---------------------------------------------------------------- 6. a full disk

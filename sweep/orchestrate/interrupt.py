@@ -86,7 +86,9 @@ def stop_said(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
     """Around one Tune run, in the main thread: yields ``announce``, to call once Tune's SIGINT handler is in place
     (its callbacks' setup). That handler stops the run after its trials, silently here (Tune's logger is off); with
     ``announce`` the first stop signal says so and that a second stops sooner, and the second reaches the handler
-    from before the run: Tune leaves its own installed after the run, and it is put back here."""
+    from before the run: Tune leaves its own installed after the run, and it is put back here. A sweep started
+    ignoring SIGINT (a script's background job: Ctrl-C at that terminal is not for it) keeps ignoring it while Tune
+    runs, as outside Tune; SIGTERM and SIGHUP reach Tune's stop."""
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main else None  # None too where Python did not set it
 
@@ -98,19 +100,30 @@ def stop_said(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
         def first(signum, frame) -> None:
             stopped = stop_signal()
             again = f"{'Ctrl-C' if stopped == signal.SIGINT else signal.Signals(stopped).name} again"
-            if stopped == signal.SIGINT and not callable(before):  # started ignoring SIGINT: a second is ignored too
-                again = "SIGTERM"
             say(f"{stopped_by()}: stopping the running settings and Ray ({again} to stop sooner)")
             inner(signum, frame)
             signal.signal(signal.SIGINT, before)
+            keep_sigterm()  # (where SIGINT is ignored, the same signal again then stops sooner, as outside Tune)
 
-        signal.signal(signal.SIGINT, first)
+        if callable(before):
+            signal.signal(signal.SIGINT, first)
+            return
+        signal.signal(signal.SIGINT, before)  # Tune's handler took the ignored SIGINT over: ignored again
+
+        def stop(signum, frame) -> None:
+            _received.append(signum)
+            first(signal.SIGINT, frame)
+
+        for sig in STOPS:
+            if signal.getsignal(sig) is _on_sigterm:
+                signal.signal(sig, stop)
 
     try:
         yield announce
     finally:
         if before is not None:
             signal.signal(signal.SIGINT, before)
+            keep_sigterm()
 
 
 def stop_signal() -> int:
