@@ -31,12 +31,28 @@ def test_constraints_without_objectives_are_refused():
 # ---------------------------------------------------------------- each kind's settings (sweep.config.search_kinds)
 
 
+def test_an_optuna_search_without_n_trials_is_refused():
+    """Broken: an optuna search with search.n_trials=null is accepted, though nothing says how many settings it
+    draws."""
+    with pytest.raises(ConfigError, match=r"^search.n_trials: required for an optuna search$"):
+        compose("search=optuna-constrained", "search.n_trials=null")
+
+
 def test_a_bracket_may_keep_two_thresholds_per_line():
     """Broken: search.n_trials=2, the least a bracket search allows ("at least 2"), is refused."""
     from sweep.orchestrate.searches import search_for
 
     search = compose("search=bracket", "search.n_trials=2").search
     assert search_for(search).kind == "bracket" and search.n_trials == 2
+
+
+def test_a_bracket_sub_space_choosing_among_gates_is_refused():
+    """Broken: a bracket sub-space with gate: choice(saturation, margin) is accepted and bracketed by the first gate's
+    threshold alone, though each line's gate brackets its own."""
+    from sweep.orchestrate.searches import search_for
+
+    with pytest.raises(ConfigError, match=r"^search.spaces\[0\]: a bracket sub-space names its gate \(gate"):
+        search_for(compose("search=bracket", "search.spaces=[{gate: 'choice(saturation, margin)'}]").search)
 
 
 def test_a_skipset_search_may_run_1000_sets_closed_loop():
@@ -61,6 +77,29 @@ def test_a_skipset_search_of_two_sub_spaces_is_refused():
     two = "search.spaces=[{gate: skip, bench.mode: self_speculative}, {gate: skip, bench.mode: self_speculative}]"
     with pytest.raises(ConfigError, match=r"^search.spaces: a skipset search has one sub-space \(it has 2\)$"):
         search_for(compose("search=skipset-random", two).search)
+
+
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        (
+            "{gate: skip, bench.mode: self_speculative, bench.gen_tokens: 'choice(4, 8)'}",
+            "search.spaces[0].bench.gen_tokens: a skipset search fixes every key but the skip set (found a sweep)",
+        ),
+        (
+            "{gate: skip, bench.mode: self_speculative, gate.skip: a1}",
+            "search.spaces[0].gate.skip: the skip set is what a skipset search searches; leave gate.skip out",
+        ),
+    ],
+)
+def test_a_skipset_sub_space_fixes_all_but_the_skip_set(space, message):
+    """Broken: a skipset sub-space that sweeps a key (its closed-loop settings take the first value alone) or names
+    gate.skip (the study's drawn set replaces it) is accepted."""
+    from sweep.orchestrate.searches import search_for
+
+    with pytest.raises(ConfigError) as info:
+        search_for(compose("search=skipset-random", f"search.spaces=[{space}]").search)
+    assert str(info.value) == message
 
 
 def test_a_screen_of_more_than_max_trials_settings_is_refused():
@@ -105,6 +144,16 @@ def test_a_study_of_one_sub_space_has_no_subspace_parameter():
     assert list(trial.params) == ["gate.eps"]
 
 
+def test_a_sub_space_choosing_among_gates_is_labelled_by_its_place():
+    """Broken: a sub-space whose gate is choice(saturation, margin) is labelled `saturation` in the study's
+    `subspace` parameter, as though it held that gate alone."""
+    from sweep.config.search import spaces
+    from sweep.orchestrate.searches.study import subspace_labels
+
+    two = "search.spaces=[{gate: 'choice(saturation, margin)', gate.min_depth: 0.5}, {gate: margin, gate.theta: 2}]"
+    assert subspace_labels(spaces(compose(two).search)) == ["space0", "margin"]
+
+
 def test_a_study_minimises_an_objective_given_min(tmp_path):
     """Broken: search.objectives.agreement=min makes a study that maximises agreement, the opposite of what was
     asked."""
@@ -114,6 +163,51 @@ def test_a_study_minimises_an_objective_given_min(tmp_path):
     opened(search, tmp_path)
     assert search.objectives == {"speedup_model": "max", "agreement": "min"}
     assert [d.name for d in open_study(search, tmp_path).directions] == ["MAXIMIZE", "MINIMIZE"]
+
+
+def test_a_resume_without_its_study_whose_own_rows_exceed_n_trials_draws_none(tmp_path):
+    """Broken: an Optuna sweep resumed with a smaller search.n_trials than its own rows hold, after its study was
+    moved away, is left a negative count of settings to draw."""
+    from sweep.orchestrate.searches.study import remaining_trials
+
+    search = compose("search=optuna-constrained", "search.n_trials=5").search
+    assert remaining_trials(search, tmp_path, rows=set(), own={str(i) for i in range(7)}) == 0
+    assert remaining_trials(search, tmp_path, rows=set(), own={"a", "b", "c"}) == 2
+
+
+def test_a_best_setting_is_retimed_with_at_most_max_rounds(tmp_path):
+    """Broken: a best setting whose A/A rounds vary widely (its floor would need 192 rounds to reach the target) is
+    re-timed with all 192, not MAX_ROUNDS (64)."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from helpers.factories import full_trial_row
+    from sweep.config.identity import trial_identity
+    from sweep.orchestrate.searches._optuna import MAX_ROUNDS, Optuna
+    from sweep.orchestrate.searches.study import opened
+    from sweep.orchestrate.settings import trial_config
+    from sweep.store import write_table
+
+    root, path = tmp_path / "root", tmp_path / "sweep"
+    space = "search.spaces=[{gate: saturation, gate.eps: 'interval(0.05, 0.5)'}]"
+    base = ["model=tiny-llama", "search=optuna-mo", space, f"results.root={root}"]
+    cfg = compose(*base)
+    ident = trial_identity(trial_config(base, ["gate=saturation", "gate.eps=0.1"], "cpu"), "cpu")
+    row = full_trial_row(ident.id)
+    row.update(trial_key=ident.key, model=cfg.model.name, repeats=2, round_baseline_ms=[[10.0, 10.0]] * 2)
+    row.update(round_aa_ms=[[10.0, 12.0], [10.0, 8.0]])
+    write_table("trials", {k: [v] for k, v in row.items()}, root=root, provenance={}, stem=ident.id)
+    study = optuna.load_study(study_name=cfg.search.name, storage=opened(cfg.search, path)[0])
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"gate.eps": 0.1}, distributions={"gate.eps": optuna.distributions.FloatDistribution(0.05, 0.5)},
+            values=[1.5, 0.95], user_attrs={"trial_id": ident.id}, system_attrs={"constraints": [0.0]},
+        )
+    )  # fmt: skip
+    plan = SimpleNamespace(cfg=cfg, path=path, root=root, base=base)
+    assert Optuna().retime(plan, "cpu") == [["gate=saturation", "gate.eps=0.1", f"bench.repeats={MAX_ROUNDS}"]]
+    assert MAX_ROUNDS == 64
 
 
 # ---------------------------------------------------------------- the skip-set screen's study (skipstudy)
