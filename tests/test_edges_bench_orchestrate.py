@@ -204,43 +204,18 @@ def test_a_study_setting_whose_rounds_already_reach_the_floor_target_is_not_time
     """Broken: a best setting whose own rounds already give the floor the target asks (its projection needs exactly
     the rounds it ran) is "re-timed" with those same rounds: the same trial id, so a finished sweep run again shows
     its row twice and counts it skipped twice."""
-    from types import SimpleNamespace
-
-    import optuna
-
-    from conftest import compose
-    from helpers.factories import full_trial_row
-    from sweep.config.identity import trial_identity
+    from helpers.study import SETTING, study_told_one_row
     from sweep.orchestrate.searches._optuna import Optuna
-    from sweep.orchestrate.settings import trial_config
-    from sweep.orchestrate.searches.study import opened
-    from sweep.store import write_table
 
-    space = "search.spaces=[{gate: saturation, gate.eps: 'interval(0.05, 0.5)'}]"
-    root, path = tmp_path / "root", tmp_path / "sweep"
-    base = ["model=tiny-llama", "search=optuna-mo", space, "bench.repeats=1", f"results.root={root}"]
-    cfg = compose(*base)
-    setting = ["gate=saturation", "gate.eps=0.1"]
-    ident = trial_identity(trial_config(base, setting, "cpu"), "cpu")
-    row = full_trial_row(ident.id)
     # full depth against itself, exactly, in its one round: a floor of 0, which its one round already reaches
-    row.update(trial_key=ident.key, model=cfg.model.name, repeats=1, round_baseline_ms=[[10.0, 10.0]])
-    row.update(round_aa_ms=[[10.0, 10.0]])
-    write_table("trials", {k: [v] for k, v in row.items()}, root=root, provenance={}, stem=ident.id)
-    storage, _ = opened(cfg.search, path)
-    study = optuna.load_study(study_name=cfg.search.name, storage=storage)
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"gate.eps": 0.1}, distributions={"gate.eps": optuna.distributions.FloatDistribution(0.05, 0.5)},
-            values=[1.5, 0.95], user_attrs={"trial_id": ident.id}, system_attrs={"constraints": [0.0]},
-        )
-    )  # fmt: skip
-    plan = SimpleNamespace(cfg=cfg, path=path, root=root, base=base)
+    plan, row, write = study_told_one_row(
+        tmp_path, "bench.repeats=1", repeats=1, round_baseline_ms=[[10.0, 10.0]], round_aa_ms=[[10.0, 10.0]]
+    )
     assert Optuna().retime(plan, "cpu") == []
     row.update(repeats=1, round_aa_ms=[[10.0, 11.0]])  # an A/A offset: its floor needs more rounds than one
-    write_table("trials", {k: [v] for k, v in row.items()}, root=root, provenance={}, stem=ident.id)
+    write(row)
     [again] = Optuna().retime(plan, "cpu")
-    assert again[:2] == setting and again[-1].startswith("bench.repeats=") and again[-1] != "bench.repeats=1"
+    assert again[:2] == SETTING and again[-1].startswith("bench.repeats=") and again[-1] != "bench.repeats=1"
 
 
 def test_a_setting_planned_twice_shows_its_done_row_once():

@@ -178,35 +178,13 @@ def test_a_resume_without_its_study_whose_own_rows_exceed_n_trials_draws_none(tm
 def test_a_best_setting_is_retimed_with_at_most_max_rounds(tmp_path):
     """Broken: a best setting whose A/A rounds vary widely (its floor would need 192 rounds to reach the target) is
     re-timed with all 192, not MAX_ROUNDS (64)."""
-    from types import SimpleNamespace
-
-    import optuna
-
-    from helpers.factories import full_trial_row
-    from sweep.config.identity import trial_identity
+    from helpers.study import SETTING, study_told_one_row
     from sweep.orchestrate.searches._optuna import MAX_ROUNDS, Optuna
-    from sweep.orchestrate.searches.study import opened
-    from sweep.orchestrate.settings import trial_config
-    from sweep.store import write_table
 
-    root, path = tmp_path / "root", tmp_path / "sweep"
-    space = "search.spaces=[{gate: saturation, gate.eps: 'interval(0.05, 0.5)'}]"
-    base = ["model=tiny-llama", "search=optuna-mo", space, f"results.root={root}"]
-    cfg = compose(*base)
-    ident = trial_identity(trial_config(base, ["gate=saturation", "gate.eps=0.1"], "cpu"), "cpu")
-    row = full_trial_row(ident.id)
-    row.update(trial_key=ident.key, model=cfg.model.name, repeats=2, round_baseline_ms=[[10.0, 10.0]] * 2)
-    row.update(round_aa_ms=[[10.0, 12.0], [10.0, 8.0]])
-    write_table("trials", {k: [v] for k, v in row.items()}, root=root, provenance={}, stem=ident.id)
-    study = optuna.load_study(study_name=cfg.search.name, storage=opened(cfg.search, path)[0])
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"gate.eps": 0.1}, distributions={"gate.eps": optuna.distributions.FloatDistribution(0.05, 0.5)},
-            values=[1.5, 0.95], user_attrs={"trial_id": ident.id}, system_attrs={"constraints": [0.0]},
-        )
-    )  # fmt: skip
-    plan = SimpleNamespace(cfg=cfg, path=path, root=root, base=base)
-    assert Optuna().retime(plan, "cpu") == [["gate=saturation", "gate.eps=0.1", f"bench.repeats={MAX_ROUNDS}"]]
+    plan, _, _ = study_told_one_row(
+        tmp_path, repeats=2, round_baseline_ms=[[10.0, 10.0]] * 2, round_aa_ms=[[10.0, 12.0], [10.0, 8.0]]
+    )
+    assert Optuna().retime(plan, "cpu") == [[*SETTING, f"bench.repeats={MAX_ROUNDS}"]]
     assert MAX_ROUNDS == 64
 
 
