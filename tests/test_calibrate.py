@@ -198,3 +198,14 @@ def test_a_calibration_that_can_certify_nothing_is_refused_before_it_decodes(cap
         "calibrate.delta=0.1, calibrate.epsilon=0.1 with hb p-values, even at zero risk: at least 22 are needed"
     )  # 0.9**21 = 0.109 > 0.1 >= 0.9**22, as HB's p-value at zero risk is (1 - delta)**n
     assert "calibrate: ladder" not in err and "baseline" not in err
+
+
+def test_a_fixed_exit_layer_certified_is_checked_on_the_held_out_prompts(capsys):
+    """`sweep calibrate gate=fixed` stopped with "unexpected TypeError: 'float' object cannot be interpreted as an
+    integer" once a layer was certified: the held-out check built the gate at exit_layer=3.0, the chosen value as the
+    table keeps it, not the layer the ladder tested."""
+    code = main(["calibrate", "model=tiny-llama", "gate=fixed", "prompts=chat", "prompts.n=10", "bench.gen_tokens=4",
+                 "calibrate.delta=0.99", "calibrate.epsilon=0.5", "calibrate.grid='3,2,1'"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "chosen exit_layer=3: disagreement risk <= 0.99" in out and "held-out check: observed disagreement" in out

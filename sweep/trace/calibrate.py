@@ -206,11 +206,11 @@ def calibrate(cfg: Config, prepared: tuple) -> Calibration:
     ladder.close()
     last = fixed_sequence(result.pvalues, c.epsilon)
     if last >= 0:
-        result.chosen = result.tested[last]
-        result.holdout_risk, result.holdout_exit_rate = risk(result.chosen, held)
+        result.chosen, chosen = result.tested[last], values[last]  # the value as tested: gate=fixed's layer an int
+        result.holdout_risk, result.holdout_exit_rate = risk(chosen, held)
         if drift:
             result.drift_set, result.n_drift = c.heldout_prompts, len(drift)
-            result.drift_risk, result.drift_exit_rate = risk(result.chosen, drift)
+            result.drift_risk, result.drift_exit_rate = risk(chosen, drift)
     result.seconds = time.perf_counter() - t0
     return result
 
