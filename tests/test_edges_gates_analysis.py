@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import compose
-from helpers.factories import aa_row, timed_row, trials
+from helpers.factories import aa_row, simulated_rows, timed_row, trials
 from sweep.config import GateConfig
 
 
@@ -221,26 +221,12 @@ def test_a_position_whose_top1_matches_only_at_l_does_not_count_as_exiting_early
 # ---------------------------------------------------------------- analysis: the screen
 
 
-def _simulated(selected: list[bool]) -> pl.DataFrame:
-    """Simulated rows of margin settings t0, t1, ... (agreement_tf 0.9, speedup_model 1.5), ``selected`` as given."""
-    from sweep.gates import GATE_COLUMNS
-
-    n = len(selected)
-    cols = {c: [None] * n for c in GATE_COLUMNS}
-    cols["theta"] = [float(i + 1) for i in range(n)]
-    return pl.DataFrame(
-        {"trial_id": [f"t{i}" for i in range(n)], "gate": ["margin"] * n, "min_layer": [2] * n, **cols,
-         "agreement_tf": [0.9] * n, "speedup_model": [1.5] * n, "selected": selected},
-        schema_overrides={c: pl.Float64 for c in ("eps", "theta", "q", "decay")},
-    )  # fmt: skip
-
-
 def test_the_screen_compares_only_the_settings_it_ran_closed_loop():
     """Broken: a setting the screen did not select, but a measured row shares its id, is counted in its gaps."""
     from sweep.analysis import comparison
 
     measured = [{"trial_id": t, "status": "ok", "agreement": 0.8, "speedup_wall": 1.2} for t in ("t0", "t1")]
-    comp = comparison(_simulated([True, False]), measured)
+    comp = comparison(simulated_rows([True, False]), measured)
     assert comp["trial_id"].to_list() == ["t0"]
     assert comp["agreement_gap"].to_list() == pytest.approx([0.1])
 
@@ -253,7 +239,7 @@ def test_the_screens_largest_agreement_gap_is_the_maximum():
         {"trial_id": t, "status": "ok", "agreement": a, "speedup_wall": 1.2}
         for t, a in (("t0", 0.85), ("t1", 0.5), ("t2", 0.9))
     ]
-    gaps = gap_by_gate(comparison(_simulated([True, True, True]), measured)).row(0, named=True)
+    gaps = gap_by_gate(comparison(simulated_rows([True, True, True]), measured)).row(0, named=True)
     assert gaps["trials"] == 3
     assert gaps["agreement_gap_max"] == pytest.approx(0.4)
     assert gaps["agreement_gap_mean"] == pytest.approx((0.05 + 0.4 + 0.0) / 3)

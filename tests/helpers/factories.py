@@ -1,6 +1,6 @@
 """Factories several test files share: trial rows from (speedup, agreement) points, a row of any table with every
-column filled (a trials row), a timed row of given round timings, a cost model of round figures, and a row as the
-verdicts read it."""
+column filled (a trials row), a timed row of given round timings, a cost model of round figures, a row as the
+verdicts read it, and a screen's simulated rows."""
 
 from __future__ import annotations
 
@@ -142,3 +142,17 @@ def aa_row(tid: str, base, aa, repeats: int | None = None, *, prefill=None, aa_p
         "noise_floor": 0.05,
         "noise_floor_e2e": 0.05,
     }
+
+
+def simulated_rows(selected: list[bool]) -> pl.DataFrame:
+    """Simulated rows of margin settings t0, t1, ... (agreement_tf 0.9, speedup_model 1.5), ``selected`` as given."""
+    from sweep.gates import GATE_COLUMNS
+
+    n = len(selected)
+    cols = {c: [None] * n for c in GATE_COLUMNS}
+    cols["theta"] = [float(i + 1) for i in range(n)]
+    return pl.DataFrame(
+        {"trial_id": [f"t{i}" for i in range(n)], "gate": ["margin"] * n, "min_layer": [2] * n, **cols,
+         "agreement_tf": [0.9] * n, "speedup_model": [1.5] * n, "selected": selected},
+        schema_overrides={c: pl.Float64 for c in ("eps", "theta", "q", "decay")},
+    )  # fmt: skip
