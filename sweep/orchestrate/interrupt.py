@@ -103,7 +103,6 @@ def stop_said(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
             say(f"{stopped_by()}: stopping the running settings and Ray ({again} to stop sooner)")
             inner(signum, frame)
             signal.signal(signal.SIGINT, before)
-            keep_sigterm()  # (where SIGINT is ignored, the same signal again then stops sooner, as outside Tune)
 
         if callable(before):
             signal.signal(signal.SIGINT, first)
@@ -113,6 +112,7 @@ def stop_said(say: Callable[[str], None]) -> Iterator[Callable[[], None]]:
         def stop(signum, frame) -> None:
             _received.append(signum)
             first(signal.SIGINT, frame)
+            keep_sigterm()  # the same signal again stops sooner, as outside Tune
 
         for sig in STOPS:
             if signal.getsignal(sig) is _on_sigterm:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
+from sweep.textfit import counted
 from sweep.report.plotting import HEADLINE_TARGET, _fit, _fit_agreement, _legend_outside, _figure, _save
 
 MANY_POINTS = 300  # from this many trials of a gate, smaller and lighter markers keep the cloud readable
@@ -115,7 +116,7 @@ def draw_pareto(
             alpha=0.35 if many else 0.75,
             ls="none",
             zorder=3,
-            label=f"{gate[0]} ({sub.height} trial{'s' if sub.height != 1 else ''}), at its ranked speedup",
+            label=f"{gate[0]} ({counted(sub.height, 'trial')}), at its ranked speedup",
         )
         shown = sub.filter(pl.col("trial_id").is_in(on_front)) if "speedup_lo" in sub.columns else sub.clear()
         if shown.height:
